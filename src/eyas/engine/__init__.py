@@ -1,0 +1,1 @@
+"""The speculative-decoding engine: drafting, verification, sampling, batching and statistics."""

@@ -1,0 +1,88 @@
+"""EAGLE-2 dynamic-tree drafting with an EAGLE-3 draft (chains are the ``eagle_topk = 1`` case).
+
+Step 1 takes the ``topk`` best tokens from the draft's last output (computed when the previous
+step's accepted tokens were fed to the draft). Each later step feeds the current ``topk`` frontier
+nodes to the draft in one forward, scores their ``topk`` children by cumulative log-probability,
+keeps all ``topk * topk`` as candidates and the best ``topk`` as the next frontier. After
+``num_steps`` levels the ``num_draft_tokens - 1`` best candidates form the tree. A child's score
+never exceeds its parent's, and ties go to the earlier (shallower) candidate, so every chosen
+node's parent is chosen too.
+
+Draft positions: the draft cache holds ``P = lengths[b]`` committed entries; a node at depth ``d``
+is fed at position ``P + d - 1`` and sees the committed prefix plus its own ancestors. The tree's
+entries are dropped from the draft cache when drafting ends.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import SpecConfig
+from ..models import kv_cache
+from .tree import Tree
+
+
+@torch.inference_mode()
+def draft_tree(
+    draft,
+    cache,
+    lengths: torch.Tensor,  # [B] committed draft entries (== target's)
+    root: torch.Tensor,  # [B] root tokens (last emitted)
+    logits0: torch.Tensor,  # [B, draft_vocab] draft output predicting depth 1
+    hidden0: torch.Tensor,  # [B, H] pre-norm draft state that produced logits0
+    spec: SpecConfig,
+) -> Tree:
+    k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
+    bsz, dev = root.shape[0], root.device
+    d2t = draft.d2t
+    rows = torch.arange(bsz, device=dev)
+
+    scores, ids = torch.log_softmax(logits0.float(), dim=-1).topk(k, dim=-1)  # [B, k]
+    tokens = ids + d2t[ids]
+    cand_tokens, cand_scores = [tokens], [scores]
+    cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
+    frontier = torch.arange(k, device=dev).expand(bsz, k)  # candidate index of each frontier node
+    hidden = hidden0[:, None, :].expand(bsz, k, hidden0.shape[-1])
+    prefix_slots = kv_cache.num_slots(cache)
+    seen = torch.zeros((bsz, k, 0), dtype=torch.bool, device=dev)  # frontier -> earlier fed slots
+    n_cand = k
+    try:
+        for step in range(1, steps):
+            visible = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)], dim=-1)
+            mask = kv_cache.attention_mask(lengths, prefix_slots, visible, hidden.dtype)
+            positions = (lengths + step - 1)[:, None].expand(bsz, k)
+            out = draft.backbone(draft.embed(tokens), hidden, positions, cache, mask)  # [B, k, H]
+            logp = torch.log_softmax(draft.logits(out).float(), dim=-1)
+            child_scores, child_ids = (logp + scores[..., None]).topk(k, dim=-1)  # [B, k, k]
+            flat_scores = child_scores.reshape(bsz, k * k)
+            flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
+            cand_tokens.append(flat_tokens)
+            cand_scores.append(flat_scores)
+            cand_parents.append(frontier[:, :, None].expand(bsz, k, k).reshape(bsz, k * k))
+            best = torch.sort(-flat_scores, dim=-1, stable=True).indices[:, :k]  # [B, k]
+            parent = best // k  # frontier slot of each new frontier node's parent
+            scores = flat_scores.gather(1, best)
+            tokens = flat_tokens.gather(1, best)
+            hidden = out[rows[:, None], parent]
+            parent_seen = seen[rows[:, None], parent]  # [B, k, fed]
+            parent_self = torch.nn.functional.one_hot(parent, k).bool()  # [B, k, k]
+            seen = torch.cat([parent_seen, parent_self], dim=-1)
+            frontier = n_cand + best
+            n_cand += k * k
+    finally:
+        kv_cache.crop(cache, prefix_slots)
+
+    all_tokens = torch.cat(cand_tokens, dim=1)  # [B, C]
+    all_scores = torch.cat(cand_scores, dim=1)
+    all_parents = torch.cat(cand_parents, dim=1)
+    keep = torch.sort(-all_scores, dim=-1, stable=True).indices[:, : total - 1]
+    keep = torch.sort(keep, dim=-1).values  # candidate order: parents before children
+    column = torch.full((bsz, n_cand), -1, dtype=torch.long, device=dev)
+    column.scatter_(1, keep, torch.arange(1, total, device=dev).expand(bsz, total - 1))
+    cand_parent = all_parents.gather(1, keep)
+    parent_col = torch.where(cand_parent < 0, torch.zeros_like(cand_parent), column.gather(1, cand_parent.clamp(min=0)))
+    if bool((parent_col < 0).any()):
+        raise RuntimeError("draft tree lost a parent: scores were not monotone along a path")
+    tree_tokens = torch.cat([root[:, None], all_tokens.gather(1, keep)], dim=1)
+    parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), parent_col], dim=1)
+    return Tree.from_parents(tree_tokens, parents)

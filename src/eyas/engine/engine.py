@@ -1,0 +1,271 @@
+"""The speculative engine: prefill, step, and the batch bookkeeping around them.
+
+One ``step`` on a batch of running sequences:
+
+    draft_tree      num_steps draft forwards -> a tree of num_draft_tokens tokens per row
+    target.forward  one forward over every tree (explicit positions, tree mask on the KV cache)
+    accept          longest accepted path + one bonus token per row (greedy or rejection sampling)
+    commit          copy the accepted path's KV entries into place, drop the rest
+    draft extend    feed the accepted tokens with their captured aux states to the draft, which
+                    leaves the logits that seed the next tree
+
+With ``Algorithm.NONE`` the tree is the root alone, so plain decoding is the same code path.
+Sequences join (``merge``) and leave (``filter``) between steps: that is all continuous batching
+needs from the engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..checks import check_spec
+from ..config import Algorithm, SpecConfig
+from ..errors import EyasError
+from ..models import kv_cache
+from .drafter import draft_tree
+from .sampling import SamplingParams, sample, probs
+from .stats import SpecStats
+from .tree import Tree
+from .verify import accept_greedy, accept_sampling
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    generator: torch.Generator | None = None
+
+    def __post_init__(self):
+        if self.generator is None:
+            self.generator = self.params.generator()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Batch:
+    seqs: list[Sequence]
+    target_cache: object
+    draft_cache: object | None
+    lengths: torch.Tensor  # [B] committed tokens in both caches (slot == position)
+    root: torch.Tensor  # [B] last emitted token, not yet in the target cache
+    draft_logits: torch.Tensor | None = None  # [B, draft_vocab] predicts the tree's depth 1
+    draft_hidden: torch.Tensor | None = None  # [B, H] the state that produced draft_logits
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
+class Output:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+    seconds: float
+
+
+class Engine:
+    def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None):
+        spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
+        if draft is not None and draft.aux_layer_ids is not None:
+            target.set_aux_layers(draft.aux_layer_ids)
+        draft_path = draft_path or (getattr(draft, "name_or_path", None) or ("<in memory>" if draft is not None else None))
+        check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)
+        self.target, self.draft, self.spec = target, draft, spec
+        self.device = target.device
+        self.tree_size = spec.num_draft_tokens if spec.speculative else 1
+        self.max_context = target.info.max_context or 1 << 30
+
+    # -- batch membership ---------------------------------------------------------------------
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if not prompt_ids:
+            raise EyasError("the prompt is empty", "send at least one token")
+        vocab = self.target.info.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise EyasError(f"prompt token ids must be in 0..{vocab - 1}")
+        limit = self.max_context - self.tree_size - 1
+        if len(prompt_ids) > limit:
+            raise EyasError(
+                f"the prompt has {len(prompt_ids)} tokens; with this context length ({self.max_context}) "
+                f"and tree size ({self.tree_size}) at most {limit} fit",
+                "shorten the prompt or raise --context-length",
+            )
+        return Sequence(list(prompt_ids), params)
+
+    def filter(self, batch: Batch, keep: list[int]) -> Batch:
+        rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+        lengths = batch.lengths[rows]
+        slots = int(lengths.max()) if keep else 0
+        kv_cache.select_rows(batch.target_cache, rows, slots)
+        if batch.draft_cache is not None:
+            kv_cache.select_rows(batch.draft_cache, rows, slots)
+        pick = lambda t: None if t is None else t[rows]  # noqa: E731
+        return Batch([batch.seqs[i] for i in keep], batch.target_cache, batch.draft_cache, lengths,
+                      batch.root[rows], pick(batch.draft_logits), pick(batch.draft_hidden))
+
+    def merge(self, a: Batch | None, b: Batch) -> Batch:
+        if a is None or len(a) == 0:
+            return b
+        cat = lambda x, y: None if x is None else torch.cat([x, y])  # noqa: E731
+        return Batch(
+            a.seqs + b.seqs,
+            kv_cache.concat_rows(a.target_cache, b.target_cache),
+            None if a.draft_cache is None else kv_cache.concat_rows(a.draft_cache, b.draft_cache),
+            torch.cat([a.lengths, b.lengths]), torch.cat([a.root, b.root]),
+            cat(a.draft_logits, b.draft_logits), cat(a.draft_hidden, b.draft_hidden),
+        )
+
+    # -- the two forward kinds ----------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> Batch:
+        """Run the prompts, emit each row's first token, and prime the draft."""
+        dev = self.device
+        lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=dev)
+        width = int(lens.max())
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=dev)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids, device=dev)
+        positions = torch.arange(width, device=dev).expand(len(seqs), width)
+        visible = _causal(lens, width)
+        mask = kv_cache.attention_mask(torch.zeros_like(lens), 0, visible, self.target.dtype)
+        last = lens - 1
+        keep = torch.unique(last)
+        cache = kv_cache.new_cache()
+        logits, aux = self.target.forward(ids, positions, mask, cache, capture=self.spec.speculative, logits_at=keep)
+        logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
+        first = torch.tensor([self._sample(s, logits[i]) for i, s in enumerate(seqs)], device=dev)
+        batch = Batch(seqs, cache, None, lens.clone(), first)
+        if self.spec.speculative:
+            batch.draft_cache = kv_cache.new_cache()
+            shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+            shifted[torch.arange(len(seqs), device=dev), last] = first
+            batch.draft_logits, batch.draft_hidden = self._draft_extend(
+                batch.draft_cache, torch.zeros_like(lens), shifted, aux, lens)
+        for i, s in enumerate(seqs):
+            self._emit(s, [int(first[i])], int(lens[i]))
+        return batch
+
+    @torch.inference_mode()
+    def step(self, batch: Batch) -> list[list[int]]:
+        """One verify step for every row; returns the tokens each row emitted."""
+        if self.spec.speculative:
+            tree = draft_tree(self.draft, batch.draft_cache, batch.lengths, batch.root,
+                              batch.draft_logits, batch.draft_hidden, self.spec)
+        else:
+            tree = Tree.root_only(batch.root)
+        cache = batch.target_cache
+        slots = kv_cache.num_slots(cache)
+        mask = kv_cache.attention_mask(batch.lengths, slots, tree.mask, self.target.dtype)
+        positions = batch.lengths[:, None] + tree.depth
+        logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.spec.speculative)
+
+        paths, bonus = self._accept(batch, tree, logits)
+        counts = torch.tensor([len(p) for p in paths], device=self.device)
+        width = int(counts.max())
+        cols = torch.tensor([p + [0] * (width - len(p)) for p in paths], device=self.device)  # [B, width]
+        old = batch.lengths
+        batch.lengths = kv_cache.commit(cache, old, slots + cols, counts)
+        bonus_t = torch.tensor(bonus, device=self.device)
+        if self.spec.speculative:
+            path_tokens = tree.tokens.gather(1, cols)
+            ext = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], dim=1)
+            ext[torch.arange(len(batch), device=self.device), counts - 1] = bonus_t
+            path_aux = aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
+            batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, ext, path_aux, counts)
+        batch.root = bonus_t
+        emitted = []
+        for i, s in enumerate(batch.seqs):
+            new = tree.tokens[i, paths[i][1:]].tolist() + [bonus[i]]
+            if not s.finished and self.spec.speculative:
+                s.stats.record(self.tree_size - 1, len(paths[i]) - 1)
+            emitted.append(self._emit(s, new, int(batch.lengths[i])))
+        return emitted
+
+    def _draft_extend(self, cache, base, tokens, aux, counts):
+        """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]."""
+        draft = self.draft
+        width = tokens.shape[1]
+        slots = kv_cache.num_slots(cache)
+        positions = base[:, None] + torch.arange(width, device=self.device)[None, :]
+        mask = kv_cache.attention_mask(base, slots, _causal(counts, width), self.target.dtype)
+        h = draft.backbone(draft.embed(tokens), draft.project(aux), positions, cache, mask)
+        src = slots + torch.arange(width, device=self.device).expand(len(tokens), width)
+        kv_cache.commit(cache, base, src, counts)
+        last = h[torch.arange(len(tokens), device=self.device), counts - 1]  # [B, H]
+        return draft.logits(last), last
+
+    # -- tokens ---------------------------------------------------------------------------------
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
+        if seq.params.greedy:
+            return int(logits.argmax())
+        return sample(probs(logits, seq.params), seq.generator)
+
+    def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor):
+        argmax = logits.argmax(dim=-1).cpu()  # [B, T]
+        cpu_tree = Tree(tree.tokens.cpu(), tree.parents.cpu(), tree.depth.cpu(), tree.mask)
+        paths, bonus = [], []
+        for i, s in enumerate(batch.seqs):
+            if s.params.greedy:
+                p, b = accept_greedy(cpu_tree, argmax[i], i)
+            else:
+                p, b = accept_sampling(cpu_tree, logits[i], i, s.params, s.generator)
+            paths.append(p)
+            bonus.append(b)
+        return paths, bonus
+
+    def _emit(self, seq: Sequence, tokens: list[int], context_used: int) -> list[int]:
+        """Append tokens up to a stop condition; return what was appended."""
+        if seq.finished:
+            return []
+        p = seq.params
+        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.target.eos_token_ids))
+        out = []
+        for t in tokens:
+            out.append(t)
+            if t in stops:
+                seq.finish_reason = "stop"
+                break
+            if len(seq.output_ids) + len(out) >= p.max_new_tokens:
+                seq.finish_reason = "length"
+                break
+        seq.output_ids.extend(out)
+        if not seq.finished and context_used + self.tree_size + 1 > self.max_context:
+            seq.finish_reason = "length"
+        return out
+
+    # -- the simple static-batch loop ---------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Output]:
+        params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        seqs = [self.new_sequence(p, sp) for p, sp in zip(prompts, params)]
+        start = time.perf_counter()
+        batch = self.prefill(seqs)
+        while True:
+            alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
+            if not alive:
+                break
+            if len(alive) < len(batch):
+                batch = self.filter(batch, alive)
+            self.step(batch)
+        seconds = time.perf_counter() - start
+        return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds) for s in seqs]
+
+
+def _causal(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, W, W] causal visibility for right-padded rows; padding sees only itself."""
+    i = torch.arange(width, device=lengths.device)
+    causal = i[None, :, None] >= i[None, None, :]
+    valid = i[None, None, :] < lengths[:, None, None]
+    return causal & (valid | (i[None, :, None] == i[None, None, :]))

@@ -1,0 +1,61 @@
+"""Lossless verification of a draft tree against the target's logits.
+
+Greedy: walk from the root; at each node the target's argmax must equal one child's token to go
+on. The bonus token is the target's argmax at the last accepted node.
+
+Sampling (tree-aware multi-candidate rejection sampling with deterministic candidates, as SGLang's
+``tree_speculative_sampling_target_only``): at node ``n`` let ``p`` be the target's distribution
+(temperature / top-k / top-p applied). Try the children ``c_1, c_2, ...`` in order: accept ``c_i``
+with probability ``p(c_i)``; on rejection set ``p(c_i) = 0`` and renormalise. If no child is
+accepted, the bonus token is drawn from the residual ``p``. Each candidate is a point mass, so
+``P(emit x) = p(x)`` at every node: the output distribution is exactly the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling import SamplingParams, probs, sample
+from .tree import Tree
+
+
+def accept_greedy(tree: Tree, argmax: torch.Tensor, row: int) -> tuple[list[int], int]:
+    """(accepted columns starting with the root 0, bonus token) for one row; argmax is [T]."""
+    kids = tree.children(row)
+    tokens = tree.tokens[row].tolist()
+    best = argmax.tolist()
+    path, node = [0], 0
+    while True:
+        nxt = next((c for c in kids[node] if tokens[c] == best[node]), None)
+        if nxt is None:
+            return path, best[node]
+        path.append(nxt)
+        node = nxt
+
+
+def accept_sampling(
+    tree: Tree, logits: torch.Tensor, row: int, params: SamplingParams, generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Same for a sampled row; ``logits`` is [T, vocab] for this row."""
+    kids = tree.children(row)
+    tokens = tree.tokens[row].tolist()
+    path, node = [0], 0
+    while True:
+        p = probs(logits[node], params).cpu()
+        nxt = None
+        for c in kids[node]:
+            t = tokens[c]
+            if float(torch.rand((), generator=generator)) < float(p[t]):
+                nxt = c
+                break
+            rest = p.clone()
+            rest[t] = 0.0
+            total = float(rest.sum())
+            if total <= 0.0:  # c held all the mass (rounding made u >= p(c)): it is the only outcome
+                nxt = c
+                break
+            p = rest / total
+        if nxt is None:
+            return path, sample(p, generator)
+        path.append(nxt)
+        node = nxt

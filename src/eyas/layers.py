@@ -1,0 +1,53 @@
+"""The one place where captured-layer indices are defined and converted.
+
+eyas convention: a captured layer id ``i`` is the hidden state that *enters* decoder layer ``i``
+(equivalently, the output of layer ``i - 1``; id 0 is the token embedding). This is the index of
+Hugging Face's ``output_hidden_states`` tuple, where ``hidden_states[0]`` is the embedding output.
+Valid ids are ``0 .. N - 1`` for a target with ``N`` decoder layers.
+
+The reference EAGLE-3 choice is ``[2, N // 2, N - 3]``: ``[2, 15, 27]`` for a 30-layer target,
+``[2, 30, 58]`` for a 61-layer one.
+
+SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` index the *output* of a layer and SGLang
+adds 1 when it captures, so ``sglang_id = eyas_id - 1``. SpecForge writes ``[1, N//2 - 1, N - 4]``
+there by default, which is the same three states.
+"""
+
+from __future__ import annotations
+
+from .errors import EyasError
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """The reference ``[2, N // 2, N - 3]`` in eyas's convention (inputs of those layers)."""
+    if num_layers < 4:
+        raise EyasError(
+            f"the target has {num_layers} decoder layers; EAGLE-3's default capture "
+            "[2, N//2, N-3] needs at least 4",
+            "pass aux layer ids explicitly",
+        )
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def from_sglang(ids: list[int]) -> list[int]:
+    """SGLang/SpecForge ``eagle_aux_hidden_state_layer_ids`` (output of layer) -> eyas ids."""
+    return [int(i) + 1 for i in ids]
+
+
+def to_sglang(ids: list[int]) -> list[int]:
+    """eyas ids (input of layer) -> SGLang/SpecForge ``eagle_aux_hidden_state_layer_ids``."""
+    return [int(i) - 1 for i in ids]
+
+
+def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
+    """Refuse ids the target cannot provide; return them as plain ints."""
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise EyasError(
+            f"captured layer ids {ids} include {bad}, outside the target's 0..{num_layers - 1} "
+            f"(it has {num_layers} decoder layers; eyas ids are inputs of decoder layers)",
+            f"use ids within range, e.g. the default {default_aux_layers(num_layers)}; a draft "
+            "with such ids was probably trained for a deeper target",
+        )
+    return ids

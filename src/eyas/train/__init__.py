@@ -1,0 +1,1 @@
+"""Training EAGLE-3 drafts. Never imported by the engine."""

@@ -112,3 +112,37 @@ def build_engine(args: EngineArgs):
                                             device=args.device, dtype=target.dtype)
         draft.name_or_path = str(resolved)
     return Engine(target, draft, spec, draft_path=str(resolved) if resolved else None)
+
+
+def add_engine_arguments(parser) -> None:
+    """The flags every engine-backed command takes, spelled as SGLang spells them."""
+    g = parser.add_argument_group("model and speculation (SGLang's flag names)")
+    g.add_argument("--model-path", "--model", default=SMOLLM2,
+                   help=f"target: local HF folder, .gguf file, or {SMOLLM2!r} (default)")
+    g.add_argument("--speculative-algorithm", choices=["NONE", "EAGLE", "EAGLE3"], type=str.upper, default=None,
+                   help="default: EAGLE3 when a draft is given or shipped for the target, else NONE")
+    g.add_argument("--speculative-draft-model-path", default=None,
+                   help="draft folder or shipped draft name (default: the draft shipped for the target)")
+    g.add_argument("--speculative-num-steps", type=int, default=5, help="draft tree depth (default 5)")
+    g.add_argument("--speculative-eagle-topk", type=int, default=1, help="branching per node; 1 = chain (default 1)")
+    g.add_argument("--speculative-num-draft-tokens", type=int, default=6,
+                   help="tokens verified per step, counting the root (default 6)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    g.add_argument("--context-length", type=int, default=None, help="cap on prompt + output tokens")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
+
+
+def engine_args_from(ns) -> EngineArgs:
+    return EngineArgs(
+        model_path=ns.model_path,
+        speculative_algorithm=ns.speculative_algorithm,
+        speculative_draft_model_path=ns.speculative_draft_model_path,
+        speculative_num_steps=ns.speculative_num_steps,
+        speculative_eagle_topk=ns.speculative_eagle_topk,
+        speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
+        device=ns.device,
+        dtype=ns.dtype,
+        context_length=ns.context_length,
+        trust_remote_code=ns.trust_remote_code,
+    )

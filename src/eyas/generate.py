@@ -1,0 +1,89 @@
+"""``eyas generate``: speculative generation on a chat prompt, with speed and acceptance.
+
+Runs the target alone and then with speculation on the same prompt, so the printout shows the
+text, tokens/s of both, the speedup, acceptance length and per-position acceptance, and whether
+the two greedy outputs match token for token.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .engine.sampling import SamplingParams
+from .pipeline import add_engine_arguments, build_engine, engine_args_from
+
+DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate with speculative decoding and report tokens/s and acceptance")
+    add_engine_arguments(p)
+    p.add_argument("--prompt", action="append", help="user message (repeat for a batch)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-baseline", action="store_true", help="skip the run without speculation")
+    p.set_defaults(func=run)
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+        return tokenizer(rendered, add_special_tokens=False).input_ids
+    return tokenizer(text).input_ids
+
+
+def run(args) -> int:
+    print("loading ...", flush=True)
+    engine = build_engine(engine_args_from(args))
+    tok = engine.target.tokenizer
+    prompts = [chat_ids(tok, p) for p in (args.prompt or [DEFAULT_PROMPT])]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    s = engine.spec
+    print(f"target: {engine.target.name} ({engine.target.info.num_layers} layers, hidden {engine.target.info.hidden_size})")
+    if s.speculative:
+        h, ids = engine.target.info.hidden_size, engine.target.aux_layer_ids
+        print(f"speculative: {s.algorithm.value}, draft {getattr(engine.draft, 'name_or_path', '?')}, "
+              f"steps={s.num_steps} topk={s.eagle_topk} draft_tokens={s.num_draft_tokens}")
+        print(f"aux hidden states: layers {ids}, {len(ids)} x {h} = {len(ids) * h} -> fc -> {engine.draft.config.hidden_size}")
+    else:
+        print("speculative: NONE (no draft)")
+
+    baseline = None
+    if s.speculative and not args.no_baseline:
+        from .engine.engine import Engine
+        from .config import SpecConfig, Algorithm
+
+        plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE))
+        engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
+        t = time.perf_counter()
+        baseline = plain.generate(prompts, params)
+        base_s = time.perf_counter() - t
+    t = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    spec_s = time.perf_counter() - t
+
+    for i, o in enumerate(outs):
+        print(f"\n--- prompt {i}: {args.prompt[i] if args.prompt else DEFAULT_PROMPT}")
+        print(tok.decode(o.output_ids, skip_special_tokens=True).strip())
+    n = sum(len(o.output_ids) for o in outs)
+    print(f"\n{n} tokens in {spec_s:.2f} s: {n / spec_s:.1f} tok/s" + (" (speculative)" if s.speculative else ""))
+    if s.speculative:
+        from .engine.stats import SpecStats
+
+        total = SpecStats()
+        for o in outs:
+            total.add(o.stats)
+        print(f"acceptance length (tau): {total.accept_length:.2f}   acceptance rate: {total.accept_rate:.3f}   "
+              f"accepted per position: {total.accepted_per_position}")
+        if baseline is not None:
+            nb = sum(len(o.output_ids) for o in baseline)
+            print(f"baseline (no speculation): {nb / base_s:.1f} tok/s   speedup: {(n / spec_s) / (nb / base_s):.2f}x")
+            if params.greedy:
+                same = all(a.output_ids == b.output_ids for a, b in zip(outs, baseline))
+                print(f"greedy outputs identical to the baseline: {'yes' if same else 'NO'}")
+    return 0

@@ -1,0 +1,20 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import tiny_target, train_draft  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def target():
+    """Tiny random Llama target in float64 (ties in argmax are then practically impossible)."""
+    return tiny_target()
+
+
+@pytest.fixture(scope="session")
+def draft(target):
+    """A draft briefly trained on the tiny target: accepts some tokens, rejects others."""
+    return train_draft(target)

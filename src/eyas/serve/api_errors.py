@@ -1,0 +1,54 @@
+"""Errors the API returns, in OpenAI's JSON shape: ``{"error": {message, type, param, code}}``.
+
+The official ``openai`` client reads ``error.message`` into its exception text, so every message
+says what was wrong and what was expected, as the engine's ``EyasError`` does.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+
+class ApiError(Exception):
+    """A request the server refuses; ``status`` is the HTTP status (4xx for the client's fault)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or error_type(status)
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_type(status: int) -> str:
+    if status == 404:
+        return "not_found_error"
+    if status == 503:
+        return "overloaded_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(HTTPStatus.BAD_REQUEST, message, param, code)
+
+
+def overloaded(running: int, queued: int, retry_after: int = 1) -> ApiError:
+    return ApiError(
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        f"the server is at capacity ({running} running, {queued} queued); retry after {retry_after} s, "
+        "or start it with a larger --max-running-requests / --max-queued-requests",
+        code="server_overloaded", headers={"Retry-After": str(retry_after)},
+    )

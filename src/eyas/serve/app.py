@@ -1,0 +1,140 @@
+"""The FastAPI application: lifespan (engine thread), error handlers and the small endpoints.
+
+``create_app(engine, options)`` wires an already built and checked engine to HTTP; it binds nothing
+itself, so tests can run it in-process under uvicorn or with any ASGI client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .api_errors import ApiError, error_body, error_type
+from .banner import describe, info_labels
+from .generate_route import router as generate_router
+from .metrics import ServeMetrics
+from .openai_routes import router as openai_router
+from .scheduler import Scheduler
+
+log = logging.getLogger("eyas.serve")
+
+
+@dataclass
+class ServeOptions:
+    served_model_name: str | None = None  # default: the --model-path as given
+    model_path: str = ""
+    max_running_requests: int = 32
+    max_queued_requests: int = 256
+    metrics_window: int = 1000  # engine steps behind eyas:spec_accept_length / _rate
+    log_interval: float = 10.0  # seconds between "decode: ..." log lines while busy
+    extra_model_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ServeState:
+    engine: object
+    scheduler: Scheduler
+    metrics: ServeMetrics
+    options: ServeOptions
+    served_names: list[str]
+    started: float = field(default_factory=time.time)
+
+
+def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
+    options = options or ServeOptions()
+    spec = engine.spec
+    metrics = ServeMetrics(spec.num_steps if spec.speculative else 0,
+                           spec.num_draft_tokens if spec.speculative else 1, options.metrics_window)
+    metrics.set_info(info_labels(engine))
+    scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
+                          options.log_interval)
+    name = options.served_model_name or options.model_path or engine.target.name
+    names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
+                      if n and n != name]
+    state = ServeState(engine, scheduler, metrics, options, names)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        try:
+            yield
+        finally:
+            running, queued = scheduler.counts()
+            if running or queued:
+                log.info("shutting down: cancelling %d running and %d queued requests", running, queued)
+            scheduler.stop()
+
+    app = FastAPI(title="eyas serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.eyas = state
+    app.include_router(openai_router)
+    app.include_router(generate_router)
+    _add_error_handlers(app, metrics)
+
+    @app.get("/health")
+    async def health():
+        running, queued = scheduler.counts()
+        body = {"status": "ok" if scheduler.alive else "engine thread stopped", "running": running, "queued": queued}
+        return JSONResponse(body, status_code=200 if scheduler.alive else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": names[0], "object": "model", "created": int(state.started), "owned_by": "eyas",
+                "root": options.model_path or engine.target.name, "max_model_len": engine.max_context}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")  # SGLang's name
+    async def server_info():
+        running, queued = scheduler.counts()
+        return {
+            **describe(engine),
+            "served_model_name": names[0],
+            "max_running_requests": options.max_running_requests,
+            "max_queued_requests": options.max_queued_requests,
+            "running": running,
+            "queued": queued,
+            "engine_steps": scheduler.steps,
+            "spec_accept_length": metrics.window_accept_length,
+            "spec_accept_rate": metrics.window_accept_rate,
+        }
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        metrics.requests.labels(outcome="rejected" if e.status == 503 else
+                                "invalid" if e.status < 500 else "error").inc()
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        msg = {404: f"no route {request.method} {request.url.path}; see /v1/models, /v1/chat/completions, "
+                    "/v1/completions, /generate, /health, /metrics",
+               405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),
+                            status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        return JSONResponse(error_body(f"invalid request: {e.errors()[:1]}"), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        metrics.requests.labels(outcome="error").inc()
+        return JSONResponse(error_body(f"internal server error: {type(e).__name__}: {e}", "server_error"),
+                            status_code=500)

@@ -1,0 +1,88 @@
+"""What the server says about itself: the startup printout, ``/server_info`` and ``eyas:spec_info``.
+
+The aux line is the one to read when acceptance is 1.00: it shows how many target layers are
+captured, how wide their concatenation is, and that the draft's fc takes exactly that width.
+"""
+
+from __future__ import annotations
+
+from ..layers import to_sglang
+
+
+def describe(engine) -> dict:
+    """Plain facts about the loaded pair (JSON-ready)."""
+    t, d, s = engine.target, engine.draft, engine.spec
+    info = {
+        "target": t.name,
+        "target_architecture": t.info.architecture,
+        "target_layers": t.info.num_layers,
+        "target_hidden_size": t.info.hidden_size,
+        "vocab_size": t.info.vocab_size,
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "device": str(t.device),
+        "context_length": engine.max_context,
+        "algorithm": s.algorithm.value,
+        "speculative": s.speculative,
+    }
+    if s.speculative and d is not None:
+        ids = list(t.aux_layer_ids)
+        info.update(
+            draft=getattr(d, "name_or_path", None) or "<in memory>",
+            draft_architecture=",".join(getattr(d.config, "architectures", None) or []),
+            draft_hidden_size=d.config.hidden_size,
+            draft_vocab_size=d.draft_vocab_size,
+            aux_layer_ids=ids,
+            aux_layer_ids_sglang=to_sglang(ids),
+            aux_width=len(ids) * t.info.hidden_size,
+            fc_in=d.fc.in_features,
+            fc_out=d.fc.out_features,
+            num_steps=s.num_steps,
+            eagle_topk=s.eagle_topk,
+            num_draft_tokens=s.num_draft_tokens,
+        )
+    return info
+
+
+def info_labels(engine) -> dict[str, str]:
+    """Labels of ``eyas:spec_info`` (strings; absent settings are empty)."""
+    i = describe(engine)
+    ids = i.get("aux_layer_ids")
+    return {
+        "algorithm": i["algorithm"],
+        "target": i["target"],
+        "draft": i.get("draft", ""),
+        "aux_layer_ids": ",".join(map(str, ids)) if ids else "",
+        "num_steps": str(i.get("num_steps", "")),
+        "eagle_topk": str(i.get("eagle_topk", "")),
+        "num_draft_tokens": str(i.get("num_draft_tokens", "")),
+        "draft_vocab_size": str(i.get("draft_vocab_size", "")),
+        "context_length": str(i["context_length"]),
+    }
+
+
+def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
+    i = describe(engine)
+    lines = [
+        f"target: {i['target']} ({i['target_architecture']}, {i['target_layers']} layers, hidden "
+        f"{i['target_hidden_size']}, vocab {i['vocab_size']}), {i['dtype']} on {i['device']}",
+    ]
+    if not i["speculative"]:
+        lines.append("speculative algorithm: NONE (no draft: plain decoding, one token per target forward)")
+    else:
+        ids, h, n = i["aux_layer_ids"], i["target_hidden_size"], len(i["aux_layer_ids"])
+        shape = "chain" if i["eagle_topk"] == 1 else "tree"
+        lines += [
+            f"speculative algorithm: {i['algorithm']}",
+            f"draft: {i['draft']} ({i['draft_architecture'] or '?'}, hidden {i['draft_hidden_size']})",
+            f"captured layers: {ids} (inputs of those decoder layers; SGLang eagle_aux_hidden_state_layer_ids "
+            f"{i['aux_layer_ids_sglang']})",
+            f"aux hidden states: {n} x {h} = {n * h} -> fc {i['fc_in']} -> {i['fc_out']}",
+            f"draft vocabulary: {i['draft_vocab_size']} of {i['vocab_size']} target tokens",
+            f"tree: num_steps {i['num_steps']}, eagle_topk {i['eagle_topk']}, num_draft_tokens "
+            f"{i['num_draft_tokens']} ({shape}; {i['num_draft_tokens'] - 1} draft tokens verified per step)",
+        ]
+    lines += [
+        f"context length: {i['context_length']}",
+        f"max running requests: {max_running}, queue: {max_queued}",
+    ]
+    return lines

@@ -1,0 +1,118 @@
+"""``eyas serve`` (and ``python -m eyas.serve``): strict startup, then an OpenAI-compatible server.
+
+Order: check the serving flags and that the port is free, build the engine (every target/draft/
+algorithm check runs before any weight is used), warm it up with one short generation, print what
+was loaded, and only then bind the port. A refused configuration exits with status 2 and a
+message that names the fix (``eyas.cli`` prints ``EyasError`` that way); nothing is ever served.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+
+from ..errors import EyasError
+from ..pipeline import add_engine_arguments, engine_args_from
+
+DEFAULT_PORT = 30000  # SGLang's
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible speculative server with Prometheus metrics",
+                       description="Serve a target with its EAGLE-3 draft behind the OpenAI API (and SGLang's "
+                                   "/generate), with acceptance metrics at /metrics.")
+    add_serve_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_serve_arguments(p) -> None:
+    add_engine_arguments(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    g.add_argument("--served-model-name", default=None, help="model id clients send (default: --model-path)")
+    g.add_argument("--max-running-requests", "--max-num-seqs", type=int, default=32,
+                   help="sequences decoded together (default 32)")
+    g.add_argument("--max-queued-requests", type=int, default=256,
+                   help="requests waiting for a slot before the server answers 503 (default 256)")
+    g.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; "
+                   "/metrics is always on")
+    g.add_argument("--metrics-window", type=int, default=1000,
+                   help="engine steps behind the eyas:spec_accept_length/_rate gauges (default 1000)")
+    g.add_argument("--log-interval", type=float, default=10.0,
+                   help="seconds between decode log lines while busy; 0 turns them off (default 10)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g.add_argument("--no-warmup", action="store_true", help="skip the short generation run before binding")
+
+
+def check_server_flags(args) -> None:
+    for name in ("max_running_requests", "metrics_window"):
+        if getattr(args, name) < 1:
+            raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.max_queued_requests < 0:
+        raise EyasError(f"--max-queued-requests must be 0 or more, got {args.max_queued_requests}")
+    if not 0 <= args.port <= 65535:
+        raise EyasError(f"--port must be in 0..65535, got {args.port}")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before the (slow) model load rather than after it; the port is released again at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise EyasError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                            "stop whatever holds the port, or pick another --port") from None
+
+
+def run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_server_flags(args)
+    check_port_free(args.host, args.port)
+    try:
+        import uvicorn
+
+        from .app import ServeOptions, create_app
+    except ImportError as e:
+        raise EyasError(f"eyas serve needs {e.name}, which is not installed", "pip install 'eyas[serve]'") from None
+    from ..pipeline import build_engine
+    from .banner import banner_lines
+
+    print(f"eyas serve: loading {args.model_path} ...", flush=True)
+    start = time.perf_counter()
+    engine = build_engine(engine_args_from(args))
+    loaded = time.perf_counter() - start
+    for line in banner_lines(engine, args.max_running_requests, args.max_queued_requests):
+        print(line, flush=True)
+    print(f"loaded in {loaded:.1f} s", flush=True)
+    if not args.no_warmup:
+        warmup(engine)
+    options = ServeOptions(served_model_name=args.served_model_name, model_path=args.model_path,
+                           max_running_requests=args.max_running_requests,
+                           max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
+                           log_interval=args.log_interval)
+    app = create_app(engine, options)
+    print(f"serving {app.state.eyas.served_names[0]!r} on http://{args.host}:{args.port} "
+          "(/v1/chat/completions, /v1/completions, /generate, /v1/models, /health, /metrics)", flush=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def warmup(engine) -> None:
+    """One short generation, so a broken device or kernel fails here and not on the first request."""
+    from ..engine.sampling import SamplingParams
+
+    start = time.perf_counter()
+    prompt = engine.target.tokenizer("warm-up", add_special_tokens=False).input_ids or [0]
+    engine.generate([prompt], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    print(f"warm-up: ok ({time.perf_counter() - start:.2f} s)", flush=True)

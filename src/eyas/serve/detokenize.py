@@ -1,0 +1,98 @@
+"""Incremental detokenizing with stop strings, one instance per sequence, run on the engine thread.
+
+Text is produced with the usual two-offset trick: decode ``ids[prefix:read]`` and ``ids[prefix:]``
+and emit the difference, so a token is only turned into text once the characters it completes are
+whole (a byte-level token may hold half of a UTF-8 character, which decodes to U+FFFD until the
+rest arrives) and a leading-space token decodes the same as it does in context.
+
+Stop strings are matched on the text. The output stops *before* the stop string (OpenAI's rule),
+and the tokens kept are those up to and including the one that completed the match. While
+streaming, a tail of text that could be the start of a stop string is held back until it can't.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Pushed:
+    text: str  # newly released text
+    tokens: list[int]  # tokens of this push that are kept (a stop string may cut the push short)
+    matched: str | None = None  # the stop string that ended the output, if any
+
+
+class Detokenizer:
+    def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self.skip_special = skip_special_tokens
+        self.ids: list[int] = []
+        self.text = ""  # all text decoded so far (before any stop string)
+        self.sent = 0  # characters of self.text already released
+        self.prefix = 0
+        self.read = 0
+        self.matched: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special,
+                                     clean_up_tokenization_spaces=False)
+
+    def _advance(self, final: bool = False) -> None:
+        """Move decoded text from self.ids into self.text."""
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
+
+    def push(self, tokens: list[int]) -> Pushed:
+        """Add tokens the engine emitted; return the text now safe to release."""
+        if self.matched is not None:
+            return Pushed("", [])
+        if not self.stop:
+            self.ids.extend(tokens)
+            self._advance()
+            return Pushed(self._release(hold=0), list(tokens))
+        kept = []
+        for t in tokens:  # one at a time, so a match says which token completed it
+            kept.append(t)
+            self.ids.append(t)
+            start = max(0, len(self.text) - max(map(len, self.stop)) + 1)
+            self._advance()
+            hit = self._find_stop(start)
+            if hit is not None:
+                index, stop = hit
+                self.text, self.matched = self.text[:index], stop
+                return Pushed(self._release(hold=0), kept, stop)
+        return Pushed(self._release(hold=self._partial_stop_tail()), kept)
+
+    def flush(self) -> str:
+        """The rest of the text when the sequence ends (an unfinished character included)."""
+        if self.matched is None and self.read < len(self.ids):
+            self._advance(final=True)
+        return self._release(hold=0)
+
+    def _find_stop(self, start: int) -> tuple[int, str] | None:
+        best = None
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        return best
+
+    def _partial_stop_tail(self) -> int:
+        """Length of the longest tail of the text that begins some stop string."""
+        longest = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(s[:n]):
+                    longest = n
+                    break
+        return longest
+
+    def _release(self, hold: int) -> str:
+        end = max(self.sent, len(self.text) - hold)
+        out = self.text[self.sent:end]
+        self.sent = end
+        return out

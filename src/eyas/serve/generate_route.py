@@ -1,0 +1,109 @@
+"""``POST /generate``: SGLang's native shape, with acceptance in ``meta_info``.
+
+Request: ``{"text" | "input_ids", "sampling_params": {...}, "stream", "rid"}``; a list of texts or
+of id lists (or ``n > 1``) returns a list. Response: ``{"text", "output_ids", "meta_info"}`` where
+``meta_info`` holds ``id``, ``prompt_tokens``, ``completion_tokens``, ``finish_reason``
+(``{"type": "stop", "matched": ...}``, ``{"type": "length", "length": n}`` or ``{"type": "abort"}``),
+``e2e_latency``, ``ttft`` and, when speculating, ``spec_verify_ct``, ``spec_accept_length``,
+``spec_accept_rate``, ``spec_draft_token_num``, ``spec_accept_token_num``,
+``spec_accepted_per_position``. A stream sends the cumulative object per update (as SGLang does),
+with an ``index`` for batches, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from .api_errors import bad_request
+from .inputs import check_model, generate_job, generate_prompts, parse_body
+from .openai_routes import failed_error, spec_fields, sse
+from .protocol import GenerateRequest
+from .runner import ClientGone, JobRun
+from .scheduler import Delta, Failed, Finished
+
+router = APIRouter()
+
+
+@router.post("/generate")
+async def generate(request: Request):
+    state = request.app.state.eyas
+    req = parse_body(await request.body(), GenerateRequest)
+    check_model(req.model, state.served_names)
+    prompts = generate_prompts(state.engine.target.tokenizer, req)
+    job = generate_job(req, prompts)
+    rids = _rids(req.rid, len(prompts) * job.n)
+    run = JobRun(state.scheduler, state.engine, job)
+    batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
+    if req.stream:
+        return StreamingResponse(_stream(state, run, rids, batched), media_type="text/event-stream",
+                                 background=BackgroundTask(run.cancel))
+    results: list[dict | None] = [None] * len(run.works)
+    try:
+        async for index, event in run.events(request.receive):
+            if isinstance(event, Failed):
+                raise failed_error(event)
+            if isinstance(event, Finished):
+                results[index] = _result(state, rids[index], event)
+    except ClientGone:
+        return Response(status_code=499)
+    return JSONResponse(results if batched else results[0])
+
+
+def _rids(rid, count: int) -> list[str]:
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(count)]
+    rids = [rid] if isinstance(rid, str) else list(rid)
+    if len(rids) == 1 and count > 1:
+        rids = [f"{rids[0]}-{i}" for i in range(count)]
+    if len(rids) != count:
+        raise bad_request(f"'rid' has {len(rids)} ids for {count} outputs", param="rid")
+    return rids
+
+
+def _finish_reason(f: Finished) -> dict:
+    if f.reason == "length":
+        return {"type": "length", "length": len(f.output_ids)}
+    if f.reason == "stop":
+        return {"type": "stop", "matched": f.matched}
+    return {"type": "abort", "message": "cancelled"}
+
+
+def _result(state, rid: str, f: Finished) -> dict:
+    meta = {
+        "id": rid,
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": len(f.output_ids),
+        "finish_reason": _finish_reason(f),
+        "e2e_latency": f.e2e,
+        "ttft": f.ttft,
+    }
+    if state.engine.spec.speculative:
+        meta.update(spec_fields(f.stats))
+    return {"text": f.text, "output_ids": list(f.output_ids), "meta_info": meta}
+
+
+async def _stream(state, run: JobRun, rids: list[str], batched: bool):
+    texts = [""] * len(run.works)
+    ids: list[list[int]] = [[] for _ in run.works]
+    async for index, event in run.events():
+        if isinstance(event, Delta):
+            texts[index] += event.text
+            ids[index] += event.token_ids
+            body = {"text": texts[index], "output_ids": list(ids[index]),
+                    "meta_info": {"id": rids[index], "prompt_tokens": len(run.works[index].seq.prompt_ids),
+                                  "completion_tokens": len(ids[index]), "finish_reason": None}}
+        elif isinstance(event, Finished):
+            body = _result(state, rids[index], event)
+        elif isinstance(event, Failed):
+            yield sse({"error": {"message": event.message, "type": "server_error", "code": "engine_error"}})
+            break
+        else:
+            continue
+        if batched:
+            body["index"] = index
+        yield sse(body)
+    yield "data: [DONE]\n\n"

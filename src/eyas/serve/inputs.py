@@ -1,0 +1,241 @@
+"""Turn a request body into prompt ids and sampling parameters, or a 4xx that says what was wrong.
+
+Everything a client can get wrong is caught here, before the request reaches the engine thread:
+the bytes (UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values
+(``SamplingParams`` validates itself), the prompt against the context length, and knobs eyas does
+not implement (penalties, logprobs, tools), which are refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+
+from ..engine.sampling import SamplingParams
+from ..errors import EyasError
+from .api_errors import ApiError, bad_request
+from .protocol import EXPECTED, ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+MAX_N = 16  # choices per request
+MAX_STOP = 16  # stop strings per request
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass
+class Job:
+    """What the scheduler needs for one request: prompts x n choices with one sampling setting."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int = 1
+    stop: list[str] | None = None
+    skip_special_tokens: bool = True
+    max_tokens_given: bool = True  # False: fill the context (chat without max_tokens)
+    max_tokens_param: str = "max_tokens"
+
+
+# -- bytes -> model ---------------------------------------------------------------------------------
+def parse_body(raw: bytes, model: type[BaseModel]):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                          "send UTF-8 encoded JSON", code="invalid_encoding") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+                          code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def validation_error(e: ValidationError) -> ApiError:
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"] if isinstance(x, int) or not _is_type_tag(str(x))]
+    param = ".".join(loc) or None
+    field = next((str(x) for x in reversed(err["loc"]) if str(x) in EXPECTED), None)
+    if err["type"] == "extra_forbidden":
+        msg = f"unknown field {param!r}: eyas does not implement it and will not ignore it silently"
+    elif err["type"] == "missing":
+        msg = f"{param!r} is required"
+    elif field is not None and err["type"] not in ("too_short",):
+        msg = f"{param!r} must be {EXPECTED[field]}, got {_short(err.get('input'))}"
+    else:
+        msg = f"{param!r}: {err['msg']}, got {_short(err.get('input'))}"
+    return bad_request(msg, param=param, code="invalid_value")
+
+
+def _is_type_tag(x: str) -> bool:
+    """pydantic names union alternatives in ``loc`` ('str', 'list[int]', 'TextPart', ...)."""
+    return x in ("str", "int", "float", "bool", "TextPart") or "[" in x or x.startswith("function-")
+
+
+def _short(value) -> str:
+    s = json.dumps(value) if not isinstance(value, BaseModel) else repr(value)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def check_model(requested: str | None, served: list[str]) -> None:
+    if requested is not None and requested not in served:
+        raise ApiError(404, f"the model {requested!r} does not exist; this server serves {served[0]!r} "
+                            "(see GET /v1/models)", param="model", code="model_not_found")
+
+
+# -- prompts ----------------------------------------------------------------------------------------
+def chat_prompt(tokenizer, req: ChatCompletionRequest) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise bad_request("this model's tokenizer has no chat template, so chat messages cannot be rendered; "
+                          "use /v1/completions with a prompt", param="messages")
+    messages = []
+    for m in req.messages:
+        d = m.model_dump(exclude_none=True)
+        if isinstance(m.content, list):
+            d["content"] = "\n".join(p.text for p in m.content)
+        messages.append(d)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **(req.chat_template_kwargs or {}))
+    except Exception as e:  # noqa: BLE001 - jinja raises its own types; the message is what matters
+        raise bad_request(f"the chat template could not render these messages: {e}", param="messages") from None
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def text_prompts(tokenizer, value, param: str) -> list[list[int]]:
+    """str | list[str] | list[int] | list[list[int]] -> list of token-id prompts."""
+    if isinstance(value, str):
+        value = [value]
+    elif value and isinstance(value[0], int):
+        value = [value]
+    if not value:
+        raise bad_request(f"{param!r} is empty; send at least one prompt", param=param)
+    prompts = []
+    for p in value:
+        ids = list(tokenizer(p).input_ids) if isinstance(p, str) else list(p)
+        if not ids:
+            raise bad_request(f"{param!r} holds an empty prompt; send at least one token", param=param)
+        prompts.append(ids)
+    return prompts
+
+
+def generate_prompts(tokenizer, req: GenerateRequest) -> list[list[int]]:
+    if (req.text is None) == (req.input_ids is None):
+        raise bad_request("send exactly one of 'text' or 'input_ids'", param="text")
+    if req.text is not None:
+        return text_prompts(tokenizer, req.text, "text")
+    return text_prompts(tokenizer, req.input_ids, "input_ids")
+
+
+# -- sampling ---------------------------------------------------------------------------------------
+def _stops(stop) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(s == "" for s in stops):
+        raise bad_request("stop strings must be non-empty", param="stop")
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"at most {MAX_STOP} stop strings are supported, got {len(stops)}", param="stop")
+    return stops
+
+
+def _refuse(param: str, value, neutral, what: str) -> None:
+    if value is not None and value != neutral and value not in ((), [], {}):
+        raise bad_request(f"{param}={_short(value)} is not supported by eyas ({what}); leave it out", param=param)
+
+
+def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool) -> Job:
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        _refuse(name, getattr(req, name), neutral, "no penalties are implemented")
+    _refuse("logit_bias", req.logit_bias, None, "no logit bias is implemented")
+    _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
+    if chat:
+        _refuse("logprobs", req.logprobs, False, "log probabilities are not returned")
+        _refuse("top_logprobs", req.top_logprobs, 0, "log probabilities are not returned")
+        _refuse("tools", req.tools, None, "no tool calling")
+        _refuse("tool_choice", req.tool_choice, "none", "no tool calling")
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise bad_request("response_format other than text is not supported by eyas (no constrained "
+                              "decoding); leave it out", param="response_format")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    else:
+        _refuse("logprobs", req.logprobs, None, "log probabilities are not returned")
+        _refuse("echo", req.echo, False, "the prompt is not echoed")
+        _refuse("suffix", req.suffix, None, "no insertion mode")
+        _refuse("best_of", req.best_of, 1, "no best-of sampling")
+        max_tokens, param = req.max_tokens, "max_tokens"
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+    params = _params(max_tokens, param, default,
+                     temperature=1.0 if req.temperature is None else req.temperature,
+                     top_p=1.0 if req.top_p is None else req.top_p,
+                     top_k=0 if req.top_k is None else req.top_k,
+                     seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)
+    return Job(prompts, params, req.n, _stops(req.stop), req.skip_special_tokens,
+               max_tokens is not None or default is not None, param)
+
+
+def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
+    sp = req.sampling_params
+    _refuse("return_logprob", req.return_logprob, False, "log probabilities are not returned")
+    _refuse("sampling_params.min_p", sp.min_p, 0.0, "no min-p filter")
+    _refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        _refuse("sampling_params." + name, getattr(sp, name), neutral, "no penalties are implemented")
+    if not 1 <= sp.n <= MAX_N:
+        raise bad_request(f"sampling_params.n must be between 1 and {MAX_N}, got {sp.n}", param="sampling_params.n")
+    param = "sampling_params.max_new_tokens"
+    params = _params(sp.max_new_tokens, param, None,
+                     temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+                     seed=sp.seed if sp.seed is not None else sp.sampling_seed,
+                     stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos)
+    return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param)
+
+
+def _params(max_tokens, param: str, default, **kw) -> SamplingParams:
+    """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later)."""
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"{param} must be at least 1, got {max_tokens}", param=param)
+    chosen = max_tokens if max_tokens is not None else default
+    try:
+        params = SamplingParams(max_new_tokens=chosen or 1, **{k: v for k, v in kw.items() if v is not None})
+    except EyasError as e:
+        raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""), code="invalid_value") from None
+    return params
+
+
+def sequences_for(engine, job: Job) -> list:
+    """Engine sequences for every prompt x choice, sized to the context; 400 when one cannot fit."""
+    seqs = []
+    for prompt in job.prompts:
+        budget = engine.max_context - len(prompt)
+        given, param, asked = job.max_tokens_given, job.max_tokens_param, job.params.max_new_tokens
+        if given and len(prompt) + asked > engine.max_context:
+            raise bad_request(
+                f"this model's maximum context length is {engine.max_context} tokens; the prompt has "
+                f"{len(prompt)} and {param} asks for {asked} more ({len(prompt) + asked} in all); "
+                f"lower {param} or shorten the prompt", param=param, code="context_length_exceeded")
+        for i in range(job.n):
+            params = job.params
+            if not given or (job.n > 1 and params.seed is not None):
+                changes = {}
+                if not given:
+                    changes["max_new_tokens"] = max(1, budget)
+                if job.n > 1 and params.seed is not None:
+                    changes["seed"] = params.seed + i
+                params = dataclasses.replace(params, **changes)
+            try:
+                seqs.append(engine.new_sequence(prompt, params))
+            except EyasError as e:
+                code = "context_length_exceeded" if "context" in e.problem else "invalid_value"
+                raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""), param="prompt",
+                                  code=code) from None
+    return seqs

@@ -1,0 +1,125 @@
+"""Prometheus metrics under the ``eyas:`` prefix (``curl -s :30000/metrics | grep accept``).
+
+Speculation (vLLM's counter names, SGLang's gauge names):
+
+    eyas:spec_decode_num_drafts_total                verify steps (one per running request per step)
+    eyas:spec_decode_num_draft_tokens_total          draft tokens proposed
+    eyas:spec_decode_num_accepted_tokens_total       draft tokens accepted
+    eyas:spec_decode_num_accepted_tokens_per_pos_total{position}  steps whose accepted path
+                                                     reached depth position + 1 (0-based, as vLLM)
+    eyas:spec_accept_length   gauge: 1 + accepted / drafts over the last ``window`` engine steps
+    eyas:spec_accept_rate     gauge: accepted / draft tokens over the same window
+    eyas:spec_accept_length_per_step  histogram of 1 + accepted for each verify step
+    eyas:spec_info{...}       algorithm, draft path, captured layers, tree settings
+
+PromQL for the lifetime figures (exactly what the gauges hold while the window covers everything):
+
+    1 + eyas:spec_decode_num_accepted_tokens_total / eyas:spec_decode_num_drafts_total
+    eyas:spec_decode_num_accepted_tokens_total / eyas:spec_decode_num_draft_tokens_total
+
+Serving: prompt/generation token counters, ``requests_total{outcome}``, time-to-first-token,
+time-per-output-token and end-to-end latency histograms, running and queued request gauges.
+Every server owns its own ``CollectorRegistry``, so several can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+try:  # the *_created series only add noise to a grep for acceptance
+    from prometheus_client import disable_created_metrics
+
+    disable_created_metrics()
+except ImportError:  # older prometheus_client
+    pass
+
+PREFIX = "eyas:"
+OUTCOMES = ("stop", "length", "abort", "rejected", "invalid", "error")
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+class ServeMetrics:
+    def __init__(self, num_steps: int, num_draft_tokens: int, window: int = 1000):
+        r = self.registry = CollectorRegistry()
+        p = PREFIX
+        self.drafts = Counter(p + "spec_decode_num_drafts", "Verify steps (target forwards that checked a draft), "
+                              "one per running request per engine step", registry=r)
+        self.draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
+        self.accepted = Counter(p + "spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos",
+                                        "Verify steps whose accepted path reached depth position + 1 "
+                                        "(position is 0-based)", ["position"], registry=r)
+        for i in range(max(num_steps, 0)):
+            self.accepted_per_pos.labels(position=str(i))
+        self.accept_length = Gauge(p + "spec_accept_length", "Mean acceptance length tau = 1 + accepted / drafts "
+                                   f"over the last {window} engine steps", registry=r)
+        self.accept_rate = Gauge(p + "spec_accept_rate", "accepted / draft tokens over the last "
+                                 f"{window} engine steps", registry=r)
+        self.accept_length.set(1.0)
+        self.step_accept_length = Histogram(p + "spec_accept_length_per_step",
+                                            "Tokens emitted per verify step (1 + accepted draft tokens)",
+                                            buckets=[float(i) for i in range(1, max(num_draft_tokens, 2) + 1)],
+                                            registry=r)
+        self.info = Info(p + "spec", "Speculative decoding configuration", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens returned to clients", registry=r)
+        self.requests = Counter(p + "requests", "Finished requests by outcome: stop, length, abort (client "
+                                "gone or shutdown), rejected (503), invalid (4xx), error (5xx)", ["outcome"], registry=r)
+        for o in OUTCOMES:
+            self.requests.labels(outcome=o)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS,
+                              registry=r)
+        self.tpot = Histogram(p + "time_per_output_token_seconds", "Mean time between output tokens of a request "
+                              "(after the first)", buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token", buckets=LATENCY_BUCKETS,
+                             registry=r)
+        self.running = Gauge(p + "num_requests_running", "Sequences in the running batch", registry=r)
+        self.queued = Gauge(p + "num_requests_waiting", "Admitted requests waiting for a batch slot", registry=r)
+        self._window: deque[tuple[int, int, int]] = deque(maxlen=max(1, window))
+        self._sums = [0, 0, 0]
+        self.window_accept_length, self.window_accept_rate = 1.0, 0.0
+
+    def set_info(self, labels: dict[str, str]) -> None:
+        self.info.info({k: str(v) for k, v in labels.items()})
+
+    def record_step(self, per_row: list[tuple[int, int, int]]) -> None:
+        """One engine step: ``(drafts, draft_tokens, accepted)`` added to each row's stats."""
+        total = [0, 0, 0]
+        for drafts, proposed, accepted in per_row:
+            if drafts == 0:
+                continue
+            total[0] += drafts
+            total[1] += proposed
+            total[2] += accepted
+            self.step_accept_length.observe(1 + accepted)
+            for i in range(accepted):
+                self.accepted_per_pos.labels(position=str(i)).inc()
+        if total[0] == 0:
+            return
+        self.drafts.inc(total[0])
+        self.draft_tokens.inc(total[1])
+        self.accepted.inc(total[2])
+        if len(self._window) == self._window.maxlen:
+            old = self._window[0]
+            self._sums = [s - o for s, o in zip(self._sums, old)]
+        self._window.append(tuple(total))
+        self._sums = [s + t for s, t in zip(self._sums, total)]
+        d, t, a = self._sums
+        self.window_accept_length = 1 + a / d
+        self.window_accept_rate = a / t if t else 0.0
+        self.accept_length.set(self.window_accept_length)
+        self.accept_rate.set(self.window_accept_rate)
+
+    def finished(self, outcome: str, ttft: float | None, e2e: float, completion_tokens: int) -> None:
+        self.requests.labels(outcome=outcome).inc()
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            self.e2e.observe(e2e)
+            if completion_tokens > 1:
+                self.tpot.observe((e2e - ttft) / (completion_tokens - 1))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

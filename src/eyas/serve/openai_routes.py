@@ -1,0 +1,163 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: OpenAI's shapes, streamed as server-sent events.
+
+Each response carries its own acceptance in ``usage`` (SGLang's ``meta_info`` names):
+``spec_verify_ct`` (verify steps), ``spec_draft_token_num``, ``spec_accept_token_num``,
+``spec_accept_length`` (1 + accepted / steps), ``spec_accept_rate`` (accepted / draft tokens) and
+``spec_accepted_per_position``. A stream sends them in the usage chunk
+(``stream_options.include_usage``) and, per choice, in ``meta_info`` on its last chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from ..engine.stats import SpecStats
+from .api_errors import ApiError, error_body
+from .inputs import chat_prompt, check_model, openai_job, parse_body, text_prompts
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .runner import ClientGone, JobRun
+from .scheduler import Delta, Failed, Finished
+
+router = APIRouter()
+
+
+def spec_fields(stats: SpecStats) -> dict:
+    return {
+        "spec_verify_ct": stats.drafts,
+        "spec_draft_token_num": stats.draft_tokens,
+        "spec_accept_token_num": stats.accepted,
+        "spec_accept_length": stats.accept_length,
+        "spec_accept_rate": stats.accept_rate,
+        "spec_accepted_per_position": list(stats.accepted_per_position),
+    }
+
+
+def usage(state, prompt_tokens: int, finished: list[Finished]) -> dict:
+    completion = sum(len(f.output_ids) for f in finished)
+    u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+    if state.engine.spec.speculative:
+        total = SpecStats()
+        for f in finished:
+            total.add(f.stats)
+        u.update(spec_fields(total))
+    return u
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def failed_error(event: Failed) -> ApiError:
+    return ApiError(500, event.message, code="engine_error")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    state = request.app.state.eyas
+    req = parse_body(await request.body(), ChatCompletionRequest)
+    check_model(req.model, state.served_names)
+    job = openai_job(req, [chat_prompt(state.engine.target.tokenizer, req)], chat=True)
+    run = JobRun(state.scheduler, state.engine, job)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
+    if req.stream:
+        opts = req.stream_options
+        return StreamingResponse(_chat_stream(state, run, head, bool(opts and opts.include_usage)),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(run.cancel))
+    finished = await _collect(run, request)
+    if finished is None:
+        return Response(status_code=499)
+    choices = [{"index": i, "message": {"role": "assistant", "content": f.text},
+                "finish_reason": f.reason, "logprobs": None} for i, f in enumerate(finished)]
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                         "usage": usage(state, run.prompt_tokens, finished)})
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    state = request.app.state.eyas
+    req = parse_body(await request.body(), CompletionRequest)
+    check_model(req.model, state.served_names)
+    job = openai_job(req, text_prompts(state.engine.target.tokenizer, req.prompt, "prompt"), chat=False)
+    run = JobRun(state.scheduler, state.engine, job)
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
+    if req.stream:
+        opts = req.stream_options
+        return StreamingResponse(_completion_stream(state, run, head, bool(opts and opts.include_usage)),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(run.cancel))
+    finished = await _collect(run, request)
+    if finished is None:
+        return Response(status_code=499)
+    choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "logprobs": None}
+               for i, f in enumerate(finished)]
+    return JSONResponse({**head, "object": "text_completion", "choices": choices,
+                         "usage": usage(state, run.prompt_tokens, finished)})
+
+
+async def _collect(run: JobRun, request: Request) -> list[Finished] | None:
+    """Every choice's Finished event, in index order; None when the client went away."""
+    finished: list[Finished | None] = [None] * len(run.works)
+    try:
+        async for index, event in run.events(request.receive):
+            if isinstance(event, Failed):
+                raise failed_error(event)
+            if isinstance(event, Finished):
+                finished[index] = event
+    except ClientGone:
+        return None
+    return finished  # type: ignore[return-value]
+
+
+async def _chat_stream(state, run: JobRun, head: dict, include_usage: bool):
+    chunk = {**head, "object": "chat.completion.chunk"}
+    done: list[Finished] = []
+    for i in range(len(run.works)):
+        yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "finish_reason": None, "logprobs": None}]})
+    async for index, event in run.events():
+        if isinstance(event, Delta) and event.text:
+            yield sse({**chunk, "choices": [{"index": index, "delta": {"content": event.text},
+                                             "finish_reason": None, "logprobs": None}]})
+        elif isinstance(event, Finished):
+            done.append(event)
+            yield sse({**chunk, "choices": [{"index": index, "delta": {}, "finish_reason": event.reason,
+                                             "logprobs": None}], "meta_info": _meta(state, event)})
+        elif isinstance(event, Failed):
+            yield sse(error_body(event.message, "server_error", code="engine_error"))
+            break
+    if include_usage:
+        yield sse({**chunk, "choices": [], "usage": usage(state, run.prompt_tokens, done)})
+    yield "data: [DONE]\n\n"
+
+
+async def _completion_stream(state, run: JobRun, head: dict, include_usage: bool):
+    chunk = {**head, "object": "text_completion"}
+    done: list[Finished] = []
+    async for index, event in run.events():
+        if isinstance(event, Delta) and event.text:
+            yield sse({**chunk, "choices": [{"index": index, "text": event.text, "finish_reason": None,
+                                             "logprobs": None}]})
+        elif isinstance(event, Finished):
+            done.append(event)
+            yield sse({**chunk, "choices": [{"index": index, "text": "", "finish_reason": event.reason,
+                                             "logprobs": None}], "meta_info": _meta(state, event)})
+        elif isinstance(event, Failed):
+            yield sse(error_body(event.message, "server_error", code="engine_error"))
+            break
+    if include_usage:
+        yield sse({**chunk, "choices": [], "usage": usage(state, run.prompt_tokens, done)})
+    yield "data: [DONE]\n\n"
+
+
+def _meta(state, f: Finished) -> dict:
+    meta = {"completion_tokens": len(f.output_ids)}
+    if state.engine.spec.speculative:
+        meta.update(spec_fields(f.stats))
+    return meta

@@ -1,0 +1,125 @@
+"""Request bodies: OpenAI's chat and completions shapes and SGLang's ``/generate`` shape.
+
+Types are strict (``"10"`` is not an integer, ``true`` is not a number) and unknown top-level fields
+are refused, naming the field, because a silently ignored field (``logprobs``, ``tools``, a typo
+such as ``max_token``) would return something other than what was asked for. Fields that clients
+commonly send with neutral values are accepted; ``inputs.py`` refuses their non-neutral values.
+Responses are plain dicts built in the route modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Stop = str | list[str] | None
+TokenIds = list[int]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """A chat message; extra keys (name, tool_call_id, ...) pass through to the chat template."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _OpenAISampling(_Strict):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension (vLLM, SGLang)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Stop = None
+    seed: int | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = 0
+    # eyas/vLLM/SGLang extensions
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class GenerateSampling(_Strict):
+    """SGLang's ``sampling_params``."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: Stop = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: int | None = None
+    sampling_seed: int | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+
+
+class GenerateRequest(_Strict):
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
+    stream: bool = False
+    rid: str | list[str] | None = None
+    return_logprob: bool = False
+    model: str | None = None
+
+
+# What to say when a union-typed field gets the wrong type (pydantic lists every alternative).
+EXPECTED = {
+    "prompt": "a string, a list of strings, a list of token ids, or a list of lists of token ids",
+    "stop": "a string or a list of strings",
+    "text": "a string or a list of strings",
+    "input_ids": "a list of token ids or a list of lists of token ids",
+    "messages": "a non-empty list of {role, content} objects",
+    "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
+    "rid": "a string or a list of strings",
+}

@@ -1,0 +1,75 @@
+"""Run one request's job on the scheduler from asyncio: submit, await events, cancel on the way out.
+
+``JobRun`` is the only bridge between an HTTP handler and the engine thread. Its ``events``
+generator cancels every one of the job's sequences in ``finally``: whether the handler returns,
+the client disconnects (non-streaming: a watcher on the ASGI ``receive`` channel; streaming: the
+server closes the generator when a send fails), or the server shuts down, the slot is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from .api_errors import overloaded
+from .inputs import Job, sequences_for
+from .scheduler import Failed, Finished, Overloaded, Scheduler, Work
+
+
+class ClientGone(Exception):
+    pass
+
+
+class JobRun:
+    def __init__(self, scheduler: Scheduler, engine, job: Job):
+        seqs = sequences_for(engine, job)  # 400s happen here, before anything is queued
+        self.queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def sink(index, event):  # engine thread -> this handler
+            try:
+                loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+        self.works = [Work(seq, sink, k, list(job.stop or []), job.skip_special_tokens) for k, seq in enumerate(seqs)]
+        self.prompt_tokens = sum(len(p) for p in job.prompts)
+        try:
+            scheduler.submit(self.works)
+        except Overloaded as e:
+            raise overloaded(e.running, e.queued) from None
+
+    def cancel(self) -> None:
+        for w in self.works:
+            w.cancel()
+
+    async def events(self, receive=None) -> AsyncIterator[tuple[int, object]]:
+        """(choice index, Delta | Finished | Failed) until every sequence has ended.
+
+        ``receive``: the ASGI receive callable, watched for ``http.disconnect`` (non-streaming).
+        """
+        pending = len(self.works)
+        watcher = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
+        try:
+            while pending:
+                get = asyncio.ensure_future(self.queue.get())
+                waits = {get} if watcher is None else {get, watcher}
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    raise ClientGone()
+                index, event = get.result()
+                if isinstance(event, (Finished, Failed)):
+                    pending -= 1
+                yield index, event
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            self.cancel()
+
+
+async def _disconnected(receive) -> None:
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            return

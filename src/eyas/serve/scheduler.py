@@ -1,0 +1,264 @@
+"""The engine thread: continuous batching, admission control and cancellation.
+
+The engine is synchronous torch code and is only ever called from this one thread. Each turn:
+
+    admit     move waiting requests into free slots (up to --max-running-requests): prefill them as
+              their own batch, emit their first tokens, merge into the running batch
+    retire    drop rows that finished (stop, length, a stop string, or cancelled by the client)
+    step      one speculative verify step for every running row; emit what each row produced
+
+Requests come in from asyncio handlers through ``submit`` (which refuses with ``Overloaded`` past
+running + queue capacity, so the HTTP layer answers 503) and results go back as events on each
+handler's ``asyncio.Queue`` via ``loop.call_soon_threadsafe``. ``Work.cancel`` only sets a flag; the
+thread sees it between steps, so a disconnected client frees its slot within one step.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..engine.engine import Sequence
+from ..engine.stats import SpecStats
+from .detokenize import Detokenizer
+from .metrics import ServeMetrics
+
+log = logging.getLogger("eyas.serve")
+
+
+# -- events sent to the waiting handler -----------------------------------------------------------
+@dataclass
+class Delta:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" | "length" | "abort"
+    matched: str | int | None  # stop string or stop token id that ended the output
+    output_ids: list[int]
+    text: str  # whole output text (the deltas joined)
+    prompt_tokens: int
+    stats: SpecStats  # this request's acceptance (a copy)
+    ttft: float | None
+    e2e: float
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+@dataclass
+class Work:
+    """One sequence's life in the server; ``index`` tags its events (choice index)."""
+
+    seq: Sequence
+    sink: object  # callable(index, event), thread-safe
+    index: int = 0
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    cancelled: bool = False
+    detok: Detokenizer | None = None
+    kept_ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+    def cancel(self) -> None:
+        """Called from any thread; the engine thread drops the row before its next step."""
+        self.cancelled = True
+
+
+class Overloaded(Exception):
+    def __init__(self, running: int, queued: int):
+        super().__init__(f"{running} running, {queued} queued")
+        self.running, self.queued = running, queued
+
+
+class Scheduler:
+    def __init__(self, engine, metrics: ServeMetrics, max_running: int = 32, max_queued: int = 256,
+                 log_interval: float = 10.0):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.log_interval = log_interval
+        # The engine thread decodes with its own tokenizer copy: HF fast tokenizers are not safe to
+        # use from two threads at once, and the handlers tokenize prompts on the event loop.
+        tok = engine.target.tokenizer
+        try:
+            self.tokenizer = copy.deepcopy(tok)
+        except Exception:  # noqa: BLE001 - an uncopyable tokenizer: share it (decode only here)
+            self.tokenizer = tok
+        self._cond = threading.Condition()
+        self._waiting: deque[Work] = deque()
+        self._running: list[Work] = []  # rows of self._batch, same order
+        self._batch = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self._log_at = time.monotonic() + log_interval
+        self._log_tokens = 0
+
+    # -- called from the event loop ------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="eyas-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, works: list[Work]) -> None:
+        """Queue all of ``works`` or none: raises ``Overloaded`` past running + queue capacity."""
+        with self._cond:
+            if self._stopping:
+                raise Overloaded(len(self._running), len(self._waiting))
+            inflight = len(self._running) + len(self._waiting)
+            if inflight + len(works) > self.max_running + self.max_queued:
+                raise Overloaded(len(self._running), len(self._waiting))
+            self._waiting.extend(works)
+            self.metrics.queued.set(len(self._waiting))
+            self._cond.notify()
+
+    def counts(self) -> tuple[int, int]:
+        with self._cond:
+            return len(self._running), len(self._waiting)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort whatever is still queued or running and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._stopping):
+                    self._cond.wait()
+                if self._stopping:
+                    for w in list(self._waiting) + self._running:
+                        w.cancel()
+                admit = []
+                while self._waiting and len(self._running) + len(admit) < self.max_running:
+                    admit.append(self._waiting.popleft())
+                self.metrics.queued.set(len(self._waiting))
+                if self._stopping and not self._waiting and not self._running and not admit:
+                    return
+            try:
+                self._turn(admit)
+            except Exception as e:  # noqa: BLE001 - a bug must not kill the server; fail the batch
+                log.exception("engine step failed; failing %d running requests", len(self._running) + len(admit))
+                self._fail_all(admit, f"internal engine error: {type(e).__name__}: {e}")
+
+    def _turn(self, admit: list[Work]) -> None:
+        live = [w for w in admit if not w.cancelled]
+        for w in admit:
+            if w.cancelled:
+                self._finish(w, "abort")
+        if live:
+            self._prefill(live)
+        self._retire()
+        if self._running:
+            self._step()
+        self._maybe_log()
+
+    def _prefill(self, works: list[Work]) -> None:
+        for w in works:
+            w.detok = Detokenizer(self.tokenizer, w.stop, w.skip_special_tokens)
+        new = self.engine.prefill([w.seq for w in works])
+        self.metrics.prompt_tokens.inc(sum(len(w.seq.prompt_ids) for w in works))
+        with self._cond:
+            self._batch = self.engine.merge(self._batch, new)
+            self._running.extend(works)
+        self.metrics.running.set(len(self._running))
+        for w in works:
+            self._deliver(w, list(w.seq.output_ids))
+
+    def _step(self) -> None:
+        before = [(w.seq.stats.drafts, w.seq.stats.draft_tokens, w.seq.stats.accepted) for w in self._running]
+        emitted = self.engine.step(self._batch)
+        self.steps += 1
+        per_row = []
+        for w, (d, t, a), tokens in zip(self._running, before, emitted):
+            s = w.seq.stats
+            per_row.append((s.drafts - d, s.draft_tokens - t, s.accepted - a))
+            self._deliver(w, tokens)
+        self.metrics.record_step(per_row)
+
+    def _deliver(self, w: Work, tokens: list[int]) -> None:
+        if not tokens:
+            return
+        pushed = w.detok.push(tokens)
+        if pushed.matched is not None and not w.seq.finished:
+            w.seq.finish_reason = "stop"  # a stop string: the engine drops this row's next steps
+        if w.first_token_at is None:
+            w.first_token_at = time.perf_counter()
+        w.kept_ids.extend(pushed.tokens)
+        self._log_tokens += len(pushed.tokens)
+        self.metrics.generation_tokens.inc(len(pushed.tokens))
+        if pushed.text or pushed.tokens:
+            w.text += pushed.text
+            w.sink(w.index, Delta(pushed.text, pushed.tokens))
+
+    def _retire(self) -> None:
+        keep, gone = [], []
+        for i, w in enumerate(self._running):
+            if w.cancelled and not w.seq.finished:
+                w.seq.finish_reason = "abort"
+            (gone if w.seq.finished else keep).append(i)
+        if not gone:
+            return
+        works = [self._running[i] for i in gone]
+        with self._cond:
+            self._running = [self._running[i] for i in keep]
+            self._batch = self.engine.filter(self._batch, keep) if keep else None
+        self.metrics.running.set(len(self._running))
+        for w in works:
+            self._finish(w, w.seq.finish_reason)
+
+    def _finish(self, w: Work, reason: str) -> None:
+        now = time.perf_counter()
+        if w.detok is not None:
+            rest = w.detok.flush()
+            if rest:
+                w.text += rest
+                w.sink(w.index, Delta(rest, []))
+        matched = None
+        if w.detok is not None and w.detok.matched is not None:
+            matched = w.detok.matched
+        elif reason == "stop" and w.kept_ids:
+            matched = w.kept_ids[-1]
+        ttft = None if w.first_token_at is None else w.first_token_at - w.arrival
+        self.metrics.finished(reason, ttft, now - w.arrival, len(w.kept_ids))
+        w.sink(w.index, Finished(reason, matched, list(w.kept_ids), w.text, len(w.seq.prompt_ids),
+                                 SpecStats().add(w.seq.stats), ttft, now - w.arrival))
+
+    def _fail_all(self, admit: list[Work], message: str) -> None:
+        with self._cond:
+            works = self._running + [w for w in admit if w not in self._running]
+            self._running, self._batch = [], None
+        self.metrics.running.set(0)
+        for w in works:
+            self.metrics.requests.labels(outcome="error").inc()
+            w.sink(w.index, Failed(message))
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now < self._log_at or self.log_interval <= 0:
+            return
+        m = self.metrics
+        elapsed = now - self._log_at + self.log_interval
+        log.info("decode: running %d, queued %d, accept len %.2f, accept rate %.3f, gen throughput %.1f tok/s",
+                 len(self._running), len(self._waiting), m.window_accept_length, m.window_accept_rate,
+                 self._log_tokens / elapsed)
+        self._log_at, self._log_tokens = now + self.log_interval, 0

@@ -51,3 +51,33 @@ def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
             "with such ids was probably trained for a deeper target",
         )
     return ids
+
+
+# -- the serving systems' conventions, each checked against that project's source ---------------
+#
+# SGLang: ``set_eagle3_layers_to_capture`` stores ``[val + 1 for val in layer_ids]`` and its decoder
+# loops capture ``hidden_states + residual`` *before* layer ``i`` runs (sgl-project/sglang
+# python/sglang/srt/models/llama.py), so an SGLang id names the output of a layer: eyas id - 1.
+# SpecForge: ``resolve_capture_layers`` defaults to ``[1, N // 2 - 1, N - 4]`` in that key
+# (sgl-project/SpecForge specforge/modeling/target/eagle3_target_model.py).
+# vLLM / speculators: top-level ``eagle_aux_hidden_state_layer_ids`` is used as is; vLLM's Llama
+# captures ``hidden_states + residual`` before layer ``idx`` runs (vllm-project/vllm
+# vllm/model_executor/models/llama.py) and speculators defaults to ``[2, N // 2, N - 3]``
+# (vllm-project/speculators src/speculators/models/utils.py ``resolve_target_layer_ids``), so a
+# speculators id is an eyas id. The official EAGLE-3 release writes no ids: it always captures the
+# inputs of layers 2, N // 2, N - 3, i.e. eyas's default.
+
+
+def specforge_default_aux_layers(num_layers: int) -> list[int]:
+    """SpecForge's default ``eagle_aux_hidden_state_layer_ids`` (SGLang indexing): ``[1, N//2 - 1, N - 4]``."""
+    return to_sglang(default_aux_layers(num_layers))
+
+
+def from_speculators(ids: list[int]) -> list[int]:
+    """speculators/vLLM ``eagle_aux_hidden_state_layer_ids`` (input of layer) -> eyas ids: the same."""
+    return [int(i) for i in ids]
+
+
+def to_speculators(ids: list[int]) -> list[int]:
+    """eyas ids -> speculators/vLLM ``eagle_aux_hidden_state_layer_ids``: the same numbers."""
+    return [int(i) for i in ids]

@@ -14,7 +14,7 @@ from pathlib import Path
 from .checks import check_algorithm
 from .config import Algorithm, SpecConfig
 from .errors import EyasError
-from .models.draft import Eagle3Draft
+from .models import formats
 from .models.loading import SMOLLM2, load_target
 from .models.target import Target
 
@@ -93,7 +93,7 @@ def build_engine(args: EngineArgs):
     if resolved is None:
         check_algorithm(algorithm, draft_path, None, 0, 3)
     else:
-        cfg = Eagle3Draft.read_config(resolved)
+        cfg = formats.read_config(resolved)  # any format (eyas, SGLang, speculators, official), eyas-shaped
         fc_in, n_aux = draft_fc_width(cfg)
         check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
                         ",".join(getattr(cfg, "architectures", None) or []))
@@ -108,9 +108,8 @@ def build_engine(args: EngineArgs):
         target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
     draft = None
     if resolved is not None:
-        draft = Eagle3Draft.from_pretrained(resolved, embed_weight=target.embed_tokens.weight,
-                                            device=args.device, dtype=target.dtype)
-        draft.name_or_path = str(resolved)
+        draft = formats.load_draft(resolved, embed_weight=target.embed_tokens.weight,
+                                   device=args.device, dtype=target.dtype)
     return Engine(target, draft, spec, draft_path=str(resolved) if resolved else None)
 
 

@@ -1,0 +1,110 @@
+"""Broken or foreign folders get a message naming the format they looked like and what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from interop_helpers import sglang_tensors, write_official_fixture, write_sglang_fixture, write_speculators_fixture
+
+from eyas.cli import main
+from eyas.errors import EyasError
+from eyas.models import formats
+
+
+def _without(name):
+    tensors = sglang_tensors()
+    del tensors[name]
+    return tensors
+
+
+def _with(name, value):
+    return {**sglang_tensors(), name: value}
+
+
+def _truncate(path, name):
+    f = path / name
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return path
+
+
+CASES = {
+    "sglang missing d2t": (
+        lambda p: write_sglang_fixture(p, _without("d2t")),
+        ["SGLang/SpecForge", "missing d2t", "draft vocabulary of 160 tokens"]),
+    "speculators missing d2t": (
+        lambda p: write_speculators_fixture(p, _without("d2t")),
+        ["speculators (vLLM)", "missing d2t"]),
+    "speculators missing a layer tensor, named as speculators names it": (
+        lambda p: write_speculators_fixture(p, _without("midlayer.hidden_norm.weight")),
+        ["speculators (vLLM)", "missing layers.0.hidden_norm.weight"]),
+    "sglang fc of EAGLE-1 width": (
+        lambda p: write_sglang_fixture(p, _with("fc.weight", torch.zeros(64, 128))),
+        ["SGLang/SpecForge", "fc.weight is 64 x 128", "EAGLE-1/2"]),
+    "sglang fc of another target's width": (
+        lambda p: write_sglang_fixture(p, _with("fc.weight", torch.zeros(64, 3 * 96))),
+        ["SGLang/SpecForge", "fc.weight is 64 x 288", "3 captured layers x target_hidden_size 64 = 192"]),
+    "official fc of EAGLE-1 width": (
+        lambda p: write_official_fixture(p, _with("fc.weight", torch.zeros(64, 128))),
+        ["fc.weight is 128 = 2 x hidden 64", "EAGLE-1/2 draft"]),
+    "official fc of a wrong width": (
+        lambda p: write_official_fixture(p, _with("fc.weight", torch.zeros(64, 100))),
+        ["official EAGLE-3", "fc.weight is 64 x 100", "must be 64 x 192"]),
+    "plain Llama model given as the draft": (
+        lambda p: write_official_fixture(p, {"layers.0.mlp.up_proj.weight": torch.zeros(2, 2)}),
+        ["LlamaForCausalLM and there is no fc.weight", "plain Llama model"]),
+    "unknown architecture": (
+        lambda p: write_sglang_fixture(p, architectures=["MistralForCausalLM"]),
+        ["['MistralForCausalLM']", "LlamaForCausalLMEagle3", "Eagle3Speculator"]),
+    "truncated safetensors": (
+        lambda p: _truncate(write_sglang_fixture(p), "model.safetensors"),
+        ["SGLang/SpecForge", "model.safetensors", "truncated"]),
+    "truncated official .bin": (
+        lambda p: _truncate(write_official_fixture(p), "pytorch_model.bin"),
+        ["official EAGLE-3", "pytorch_model.bin", "truncated"]),
+    "speculators norm_before_residual variant": (
+        lambda p: write_speculators_fixture(p, norm_before_residual=True),
+        ["speculators (vLLM)", "norm_before_residual=true", "wrong logits"]),
+    "speculators non-EAGLE-3 type": (
+        lambda p: write_speculators_fixture(p, speculators_model_type="mtp"),
+        ["speculators checkpoint of type 'mtp'"]),
+    "speculators qwen3 layer": (
+        lambda p: write_speculators_fixture(p, transformer_layer_config={"vocab_size": 320}),
+        ["speculators (vLLM)", "'qwen3' decoder layer"]),
+    "sglang two disagreeing layer sets": (
+        lambda p: write_sglang_fixture(p, eagle_aux_hidden_state_layer_ids=[2, 3, 4]),
+        ["two different captured layer sets", "[1, 3, 4]"]),
+    "sglang lm_head of the wrong vocabulary": (
+        lambda p: write_sglang_fixture(p, _with("lm_head.weight", torch.zeros(320, 64))),
+        ["lm_head.weight is (320, 64)", "(160, 64)"]),
+    "no weights": (
+        lambda p: (write_sglang_fixture(p), (p / "model.safetensors").unlink(), p)[-1],
+        ["SGLang/SpecForge", "holds no weights"]),
+    "no config.json": (
+        lambda p: (p.mkdir(), p)[-1],
+        ["no config.json"]),
+    "config.json not an object": (
+        lambda p: (p.mkdir(), (p / "config.json").write_text(json.dumps([1, 2])), p)[-1],
+        ["not a JSON object"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_folder_message(tmp_path, case):
+    make, needles = CASES[case]
+    path = make(tmp_path / "draft")
+    with pytest.raises(EyasError) as err:
+        formats.read_draft(path)
+    message = str(err.value)
+    for needle in needles:
+        assert needle in message, (needle, message)
+    assert err.value.fix  # every message says how to fix it
+
+
+def test_cli_prints_message_not_traceback(tmp_path, capsys):
+    path = _truncate(write_sglang_fixture(tmp_path / "draft"), "model.safetensors")
+    assert main(["export", str(path), "--format", "speculators", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eyas: error: ") and "truncated" in err and "fix:" in err
+    assert "Traceback" not in err

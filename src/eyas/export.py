@@ -1,0 +1,93 @@
+"""``eyas export DRAFT --format sglang|speculators --out DIR``: a draft folder SGLang or vLLM serves as is.
+
+The source may be in any format eyas reads (see ``eyas.models.formats``). The command writes a
+complete folder (config.json + model.safetensors; token embeddings are shared from the target, as
+both engines do) and prints the launch lines for it. Those lines always say ``EAGLE3``/``eagle3``:
+SGLang's ``EAGLE`` would run an EAGLE-3 draft without its aux states and accept nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import torch
+
+from .errors import EyasError
+from .models import formats
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export", help="write a draft in SGLang/SpecForge or speculators (vLLM) format",
+        description="Export an EAGLE-3 draft (eyas, SGLang/SpecForge, speculators or official EAGLE-3 "
+                    "folder) for SGLang or vLLM, and print the launch lines.",
+    )
+    p.add_argument("draft", help="draft folder (any format eyas reads) or a draft shipped with eyas")
+    p.add_argument("--format", required=True, choices=["sglang", "speculators"], type=str.lower,
+                   help="sglang: LlamaForCausalLMEagle3 (SGLang, SpecForge; vLLM reads it too); "
+                        "speculators: Eagle3Speculator (vLLM)")
+    p.add_argument("--out", required=True, help="output folder (created; must be empty or absent)")
+    p.add_argument("--target", default=None,
+                   help="target model name or path for the launch lines and speculators' verifier "
+                        "(default: the target recorded in the draft)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast weights (default: keep)")
+    p.add_argument("--include-embeddings", action="store_true",
+                   help="also write embed_tokens.weight (default: shared from the target at load time)")
+    p.add_argument("--speculative-tokens", type=int, default=3,
+                   help="speculators only: proposal_methods[0].speculative_tokens, vLLM's default "
+                        "num_speculative_tokens (default 3)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .pipeline import resolve_draft_path
+
+    source = resolve_draft_path(args.draft)
+    out = Path(args.out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise EyasError(f"--out {out} exists and is not an empty folder", "choose a new output folder")
+    if out.resolve() == source.resolve():
+        raise EyasError("--out is the draft folder itself", "choose a new output folder")
+    folder = formats.read_draft(source)
+    dtype = DTYPES[args.dtype] if args.dtype else None
+    target = args.target or formats.recorded_target(folder.config)
+    if args.format == "sglang":
+        formats.write_sglang(folder, out, include_embeddings=args.include_embeddings, dtype=dtype)
+    else:
+        if args.speculative_tokens < 1:
+            raise EyasError(f"--speculative-tokens {args.speculative_tokens} must be at least 1", "e.g. 3")
+        formats.write_speculators(folder, out, verifier=target, include_embeddings=args.include_embeddings,
+                                  dtype=dtype, speculative_tokens=args.speculative_tokens)
+    print(f"exported {formats.LOOKS_LIKE[folder.format]} from {source}")
+    print(f"      as {args.format} to {out}")
+    ids = folder.aux_layer_ids
+    print("captured target layers (inputs of decoder layers): "
+          + (str(ids) if ids is not None else "the target's default [2, N//2, N-3]"))
+    for line in launch_lines(args.format, out, target, args.speculative_tokens):
+        print(line)
+    return 0
+
+
+def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: int = 3) -> list[str]:
+    """The exact commands that serve ``out``; ``TARGET`` stands in when the target is unknown."""
+    model = shlex.quote(target) if target else "TARGET"
+    draft = shlex.quote(str(Path(out).resolve()))
+    lines = []
+    if fmt == "sglang":
+        # SGLang flags: --speculative-algorithm EAGLE3 turns on aux-state capture (EAGLE does not).
+        lines += ["", "SGLang:",
+                  f"  python -m sglang.launch_server --model-path {model} --speculative-algorithm EAGLE3 "
+                  f"--speculative-draft-model-path {draft} --speculative-num-steps 5 "
+                  "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8"]
+    spec = json.dumps({"method": "eagle3", "model": str(Path(out).resolve()),
+                       "num_speculative_tokens": speculative_tokens})
+    lines += ["", "vLLM:", f"  vllm serve {model} --speculative-config {shlex.quote(spec)}"]
+    if fmt == "speculators" and target:
+        lines += [f"  (or, serving the verifier recorded in its config: vllm serve {draft})"]
+    if not target:
+        lines += ["", "TARGET: the target model the draft was trained for (pass --target to fill it in)"]
+    return lines

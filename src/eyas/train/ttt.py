@@ -49,7 +49,10 @@ def ttt_loss(
     attention_valid: torch.Tensor | None = None,  # [B, L] 0 on padding
     steps: int = 7,
     decay: float = 0.8,
+    step_norm: list[float] | None = None,  # [steps] per-step loss denominators; None: this batch's counts
 ) -> TTTResult:
+    """``step_norm`` lets data-parallel ranks divide by the *global* count of scored positions (over
+    world size), so that DDP's gradient average equals the single-process gradient exactly."""
     bsz, length = input_ids.shape
     dev = input_ids.device
     valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_valid is None else attention_valid.bool()
@@ -80,10 +83,11 @@ def ttt_loss(
         m = (loss_mask[:, shift:] * valid[:, shift:]).float()
         per_pos = -(tgt * lp).sum(-1)
         count = m.sum().clamp(min=1.0)
-        step_loss = (per_pos * m).sum() / count
+        norm = count if step_norm is None else max(float(step_norm[i]), 1e-9)
+        step_loss = (per_pos * m).sum() / norm
         total = total + (decay ** i) * step_loss
-        acc = ((lp.argmax(-1) == target_top[:, shift:]).float() * m).sum() / count
-        result.step_loss.append(float(step_loss))
+        acc = ((lp.detach().argmax(-1) == target_top[:, shift:]).float() * m).sum() / count
+        result.step_loss.append(float(step_loss.detach()))
         result.step_acc.append(float(acc))
         result.step_count.append(int(m.sum()))
         hidden = out

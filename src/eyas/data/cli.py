@@ -1,0 +1,61 @@
+"""``eyas prepare``: conversations -> (regenerated) tokenized training data with a held-out split."""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import EyasError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("prepare", help="build training data: sources, regeneration, chat rendering, loss mask")
+    p.add_argument("--model-path", "--model", default="smollm2-135m-instruct", help="the target model")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--input", action="append", default=[], help="JSONL of ShareGPT/OpenAI conversations (repeat)")
+    p.add_argument("--source", action="append", default=[], choices=["chatterbot", "pydoc", "self"],
+                   help="built-in offline prompt source (repeat)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many prompts per built-in source")
+    p.add_argument("--self-per-topic", type=int, default=8, help="prompts the target writes per topic (source self)")
+    p.add_argument("--held-out", type=float, default=0.02, help="fraction of prompts kept out of training")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="truncate rendered conversations to this many tokens (default: min(2048, target context))")
+    p.add_argument("--regenerate", action="store_true", help="answer every prompt with the target itself")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=256, help="prompts per generate call")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system-prompt", default=None, help="system turn to add (default: the template's own choice)")
+    p.add_argument("--thinking", choices=["on", "off"], default=None,
+                   help="pass enable_thinking to the chat template (Qwen3-style templates)")
+    p.add_argument("--template-kwargs", default="{}", help="JSON of extra chat-template options")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..models.loading import load_target
+    from ..train import dist
+    from .prepare import PrepareConfig, prepare
+    from .regenerate import RegenConfig
+
+    try:
+        kw = json.loads(args.template_kwargs)
+    except json.JSONDecodeError as e:
+        raise EyasError(f"--template-kwargs is not JSON: {e.msg}", "e.g. --template-kwargs '{\"enable_thinking\": false}'")
+    if args.thinking:
+        kw["enable_thinking"] = args.thinking == "on"
+    if not 0.0 <= args.held_out < 1.0:
+        raise EyasError(f"--held-out {args.held_out} must be in [0, 1)", "e.g. --held-out 0.02")
+    ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
+    target = load_target(args.model_path, device=ctx.device, dtype=args.dtype)
+    regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                        batch_size=args.batch_size, seed=args.seed + ctx.rank, system_prompt=args.system_prompt,
+                        template_kwargs=kw)
+    cfg = PrepareConfig(inputs=args.input, sources=args.source, limit=args.limit, self_per_topic=args.self_per_topic,
+                        held_out=args.held_out,
+                        max_length=args.max_length or min(2048, target.info.max_context or 2048), regenerate=args.regenerate, regen=regen)
+    prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))
+    ctx.close()
+    return 0

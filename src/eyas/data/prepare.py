@@ -1,0 +1,147 @@
+"""``eyas prepare`` as a function: sources -> dedup/split -> regeneration -> tokens + mask -> vocab counts.
+
+Output folder:
+    train.jsonl, heldout.jsonl    the conversations (with regenerated answers)
+    <split>.{tokens,mask,offsets}.npy  see ``tokenized``
+    vocab_counts.npy              int64 [vocab]: frequency of each learned target token (train only)
+    meta.json                     target, chat settings (system prompt, thinking, template hash),
+                                  regeneration settings and throughput, counts
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import EyasError
+from . import sources
+from .chat import render
+from .regenerate import RegenConfig, RegenStats, regenerate, self_prompts, with_system
+from .split import dedup_split
+from .tokenized import vocab_counts, write_split
+
+
+@dataclass
+class PrepareConfig:
+    inputs: list[str] = field(default_factory=list)  # JSONL files
+    sources: list[str] = field(default_factory=list)  # chatterbot, pydoc, self
+    limit: int | None = None  # per source
+    self_per_topic: int = 8
+    held_out: float = 0.02
+    max_length: int = 2048
+    regenerate: bool = False
+    regen: RegenConfig = field(default_factory=RegenConfig)
+
+
+def _sharded(fn, items: list, dist_ctx):
+    """Run ``fn`` on this rank's share of ``items`` and gather every rank's results (in rank order)."""
+    if dist_ctx is None or dist_ctx.world == 1:
+        return fn(items)
+    mine = fn(items[dist_ctx.rank:: dist_ctx.world])
+    return dist_ctx.gather_objects(mine)
+
+
+def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
+    records: list[dict] = []
+    for path in cfg.inputs:
+        records.extend(sources.read_jsonl(path))
+    for name in cfg.sources:
+        if name == "self":
+            requests = sources.self_instruct_requests(cfg.self_per_topic)
+            parts = _sharded(lambda xs: self_prompts(target, xs, cfg.regen), requests, dist_ctx)
+            got = [r for part in (parts if dist_ctx and dist_ctx.world > 1 else [parts]) for r in part]
+            log(f"source self: {len(got)} prompts written by the target from {len(requests)} requests")
+        else:
+            got = list(sources.builtin(name, cfg.limit))
+            log(f"source {name}: {len(got)} prompts")
+        records.extend(got)
+    if not records:
+        raise EyasError("no conversations: every source was empty",
+                        "pass --input FILE.jsonl and/or --source chatterbot/pydoc/self")
+    return records
+
+
+def template_hash(tokenizer) -> str:
+    return hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest()[:16]
+
+
+def tokenize(tokenizer, records: list[dict], cfg: PrepareConfig):
+    rows, truncated, skipped = [], 0, 0
+    kw = cfg.regen.template_kwargs
+    for r in records:
+        msgs = with_system(r["messages"], cfg.regen.system_prompt)
+        if not any(m["role"] == "assistant" for m in msgs):
+            skipped += 1
+            continue
+        rd = render(tokenizer, msgs, kw)
+        ids, mask = rd.input_ids, rd.loss_mask
+        if len(ids) > cfg.max_length:
+            ids, mask, truncated = ids[: cfg.max_length], mask[: cfg.max_length - 1] + [0], truncated + 1
+        if sum(mask):
+            rows.append((ids, mask))
+    return rows, truncated, skipped
+
+
+def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
+    out = Path(out)
+    ctx = target.info.max_context
+    if ctx and cfg.max_length > ctx:
+        raise EyasError(f"--max-length {cfg.max_length} is longer than the target's context ({ctx})",
+                        f"use --max-length {ctx} or less")
+    records = collect(target, cfg, dist_ctx, log)
+    train, held, dups = dedup_split(records, cfg.held_out)
+    log(f"{len(records)} records, {dups} duplicates dropped: {len(train)} train, {len(held)} held out")
+    stats = {}
+    if cfg.regenerate:
+        for name, split in (("train", train), ("heldout", held)):
+            def run(xs):
+                got, st = regenerate(target, xs, cfg.regen)
+                return got, asdict(st)
+            parts = _sharded(run, split, dist_ctx)
+            parts = parts if dist_ctx and dist_ctx.world > 1 else [parts]
+            got = [r for p, _ in parts for r in p]
+            st = RegenStats(sum(s["prompts"] for _, s in parts), sum(s["answer_tokens"] for _, s in parts),
+                            sum(s["truncated"] for _, s in parts), max(s["seconds"] for _, s in parts))
+            stats[name] = {**asdict(st), "tokens_per_s": round(st.tokens_per_s, 1), "ranks": len(parts)}
+            log(f"regenerated {name}: {st.answer_tokens} answer tokens in {st.seconds:.1f} s "
+                f"({st.tokens_per_s:.0f} tok/s on {len(parts)} rank(s)), {st.truncated} cut at max_new_tokens")
+            if name == "train":
+                train = got
+            else:
+                held = got
+    if dist_ctx is not None and dist_ctx.rank != 0:
+        return {}
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for name, split in (("train", train), ("heldout", held)):
+        with (out / f"{name}.jsonl").open("w") as f:
+            for r in split:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        rows, truncated, skipped = tokenize(target.tokenizer, split, cfg)
+        if name == "train" and not rows:
+            raise EyasError("the training split is empty after rendering: no conversation has an assistant turn",
+                            "add --regenerate so the target answers the prompts, or give conversations with answers")
+        write_split(out, name, rows)
+        summary[name] = {"rows": len(rows), "tokens": sum(len(i) for i, _ in rows),
+                         "loss_tokens": sum(sum(m) for _, m in rows), "truncated": truncated,
+                         "no_assistant_turn": skipped}
+        if name == "train":
+            np.save(out / "vocab_counts.npy", vocab_counts(rows, target.info.vocab_size))
+    meta = {
+        "target": {"name": target.info.name, "num_layers": target.info.num_layers,
+                   "hidden_size": target.info.hidden_size, "vocab_size": target.info.vocab_size},
+        "chat": {"system_prompt": cfg.regen.system_prompt, "template_kwargs": cfg.regen.template_kwargs,
+                 "thinking": cfg.regen.template_kwargs.get("enable_thinking"),
+                 "template_sha256_16": template_hash(target.tokenizer)},
+        "regeneration": {**cfg.regen.as_dict(), "enabled": cfg.regenerate, "stats": stats},
+        "sources": cfg.sources, "inputs": cfg.inputs, "held_out_fraction": cfg.held_out,
+        "max_length": cfg.max_length, "duplicates_dropped": dups, "splits": summary,
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"wrote {out}: train {summary['train']['rows']} rows / {summary['train']['loss_tokens']} loss tokens, "
+        f"held out {summary['heldout']['rows']} rows")
+    return meta

@@ -1,0 +1,133 @@
+"""``eyas eval``: real speculative decoding of a draft with its target on held-out prompts.
+
+Reports acceptance length tau, acceptance rate, per-position acceptance, tokens/s with and
+without speculation and the speedup. Prompts come from a prepared data folder's held-out split
+(rendered with the chat settings the data was made with) or a JSONL/text file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..errors import EyasError
+
+
+def register(sub) -> None:
+    from ..pipeline import add_engine_arguments
+
+    p = sub.add_parser("eval", help="measure a draft's acceptance (tau) and speedup on held-out prompts")
+    add_engine_arguments(p)
+    p.add_argument("--data", default=None, help="folder from `eyas prepare`: its held-out prompts are used")
+    p.add_argument("--prompts", default=None, help="JSONL (messages/conversations/prompt) or text file, one per line")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
+    p.add_argument("--baseline", action="store_true", help="also decode without speculation and report the speedup")
+    p.add_argument("--json-out", default=None, help="write the results here as JSON")
+    p.set_defaults(func=run)
+
+
+def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict]:
+    from ..data.chat import normalize, prompt_messages
+    from ..data.regenerate import with_system
+
+    chat: dict = {}
+    records: list[list[dict]] = []
+    if args.data:
+        folder = Path(args.data)
+        path = folder / "heldout.jsonl"
+        if not path.is_file():
+            raise EyasError(f"no heldout.jsonl in {folder}", "pass the folder written by `eyas prepare`")
+        meta = folder / "meta.json"
+        chat = json.loads(meta.read_text()).get("chat", {}) if meta.is_file() else {}
+        records = [normalize(json.loads(l)) for l in path.open() if l.strip()]
+    elif args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise EyasError(f"no prompt file {path}", "pass a JSONL or text file")
+        for line in path.open():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                rec = line.strip()
+            if isinstance(rec, str):
+                records.append([{"role": "user", "content": rec}])
+            elif "prompt" in rec:
+                records.append([{"role": "user", "content": str(rec["prompt"])}])
+            else:
+                records.append(normalize(rec))
+    else:
+        raise EyasError("no prompts given", "pass --data FOLDER (held-out split) or --prompts FILE")
+    records = records[: args.num_prompts]
+    if not records:
+        raise EyasError("the prompt set is empty", "check the file or folder")
+    kw = chat.get("template_kwargs") or {}
+    ids = []
+    for msgs in records:
+        msgs = with_system(prompt_messages(msgs), chat.get("system_prompt"))
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
+        ids.append(tokenizer(text, add_special_tokens=False).input_ids)
+    return ids, chat
+
+
+def _decode(engine, prompts, params, batch_size):
+    outs, t = [], time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        outs.extend(engine.generate(prompts[i: i + batch_size], params))
+    return outs, time.perf_counter() - t
+
+
+def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = False) -> dict:
+    from ..config import Algorithm, SpecConfig
+    from ..engine.engine import Engine
+    from ..engine.stats import SpecStats
+
+    engine.generate(prompts[:1], type(params)(max_new_tokens=4))  # warm-up
+    outs, seconds = _decode(engine, prompts, params, batch_size)
+    total = SpecStats()
+    for o in outs:
+        total.add(o.stats)
+    n = sum(len(o.output_ids) for o in outs)
+    s = engine.spec
+    res = {"spec": {"algorithm": s.algorithm.value, "num_steps": s.num_steps, "eagle_topk": s.eagle_topk,
+                    "num_draft_tokens": s.num_draft_tokens},
+           "prompts": len(prompts), "output_tokens": n, "seconds": round(seconds, 2),
+           "tokens_per_s": round(n / seconds, 2), **total.as_dict()}
+    if baseline:
+        plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE))
+        base, base_s = _decode(plain, prompts, params, batch_size)
+        nb = sum(len(o.output_ids) for o in base)
+        res["baseline_tokens_per_s"] = round(nb / base_s, 2)
+        res["speedup"] = round((n / seconds) / (nb / base_s), 3)
+        if params.greedy:
+            res["greedy_identical"] = all(a.output_ids == b.output_ids for a, b in zip(outs, base))
+    return res
+
+
+def run(args) -> int:
+    from ..engine.sampling import SamplingParams
+    from ..pipeline import build_engine, engine_args_from
+
+    engine = build_engine(engine_args_from(args))
+    if not engine.spec.speculative:
+        raise EyasError("eval needs a draft: speculation is off for this target",
+                        "pass --speculative-draft-model-path DRAFT (and --speculative-algorithm EAGLE3)")
+    prompts, chat = load_prompts(args, engine.target.tokenizer)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0)
+    res = evaluate(engine, prompts, params, args.batch_size, args.baseline)
+    res.update({"target": engine.target.name, "draft": getattr(engine.draft, "name_or_path", None),
+                "device": str(engine.device), "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                "chat": chat})
+    print(f"tau (acceptance length): {res['accept_length']:.3f}   acceptance rate: {res['accept_rate']:.3f}")
+    print(f"accepted per position: {res['accepted_per_position']}  (over {res['drafts']} verify steps)")
+    print(f"{res['output_tokens']} tokens at {res['tokens_per_s']:.1f} tok/s"
+          + (f"; baseline {res['baseline_tokens_per_s']:.1f} tok/s, speedup {res['speedup']:.2f}x" if args.baseline else ""))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
+    return 0

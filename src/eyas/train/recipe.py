@@ -1,0 +1,169 @@
+"""The training recipe: one YAML file, sections as dataclasses, command-line overrides on top.
+
+    eyas train --recipe recipes/smollm2.yaml --set optim.lr=3e-4 --set train.epochs=2
+
+Every key is validated here, once, with errors that name the key and a valid value. The resolved
+recipe is written next to the checkpoints, so a run can always be reproduced and resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import EyasError
+
+
+@dataclass
+class DataSection:
+    path: str = ""  # folder written by `eyas prepare`
+    max_length: int = 2048  # rows are cut to this many tokens
+    tokens_per_batch: int = 16384  # per rank: rows * padded length <= this
+    eval_rows: int = 256  # held-out rows scored at each eval
+
+
+@dataclass
+class DraftSection:
+    vocab_size: int = 16384  # draft vocabulary: the most frequent learned target tokens
+    aux_layer_ids: list[int] | None = None  # eyas convention; None: [2, N//2, N-3]
+    init_head_from_target: bool = True  # lm_head rows and final norm copied from the target
+    save_dtype: str = "bfloat16"
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.02
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr * this
+    grad_clip: float = 0.5
+
+
+@dataclass
+class TrainSection:
+    mode: str = "online"  # online: target in the loop; offline: cached aux states
+    ttt_steps: int = 7
+    decay: float = 0.8
+    epochs: float = 1.0
+    max_steps: int | None = None
+    time_budget_s: float | None = None  # fit the schedule to this many seconds (measured after warm-up)
+    seed: int = 0
+    device: str = "auto"
+    target_dtype: str = "auto"  # bf16 on the GPU, fp32 on the CPU
+    autocast: str = "auto"  # auto: bf16 autocast on the GPU, none on the CPU
+    parallel: str = "ddp"  # ddp | fsdp (draft sharded with FSDP2)
+    shard_target: bool = False  # FSDP2-shard the target's layers across ranks (when it does not fit)
+    offline_dir: str | None = None  # where offline aux states are cached (default <output>/states)
+    offline_dtype: str = "float16"  # storage of cached states: float16 or float32
+
+
+@dataclass
+class LogSection:
+    every: int = 10
+    eval_every: int = 200
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class Recipe:
+    target: str = "smollm2-135m-instruct"
+    output: str = "runs/draft"
+    data: DataSection = field(default_factory=DataSection)
+    draft: DraftSection = field(default_factory=DraftSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    log: LogSection = field(default_factory=LogSection)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["optim"]["betas"] = list(self.optim.betas)
+        return d
+
+    def dump(self, path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    def validate(self) -> "Recipe":
+        t, o = self.train, self.optim
+        checks = [
+            (t.mode in ("online", "offline"), "train.mode", t.mode, "online or offline"),
+            (t.parallel in ("ddp", "fsdp"), "train.parallel", t.parallel, "ddp or fsdp"),
+            (t.ttt_steps >= 1, "train.ttt_steps", t.ttt_steps, "a positive integer (7 in EAGLE-3)"),
+            (0 < t.decay <= 1, "train.decay", t.decay, "in (0, 1] (0.8 in EAGLE-3)"),
+            (t.epochs > 0 or (t.max_steps or 0) > 0, "train.epochs", t.epochs, "> 0, or set train.max_steps"),
+            (o.lr > 0, "optim.lr", o.lr, "e.g. 1e-4"),
+            (0 <= o.warmup_ratio < 1, "optim.warmup_ratio", o.warmup_ratio, "in [0, 1)"),
+            (o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, "0 (off) or positive, e.g. 0.5"),
+            (self.data.max_length >= 2, "data.max_length", self.data.max_length, "at least 2"),
+            (self.data.tokens_per_batch >= self.data.max_length, "data.tokens_per_batch", self.data.tokens_per_batch,
+             f">= data.max_length ({self.data.max_length})"),
+            (self.draft.vocab_size >= 1, "draft.vocab_size", self.draft.vocab_size, "e.g. 16384"),
+            (t.offline_dtype in ("float16", "float32"), "train.offline_dtype", t.offline_dtype, "float16 or float32"),
+        ]
+        for ok, key, value, want in checks:
+            if not ok:
+                raise EyasError(f"recipe key {key} = {value!r} is invalid", f"set {key} to {want}")
+        if not self.data.path:
+            raise EyasError("the recipe names no data (data.path is empty)",
+                            "run `eyas prepare --out DATA ...` and pass --set data.path=DATA")
+        return self
+
+
+def _merge(obj, values: dict, where: str):
+    for key, value in values.items():
+        if not hasattr(obj, key) or key.startswith("_"):
+            names = ", ".join(f.name for f in dataclasses.fields(obj))
+            raise EyasError(f"unknown recipe key {where}{key}", f"known keys here: {names}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise EyasError(f"recipe key {where}{key} is a section, got {value!r}", f"write {key}: {{...}}")
+            _merge(current, value, f"{where}{key}.")
+        else:
+            if isinstance(current, tuple) and isinstance(value, list):
+                value = tuple(value)
+            if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            setattr(obj, key, value)
+
+
+def parse_override(text: str) -> dict:
+    """``a.b=value`` -> {"a": {"b": value}}, value parsed as YAML (numbers, lists, null)."""
+    if "=" not in text:
+        raise EyasError(f"override {text!r} has no '='", "write --set section.key=value, e.g. --set optim.lr=3e-4")
+    key, raw = text.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str):  # YAML reads 3e-4 as a string; numbers written that way are meant
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    out: dict = {}
+    cur = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def load_recipe(path=None, overrides: list[str] = ()) -> Recipe:
+    recipe = Recipe()
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise EyasError(f"no recipe file {p}", "pass --recipe PATH.yaml (see recipes/ in the repository)")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise EyasError(f"recipe {p} is not valid YAML: {e}", "fix the file's syntax") from None
+        _merge(recipe, data, "")
+    for o in overrides:
+        _merge(recipe, parse_override(o), "")
+    return recipe

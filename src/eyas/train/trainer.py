@@ -1,0 +1,347 @@
+"""The EAGLE-3 trainer: TTT loss, AdamW with warm-up and cosine decay, clipping, checkpoints, eval.
+
+One ``Trainer.fit()`` runs single-process or under ``torchrun`` (DDP, or FSDP2 for the draft);
+the target is frozen and either replicated per rank or FSDP2-sharded (``train.shard_target``).
+bf16 autocast on the GPU, fp32 on the CPU; draft master weights are fp32 either way.
+
+Data-parallel exactness: each rank divides its loss by the global count of scored positions over
+world size (``ttt_loss(step_norm=...)``), so DDP's gradient average equals a single process
+training on the same global batch. The CI test checks that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..data.tokenized import TokenizedSplit
+from ..errors import EyasError
+from ..models.draft import Eagle3Draft
+from ..models.vocab import build_vocab
+from . import checkpoint, dist
+from .batches import collate, epoch_batches, rank_rows
+from .evaluate import heldout_metrics
+from .logger import RunLog
+from .recipe import Recipe
+from .states import OfflineStates, OnlineStates, build_cache, cache_complete
+from .ttt import ttt_loss
+
+
+class TTTModule(nn.Module):
+    """The draft plus its loss, so DDP/FSDP wrap one module whose forward is the whole step."""
+
+    def __init__(self, draft: Eagle3Draft, steps: int, decay: float):
+        super().__init__()
+        self.draft, self.steps, self.decay = draft, steps, decay
+
+    def forward(self, input_ids, aux, logits, loss_mask, valid, step_norm):
+        r = ttt_loss(self.draft, input_ids, aux, logits, loss_mask, valid, self.steps, self.decay, step_norm)
+        return r.loss, r
+
+
+def lr_lambda(total: int, warmup: int, min_ratio: float):
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def _target_norm(target):
+    for path in ("model.norm", "model.language_model.norm", "transformer.ln_f", "norm"):
+        try:
+            return target.model.get_submodule(path)
+        except AttributeError:
+            continue
+    return None
+
+
+def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
+    r = recipe
+    vocab = target.info.vocab_size
+    if len(counts) != vocab:
+        raise EyasError(f"the data's vocabulary counts cover {len(counts)} ids, the target has {vocab}",
+                        "the data was prepared for another target: run `eyas prepare` with this target")
+    size = min(r.draft.vocab_size, vocab)
+    draft = Eagle3Draft.for_target(target, size, r.draft.aux_layer_ids, seed=r.train.seed).float()
+    d2t, t2d = build_vocab(torch.from_numpy(counts), size)
+    draft.d2t.copy_(d2t.to(draft.d2t.device))
+    draft.t2d.copy_(t2d.to(draft.t2d.device))
+    if r.draft.init_head_from_target:
+        with torch.no_grad():
+            head = target.model.get_output_embeddings().weight
+            draft.lm_head.weight.copy_(head[t2d.to(head.device)].float())
+            norm = _target_norm(target)
+            if norm is not None and getattr(norm, "weight", None) is not None:
+                draft.norm.weight.copy_(norm.weight.float())
+    return draft
+
+
+class Trainer:
+    def __init__(self, recipe: Recipe, target=None, ctx: dist.DistContext | None = None, log=print):
+        self.r = r = recipe.validate()
+        self.ctx = ctx or dist.init(r.train.device)
+        self.print = log if self.ctx.main else (lambda *a, **k: None)
+        if target is None:
+            from ..models.loading import load_target
+
+            target = load_target(r.target, device=self.ctx.device, dtype=r.train.target_dtype)
+        if r.draft.aux_layer_ids is not None:
+            target.set_aux_layers(r.draft.aux_layer_ids)
+        self.target = target
+        ctx_len = target.info.max_context
+        if ctx_len and r.data.max_length > ctx_len:
+            raise EyasError(f"data.max_length {r.data.max_length} exceeds the target's context ({ctx_len})",
+                            f"set data.max_length to at most {ctx_len}")
+        data = Path(r.data.path)
+        self._check_data_meta(data)
+        self.train_split = TokenizedSplit(data, "train")
+        if self.train_split.loss_tokens == 0:
+            raise EyasError(f"the training data in {data} has no assistant tokens to learn",
+                            "prepare conversations with assistant turns (eyas prepare --regenerate)")
+        try:
+            self.heldout = TokenizedSplit(data, "heldout")
+        except EyasError:
+            self.heldout = None
+        counts_file = data / "vocab_counts.npy"
+        counts = np.load(counts_file) if counts_file.is_file() else np.ones(target.info.vocab_size, dtype=np.int64)
+        self.draft = build_draft(target, r, counts).to(self.ctx.device)
+        self.module = TTTModule(self.draft, r.train.ttt_steps, r.train.decay)
+        self.wrapped = self._wrap(self.module)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        o = r.optim
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        self.batches_per_epoch = len(self._epoch(0))
+        if self.batches_per_epoch == 0:
+            raise EyasError("the training data gives no batch", "prepare more rows or lower the number of ranks")
+        total = r.train.max_steps or max(1, int(self.batches_per_epoch * r.train.epochs))
+        self.total_steps = total
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda(total))
+        self.step, self.position = 0, (0, 0)
+        self.states = self._states(target)
+        self.eval_states = self._states(target, split="heldout") if self.heldout is not None else None
+        self.out = Path(r.output)
+        self.log = RunLog(self.out, enabled=self.ctx.main, tensorboard=r.log.tensorboard)
+
+    def _lr_lambda(self, total: int):
+        o = self.r.optim
+        return lr_lambda(total, int(total * o.warmup_ratio), o.min_lr_ratio)
+
+    def _fit_budget(self, steps_done: int, seconds: float, budget_left: float) -> None:
+        """Shrink the run to the time budget: same schedule shape, fewer steps (every rank agrees)."""
+        rate = steps_done / max(seconds, 1e-9)
+        want = self.ctx.mean([float(self.step + int(rate * budget_left))])[0]
+        total = max(self.step + 1, min(self.total_steps, int(want)))
+        if total != self.total_steps:
+            self.print(f"time budget: {rate:.2f} steps/s, so {total} steps instead of {self.total_steps}")
+            self.total_steps = total
+            self.scheduler.lr_lambdas[0] = self._lr_lambda(total)
+            self.log.write("budget", step=self.step, total_steps=total, steps_per_s=round(rate, 3))
+
+    # -- setup ----------------------------------------------------------------------------------
+    def _check_data_meta(self, data: Path) -> None:
+        meta_file = data / "meta.json"
+        if not meta_file.is_file():
+            return
+        meta = json.loads(meta_file.read_text())
+        want = meta.get("target", {})
+        info = self.target.info
+        if want.get("vocab_size") not in (None, info.vocab_size) or want.get("hidden_size") not in (None, info.hidden_size):
+            raise EyasError(f"the data in {data} was prepared for target {want.get('name')!r} "
+                            f"(vocab {want.get('vocab_size')}, hidden {want.get('hidden_size')}), "
+                            f"this target has vocab {info.vocab_size}, hidden {info.hidden_size}",
+                            "prepare the data with the target you train for")
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        if not self.ctx.active:
+            return module
+        if self.r.train.parallel == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(module)
+            return module
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [torch.device(self.ctx.device).index] if self.ctx.device.startswith("cuda") else None
+        return DDP(module, device_ids=ids, broadcast_buffers=False)
+
+    def _states(self, target, split: str = "train"):
+        r = self.r
+        if r.train.mode == "online":
+            return OnlineStates(target)
+        folder = Path(r.train.offline_dir or (Path(r.output) / "states")) / split
+        data = self.train_split if split == "train" else self.heldout
+        if not cache_complete(folder, len(data), r.data.max_length, target.aux_layer_ids):
+            self.print(f"caching target states for {split} in {folder} (offline mode)")
+            build_cache(target, data, folder, r.data.max_length, r.train.offline_dtype, rank=self.ctx.rank,
+                        world=self.ctx.world, progress=r.log.progress and self.ctx.main)
+            self.ctx.barrier()
+        return OfflineStates(folder, self.ctx.device, torch.float32 if self.ctx.device == "cpu" else target.dtype)
+
+    def _epoch(self, epoch: int):
+        if getattr(self, "_cached_epoch", None) != epoch:
+            d = self.r.data
+            self._cached = epoch_batches(self.train_split.lengths(), d.max_length, d.tokens_per_batch,
+                                         self.ctx.world, self.r.train.seed, epoch)
+            self._cached_epoch = epoch
+        return self._cached
+
+    def autocast(self):
+        mode = self.r.train.autocast
+        on_gpu = self.ctx.device.startswith("cuda")
+        if mode == "none" or (mode == "auto" and not on_gpu):
+            return contextlib.nullcontext()
+        return torch.autocast("cuda" if on_gpu else "cpu", dtype=torch.bfloat16)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def draft_state(self) -> dict:
+        state = self.draft.state_dict()
+        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in state.items()}
+
+    def save_checkpoint(self) -> None:
+        if self.r.train.parallel == "fsdp" and self.ctx.active:
+            return  # sharded optimizer state: checkpoints are DDP/single-process only (see docs/train.md)
+        if self.ctx.main:
+            path = checkpoint.save(self.out, self.step, self.draft_state(), self.optimizer, self.scheduler,
+                                   self.position, self.r.to_dict(), self.r.log.keep_checkpoints)
+            self.log.write("checkpoint", step=self.step, path=str(path))
+        self.ctx.barrier()
+
+    def resume(self, path) -> None:
+        state = checkpoint.load(path)
+        self.draft.load_state_dict(state["draft"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.position = int(state["step"]), tuple(state["position"])
+        self.print(f"resumed at step {self.step} (epoch {self.position[0]}, batch {self.position[1]})")
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _step_norm(self, b) -> list[float]:
+        m = b.loss_mask * b.valid
+        counts = [float(m[:, 1 + i:].sum()) for i in range(self.r.train.ttt_steps)]
+        return [c / self.ctx.world for c in self.ctx.sum(counts)]
+
+    def train_step(self, b) -> dict:
+        dev = self.ctx.device
+        aux, logits = self.states(b)
+        aux = aux.float()  # fp32 into the fp32 master weights; autocast lowers the matmuls on the GPU
+        norm = self._step_norm(b)
+        with self.autocast():
+            loss, res = self.wrapped(b.input_ids.to(dev), aux, logits, b.loss_mask.to(dev), b.valid.to(dev), norm)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.r.optim.grad_clip or float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # res.step_loss is this rank's share of the global mean; acc is per rank, weighted by count.
+        return {"loss_parts": [x * self.ctx.world for x in res.step_loss], "acc": res.step_acc,
+                "count": res.step_count, "grad_norm": float(gnorm), "tokens": b.tokens}
+
+    def evaluate(self) -> dict | None:
+        if self.heldout is None:
+            return None
+        d, t = self.r.data, self.r.train
+        return heldout_metrics(self.draft, self.heldout, self.eval_states, self.ctx, d.max_length,
+                               d.tokens_per_batch, t.ttt_steps, t.decay, d.eval_rows, self.autocast)
+
+    def fit(self, stop_after: int | None = None) -> dict:
+        """Train to ``total_steps``; ``stop_after`` ends early without the final save (tests a crash)."""
+        r, ctx = self.r, self.ctx
+        self.module.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
+                   disable=not (r.log.progress and ctx.main), dynamic_ncols=True)
+        window = {"tokens": 0, "n": 0, "loss": np.zeros(r.train.ttt_steps), "acc": np.zeros(r.train.ttt_steps),
+                  "count": np.zeros(r.train.ttt_steps)}
+        t_window = time.perf_counter()
+        t_start, tokens_total = time.perf_counter(), 0
+        last_eval = None
+        budget = r.train.time_budget_s
+        calib = (self.step + 3, self.step + 23)  # measure steps/s over these steps, after warm-up
+        t_calib = None
+        while self.step < self.total_steps:
+            epoch, index = self.position
+            batches = self._epoch(epoch)
+            if index >= len(batches):
+                self.position = (epoch + 1, 0)
+                continue
+            b = collate(self.train_split, rank_rows(batches[index], ctx.rank, ctx.world), r.data.max_length)
+            m = self.train_step(b)
+            self.step += 1
+            self.position = (epoch, index + 1)
+            k = len(m["acc"])
+            window["tokens"] += m["tokens"]
+            window["loss"][:k] += np.array(m["loss_parts"])
+            window["acc"][:k] += np.array(m["acc"]) * np.array(m["count"])
+            window["count"][:k] += np.array(m["count"])
+            window["n"] += 1
+            bar.update(1)
+            if budget and self.step == calib[0]:
+                t_calib = time.perf_counter()
+            if budget and self.step == calib[1] and t_calib is not None:
+                now = time.perf_counter()
+                self._fit_budget(calib[1] - calib[0], now - t_calib, budget - (now - t_start))
+                bar.total = self.total_steps
+            if self.step % r.log.every == 0 or self.step == self.total_steps:
+                sums = ctx.sum([window["tokens"]] + window["acc"].tolist() + window["count"].tolist())
+                if ctx.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t_window
+                tokens, accs, counts = sums[0], sums[1:1 + k], sums[1 + k:]
+                tokens_total += tokens
+                step_loss = [x / window["n"] for x in window["loss"]]
+                acc = [a / c if c else 0.0 for a, c in zip(accs, counts)]
+                rec = {"step": self.step, "epoch": round(epoch + index / max(1, len(batches)), 3),
+                       "loss": round(sum(r.train.decay ** i * x for i, x in enumerate(step_loss)), 4),
+                       "step_loss": [round(x, 4) for x in step_loss], "acc": [round(a, 4) for a in acc],
+                       "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(m["grad_norm"], 4),
+                       "tokens_per_s": round(tokens / dt, 1), "ranks": ctx.world}
+                self.log.write("train", **rec)
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=f"{acc[0]:.3f}", tok_s=f"{tokens / dt:.0f}")
+                window = {"tokens": 0, "n": 0, "loss": np.zeros(r.train.ttt_steps),
+                          "acc": np.zeros(r.train.ttt_steps), "count": np.zeros(r.train.ttt_steps)}
+                t_window = time.perf_counter()
+            if r.log.eval_every and (self.step % r.log.eval_every == 0 or self.step == self.total_steps):
+                last_eval = self.evaluate()
+                if last_eval:
+                    self.log.write("eval", step=self.step, **last_eval)
+                    bar.write(f"step {self.step}: held-out acc per TTT step {last_eval['acc']}")
+                t_window = time.perf_counter()
+            if r.log.checkpoint_every and self.step % r.log.checkpoint_every == 0 and self.step < self.total_steps:
+                self.save_checkpoint()
+                t_window = time.perf_counter()
+            if stop_after is not None and self.step >= stop_after:
+                bar.close()
+                return {"steps": self.step, "stopped": True}
+        bar.close()
+        elapsed = time.perf_counter() - t_start
+        summary = {"steps": self.step, "total_steps": self.total_steps, "seconds": round(elapsed, 1),
+                   "tokens_per_s": round(tokens_total / elapsed, 1) if elapsed else 0.0, "ranks": ctx.world,
+                   "heldout": last_eval}
+        if ctx.main:
+            self.draft.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
+            resolved = copy.deepcopy(r)  # what reproduces this run: the budget resolved to steps
+            if budget:
+                resolved.train.max_steps, resolved.train.time_budget_s = self.total_steps, None
+            resolved.dump(self.out / "recipe.yaml")
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            self.log.write("done", **summary)
+        self.save_checkpoint()
+        self.log.close()
+        return summary
+
+
+def _dtype(name: str):
+    from ..models.loading import parse_dtype
+
+    return parse_dtype(name, "cpu") if name not in ("auto", None) else None

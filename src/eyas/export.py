@@ -53,6 +53,10 @@ def run(args) -> int:
     if out.resolve() == source.resolve():
         raise EyasError("--out is the draft folder itself", "choose a new output folder")
     folder = formats.read_draft(source)
+    if args.include_embeddings and "embed_tokens.weight" not in folder.state:
+        raise EyasError(f"--include-embeddings: the draft in {source} holds no embed_tokens.weight "
+                        "(it shares the target's)",
+                        "drop --include-embeddings; SGLang and vLLM take them from the target")
     dtype = DTYPES[args.dtype] if args.dtype else None
     target = args.target or formats.recorded_target(folder.config)
     if args.format == "sglang":

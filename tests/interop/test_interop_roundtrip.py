@@ -111,3 +111,4 @@ def test_export_command_prints_eagle3_launch_lines(eyas_dir, tmp_path, capsys, f
     if fmt == "sglang":
         assert f"--model-path org/tiny-llama --speculative-algorithm EAGLE3 --speculative-draft-model-path {out.resolve()}" in printed
     assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(out)]) == 2  # never overwrites
+    assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(tmp_path / "b"), "--include-embeddings"]) == 2

@@ -92,7 +92,8 @@ def _config_dict(path: Path) -> dict:
     except ValueError as e:
         raise EyasError(f"cannot read {config_file}: {e}", "the draft's config.json is not valid JSON") from e
     if not isinstance(data, dict):
-        raise EyasError(f"{config_file} holds a {type(data).__name__}, not a JSON object", "restore the draft's config.json")
+        raise EyasError(f"{config_file} holds a {type(data).__name__}, not a JSON object",
+                        "restore the draft's config.json")
     return data
 
 
@@ -165,7 +166,8 @@ def _detect(path: Path, data: dict) -> str:
     raise EyasError(
         f"{path}: config.json declares architectures {arch or 'none'}, which is no EAGLE-3 draft layout eyas "
         f"knows; expected {known}",
-        "point at an EAGLE-3 draft folder; convert other layouts with `eyas export` from a known one",
+        "point at an EAGLE-3 draft folder in one of those layouts; if it is one, its config.json "
+        "architectures entry is wrong",
     )
 
 
@@ -181,6 +183,9 @@ def _check_official_shapes(path: Path, data: dict, shapes: dict) -> None:
             + "; an official EAGLE-3 draft has fc.weight of width 3 x hidden and midlayer.* tensors",
             "pass an EAGLE-3 draft folder as the draft (the target goes in --model-path)",
         )
+    if len(shapes["fc.weight"]) != 2:
+        raise EyasError(f"{path} looks like {LOOKS_LIKE[OFFICIAL]}, but fc.weight has shape {shapes['fc.weight']}, "
+                        "not a matrix", "download the draft again")
     out_dim, in_dim = shapes["fc.weight"]
     if in_dim == 2 * target_hidden:
         raise EyasError(
@@ -330,9 +335,9 @@ def _check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None
     n_aux = len(ids) if ids is not None else 3
     fc = tuple(state["fc.weight"].shape)
     if fc != (hidden, n_aux * target_hidden):
-        width = fc[1] if len(fc) == 2 else fc
         raise EyasError(
-            f"{path} looks like {looks}, but fc.weight is {fc[0]} x {width} wide; it must fuse {n_aux} captured "
+            f"{path} looks like {looks}, but fc.weight is {' x '.join(map(str, fc)) or 'a scalar'}; "
+            f"it must fuse {n_aux} captured "
             f"layers x target_hidden_size {target_hidden} = {n_aux * target_hidden} into hidden {hidden}"
             + (" (2 x hidden: an EAGLE-1/2 draft)" if fc[-1] == 2 * target_hidden else ""),
             "the weights and config.json do not belong together; re-export the draft from its source",
@@ -430,7 +435,7 @@ def write_sglang(folder: DraftFolder, out, include_embeddings: bool = False, dty
     config = {k: v for k, v in folder.config.to_dict().items() if k not in CONFIG_NOISE}
     config.update(architectures=[ARCHITECTURE], num_hidden_layers=1, tie_word_embeddings=False,
                   draft_vocab_size=int(folder.config.draft_vocab_size),
-                  target_hidden_size=int(getattr(folder.config, "target_hidden_size", None) or folder.config.hidden_size),
+                  target_hidden_size=_target_hidden(folder.config),
                   torch_dtype=_dtype_name(state), dtype=_dtype_name(state), model_type="llama")
     # SGLang reads eagle_config.{use_aux_hidden_state, eagle_aux_hidden_state_layer_ids} (SGLang
     # indexing; python/sglang/srt/model_executor/model_runner.py). vLLM reads a top-level
@@ -463,7 +468,8 @@ def write_speculators(folder: DraftFolder, out, verifier: str | None = None, ver
     if draft_vocab == vocab:  # speculators registers no d2t/t2d buffers for a full vocabulary
         state.pop("d2t", None)
         state.pop("t2d", None)
-    state = {(SPECULATORS_LAYER + k[len(SGLANG_LAYER):] if k.startswith(SGLANG_LAYER) else k): v for k, v in state.items()}
+    state = {(SPECULATORS_LAYER + k[len(SGLANG_LAYER):] if k.startswith(SGLANG_LAYER) else k): v
+             for k, v in state.items()}
     drop = CONFIG_NOISE + ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config",
                            "eagle_aux_hidden_state_layer_ids", "torch_dtype", "dtype")
     layer = {k: v for k, v in folder.config.to_dict().items() if k not in drop}
@@ -491,7 +497,7 @@ def write_speculators(folder: DraftFolder, out, verifier: str | None = None, ver
         "fc_norm": False,
         "norm_output": False,
         "embed_requires_grad": False,
-        "target_hidden_size": int(getattr(folder.config, "target_hidden_size", None) or folder.config.hidden_size),
+        "target_hidden_size": _target_hidden(folder.config),
         "eagle_aux_hidden_state_layer_ids": to_speculators(ids) if ids is not None else None,
         "tie_word_embeddings": False,
         "torch_dtype": _dtype_name(state),
@@ -500,6 +506,10 @@ def write_speculators(folder: DraftFolder, out, verifier: str | None = None, ver
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def _target_hidden(config) -> int:
+    return int(getattr(config, "target_hidden_size", None) or config.hidden_size)
 
 
 def recorded_target(config) -> str | None:

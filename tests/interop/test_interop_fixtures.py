@@ -56,10 +56,12 @@ def test_fixture_detected_and_read(fixture_dirs, name):
 def test_fixture_generates_losslessly(target, fixture_dirs, references, name):
     draft = formats.load_draft(fixture_dirs[name], embed_weight=target.embed_tokens.weight, dtype=target.dtype)
     assert draft.source_format == (formats.EYAS if name == "eyas" else EXPECTED[name][0])
-    engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 5))  # runs every misconfiguration check
-    outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, temperature=0.0, ignore_eos=True))
+    try:
+        engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 5))  # runs every misconfiguration check
+        outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, temperature=0.0, ignore_eos=True))
+    finally:
+        target.set_aux_layers(None)  # the session target is shared: restore its default capture
     assert [out.output_ids for out in outs] == references
-    target.set_aux_layers(None)  # the session target is shared: restore its default capture
 
 
 def test_build_engine_accepts_every_format(tmp_path, fixture_dirs):
@@ -76,3 +78,18 @@ def test_build_engine_accepts_every_format(tmp_path, fixture_dirs):
         out = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True))[0]
         reference = reference or reference_greedy(engine.target.model, PROMPTS[0], 6)
         assert out.output_ids == reference
+
+
+@pytest.mark.parametrize("name", ["eyas", "sglang", "speculators", "eagle3"])
+def test_eagle_flag_refused_for_every_format_before_loading(fixture_dirs, monkeypatch, name):
+    """The silent failure (EAGLE with an EAGLE-3 draft) is refused whatever the draft's format."""
+    import eyas.pipeline as pipeline
+    from eyas.errors import EyasError
+
+    def boom(*a, **k):
+        raise AssertionError("the target was loaded before the flag was checked")
+
+    monkeypatch.setattr(pipeline, "load_target", boom)
+    with pytest.raises(EyasError, match="use --speculative-algorithm EAGLE3"):
+        pipeline.build_engine(pipeline.EngineArgs(model_path="unused", speculative_algorithm="EAGLE",
+                                                  speculative_draft_model_path=str(fixture_dirs[name])))

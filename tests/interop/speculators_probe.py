@@ -1,7 +1,10 @@
 """Run in a subprocess by test_interop_speculators.py: load an export with the PyPI ``speculators``
 package and compute its draft logits with its own modules.
 
-    python speculators_probe.py EXPORT_DIR INPUTS.pt OUTPUT.pt
+    python speculators_probe.py EXPORT_DIR INPUTS.pt OUTPUT.pt [RESAVE_DIR]
+
+With RESAVE_DIR, the loaded model is also written back by speculators' own ``save_pretrained``
+(the other direction: eyas must read what speculators writes).
 
 Two paths through speculators' ``Eagle3DraftModel`` (src/speculators/models/eagle3/core.py):
 ``logits``: its fc, embed_tokens, rotary_emb, layers[0] (the Eagle3 first layer), norm and lm_head
@@ -24,7 +27,7 @@ import torch
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
 
-def main(export_dir: str, inputs_file: str, out_file: str) -> None:
+def main(export_dir: str, inputs_file: str, out_file: str, resave_dir: str | None = None) -> None:
     config = Eagle3SpeculatorConfig.from_pretrained(export_dir)
     config.transformer_layer_config._attn_implementation = "sdpa"
     model = Eagle3DraftModel.from_pretrained(export_dir, config=config).eval()
@@ -35,6 +38,8 @@ def main(export_dir: str, inputs_file: str, out_file: str) -> None:
         model.embed_tokens.weight.dtype))
     if not embed_from_verifier:
         model._load_verifier_weights(overwrite_embed_tokens=True)
+    if resave_dir:
+        model.save_pretrained(resave_dir)
     model = model.to(torch.float64)
     inputs = torch.load(inputs_file)
     ids, aux, pos = inputs["input_ids"], inputs["aux"], inputs["position_ids"]  # [1, T], [1, T, 3H], [1, T]
@@ -55,4 +60,4 @@ def main(export_dir: str, inputs_file: str, out_file: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

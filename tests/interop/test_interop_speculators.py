@@ -60,8 +60,9 @@ def test_speculators_package_loads_export_and_matches_logits(target, tmp_path):
             "def load_from_disk(*a, **k):\n    raise RuntimeError('datasets stub: not installed')\n"
             "Dataset = object\n")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stub.parent), env.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, str(PROBE), str(export), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
-                         env=env, capture_output=True, text=True, timeout=240)
+    resaved = tmp_path / "resaved"
+    run = subprocess.run([sys.executable, str(PROBE), str(export), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt"),
+                          str(resaved)], env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-4000:]
     got = torch.load(tmp_path / "out.pt")
 
@@ -73,6 +74,12 @@ def test_speculators_package_loads_export_and_matches_logits(target, tmp_path):
     assert torch.equal(got["d2t"], ours.d2t) and torch.equal(got["t2d"], ours.t2d)
     torch.testing.assert_close(got["logits"], logits, rtol=0, atol=1e-10)
     assert torch.equal(got["tokens"], logits.argmax(-1))
+    # the other way: eyas reads the folder speculators itself wrote (architectures Eagle3DraftModel)
+    back = formats.read_draft(resaved)
+    assert back.format == formats.SPECULATORS and back.aux_layer_ids == [1, 3, 6]
+    assert all(torch.equal(back.state[k], v) for k, v in src.state.items())
+    assert set(back.state) - set(src.state) == {"embed_tokens.weight"}  # speculators saves the verifier's copy
+    assert torch.equal(back.state["embed_tokens.weight"], embed)
     if not got["embed_from_verifier_on_load"]:
         print("note: speculators left embed_tokens uninitialised on load (transformers outside its pin); "
               "the probe reloaded it from the verifier with speculators' _load_verifier_weights")

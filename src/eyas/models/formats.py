@@ -47,7 +47,10 @@ OFFICIAL_ARCHITECTURE = "LlamaForCausalLM"
 # Tensor names. SGLang's ``LlamaForCausalLMEagle3`` (sgl-project/sglang
 # python/sglang/srt/models/llama_eagle3.py): ``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``
 # (turned into hot token ids), ``t2d`` (skipped), ``embed_tokens`` optional, a ``model.`` prefix
-# optional. The official ``Model`` (SafeAILab/EAGLE eagle/model/cnets.py) has the same names.
+# optional. SpecForge's draft of the same class name (sgl-project/SpecForge
+# specforge/modeling/draft/llama3_eagle.py) and the official ``Model`` (SafeAILab/EAGLE
+# eagle/model/cnets.py) use the same names; SpecForge registers d2t/t2d only when the draft
+# vocabulary is smaller than the target's, and saves its (frozen) embed_tokens.
 LAYER_TENSORS = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",

@@ -52,6 +52,20 @@ def test_fixture_detected_and_read(fixture_dirs, name):
         assert folder.config.rope_parameters["rope_theta"] == 500000.0
 
 
+def test_specforge_full_vocabulary_folder(target, tmp_path):
+    """SpecForge saves its frozen embeddings and no d2t/t2d when the draft keeps the full vocabulary."""
+    tensors = sglang_tensors(draft_vocab=320)
+    del tensors["d2t"], tensors["t2d"]
+    tensors["embed_tokens.weight"] = target.embed_tokens.weight.detach().float()
+    path = WRITERS["sglang"](tmp_path / "specforge", tensors, draft_vocab_size=320)
+    draft = formats.load_draft(path, dtype=target.dtype)  # no target embedding needed: it ships its own
+    assert torch.equal(draft.d2t, torch.zeros(320, dtype=torch.long)) and bool(draft.t2d.all())
+    try:
+        Engine(target, draft, SpecConfig("EAGLE3", 3, 1, 4))  # passes every pair check
+    finally:
+        target.set_aux_layers(None)
+
+
 @pytest.mark.parametrize("name", ["eyas", "sglang", "speculators", "eagle3"])
 def test_fixture_generates_losslessly(target, fixture_dirs, references, name):
     draft = formats.load_draft(fixture_dirs[name], embed_weight=target.embed_tokens.weight, dtype=target.dtype)

@@ -2,10 +2,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import tiny_target, train_draft  # noqa: E402
+
+# Tiny models gain nothing from threads, and extra threads thrash a 2-core machine.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

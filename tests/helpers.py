@@ -86,7 +86,7 @@ def train_draft(target: Target, steps: int = 120, seed: int = 0, ttt_steps: int 
     draft = Eagle3Draft.for_target(target, draft_vocab_size=draft_vocab_size, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     vocab = target.info.vocab_size
-    prompts = torch.randint(0, 256, (48, 3), generator=gen)
+    prompts = torch.randint(0, min(256, target.info.vocab_size), (48, 3), generator=gen)
     data = target.model.generate(prompts, max_new_tokens=48, do_sample=True, temperature=0.6,
                                  pad_token_id=0, eos_token_id=None)
     aux, logits = target_states(target, data)

@@ -222,7 +222,7 @@ class Eagle3Draft(nn.Module):
                     "the draft was built for another target",
                     "use a draft trained for this target, or the target it was trained for",
                 )
-            state["embed_tokens.weight"] = embed_weight.detach().float().cpu()
+            state["embed_tokens.weight"] = embed_weight.detach().cpu()
         expected = {k: v.shape for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
@@ -233,6 +233,7 @@ class Eagle3Draft(nn.Module):
             if tuple(state[k].shape) != tuple(shape):
                 raise EyasError(f"draft {path}: tensor {k} has shape {tuple(state[k].shape)}, its config implies {tuple(shape)}",
                                 "the weights and config.json do not belong together")
+        draft.to(state["fc.weight"].dtype)  # load without a lossy round through float32
         draft.load_state_dict(state, strict=False)
         target_dtype = dtype or (embed_weight.dtype if embed_weight is not None else None)
         return draft.to(device=device, dtype=target_dtype) if target_dtype else draft.to(device)

@@ -79,6 +79,35 @@ def resolve(path_or_name: str) -> tuple[Path, str | None]:
     )
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas"))
+
+
+def gguf_cache_dir(folder: Path, gguf: str, dtype: torch.dtype) -> Path:
+    """Where the dequantised copy of a GGUF file lives (keyed by name, size, mtime and dtype)."""
+    st = (folder / gguf).stat()
+    kind = str(dtype).replace("torch.", "")
+    return cache_root() / "gguf" / f"{Path(gguf).stem}-{st.st_size}-{int(st.st_mtime)}-{kind}"
+
+
+def _cache_gguf(model, tokenizer, out: Path) -> None:
+    """Save a dequantised GGUF model as a plain HF folder, so later loads skip the conversion."""
+    from safetensors.torch import save_model
+
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    import json
+
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(model, str(tmp / "model.safetensors"))
+    tokenizer.save_pretrained(tmp)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(tmp)
+    tmp.rename(out)
+
+
 def load_target(
     path_or_name: str,
     device: str = "cpu",
@@ -92,6 +121,10 @@ def load_target(
     folder, gguf = resolve(path_or_name)
     torch_dtype = parse_dtype(dtype, device)
     kwargs = dict(local_files_only=True, trust_remote_code=trust_remote_code)
+    source = str(folder / gguf) if gguf else str(folder)
+    cached = gguf_cache_dir(folder, gguf, torch_dtype) if gguf else None
+    if cached is not None and (cached / "config.json").is_file():
+        folder, gguf = cached, None  # converted before: load the plain copy (seconds, not tens)
     if gguf:
         kwargs["gguf_file"] = gguf
     try:
@@ -100,6 +133,11 @@ def load_target(
     except (OSError, ValueError) as e:
         raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: {e}",
                         "check that the folder holds a complete model (config.json, weights, tokenizer)") from e
+    if gguf and os.environ.get("EYAS_NO_GGUF_CACHE") is None:
+        try:
+            _cache_gguf(model, tokenizer, cached)
+        except OSError:
+            pass  # a read-only home only costs the conversion next time
     model.to(device)
-    name = path_or_name if path_or_name.lower() == SMOLLM2 else str(folder / gguf if gguf else folder)
+    name = path_or_name if path_or_name.lower() == SMOLLM2 else source
     return Target(model, tokenizer, name=name, aux_layer_ids=aux_layer_ids)

@@ -1,0 +1,153 @@
+"""Every configuration that would fail silently is refused, with a message that names the fix."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from eyas.checks import check_spec, check_vocab_maps
+from eyas.config import Algorithm, SpecConfig
+from eyas.engine.engine import Engine
+from eyas.errors import EyasError
+from eyas.models.draft import Eagle3Draft
+from eyas.pipeline import EngineArgs, build_engine
+from helpers import save_tiny_model, tiny_target
+
+
+def refuse(target, draft, spec, path="draft/", match=""):
+    with pytest.raises(EyasError, match=match) as e:
+        check_spec(spec, target.info, draft, path, target.aux_layer_ids)
+    assert e.value.fix, "every refusal names a fix"
+    return str(e.value)
+
+
+def test_eagle_with_an_eagle3_draft_is_refused_naming_eagle3(target):
+    d = Eagle3Draft.for_target(target)
+    msg = refuse(target, d, SpecConfig("EAGLE"), match="EAGLE-3 draft")
+    assert "--speculative-algorithm EAGLE3" in msg
+    assert "1.00" in msg  # says what would have happened
+
+
+def test_eagle3_with_a_draft_without_fc_is_refused(target):
+    d = Eagle3Draft.for_target(target)
+    del d.fc
+    d.config.architectures = ["LlamaForCausalLMEagle"]
+    refuse(target, d, SpecConfig("EAGLE3"), match="has no fc")
+
+
+def test_eagle3_with_an_eagle1_draft_is_refused(target):
+    d = Eagle3Draft.for_target(target)
+    d.fc = torch.nn.Linear(2 * target.info.hidden_size, target.info.hidden_size, bias=False)
+    d.config.architectures = ["LlamaForCausalLMEagle"]
+    refuse(target, d, SpecConfig("EAGLE3"), match="EAGLE-1/2 draft")
+
+
+def test_draft_for_another_target_is_refused(target):
+    other = tiny_target(hidden_size=32, intermediate_size=64)
+    d = Eagle3Draft.for_target(other)
+    msg = refuse(target, d, SpecConfig("EAGLE3"), match="built for another target")
+    assert "96" in msg and "192" in msg  # 3 x 32 given, 3 x 64 expected
+
+
+def test_aux_layers_out_of_range_are_refused(target):
+    deep = tiny_target(num_hidden_layers=40)
+    d = Eagle3Draft.for_target(deep)  # captures [2, 20, 37]
+    assert d.aux_layer_ids == [2, 20, 37]
+    with pytest.raises(EyasError, match="outside the target's 0..7") as e:
+        Engine(target, d, SpecConfig("EAGLE3"))
+    assert "deeper target" in str(e.value)
+
+
+def test_draft_vocabulary_of_another_tokenizer_is_refused(target):
+    d = Eagle3Draft.for_target(tiny_target(vocab_size=400))
+    refuse(target, d, SpecConfig("EAGLE3"), match="draft's vocabulary has 400 tokens, the target's 320")
+
+
+def test_embedding_width_mismatch_is_refused(target):
+    d = Eagle3Draft.for_target(target)
+    d.embed_tokens = torch.nn.Embedding(320, 48)
+    refuse(target, d, SpecConfig("EAGLE3"), match="embedding width")
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda d2t, t2d: (d2t[:-1], t2d), r"d2t has shape \(99,\)"),
+    (lambda d2t, t2d: (d2t, t2d[:-1]), r"t2d has shape \(319,\)"),
+    (lambda d2t, t2d: (d2t + 300, t2d), "outside the target vocabulary"),
+    (lambda d2t, t2d: (torch.cat([d2t[:1] + 1, d2t[1:]]), t2d), "same target id"),
+    (lambda d2t, t2d: (d2t, ~t2d), "disagree"),
+])
+def test_inconsistent_vocab_maps_are_refused(target, corrupt, match):
+    d = Eagle3Draft.for_target(target, draft_vocab_size=100)
+    d2t, t2d = corrupt(d.d2t.clone(), d.t2d.clone())
+    with pytest.raises(EyasError, match=match):
+        check_vocab_maps(d2t, t2d, 100, 320)
+    d.d2t, d.t2d = d2t, t2d
+    with pytest.raises(EyasError, match=match):
+        Engine(target, d, SpecConfig("EAGLE3"))
+
+
+@pytest.mark.parametrize("steps,topk,tokens,match", [
+    (3, 2, 15, "larger than the tree can hold"),  # 2 + 2*4 = 10 draft tokens at most
+    (5, 1, 7, "larger than the tree can hold"),  # a chain of 5 holds 5 (+ root)
+    (5, 1, 1, "leaves no draft token"),
+    (0, 1, 2, "num-steps must be a positive integer"),
+    (3, 0, 4, "eagle-topk must be a positive integer"),
+])
+def test_impossible_trees_are_refused(steps, topk, tokens, match):
+    with pytest.raises(EyasError, match=match):
+        SpecConfig("EAGLE3", steps, topk, tokens)
+
+
+def test_tree_capacity_is_exact():
+    assert SpecConfig("EAGLE3", 3, 2, 11).max_tree_tokens == 10
+    assert SpecConfig("EAGLE3", 5, 4, 8).max_tree_tokens == 4 + 4 * 16
+
+
+def test_speculation_without_a_draft_is_an_error_never_self_drafting(target):
+    refuse(target, None, SpecConfig("EAGLE3"), path=None, match="needs a draft model")
+
+
+def test_a_draft_under_none_is_an_error(target):
+    refuse(target, Eagle3Draft.for_target(target), SpecConfig("NONE"), match="never be used")
+
+
+def test_unknown_algorithm_is_refused():
+    with pytest.raises(EyasError, match="NONE, EAGLE, EAGLE3"):
+        SpecConfig("MEDUSA")
+    assert Algorithm.parse("eagle3") is Algorithm.EAGLE3
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, draft):
+    root = tmp_path_factory.mktemp("pair")
+    save_tiny_model(root / "target")
+    draft.save_pretrained(root / "draft")
+    return root
+
+
+def test_build_engine_refuses_eagle_before_loading_weights(folders, monkeypatch):
+    import eyas.pipeline as pipeline
+
+    def boom(*a, **k):
+        raise AssertionError("the target was loaded before the flag was checked")
+
+    monkeypatch.setattr(pipeline, "load_target", boom)
+    with pytest.raises(EyasError, match="EAGLE3"):
+        build_engine(EngineArgs(model_path=str(folders / "target"), speculative_algorithm="EAGLE",
+                                speculative_draft_model_path=str(folders / "draft")))
+
+
+def test_build_engine_accepts_the_right_pair(folders):
+    e = build_engine(EngineArgs(model_path=str(folders / "target"), speculative_algorithm="EAGLE3",
+                                speculative_draft_model_path=str(folders / "draft")))
+    assert e.spec.algorithm is Algorithm.EAGLE3 and e.target.aux_layer_ids == [2, 4, 5]
+
+
+def test_cli_exits_nonzero_with_the_fix(folders):
+    r = subprocess.run([sys.executable, "-m", "eyas", "generate", "--model-path", str(folders / "target"),
+                        "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(folders / "draft"),
+                        "--max-new-tokens", "4"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "fix: use --speculative-algorithm EAGLE3" in r.stderr
+    assert "Traceback" not in r.stderr

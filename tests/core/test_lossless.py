@@ -1,0 +1,99 @@
+"""Greedy speculative output equals the target's own greedy output, token for token."""
+
+import pytest
+import torch
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.engine.stats import SpecStats
+from helpers import reference_greedy
+
+PROMPTS = [
+    [72, 101, 108, 108, 111],
+    [7] * 23,
+    [200, 13],
+    list(range(30, 71)),
+    [1],
+]
+NEW = 48
+
+SPECS = {
+    "chain-5": SpecConfig("EAGLE3", 5, 1, 6),
+    "chain-3-short": SpecConfig("EAGLE3", 3, 1, 3),
+    "tree-4x3-8": SpecConfig("EAGLE3", 4, 3, 8),
+    "tree-3x4-16": SpecConfig("EAGLE3", 3, 4, 16),
+    "tree-2x2-6": SpecConfig("EAGLE3", 2, 2, 6),
+}
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [reference_greedy(target.model, p, NEW) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("batch", [1, 5])
+def test_greedy_speculation_is_lossless(target, draft, references, name, batch):
+    engine = Engine(target, draft, SPECS[name])
+    total = SpecStats()
+    for start in range(0, len(PROMPTS), batch):
+        chunk = PROMPTS[start:start + batch]
+        outs = engine.generate(chunk, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+        for i, o in enumerate(outs):
+            assert o.output_ids == references[start + i], f"prompt {start + i} diverged"
+            assert o.finish_reason == "length"
+            total.add(o.stats)
+    # the trained draft gets some tokens accepted and some rejected: both paths are exercised
+    assert 0 < total.accepted < total.draft_tokens
+    assert total.drafts >= len(PROMPTS) * 5  # several verify steps per prompt
+
+
+def test_no_speculation_is_the_same_code_path_and_lossless(target, references):
+    outs = Engine(target, None, SpecConfig("NONE")).generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    assert [o.output_ids for o in outs] == references
+    assert all(o.stats.drafts == 0 for o in outs)
+
+
+def test_sequences_join_and_leave_a_running_batch(target, draft, references):
+    """Continuous batching: merge new rows mid-flight and filter finished ones; still lossless."""
+    engine = Engine(target, draft, SpecConfig("EAGLE3", 4, 2, 6))
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    first = [engine.new_sequence(p, params) for p in PROMPTS[:2]]
+    batch = engine.prefill(first)
+    for _ in range(3):
+        engine.step(batch)
+    late = [engine.new_sequence(p, params) for p in PROMPTS[2:]]
+    batch = engine.merge(batch, engine.prefill(late))
+    seqs = first + late
+    while True:
+        alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
+        if not alive:
+            break
+        batch = engine.filter(batch, alive)
+        engine.step(batch)
+    assert [s.output_ids for s in seqs] == references
+
+
+def test_stop_tokens_end_a_sequence_and_are_included(target, draft, references):
+    stop = references[0][10]
+    first = references[0].index(stop)
+    out = Engine(target, draft, SpecConfig("EAGLE3", 5, 1, 6)).generate(
+        [PROMPTS[0]], SamplingParams(max_new_tokens=NEW, stop_token_ids=[stop], ignore_eos=True))[0]
+    assert out.output_ids == references[0][: first + 1]
+    assert out.finish_reason == "stop"
+
+
+def test_statistics_are_consistent(target, draft):
+    out = Engine(target, draft, SpecConfig("EAGLE3", 4, 3, 8)).generate(
+        [PROMPTS[1]], SamplingParams(max_new_tokens=NEW, ignore_eos=True))[0]
+    s = out.stats
+    assert s.draft_tokens == 7 * s.drafts
+    assert sum(s.accepted_per_position) == s.accepted
+    assert all(a >= b for a, b in zip(s.accepted_per_position, s.accepted_per_position[1:]))
+    assert s.accept_length == pytest.approx(1 + s.accepted / s.drafts)
+    assert s.accept_rate == pytest.approx(s.accepted / s.draft_tokens)
+    # tokens: one from prefill, then (accepted + 1) per verify step, cut at max_new_tokens
+    assert len(out.output_ids) <= 1 + s.drafts + s.accepted
+    d = s.as_dict()
+    assert set(d) == {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "accept_length", "accept_rate"}

@@ -116,8 +116,10 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
 def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        metrics.requests.labels(outcome="rejected" if e.status == 503 else
-                                "invalid" if e.status < 500 else "error").inc()
+        if e.status == 503:
+            metrics.requests.labels(outcome="rejected").inc()
+        elif e.status < 500:
+            metrics.requests.labels(outcome="invalid").inc()  # 5xx: the scheduler counted the failure
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)

@@ -9,6 +9,7 @@ message that names the fix (``eyas.cli`` prints ``EyasError`` that way); nothing
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 import time
@@ -104,7 +105,13 @@ def run(args) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
     server = uvicorn.Server(config)
+    # uvicorn handles SIGTERM/SIGINT gracefully and then re-raises the signal under the handler it
+    # found at start. With these no-op handlers that re-raise returns, so a clean shutdown exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
+    if server.started:
+        print("eyas serve: shut down cleanly", flush=True)
     return 0 if server.started else 1
 
 

@@ -68,9 +68,17 @@ class Detokenizer:
         return Pushed(self._release(hold=self._partial_stop_tail()), kept)
 
     def flush(self) -> str:
-        """The rest of the text when the sequence ends (an unfinished character included)."""
+        """The rest of the text when the sequence ends (an unfinished character included).
+
+        A stop string completed only by that last character still cuts the text (``matched`` is
+        set); the tokens are all kept then, since the last one completed it.
+        """
         if self.matched is None and self.read < len(self.ids):
+            start = max(0, len(self.text) - max(map(len, self.stop), default=1) + 1)
             self._advance(final=True)
+            hit = self._find_stop(start) if self.stop else None
+            if hit is not None:
+                self.text, self.matched = self.text[:hit[0]], hit[1]
         return self._release(hold=0)
 
     def _find_stop(self, start: int) -> tuple[int, str] | None:

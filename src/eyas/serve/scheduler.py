@@ -199,8 +199,10 @@ class Scheduler:
         if not tokens:
             return
         pushed = w.detok.push(tokens)
-        if pushed.matched is not None and not w.seq.finished:
-            w.seq.finish_reason = "stop"  # a stop string: the engine drops this row's next steps
+        if pushed.matched is not None:
+            # a stop string: the row leaves before the next step; it wins over "length" when the
+            # same step also reached max_tokens (OpenAI reports "stop" whenever a stop matched)
+            w.seq.finish_reason = "stop"
         if w.first_token_at is None:
             w.first_token_at = time.perf_counter()
         w.kept_ids.extend(pushed.tokens)
@@ -230,6 +232,8 @@ class Scheduler:
         now = time.perf_counter()
         if w.detok is not None:
             rest = w.detok.flush()
+            if w.detok.matched is not None and reason == "length":
+                reason = "stop"
             if rest:
                 w.text += rest
                 w.sink(w.index, Delta(rest, []))

@@ -1,0 +1,106 @@
+"""Helpers for the server tests: a real server subprocess, an in-process one, a metrics scrape."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], log_dir: Path, name: str = "server"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stdout_path, self.stderr_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
+        self.proc = subprocess.Popen([PYTHON, "-m", "eyas.serve", *args, "--port", str(self.port)], cwd=ROOT,
+                                     stdout=open(self.stdout_path, "w"), stderr=open(self.stderr_path, "w"))
+
+    def wait_ready(self, timeout: float = 240) -> "ServerProcess":
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.stderr()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(self.stderr())
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def rss_kb(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``/metrics`` through prometheus_client's own parser: {'name{label="v",...}': value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+class InProcessServer:
+    """uvicorn in a thread around ``create_app`` (signals stay with pytest)."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        end = time.time() + 30
+        while not self.server.started:
+            if time.time() > end or not self.thread.is_alive():
+                raise RuntimeError("in-process server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)

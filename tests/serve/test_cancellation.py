@@ -1,0 +1,114 @@
+"""Admission and cancellation: 503 with Retry-After past capacity; disconnects free their slots."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from serve_helpers import scrape
+
+LONG = {"prompt": "long", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+
+
+def wait_idle(scheduler, timeout: float = 30) -> tuple[int, int]:
+    end = time.time() + timeout
+    while time.time() < end and scheduler.counts() != (0, 0):
+        time.sleep(0.05)
+    return scheduler.counts()
+
+
+def test_past_capacity_the_server_answers_503_with_retry_after(inprocess):
+    with inprocess(step_delay=0.05, max_running_requests=1, max_queued_requests=1) as srv:
+        state = srv.app.state.eyas
+        with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:
+            with a.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}) as first:
+                next(first.iter_lines())  # running
+                with b.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}) as second:
+                    end = time.time() + 10
+                    while state.scheduler.counts() != (1, 1) and time.time() < end:
+                        time.sleep(0.02)
+                    assert state.scheduler.counts() == (1, 1)
+                    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+                    assert r.status_code == 503
+                    assert int(r.headers["Retry-After"]) >= 1
+                    assert r.json()["error"]["type"] == "overloaded_error"
+                    assert "--max-running-requests" in r.json()["error"]["message"]
+                    assert second.status_code == 200
+        # both streams were closed early by the client: their slots come back
+        assert wait_idle(state.scheduler) == (0, 0)
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 0},
+                       timeout=60)
+        assert r.status_code == 200
+        m = scrape(srv.url)
+        assert m['eyas:requests_total{outcome="rejected"}'] == 1
+        assert m['eyas:requests_total{outcome="abort"}'] == 2
+
+
+def _hang_up(url: str, i: int) -> str:
+    """Mixed clients: streams closed after a chunk, non-streaming calls that time out, normal calls."""
+    body = {"prompt": f"c{i}", "max_tokens": 12 + i % 40, "temperature": 0, "ignore_eos": True}
+    kind = i % 3
+    try:
+        if kind == 0:
+            with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+                for _ in r.iter_lines():
+                    break
+            return "closed"
+        if kind == 1:
+            httpx.post(url + "/generate", json={"text": f"c{i}", "sampling_params": {
+                "max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}, timeout=0.3)
+            return "finished"
+        r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        return "ok" if r.status_code == 200 else f"status {r.status_code}"
+    except httpx.TimeoutException:
+        return "timed out"
+
+
+def test_cancellations_leave_no_leaked_slots_or_sequences(inprocess):
+    from eyas.engine.engine import Sequence
+
+    with inprocess(step_delay=0.01, max_running_requests=8, max_queued_requests=64) as srv:
+        state = srv.app.state.eyas
+        with ThreadPoolExecutor(16) as pool:
+            outcomes = list(pool.map(lambda i: _hang_up(srv.url, i), range(36)))
+        assert "timed out" in outcomes and "closed" in outcomes
+        assert all(o in ("closed", "timed out", "finished", "ok") for o in outcomes), outcomes
+        assert wait_idle(state.scheduler) == (0, 0)
+        sched = state.scheduler
+        assert sched._batch is None and not sched._running and not sched._waiting
+        m = scrape(srv.url)
+        assert m["eyas:num_requests_running"] == 0 and m["eyas:num_requests_waiting"] == 0
+        assert m['eyas:requests_total{outcome="abort"}'] >= outcomes.count("timed out")
+        assert m['eyas:requests_total{outcome="error"}'] == 0
+        ok = httpx.post(srv.url + "/v1/completions", json={"prompt": "after", "max_tokens": 3}, timeout=60)
+        assert ok.status_code == 200
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, Sequence)]
+    assert not [t for t in threading.enumerate() if t.name == "eyas-engine"]
+
+
+def test_real_server_under_load_with_cancellations_stays_flat(server):
+    def rounds() -> list[str]:
+        with ThreadPoolExecutor(16) as pool:
+            return list(pool.map(lambda i: _hang_up(server.url, i), range(24)))
+
+    rounds()  # warm: allocator pools, batch shapes
+    rss_before = server.rss_kb()
+    for _ in range(2):
+        outcomes = rounds()
+        assert all(o in ("closed", "timed out", "finished", "ok") for o in outcomes), outcomes
+    end = time.time() + 30
+    while time.time() < end:
+        m = scrape(server.url)
+        if m["eyas:num_requests_running"] == 0 and m["eyas:num_requests_waiting"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["eyas:num_requests_running"] == 0 and m["eyas:num_requests_waiting"] == 0
+    assert httpx.get(server.url + "/health").json() == {"status": "ok", "running": 0, "queued": 0}
+    growth_mb = (server.rss_kb() - rss_before) / 1024
+    assert growth_mb < 64, f"resident memory grew {growth_mb:.1f} MB over two load rounds"
+    log = server.stderr()
+    assert "Traceback" not in log and " ERROR " not in log and "ERROR:" not in log, log[-3000:]

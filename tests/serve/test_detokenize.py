@@ -1,0 +1,69 @@
+"""Incremental detokenizing: same text as a full decode, split characters held, stop strings exact."""
+
+from __future__ import annotations
+
+from helpers import byte_tokenizer
+
+from eyas.serve.detokenize import Detokenizer
+
+TOK = byte_tokenizer()
+
+
+def ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False).input_ids
+
+
+def stream(d: Detokenizer, tokens: list[int], chunk: int) -> tuple[str, list[int]]:
+    out, kept = "", []
+    for i in range(0, len(tokens), chunk):
+        p = d.push(tokens[i:i + chunk])
+        out += p.text
+        kept += p.tokens
+        if p.matched:
+            break
+    return out + d.flush(), kept
+
+
+def test_matches_full_decode_for_any_chunking():
+    text = "héllo wörld — ünïcode ✓ 日本語"
+    t = ids(text)
+    assert len(t) > len(text)  # multi-byte characters span several tokens
+    for chunk in (1, 2, 3, 5, 64):
+        assert stream(Detokenizer(TOK), t, chunk)[0] == text
+
+
+def test_half_a_character_is_held_back():
+    t = ids("✓")  # three byte tokens
+    d = Detokenizer(TOK)
+    assert d.push(t[:1]).text == "" and d.push(t[1:2]).text == ""
+    assert d.push(t[2:]).text == "✓"
+
+
+def test_special_tokens_skipped_or_kept():
+    eos = TOK.convert_tokens_to_ids("<|im_end|>")
+    assert stream(Detokenizer(TOK), ids("ab") + [eos], 1)[0] == "ab"
+    assert stream(Detokenizer(TOK, skip_special_tokens=False), ids("ab") + [eos], 1)[0] == "ab<|im_end|>"
+
+
+def test_stop_string_cuts_before_it_and_keeps_tokens_up_to_the_match():
+    t = ids("one two three four")
+    for chunk in (1, 4, 100):
+        text, kept = stream(Detokenizer(TOK, stop=["three"]), t, chunk)
+        assert text == "one two "
+        assert kept == ids("one two three")
+
+
+def test_earliest_of_several_stops_wins_and_prefix_is_held_while_streaming():
+    d = Detokenizer(TOK, stop=["xyz", "two"])
+    released = d.push(ids("one tw")).text
+    assert released == "one "  # "tw" could begin "two": held back
+    p = d.push(ids("o three"))
+    assert p.matched == "two" and released + p.text == "one "
+    assert d.push(ids("more")).tokens == []
+
+
+def test_held_prefix_released_when_it_cannot_match():
+    d = Detokenizer(TOK, stop=["two"])
+    assert d.push(ids("one tw")).text == "one "
+    assert d.push(ids("ice")).text == "twice"
+    assert d.flush() == ""

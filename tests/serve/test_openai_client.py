@@ -1,0 +1,85 @@
+"""The official openai client against a real server: completions, streamed chat, greedy == target."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_completion_greedy_equals_target(client, engine, reference):
+    tok = engine.target.tokenizer
+    prompt = "The quick brown fox"
+    out = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+    want = reference([tok(prompt).input_ids], 24)[0]
+    choice = out.choices[0]
+    assert choice.text == tok.decode(want, skip_special_tokens=True)
+    assert out.usage.completion_tokens == len(want)
+    assert choice.finish_reason == ("stop" if len(want) < 24 else "length")
+    u = out.usage.model_dump()
+    assert u["spec_verify_ct"] >= 1
+    assert u["spec_accept_length"] == 1 + u["spec_accept_token_num"] / u["spec_verify_ct"]
+    assert u["spec_accept_rate"] == u["spec_accept_token_num"] / u["spec_draft_token_num"]
+    assert u["spec_draft_token_num"] == 5 * u["spec_verify_ct"]  # num_draft_tokens 6 counts the root
+    assert sum(u["spec_accepted_per_position"]) == u["spec_accept_token_num"]
+
+
+def test_streamed_chat_greedy_equals_target(client, engine, reference):
+    from eyas.generate import chat_ids
+
+    tok = engine.target.tokenizer
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=40, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    want = reference([chat_ids(tok, "Tell me a story.")], 40)[0]
+    assert text == tok.decode(want, skip_special_tokens=True)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens == len(want)
+    assert usage.model_dump()["spec_verify_ct"] >= 1
+
+
+def test_chat_non_streaming_and_n(client, engine, reference):
+    from eyas.generate import chat_ids
+
+    tok = engine.target.tokenizer
+    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=12, temperature=0, n=2)
+    want = tok.decode(reference([chat_ids(tok, "hi")], 12)[0], skip_special_tokens=True)
+    assert [c.index for c in out.choices] == [0, 1]
+    assert all(c.message.content == want for c in out.choices)
+    assert out.choices[0].message.role == "assistant"
+
+
+def test_sampling_with_seed_is_reproducible(client):
+    kw = dict(model="tiny", prompt="abc", max_tokens=16, temperature=0.8, top_p=0.9, seed=7)
+    a = client.completions.create(**kw).choices[0].text
+    b = client.completions.create(**kw).choices[0].text
+    assert a == b
+
+
+def test_stop_string_cuts_the_text(server, engine, reference):
+    tok = engine.target.tokenizer
+    ids = tok("stop here").input_ids
+    want = tok.decode(reference([ids], 30, ignore_eos=True)[0], skip_special_tokens=True)
+    stop = want[5:8]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "stop here", "max_tokens": 30, "temperature": 0,
+                                                          "ignore_eos": True, "stop": [stop]}, timeout=60).json()
+    assert r["choices"][0]["text"] == want[: want.index(stop)]
+    assert r["choices"][0]["finish_reason"] == "stop"
+
+
+def test_models_and_health(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"

@@ -1,0 +1,85 @@
+"""Strict startup: refused configurations exit non-zero naming the fix, and never serve; the banner."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+from serve_helpers import ROOT, free_port
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory):
+    """An EAGLE-3 draft built for a different (32-wide) tiny target."""
+    from helpers import tiny_target
+
+    from eyas.models.draft import Eagle3Draft
+
+    path = tmp_path_factory.mktemp("other") / "draft"
+    Eagle3Draft.for_target(tiny_target(hidden_size=32)).save_pretrained(path)
+    return path
+
+
+def refusals(tiny, draft, other_draft):
+    m, d = ["--model-path", str(tiny), "--dtype", "float64"], ["--speculative-draft-model-path", str(draft)]
+    return {
+        "EAGLE with an EAGLE-3 draft": (m + d + ["--speculative-algorithm", "EAGLE"],
+                                        ["EAGLE3", "--speculative-algorithm EAGLE3", "accept length 1.00"]),
+        "NONE with a draft": (m + d + ["--speculative-algorithm", "NONE"], ["NONE", "EAGLE3"]),
+        "EAGLE3 without a draft": (m + ["--speculative-algorithm", "EAGLE3"], ["needs a draft", "EAGLE3"]),
+        "tree larger than it can hold": (m + d + ["--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+                                                  "--speculative-num-draft-tokens", "8"],
+                                         ["--speculative-num-draft-tokens", "at most 3"]),
+        "draft for another target": (m + ["--speculative-draft-model-path", str(other_draft)],
+                                     ["built for another target"]),
+        "context longer than the target's": (m + d + ["--context-length", "5000"], ["--context-length", "1024"]),
+        "no running slots": (m + d + ["--max-running-requests", "0"], ["--max-running-requests"]),
+    }
+
+
+def test_refused_configurations_exit_nonzero_naming_the_fix(models, other_draft):
+    tiny, draft = models
+    cases = refusals(tiny, draft, other_draft)
+    procs = {}
+    for name, (args, _) in cases.items():  # all at once: each pays the import time
+        procs[name] = subprocess.Popen([sys.executable, "-m", "eyas.serve", *args, "--port", str(free_port())],
+                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    failures = []
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=240)
+        words = cases[name][1]
+        if p.returncode != 2 or not all(w in err for w in words) or "Traceback" in err or "serving" in out:
+            failures.append(f"{name}: rc={p.returncode}\nstdout: {out[-500:]}\nstderr: {err[-1500:]}")
+        elif not err.startswith("eyas: error:"):
+            failures.append(f"{name}: message shape: {err[:300]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_port_in_use_is_refused_before_loading(models):
+    tiny, draft = models
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "eyas", "serve", "--model-path", str(tiny),
+                            "--speculative-draft-model-path", str(draft), "--port", str(port)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in p.stderr and "--port" in p.stderr
+    assert "loading" not in p.stdout
+
+
+def test_banner_shows_what_debugging_needs(server):
+    out = server.stdout()
+    for line in ["speculative algorithm: EAGLE3",
+                 "captured layers: [2, 4, 5]",
+                 "SGLang eagle_aux_hidden_state_layer_ids [1, 3, 4]",
+                 "aux hidden states: 3 x 64 = 192 -> fc 192 -> 64",
+                 "draft vocabulary: 320 of 320 target tokens",
+                 "tree: num_steps 3, eagle_topk 2, num_draft_tokens 6",
+                 "context length: 1024",
+                 "max running requests: 32"]:
+        assert line in out, out
+    assert out.index("aux hidden states") < out.index("serving")

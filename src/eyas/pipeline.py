@@ -77,12 +77,11 @@ def build_engine(args: EngineArgs):
     from .engine.engine import Engine
 
     draft_path = args.speculative_draft_model_path
-    algorithm = args.speculative_algorithm
-    if algorithm is None:  # nothing said: speculate when a draft is known for this target
-        if draft_path is None:
-            draft_path = default_draft_for(args.model_path)
+    algorithm = None if args.speculative_algorithm is None else Algorithm.parse(args.speculative_algorithm)
+    if draft_path is None and algorithm is not Algorithm.NONE:
+        draft_path = default_draft_for(args.model_path)  # the draft shipped for this target, if any
+    if algorithm is None:  # nothing said: speculate when a draft is known
         algorithm = Algorithm.EAGLE3 if draft_path else Algorithm.NONE
-    algorithm = Algorithm.parse(algorithm)
     if algorithm is not Algorithm.NONE:
         spec = SpecConfig(algorithm, args.speculative_num_steps, args.speculative_eagle_topk,
                           args.speculative_num_draft_tokens)

@@ -52,7 +52,7 @@ def test_refused_configurations_exit_nonzero_naming_the_fix(models, other_draft)
         words = cases[name][1]
         if p.returncode != 2 or not all(w in err for w in words) or "Traceback" in err or "serving" in out:
             failures.append(f"{name}: rc={p.returncode}\nstdout: {out[-500:]}\nstderr: {err[-1500:]}")
-        elif not err.startswith("eyas: error:"):
+        elif not any(line.startswith("eyas: error:") for line in err.splitlines()):
             failures.append(f"{name}: message shape: {err[:300]}")
     assert not failures, "\n\n".join(failures)
 

@@ -8,11 +8,13 @@ message that names the fix (``eyas.cli`` prints ``EyasError`` that way); nothing
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 from ..errors import EyasError
 from ..pipeline import add_engine_arguments, engine_args_from
@@ -86,9 +88,10 @@ def run(args) -> int:
     from ..pipeline import build_engine
     from .banner import banner_lines
 
+    _quiet_progress_bars()
     print(f"eyas serve: loading {args.model_path} ...", flush=True)
     start = time.perf_counter()
-    engine = build_engine(engine_args_from(args))
+    engine = build_engine(without_phantom_draft(engine_args_from(args)))
     loaded = time.perf_counter() - start
     for line in banner_lines(engine, args.max_running_requests, args.max_queued_requests):
         print(line, flush=True)
@@ -103,8 +106,8 @@ def run(args) -> int:
     print(f"serving {app.state.eyas.served_names[0]!r} on http://{args.host}:{args.port} "
           "(/v1/chat/completions, /v1/completions, /generate, /v1/models, /health, /metrics)", flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=args.shutdown_timeout + 10, lifespan="on")
+    server = graceful_server(uvicorn, config, app.state.eyas.scheduler, args.shutdown_timeout)
     # uvicorn handles SIGTERM/SIGINT gracefully and then re-raises the signal under the handler it
     # found at start. With these no-op handlers that re-raise returns, so a clean shutdown exits 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,6 +116,56 @@ def run(args) -> int:
     if server.started:
         print("eyas serve: shut down cleanly", flush=True)
     return 0 if server.started else 1
+
+
+def without_phantom_draft(ea):
+    """Work around ``pipeline.builtin_draft`` returning the *target's own folder* for a local
+    ``--model-path`` (``files("eyas") / "drafts" / "/abs/path"`` is ``/abs/path``): with no draft
+    flag, a local target would be taken as its own draft. Only a draft really shipped inside the
+    package counts; otherwise no flags means NONE and a speculative algorithm means "needs a draft"."""
+    from ..checks import check_algorithm
+    from ..config import Algorithm
+    from ..pipeline import default_draft_for
+
+    if ea.speculative_draft_model_path is not None:
+        return ea
+    found = default_draft_for(ea.model_path)
+    shipped = Path(str(importlib.resources.files("eyas") / "drafts")).resolve()
+    if found is None or Path(found).resolve().is_relative_to(shipped):
+        return ea
+    if ea.speculative_algorithm is None or Algorithm.parse(ea.speculative_algorithm) is Algorithm.NONE:
+        ea.speculative_algorithm = "NONE"
+        return ea
+    check_algorithm(Algorithm.parse(ea.speculative_algorithm), None, None, 0, 3)  # raises: needs a draft
+    return ea
+
+
+def _quiet_progress_bars() -> None:
+    """Weight-loading progress bars only clutter a server log."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
+def graceful_server(uvicorn, config, scheduler, grace: float):
+    """A uvicorn server that, once shutdown starts, gives in-flight requests ``grace`` seconds and then
+    cancels them through the scheduler, so their streams end with finish_reason "abort" and
+    ``[DONE]`` instead of being cut by uvicorn's own (later) task cancellation."""
+    import asyncio
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, *args, **kwargs):
+            logging.getLogger("eyas.serve").info("shutting down: in-flight requests have %.0f s to finish", grace)
+            timer = asyncio.get_running_loop().call_later(grace, scheduler.abort_all)
+            try:
+                await super().shutdown(*args, **kwargs)
+            finally:
+                timer.cancel()
+
+    return Server(config)
 
 
 def warmup(engine) -> None:

@@ -101,6 +101,7 @@ class Scheduler:
         self._running: list[Work] = []  # rows of self._batch, same order
         self._batch = None
         self._stopping = False
+        self._stopping_admissions = False
         self._thread: threading.Thread | None = None
         self.steps = 0
         self._log_at = time.monotonic() + log_interval
@@ -118,7 +119,7 @@ class Scheduler:
     def submit(self, works: list[Work]) -> None:
         """Queue all of ``works`` or none: raises ``Overloaded`` past running + queue capacity."""
         with self._cond:
-            if self._stopping:
+            if self._stopping or self._stopping_admissions:
                 raise Overloaded(len(self._running), len(self._waiting))
             inflight = len(self._running) + len(self._waiting)
             if inflight + len(works) > self.max_running + self.max_queued:
@@ -130,6 +131,18 @@ class Scheduler:
     def counts(self) -> tuple[int, int]:
         with self._cond:
             return len(self._running), len(self._waiting)
+
+    def abort_all(self) -> int:
+        """Cancel every queued and running request (shutdown past its grace period); refuse new ones."""
+        with self._cond:
+            self._stopping_admissions = True
+            works = list(self._waiting) + list(self._running)
+            for w in works:
+                w.cancel()
+            self._cond.notify()
+        if works:
+            log.info("cancelled %d in-flight requests", len(works))
+        return len(works)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Abort whatever is still queued or running and end the thread."""

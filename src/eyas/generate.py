@@ -47,7 +47,7 @@ def run(args) -> int:
     print(f"target: {engine.target.name} ({engine.target.info.num_layers} layers, hidden {engine.target.info.hidden_size})")
     if s.speculative:
         h, ids = engine.target.info.hidden_size, engine.target.aux_layer_ids
-        print(f"speculative: {s.algorithm.value}, draft {getattr(engine.draft, 'name_or_path', '?')}, "
+        print(f"speculative: {s.algorithm.value}, draft {engine.draft_path}, "
               f"steps={s.num_steps} topk={s.eagle_topk} draft_tokens={s.num_draft_tokens}")
         print(f"aux hidden states: layers {ids}, {len(ids)} x {h} = {len(ids) * h} -> fc -> {engine.draft.config.hidden_size}")
     else:

@@ -82,9 +82,10 @@ class Engine:
         spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
         if draft is not None and draft.aux_layer_ids is not None:
             target.set_aux_layers(draft.aux_layer_ids)
-        draft_path = draft_path or (getattr(draft, "name_or_path", None) or ("<in memory>" if draft is not None else None))
+        if draft is not None and draft_path is None:
+            draft_path = "<in-memory draft>"
         check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)
-        self.target, self.draft, self.spec = target, draft, spec
+        self.target, self.draft, self.spec, self.draft_path = target, draft, spec, draft_path
         self.device = target.device
         self.tree_size = spec.num_draft_tokens if spec.speculative else 1
         self.max_context = target.info.max_context or 1 << 30

@@ -13,7 +13,7 @@ from serve_helpers import ServerProcess
 
 def test_sigterm_finishes_or_cancels_in_flight_requests_and_exits_zero(models, tmp_path):
     tiny, _ = models
-    s = ServerProcess(["--model-path", str(tiny), "--speculative-algorithm", "NONE", "--dtype", "float64",
+    s = ServerProcess(["--model-path", str(tiny), "--dtype", "float64",  # a local target, no draft: NONE
                        "--shutdown-timeout", "2", "--no-warmup", "--log-interval", "0"], tmp_path, "plain").wait_ready()
     try:
         assert "speculative algorithm: NONE" in s.stdout()

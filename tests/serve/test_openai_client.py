@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -83,3 +85,15 @@ def test_models_and_health(client, server):
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+def test_continuous_usage_counts_tokens_as_they_stream(server):
+    lines = []
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+            "prompt": "count", "max_tokens": 10, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}) as r:
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    bodies = [json.loads(x) for x in lines[:-1]]
+    counts = [b["usage"]["completion_tokens"] for b in bodies]
+    assert counts == sorted(counts) and counts[-1] == 10
+    assert bodies[-1]["choices"] == [] and bodies[-1]["usage"]["spec_verify_ct"] >= 1

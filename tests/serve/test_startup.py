@@ -39,22 +39,47 @@ def refusals(tiny, draft, other_draft):
     }
 
 
-def test_refused_configurations_exit_nonzero_naming_the_fix(models, other_draft):
+# The two refusals the story is about run as real processes; the rest through the same entry
+# point in-process (``eyas.cli.main`` is what ``python -m eyas.serve`` calls), which saves the
+# import time of a process each.
+IN_A_PROCESS = ("EAGLE with an EAGLE-3 draft", "EAGLE3 without a draft")
+
+
+def test_refused_configurations_exit_nonzero_naming_the_fix_in_a_process(models, other_draft):
     tiny, draft = models
     cases = refusals(tiny, draft, other_draft)
     procs = {}
-    for name, (args, _) in cases.items():  # all at once: each pays the import time
-        procs[name] = subprocess.Popen([sys.executable, "-m", "eyas.serve", *args, "--port", str(free_port())],
-                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for name in IN_A_PROCESS:  # both at once: each pays the import time
+        procs[name] = subprocess.Popen([sys.executable, "-m", "eyas.serve", *cases[name][0], "--port",
+                                        str(free_port())], cwd=ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
     failures = []
     for name, p in procs.items():
         out, err = p.communicate(timeout=240)
-        words = cases[name][1]
-        if p.returncode != 2 or not all(w in err for w in words) or "Traceback" in err or "serving" in out:
-            failures.append(f"{name}: rc={p.returncode}\nstdout: {out[-500:]}\nstderr: {err[-1500:]}")
-        elif not any(line.startswith("eyas: error:") for line in err.splitlines()):
-            failures.append(f"{name}: message shape: {err[:300]}")
+        failures += _check(name, p.returncode, out, err, cases[name][1])
     assert not failures, "\n\n".join(failures)
+
+
+def test_other_refused_configurations_through_the_same_entry_point(models, other_draft, capsys):
+    from eyas.cli import main
+
+    tiny, draft = models
+    failures = []
+    for name, (args, words) in refusals(tiny, draft, other_draft).items():
+        if name in IN_A_PROCESS:
+            continue
+        rc = main(["serve", *args, "--port", str(free_port())])
+        out, err = capsys.readouterr()
+        failures += _check(name, rc, out, err, words)
+    assert not failures, "\n\n".join(failures)
+
+
+def _check(name: str, rc: int, out: str, err: str, words: list[str]) -> list[str]:
+    if rc != 2 or not all(w in err for w in words) or "Traceback" in err or "serving" in out:
+        return [f"{name}: rc={rc}\nstdout: {out[-500:]}\nstderr: {err[-1500:]}"]
+    if not any(line.startswith("eyas: error:") for line in err.splitlines()):
+        return [f"{name}: message shape: {err[:300]}"]
+    return []
 
 
 def test_port_in_use_is_refused_before_loading(models):

@@ -36,6 +36,7 @@ class ServeOptions:
     metrics_window: int = 1000  # engine steps behind eyas:spec_accept_length / _rate
     log_interval: float = 10.0  # seconds between "decode: ..." log lines while busy
     extra_model_names: list[str] = field(default_factory=list)
+    api_key: str | None = None  # when set, /v1/* and /generate need "Authorization: Bearer KEY"
 
 
 @dataclass
@@ -77,6 +78,8 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(generate_router)
     _add_error_handlers(app, metrics)
+    if options.api_key:
+        _require_api_key(app, options.api_key)
 
     @app.get("/health")
     async def health():
@@ -111,6 +114,25 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
         }
 
     return app
+
+
+PROTECTED = ("/v1/", "/generate", "/server_info", "/get_server_info")  # /health and /metrics stay open
+
+
+def _require_api_key(app: FastAPI, key: str) -> None:
+    import hmac
+
+    expected = f"Bearer {key}".encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if request.url.path.startswith(PROTECTED):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return JSONResponse(error_body("invalid or missing API key: send 'Authorization: Bearer <key>' "
+                                               "with the key the server was started with (--api-key)",
+                                               code="invalid_api_key"), status_code=401)
+        return await call_next(request)
 
 
 def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:

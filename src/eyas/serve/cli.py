@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import os
 import signal
 import socket
 import sys
@@ -40,6 +41,8 @@ def add_serve_arguments(p) -> None:
                    help="sequences decoded together (default 32)")
     g.add_argument("--max-queued-requests", type=int, default=256,
                    help="requests waiting for a slot before the server answers 503 (default 256)")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate "
+                   "(default: the EYAS_API_KEY environment variable, else no key)")
     g.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; "
                    "/metrics is always on")
     g.add_argument("--metrics-window", type=int, default=1000,
@@ -101,7 +104,8 @@ def run(args) -> int:
     options = ServeOptions(served_model_name=args.served_model_name, model_path=args.model_path,
                            max_running_requests=args.max_running_requests,
                            max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
-                           log_interval=args.log_interval)
+                           log_interval=args.log_interval,
+                           api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None)
     app = create_app(engine, options)
     print(f"serving {app.state.eyas.served_names[0]!r} on http://{args.host}:{args.port} "
           "(/v1/chat/completions, /v1/completions, /generate, /v1/models, /health, /metrics)", flush=True)

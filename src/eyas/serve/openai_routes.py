@@ -66,8 +66,7 @@ async def chat_completions(request: Request):
     run = JobRun(state.scheduler, state.engine, job)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     if req.stream:
-        opts = req.stream_options
-        return StreamingResponse(_chat_stream(state, run, head, bool(opts and opts.include_usage)),
+        return StreamingResponse(_chat_stream(state, run, head, req.stream_options),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                                  background=BackgroundTask(run.cancel))
     finished = await _collect(run, request)
@@ -88,8 +87,7 @@ async def completions(request: Request):
     run = JobRun(state.scheduler, state.engine, job)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     if req.stream:
-        opts = req.stream_options
-        return StreamingResponse(_completion_stream(state, run, head, bool(opts and opts.include_usage)),
+        return StreamingResponse(_completion_stream(state, run, head, req.stream_options),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                                  background=BackgroundTask(run.cancel))
     finished = await _collect(run, request)
@@ -115,42 +113,52 @@ async def _collect(run: JobRun, request: Request) -> list[Finished] | None:
     return finished  # type: ignore[return-value]
 
 
-async def _chat_stream(state, run: JobRun, head: dict, include_usage: bool):
+async def _chat_stream(state, run: JobRun, head: dict, options):
     chunk = {**head, "object": "chat.completion.chunk"}
-    done: list[Finished] = []
     for i in range(len(run.works)):
         yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None, "logprobs": None}]})
-    async for index, event in run.events():
-        if isinstance(event, Delta) and event.text:
-            yield sse({**chunk, "choices": [{"index": index, "delta": {"content": event.text},
-                                             "finish_reason": None, "logprobs": None}]})
-        elif isinstance(event, Finished):
-            done.append(event)
-            yield sse({**chunk, "choices": [{"index": index, "delta": {}, "finish_reason": event.reason,
-                                             "logprobs": None}], "meta_info": _meta(state, event)})
-        elif isinstance(event, Failed):
-            yield sse(error_body(event.message, "server_error", code="engine_error"))
-            break
-    if include_usage:
-        yield sse({**chunk, "choices": [], "usage": usage(state, run.prompt_tokens, done)})
-    yield "data: [DONE]\n\n"
+
+    def piece(index, text, reason):
+        return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": reason, "logprobs": None}
+
+    async for line in _stream(state, run, chunk, options, piece):
+        yield line
 
 
-async def _completion_stream(state, run: JobRun, head: dict, include_usage: bool):
+async def _completion_stream(state, run: JobRun, head: dict, options):
     chunk = {**head, "object": "text_completion"}
+
+    def piece(index, text, reason):
+        return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+
+    async for line in _stream(state, run, chunk, options, piece):
+        yield line
+
+
+async def _stream(state, run: JobRun, chunk: dict, options, piece):
+    """SSE lines for either endpoint; ``piece(index, text, finish_reason)`` shapes one choice."""
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats)
     done: list[Finished] = []
+    generated = 0
     async for index, event in run.events():
-        if isinstance(event, Delta) and event.text:
-            yield sse({**chunk, "choices": [{"index": index, "text": event.text, "finish_reason": None,
-                                             "logprobs": None}]})
+        extra = {}
+        if isinstance(event, Delta):
+            generated += len(event.token_ids)
+            if not event.text:
+                continue
+            body = {**chunk, "choices": [piece(index, event.text, None)]}
         elif isinstance(event, Finished):
             done.append(event)
-            yield sse({**chunk, "choices": [{"index": index, "text": "", "finish_reason": event.reason,
-                                             "logprobs": None}], "meta_info": _meta(state, event)})
-        elif isinstance(event, Failed):
+            body = {**chunk, "choices": [piece(index, "", event.reason)], "meta_info": _meta(state, event)}
+        else:  # Failed
             yield sse(error_body(event.message, "server_error", code="engine_error"))
             break
+        if continuous:
+            extra["usage"] = {"prompt_tokens": run.prompt_tokens, "completion_tokens": generated,
+                              "total_tokens": run.prompt_tokens + generated}
+        yield sse({**body, **extra})
     if include_usage:
         yield sse({**chunk, "choices": [], "usage": usage(state, run.prompt_tokens, done)})
     yield "data: [DONE]\n\n"

@@ -34,6 +34,7 @@ class EngineArgs:
     dtype: str = "auto"
     context_length: int | None = None
     trust_remote_code: bool = False
+    allow_pickle: bool = False
 
 
 def builtin_draft(name: str) -> Path | None:
@@ -92,12 +93,12 @@ def build_engine(args: EngineArgs):
     if resolved is None:
         check_algorithm(algorithm, draft_path, None, 0, 3)
     else:
-        cfg = formats.read_config(resolved)  # any format (eyas, SGLang, speculators, official), eyas-shaped
+        cfg = formats.read_config(resolved, allow_pickle=args.allow_pickle)  # any format (eyas, SGLang, speculators, official), eyas-shaped
         fc_in, n_aux = draft_fc_width(cfg)
         check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
                         ",".join(getattr(cfg, "architectures", None) or []))
     target: Target = load_target(args.model_path, device=args.device, dtype=args.dtype,
-                                 trust_remote_code=args.trust_remote_code)
+                                 trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.context_length:
         if target.info.max_context and args.context_length > target.info.max_context:
             raise EyasError(
@@ -108,7 +109,7 @@ def build_engine(args: EngineArgs):
     draft = None
     if resolved is not None:
         draft = formats.load_draft(resolved, embed_weight=target.embed_tokens.weight,
-                                   device=args.device, dtype=target.dtype)
+                                   device=args.device, dtype=target.dtype, allow_pickle=args.allow_pickle)
     return Engine(target, draft, spec, draft_path=str(resolved) if resolved else None)
 
 
@@ -129,6 +130,8 @@ def add_engine_arguments(parser) -> None:
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--context-length", type=int, default=None, help="cap on prompt + output tokens")
     g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
+    g.add_argument("--allow-pickle", action="store_true",
+                   help="allow .bin/.pt pickle checkpoints (refused by default: unpickling can run code)")
 
 
 def engine_args_from(ns) -> EngineArgs:
@@ -143,4 +146,5 @@ def engine_args_from(ns) -> EngineArgs:
         dtype=ns.dtype,
         context_length=ns.context_length,
         trust_remote_code=ns.trust_remote_code,
+        allow_pickle=getattr(ns, "allow_pickle", False),
     )

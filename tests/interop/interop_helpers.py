@@ -135,7 +135,10 @@ def write_speculators_fixture(path: Path, tensors: dict | None = None, **config_
     return _write(path, config, renamed)
 
 
-def write_official_fixture(path: Path, tensors: dict | None = None, **config_overrides) -> Path:
+def write_official_fixture(path: Path, tensors: dict | None = None, weights: str = "model.safetensors",
+                           **config_overrides) -> Path:
+    """The release layout; its weights were a pickle ``pytorch_model.bin``, which eyas loads only with
+    ``allow_pickle`` (the safetensors conversion is what users are told to make)."""
     config = {
         "architectures": ["LlamaForCausalLM"],
         "bos_token_id": 256,
@@ -161,7 +164,7 @@ def write_official_fixture(path: Path, tensors: dict | None = None, **config_ove
     }
     config.update(config_overrides)
     tensors = sglang_tensors(seed=2) if tensors is None else tensors
-    return _write(path, config, tensors, weights="pytorch_model.bin")
+    return _write(path, config, tensors, weights=weights)
 
 
 WRITERS = {"sglang": write_sglang_fixture, "speculators": write_speculators_fixture, "eagle3": write_official_fixture}

@@ -60,9 +60,12 @@ CASES = {
     "truncated safetensors": (
         lambda p: _truncate(write_sglang_fixture(p), "model.safetensors"),
         ["SGLang/SpecForge", "model.safetensors", "truncated"]),
-    "truncated official .bin": (
-        lambda p: _truncate(write_official_fixture(p), "pytorch_model.bin"),
-        ["official EAGLE-3", "pytorch_model.bin", "truncated"]),
+    "truncated official weights": (
+        lambda p: _truncate(write_official_fixture(p), "model.safetensors"),
+        ["official EAGLE-3", "model.safetensors", "truncated"]),
+    "official pickle .bin without --allow-pickle": (
+        lambda p: write_official_fixture(p, weights="pytorch_model.bin"),
+        ["pytorch_model.bin is a pickle checkpoint", "--allow-pickle", "safetensors"]),
     "speculators norm_before_residual variant": (
         lambda p: write_speculators_fixture(p, norm_before_residual=True),
         ["speculators (vLLM)", "norm_before_residual=true", "wrong logits"]),

@@ -27,6 +27,7 @@ from transformers import LlamaConfig
 from ..errors import EyasError
 from ..layers import from_sglang, from_speculators, to_sglang, to_speculators
 from .draft import ARCHITECTURE, Eagle3Draft
+from .safety import refuse_pickle
 
 EYAS, SGLANG, SPECULATORS, OFFICIAL = "eyas", "sglang", "speculators", "eagle3"
 FORMATS = (EYAS, SGLANG, SPECULATORS, OFFICIAL)
@@ -100,18 +101,19 @@ def _config_dict(path: Path) -> dict:
     return data
 
 
-def _weight_files(path: Path, looks_like: str) -> list[Path]:
+def _weight_files(path: Path, looks_like: str, allow_pickle: bool = False) -> list[Path]:
     files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin")) or sorted(path.glob("*.pt"))
     if not files:
         raise EyasError(f"{path} looks like {looks_like} but holds no weights (no *.safetensors, pytorch_model.bin)",
                         "copy the draft's weight files next to its config.json")
+    refuse_pickle(files, allow_pickle)
     return files
 
 
-def _read_tensors(path: Path, looks_like: str, shapes_only: bool = False) -> dict:
+def _read_tensors(path: Path, looks_like: str, shapes_only: bool = False, allow_pickle: bool = False) -> dict:
     """All tensors (or only their shapes) with a ``model.`` prefix dropped; specific errors for broken files."""
     out: dict = {}
-    for f in _weight_files(path, looks_like):
+    for f in _weight_files(path, looks_like, allow_pickle):
         try:
             if f.suffix == ".safetensors":
                 if shapes_only:
@@ -147,7 +149,7 @@ def detect_format(path) -> str:
     return _detect(path, data)
 
 
-def _detect(path: Path, data: dict) -> str:
+def _detect(path: Path, data: dict, allow_pickle: bool = False) -> str:
     arch = _architectures(data)
     if "speculators_model_type" in data or any(a in SPECULATORS_ARCHITECTURES for a in arch):
         kind = data.get("speculators_model_type")
@@ -161,7 +163,8 @@ def _detect(path: Path, data: dict) -> str:
     if ARCHITECTURE in arch:
         return EYAS if isinstance(data.get("eyas"), dict) else SGLANG
     if OFFICIAL_ARCHITECTURE in arch:
-        shapes = _read_tensors(path, "an official EAGLE-3 release or a plain Llama model", shapes_only=True)
+        shapes = _read_tensors(path, "an official EAGLE-3 release or a plain Llama model", shapes_only=True,
+                               allow_pickle=allow_pickle)
         _check_official_shapes(path, data, shapes)
         return OFFICIAL
     known = f"{ARCHITECTURE} (SGLang/SpecForge/eyas), Eagle3Speculator (speculators/vLLM) or " \
@@ -204,21 +207,21 @@ def _check_official_shapes(path: Path, data: dict, shapes: dict) -> None:
         )
 
 
-def read_config(path) -> LlamaConfig:
+def read_config(path, allow_pickle: bool = False) -> LlamaConfig:
     """The draft's config in eyas's shape, whatever the format (cheap: no weights read except shapes)."""
     path = Path(path)
     data = _config_dict(path)
-    fmt = _detect(path, data)
+    fmt = _detect(path, data, allow_pickle)
     return _normalise_config(path, fmt, data)
 
 
-def read_draft(path) -> DraftFolder:
+def read_draft(path, allow_pickle: bool = False) -> DraftFolder:
     """Config and tensors of a draft folder in any known format, checked for completeness."""
     path = Path(path)
     data = _config_dict(path)
-    fmt = _detect(path, data)
+    fmt = _detect(path, data, allow_pickle)
     config = _normalise_config(path, fmt, data)
-    state = _read_tensors(path, LOOKS_LIKE[fmt])
+    state = _read_tensors(path, LOOKS_LIKE[fmt], allow_pickle=allow_pickle)
     if fmt == SPECULATORS:
         state = _from_speculators_names(state)
     _check_state(path, fmt, config, state)
@@ -352,9 +355,10 @@ def _check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None
                         "the weights and config.json do not belong together")
 
 
-def load_draft(path, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None) -> Eagle3Draft:
+def load_draft(path, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None,
+               allow_pickle: bool = False) -> Eagle3Draft:
     """An ``Eagle3Draft`` from a folder in any known format (see ``read_draft``)."""
-    return build_draft(read_draft(path), embed_weight, device, dtype)
+    return build_draft(read_draft(path, allow_pickle), embed_weight, device, dtype)
 
 
 def build_draft(folder: DraftFolder, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None) -> Eagle3Draft:

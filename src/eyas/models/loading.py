@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import EyasError
+from .safety import refuse_pickle
 from .target import Target
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -114,6 +115,7 @@ def load_target(
     dtype: "str | torch.dtype | None" = "auto",
     aux_layer_ids=None,
     trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> Target:
     """Load model + tokenizer; attention is SDPA so explicit tree masks are honoured."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -127,6 +129,11 @@ def load_target(
         folder, gguf = cached, None  # converted before: load the plain copy (seconds, not tens)
     if gguf:
         kwargs["gguf_file"] = gguf
+    elif not any(folder.glob("*.safetensors")):
+        refuse_pickle(sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth")),
+                      allow_pickle)
+    else:
+        kwargs["use_safetensors"] = True  # never fall back to a pickle beside them
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)

@@ -1,0 +1,62 @@
+"""Pickle checkpoints are refused without being opened; --allow-pickle reads them safely."""
+
+import pickle
+
+import pytest
+import torch
+
+from eyas.errors import EyasError
+from eyas.models import formats
+from eyas.models.loading import load_target
+from helpers import save_tiny_model
+
+
+class Payload:
+    """Unpickling this writes a marker file: proof that a loader executed pickle code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def write_evil_pickle(path, marker):
+    with open(path, "wb") as f:
+        pickle.dump({"fc.weight": Payload(str(marker))}, f)
+
+
+def test_a_pickle_draft_is_refused_without_being_unpickled(tmp_path, draft):
+    folder = tmp_path / "draft"
+    draft.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+    write_evil_pickle(folder / "pytorch_model.bin", marker)
+    with pytest.raises(EyasError, match="pickle checkpoint") as e:
+        formats.load_draft(folder, embed_weight=torch.zeros(320, 64))
+    assert "--allow-pickle" in e.value.fix and "safetensors" in e.value.fix
+    assert not marker.exists()
+    # Even when allowed, torch.load(weights_only=True) refuses to run the payload.
+    with pytest.raises(EyasError, match="cannot be read"):
+        formats.load_draft(folder, embed_weight=torch.zeros(320, 64), allow_pickle=True)
+    assert not marker.exists()
+
+
+def test_a_pickle_target_is_refused_without_being_unpickled(tmp_path):
+    folder = save_tiny_model(tmp_path / "target")
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+    write_evil_pickle(folder / "pytorch_model.bin", marker)
+    with pytest.raises(EyasError, match="pytorch_model.bin is a pickle checkpoint"):
+        load_target(str(folder))
+    assert not marker.exists()
+
+
+def test_a_trusted_pickle_draft_loads_with_allow_pickle(tmp_path, draft):
+    folder = tmp_path / "draft"
+    draft.save_pretrained(folder)
+    state = {k: v for k, v in draft.state_for_save().items()}
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    loaded = formats.load_draft(folder, embed_weight=draft.embed_tokens.weight, allow_pickle=True)
+    assert torch.equal(loaded.fc.weight, draft.fc.weight)

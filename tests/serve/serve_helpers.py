@@ -27,10 +27,11 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.stdout_path, self.stderr_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
+        self._logs = [open(self.stdout_path, "w"), open(self.stderr_path, "w")]  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([PYTHON, "-m", "eyas.serve", *args, "--port", str(self.port)], cwd=ROOT,
-                                     stdout=open(self.stdout_path, "w"), stderr=open(self.stderr_path, "w"))
+                                     stdout=self._logs[0], stderr=self._logs[1])
 
-    def wait_ready(self, timeout: float = 240) -> "ServerProcess":
+    def wait_ready(self, timeout: float = 240) -> ServerProcess:
         end = time.time() + timeout
         while time.time() < end:
             if self.proc.poll() is not None:
@@ -63,6 +64,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for f in self._logs:
+            f.close()
         return self.proc.returncode
 
 

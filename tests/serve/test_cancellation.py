@@ -23,7 +23,7 @@ def wait_idle(scheduler, timeout: float = 30) -> tuple[int, int]:
 def test_past_capacity_the_server_answers_503_with_retry_after(inprocess):
     with inprocess(step_delay=0.05, max_running_requests=1, max_queued_requests=1) as srv:
         state = srv.app.state.eyas
-        with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:
+        with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:  # noqa: SIM117 - order matters
             with a.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}) as first:
                 next(first.iter_lines())  # running
                 with b.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}) as second:

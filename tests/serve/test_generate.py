@@ -47,3 +47,12 @@ def test_generate_stream_sends_cumulative_objects(server, engine, reference):
     assert bodies[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 20}
     assert all(b["meta_info"]["finish_reason"] is None for b in bodies[:-1])
     assert "spec_verify_ct" in bodies[-1]["meta_info"]
+
+
+def test_generate_accepts_what_sglang_clients_send_with_neutral_values(server):
+    r = httpx.post(server.url + "/generate", timeout=60, json={
+        "text": "bench", "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True},
+        "stream": False, "return_logprob": False, "logprob_start_len": -1, "lora_path": None})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+    r = httpx.post(server.url + "/generate", timeout=60, json={"text": "x", "lora_path": "adapter"})
+    assert r.status_code == 400 and "lora_path" in r.json()["error"]["message"]

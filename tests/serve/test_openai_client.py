@@ -64,7 +64,7 @@ def test_chat_non_streaming_and_n(client, engine, reference):
 
 
 def test_sampling_with_seed_is_reproducible(client):
-    kw = dict(model="tiny", prompt="abc", max_tokens=16, temperature=0.8, top_p=0.9, seed=7)
+    kw = {"model": "tiny", "prompt": "abc", "max_tokens": 16, "temperature": 0.8, "top_p": 0.9, "seed": 7}
     a = client.completions.create(**kw).choices[0].text
     b = client.completions.create(**kw).choices[0].text
     assert a == b

@@ -63,8 +63,8 @@ def info_labels(engine) -> dict[str, str]:
 def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
     i = describe(engine)
     lines = [
-        f"target: {i['target']} ({i['target_architecture']}, {i['target_layers']} layers, hidden "
-        f"{i['target_hidden_size']}, vocab {i['vocab_size']}), {i['dtype']} on {i['device']}",
+        (f"target: {i['target']} ({i['target_architecture']}, {i['target_layers']} layers, hidden "
+         f"{i['target_hidden_size']}, vocab {i['vocab_size']}), {i['dtype']} on {i['device']}"),
     ]
     if not i["speculative"]:
         lines.append("speculative algorithm: NONE (no draft: plain decoding, one token per target forward)")
@@ -74,12 +74,12 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
         lines += [
             f"speculative algorithm: {i['algorithm']}",
             f"draft: {i['draft']} ({i['draft_architecture'] or '?'}, hidden {i['draft_hidden_size']})",
-            f"captured layers: {ids} (inputs of those decoder layers; SGLang eagle_aux_hidden_state_layer_ids "
-            f"{i['aux_layer_ids_sglang']})",
+            (f"captured layers: {ids} (inputs of those decoder layers; SGLang eagle_aux_hidden_state_layer_ids "
+             f"{i['aux_layer_ids_sglang']})"),
             f"aux hidden states: {n} x {h} = {n * h} -> fc {i['fc_in']} -> {i['fc_out']}",
             f"draft vocabulary: {i['draft_vocab_size']} of {i['vocab_size']} target tokens",
-            f"tree: num_steps {i['num_steps']}, eagle_topk {i['eagle_topk']}, num_draft_tokens "
-            f"{i['num_draft_tokens']} ({shape}; {i['num_draft_tokens'] - 1} draft tokens verified per step)",
+            (f"tree: num_steps {i['num_steps']}, eagle_topk {i['eagle_topk']}, num_draft_tokens "
+             f"{i['num_draft_tokens']} ({shape}; {i['num_draft_tokens'] - 1} draft tokens verified per step)"),
         ]
     lines += [
         f"context length: {i['context_length']}",

@@ -150,8 +150,8 @@ def _quiet_progress_bars() -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    except Exception:  # noqa: BLE001 - cosmetic only
-        pass
+    except Exception as e:  # noqa: BLE001 - cosmetic only
+        logging.getLogger("eyas.serve").debug("could not turn off progress bars: %s", e)
 
 
 def graceful_server(uvicorn, config, scheduler, grace: float):

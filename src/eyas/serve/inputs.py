@@ -17,7 +17,12 @@ from pydantic import BaseModel, ValidationError
 from ..engine.sampling import SamplingParams
 from ..errors import EyasError
 from .api_errors import ApiError, bad_request
-from .protocol import EXPECTED, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from .protocol import (
+    EXPECTED,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
 
 MAX_N = 16  # choices per request
 MAX_STOP = 16  # stop strings per request
@@ -110,9 +115,7 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest) -> list[int]:
 
 def text_prompts(tokenizer, value, param: str) -> list[list[int]]:
     """str | list[str] | list[int] | list[list[int]] -> list of token-id prompts."""
-    if isinstance(value, str):
-        value = [value]
-    elif value and isinstance(value[0], int):
+    if isinstance(value, str) or value and isinstance(value[0], int):
         value = [value]
     if not value:
         raise bad_request(f"{param!r} is empty; send at least one prompt", param=param)
@@ -186,6 +189,10 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     sp = req.sampling_params
     _refuse("return_logprob", req.return_logprob, False, "log probabilities are not returned")
+    _refuse("top_logprobs_num", req.top_logprobs_num, 0, "log probabilities are not returned")
+    _refuse("lora_path", req.lora_path, None, "no LoRA adapters")
+    _refuse("image_data", req.image_data, None, "text only")
+    _refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
     _refuse("sampling_params.min_p", sp.min_p, 0.0, "no min-p filter")
     _refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
     for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):

@@ -26,7 +26,14 @@ from __future__ import annotations
 
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
 
 try:  # the *_created series only add noise to a grep for acceptance
     from prometheus_client import disable_created_metrics

@@ -56,6 +56,10 @@ class _OpenAISampling(_Strict):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     min_tokens: int = 0
+    # accepted and ignored: they do not change the output
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
     # eyas/vLLM/SGLang extensions
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -111,6 +115,13 @@ class GenerateRequest(_Strict):
     rid: str | list[str] | None = None
     return_logprob: bool = False
     model: str | None = None
+    # sent by SGLang clients (bench_serving, ...); neutral values only (inputs.py refuses the rest)
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
+    lora_path: str | None = None
+    image_data: Any = None
+    custom_logit_processor: str | None = None
 
 
 # What to say when a union-typed field gets the wrong type (pydantic lists every alternative).

@@ -169,7 +169,7 @@ class Scheduler:
                     return
             try:
                 self._turn(admit)
-            except Exception as e:  # noqa: BLE001 - a bug must not kill the server; fail the batch
+            except Exception as e:
                 log.exception("engine step failed; failing %d running requests", len(self._running) + len(admit))
                 self._fail_all(admit, f"internal engine error: {type(e).__name__}: {e}")
 

@@ -194,62 +194,10 @@ class Eagle3Draft(nn.Module):
         (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         return path
 
-    @staticmethod
-    def read_config(path) -> LlamaConfig:
-        config_file = Path(path) / "config.json"
-        if not config_file.is_file():
-            raise EyasError(f"no config.json in draft folder {path}", "point --speculative-draft-model-path at a saved draft")
-        try:
-            return LlamaConfig.from_dict(json.loads(config_file.read_text()))
-        except (ValueError, TypeError) as e:
-            raise EyasError(f"cannot read {config_file}: {e}", "the draft's config.json is not valid JSON") from e
-
     @classmethod
-    def from_pretrained(cls, path, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None):
-        path = Path(path)
-        config = cls.read_config(path)
-        state = load_state(path)
-        draft = cls(config)
-        if "embed_tokens.weight" not in state:
-            if embed_weight is None:
-                raise EyasError(f"the draft in {path} has no embed_tokens.weight and no target embedding was given",
-                                "load it together with its target")
-            want = (config.vocab_size, config.hidden_size)
-            if tuple(embed_weight.shape) != want:
-                raise EyasError(
-                    f"the draft in {path} expects {want[0]} x {want[1]} token embeddings from its target, "
-                    f"this target's are {tuple(embed_weight.shape)[0]} x {tuple(embed_weight.shape)[1]}: "
-                    "the draft was built for another target",
-                    "use a draft trained for this target, or the target it was trained for",
-                )
-            state["embed_tokens.weight"] = embed_weight.detach().cpu()
-        expected = {k: v.shape for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise EyasError(f"draft {path}: missing tensors {missing or 'none'}, unexpected {unexpected or 'none'}",
-                            "the folder must hold an EAGLE-3 draft in SGLang/eyas layout")
-        for k, shape in expected.items():
-            if tuple(state[k].shape) != tuple(shape):
-                raise EyasError(f"draft {path}: tensor {k} has shape {tuple(state[k].shape)}, its config implies {tuple(shape)}",
-                                "the weights and config.json do not belong together")
-        draft.to(state["fc.weight"].dtype)  # load without a lossy round through float32
-        draft.load_state_dict(state, strict=False)
-        target_dtype = dtype or (embed_weight.dtype if embed_weight is not None else None)
-        return draft.to(device=device, dtype=target_dtype) if target_dtype else draft.to(device)
+    def from_pretrained(cls, path, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None,
+                        allow_pickle: bool = False) -> "Eagle3Draft":
+        """Load a draft folder in any format eyas reads (see ``eyas.models.formats``)."""
+        from .formats import load_draft
 
-
-def load_state(path: Path) -> dict[str, torch.Tensor]:
-    """All safetensors tensors of a draft folder; a ``model.`` prefix is dropped (SGLang accepts both)."""
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise EyasError(f"no .safetensors weights in {path}", "save the draft with save_pretrained (safetensors)")
-    state = {}
-    for f in files:
-        try:
-            part = load_file(str(f))
-        except Exception as e:  # safetensors raises its own error types for truncated files
-            raise EyasError(f"cannot read {f}: {e}", "the file is truncated or not safetensors; re-export it") from e
-        for k, v in part.items():
-            state[k[len("model."):] if k.startswith("model.") else k] = v
-    return state
+        return load_draft(path, embed_weight=embed_weight, device=device, dtype=dtype, allow_pickle=allow_pickle)

@@ -13,7 +13,7 @@ from eyas.layers import check_aux_layers, default_aux_layers, from_sglang, to_sg
 from eyas.models import kv_cache
 from eyas.models.target import Target, find_decoder_layers
 from eyas.train.ttt import target_states
-from helpers import byte_tokenizer, reference_greedy, tiny_config, tiny_model
+from helpers import byte_tokenizer, tiny_config
 
 
 def test_default_layers_follow_the_reference_convention():

@@ -1,7 +1,6 @@
 """Greedy speculative output equals the target's own greedy output, token for token."""
 
 import pytest
-import torch
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine

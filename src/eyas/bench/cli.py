@@ -1,0 +1,137 @@
+"""``eyas bench``: baseline against speculation on the same prompts, in-process or over HTTP.
+
+    eyas bench                                      # in-process: the shipped SmolLM2 pair
+    eyas bench --model-path ./t --speculative-draft-model-path ./d --concurrency 1,4
+    eyas bench --url http://gpu:30000 --baseline-url http://gpu:30001 --prompts code --concurrency 1,8,32
+
+Writes ``bench.json`` and three PNGs (tokens/s, per-position acceptance, tau distribution) to
+``--out``; ``--json`` prints the JSON instead of the table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..errors import EyasError
+from ..pipeline import add_engine_arguments, engine_args_from
+from .prompts import prompt_set
+from .results import BenchResult, Level, table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="tokens/s, TTFT, TPOT and acceptance: speculation vs baseline",
+                       description="Benchmark speculative decoding against the same model without it, in-process "
+                                   "(engine flags) or over HTTP (--url, --baseline-url).")
+    add_engine_arguments(p)
+    g = p.add_argument_group("benchmark")
+    g.add_argument("--url", default=None, help="OpenAI-compatible server with speculation (eyas, SGLang, vLLM)")
+    g.add_argument("--baseline-url", default=None, help="the same model served without speculation")
+    g.add_argument("--served-model-name", dest="model", default=None,
+                   help="model id for HTTP requests (default: the first in /v1/models)")
+    g.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a .jsonl file (default chat)")
+    g.add_argument("--num-prompts", type=int, default=12, help="prompts per run (default 12; 0 = the whole set)")
+    g.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,4,16 (default 1)")
+    g.add_argument("--no-baseline", action="store_true", help="measure the speculative side only")
+    g.add_argument("--out", default="eyas-bench", help="folder for bench.json and the plots (default eyas-bench)")
+    g.add_argument("--no-plots", action="store_true")
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request (default 600)")
+    g.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=run)
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise EyasError(f"--concurrency {text!r} is not a list of positive integers", "e.g. --concurrency 1,4,16")
+    return levels
+
+
+def _progress(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, disable=quiet, leave=False)
+
+
+def run(args) -> int:
+    levels = parse_levels(args.concurrency)
+    prompts = prompt_set(args.prompts)
+    if args.num_prompts:
+        prompts = prompts[: args.num_prompts]
+    if args.max_tokens < 1:
+        raise EyasError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    result = bench_online(args, prompts, levels) if args.url else bench_offline(args, prompts, levels)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = result.as_dict()
+    if not args.no_plots:
+        from .plots import write_plots
+
+        data["plots"] = [str(p) for p in write_plots(result, out)]
+    (out / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(table(result))
+        print(f"results: {out / 'bench.json'}" + (f", plots: {', '.join(data['plots'])}" if data.get("plots") else ""))
+    failed = [e for lv in result.levels for r in (lv.baseline, lv.speculative) if r for e in r.errors]
+    if failed:
+        print(f"{len(failed)} request(s) failed, first: {failed[0]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
+    from .online import run_url
+
+    setup = {"url": args.url, "baseline_url": args.baseline_url, "prompts": args.prompts,
+             "num_prompts": len(prompts), "max_tokens": args.max_tokens, "temperature": args.temperature}
+    result = BenchResult("online", setup)
+    quiet = args.json
+    for c in levels:
+        base = None
+        if args.baseline_url and not args.no_baseline:
+            with _progress(len(prompts), f"baseline    c={c}", quiet) as bar:
+                base = run_url(args.baseline_url, prompts, args.max_tokens, args.temperature, c, "baseline",
+                               args.model, args.timeout, bar)
+        with _progress(len(prompts), f"speculative c={c}", quiet) as bar:
+            spec = run_url(args.url, prompts, args.max_tokens, args.temperature, c, "speculative", args.model,
+                           args.timeout, bar)
+        result.levels.append(Level(c, base, spec))
+    return result
+
+
+def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
+    from ..engine.sampling import SamplingParams
+    from ..pipeline import build_engine
+    from .offline import baseline_engine, chat_ids, run_engine, warm_up
+
+    print("loading ...", file=sys.stderr, flush=True)
+    engine = build_engine(engine_args_from(args))
+    tok = engine.target.tokenizer
+    ids = [chat_ids(tok, p) for p in prompts]
+    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
+    plain = baseline_engine(engine)
+    warm_up(engine, ids[0])
+    warm_up(plain, ids[0])
+    setup = {"target": engine.target.name, "draft": getattr(engine.draft, "name_or_path", None),
+             "algorithm": engine.spec.algorithm.value, "num_steps": engine.spec.num_steps,
+             "eagle_topk": engine.spec.eagle_topk, "num_draft_tokens": engine.spec.num_draft_tokens,
+             "device": args.device, "prompts": args.prompts, "num_prompts": len(prompts),
+             "max_tokens": args.max_tokens, "temperature": args.temperature}
+    result = BenchResult("offline", setup)
+    quiet = args.json
+    for c in levels:
+        base = None
+        if not args.no_baseline:
+            with _progress(len(ids), f"baseline    c={c}", quiet) as bar:
+                base = run_engine(plain, ids, params, c, "baseline", bar)
+        with _progress(len(ids), f"speculative c={c}", quiet) as bar:
+            spec = run_engine(engine, ids, params, c, "speculative", bar)
+        result.levels.append(Level(c, base, spec))
+    return result

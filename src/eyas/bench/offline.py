@@ -1,0 +1,74 @@
+"""In-process benchmark: the engine with speculation against the same target without it.
+
+Prompts run in batches of ``concurrency`` through the engine's own prefill/step loop, timed per
+request: TTFT is the prefill (which emits the first token), a request ends at the step that
+finishes it. Both sides share one loaded target, so the comparison is exact: the same weights,
+prompts, sampling and thread settings.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..config import Algorithm, SpecConfig
+from ..engine.sampling import SamplingParams
+from ..engine.stats import SpecStats
+from .results import Request, Run
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+        return tokenizer(rendered, add_special_tokens=False).input_ids
+    return tokenizer(text).input_ids
+
+
+def baseline_engine(engine):
+    """The same target, no draft."""
+    from ..engine.engine import Engine
+
+    return Engine(engine.target, None, SpecConfig(Algorithm.NONE))
+
+
+def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurrency: int, label: str,
+               progress=None) -> Run:
+    requests: list[Request] = []
+    total = SpecStats()
+    start = time.perf_counter()
+    for lo in range(0, len(prompts), concurrency):
+        chunk = prompts[lo: lo + concurrency]
+        seqs = [engine.new_sequence(p, params) for p in chunk]
+        t0 = time.perf_counter()
+        batch = engine.prefill(seqs)
+        ttft = time.perf_counter() - t0
+        done: dict[int, float] = {}
+        while True:
+            now = time.perf_counter() - t0
+            for i, s in enumerate(seqs):
+                if s.finished and i not in done:
+                    done[i] = now
+            alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
+            if not alive:
+                break
+            if len(alive) < len(batch):
+                batch = engine.filter(batch, alive)
+            engine.step(batch)
+        for i, s in enumerate(seqs):
+            spec = engine.spec.speculative and s.stats.drafts
+            requests.append(Request(len(s.output_ids), ttft, done[i], s.stats.accept_length if spec else None))
+            total.add(s.stats)
+        if progress is not None:
+            progress.update(len(chunk))
+    run = Run(label, concurrency, time.perf_counter() - start, requests)
+    if engine.spec.speculative:
+        depth = max(engine.spec.num_steps, len(total.accepted_per_position))
+        counts = total.accepted_per_position + [0] * (depth - len(total.accepted_per_position))
+        run.acceptance = {"tau": round(total.accept_length, 4), "accept_rate": round(total.accept_rate, 4),
+                          "per_position": [round(a / total.drafts, 4) for a in counts] if total.drafts else [],
+                          "verify_steps": total.drafts}
+    return run
+
+
+def warm_up(engine, prompt: list[int]) -> None:
+    engine.generate([prompt], SamplingParams(max_new_tokens=4, ignore_eos=True))

@@ -1,0 +1,112 @@
+"""Benchmark over HTTP against any OpenAI-compatible server (eyas, SGLang, vLLM, ...).
+
+Each request streams ``/v1/chat/completions`` with ``stream_options.include_usage``: TTFT is the
+first chunk that carries text, output tokens come from the final usage (chunks counted when a
+server sends no usage). ``concurrency`` requests are in flight at once. Acceptance over the run
+comes from the server's ``/metrics`` before and after (exact counter deltas on eyas and vLLM, the
+gauge on SGLang; see ``eyas.doctor.servers``), and per request from ``usage.spec_accept_length``
+where the server reports it (eyas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+
+from ..doctor import servers
+from .results import Request, Run
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
+               temperature: float) -> Request:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    ttft, chunks, usage = None, 0, None
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            text = (await r.aread()).decode(errors="replace")
+            raise RuntimeError(f"HTTP {r.status_code}: {text[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    chunks += 1
+                    if ttft is None:
+                        ttft = time.perf_counter() - start
+    e2e = time.perf_counter() - start
+    tokens = int(usage["completion_tokens"]) if usage and usage.get("completion_tokens") is not None else chunks
+    tau = usage.get("spec_accept_length") if usage else None
+    return Request(tokens, ttft, e2e, float(tau) if tau is not None else None)
+
+
+async def _run(url: str, model: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int,
+               timeout: float, progress) -> tuple[list[Request], list[str], float]:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 2)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async def task(p):
+            async with sem:
+                try:
+                    return await _one(client, url, model, p, max_tokens, temperature)
+                except (httpx.HTTPError, RuntimeError, ValueError) as e:
+                    return f"{type(e).__name__}: {e}"
+                finally:
+                    if progress is not None:
+                        progress.update(1)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(task(p) for p in prompts))
+        seconds = time.perf_counter() - start
+    return [r for r in results if isinstance(r, Request)], [r for r in results if isinstance(r, str)], seconds
+
+
+def served_model(url: str, timeout: float = 30.0) -> str:
+    """The first model id in ``/v1/models`` (what clients must send)."""
+    try:
+        r = httpx.get(url + "/v1/models", timeout=timeout)
+        return r.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return "default"
+
+
+def scrape(url: str, timeout: float = 30.0):
+    """(kind, Snapshot) from ``/metrics``; (None, None) when the server has none."""
+    try:
+        r = httpx.get(url + "/metrics", timeout=timeout)
+    except httpx.HTTPError:
+        return None, None
+    if r.status_code != 200:
+        return None, None
+    samples = servers.parse(r.text)
+    kind = servers.detect(samples)
+    return kind, servers.snapshot(samples, kind)
+
+
+def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int, label: str,
+            model: str | None = None, timeout: float = 600.0, progress=None) -> Run:
+    url = url.rstrip("/")
+    model = model or served_model(url)
+    _, before = scrape(url)
+    requests, errors, seconds = asyncio.run(_run(url, model, prompts, max_tokens, temperature, concurrency,
+                                                 timeout, progress))
+    _, after = scrape(url)
+    run = Run(label, concurrency, seconds, requests, errors=errors)
+    if after is not None and after.has_spec_metrics:
+        acc = servers.acceptance(before, after)
+        if acc is not None and acc.tau is not None:
+            run.acceptance = {"tau": round(acc.tau, 4),
+                              "accept_rate": round(acc.rate, 4) if acc.rate is not None else None,
+                              "per_position": [round(p, 4) for p in acc.per_position],
+                              "verify_steps": acc.drafts, "source": acc.source}
+    return run

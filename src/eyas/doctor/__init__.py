@@ -1,0 +1,1 @@
+"""``eyas doctor``: is this draft going to be accepted (static), and is it being accepted (live)?"""

@@ -1,0 +1,76 @@
+"""``eyas doctor``: static checks on a draft/target pair, or a live check of a server's acceptance.
+
+    eyas doctor --draft ./draft --target ./target [--speculative-algorithm EAGLE3] [--json]
+    eyas doctor --url http://127.0.0.1:30000 [--probes 5 | --no-probe] [--expect-tau 2.8]
+                [--baseline-url URL | --baseline-tps 40] [--json]
+
+Exit status 0 when no check is a problem, 1 otherwise (2 for unusable arguments), so it can gate
+a deployment in CI.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import EyasError
+from ..models.loading import SMOLLM2
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="check a draft/target pair before serving, or a live server's acceptance",
+                       description="Static: --draft PATH --target PATH. Live: --url URL (eyas, SGLang or vLLM).")
+    s = p.add_argument_group("static checks (files)")
+    s.add_argument("--draft", "--speculative-draft-model-path", dest="draft", default=None,
+                   help="draft folder: eyas, SGLang/SpecForge, speculators or official EAGLE-3 "
+                        "(default: the draft shipped for the target)")
+    s.add_argument("--target", "--model-path", dest="target", default=None,
+                   help=f"target: HF folder, .gguf file or {SMOLLM2!r} (default)")
+    s.add_argument("--speculative-algorithm", default=None, type=str.upper,
+                   help="the flag you serve with (NONE, EAGLE, EAGLE3), checked against the draft's kind")
+    s.add_argument("--context-length", type=int, default=None, help="serving context (default: the target's)")
+    s.add_argument("--trust-remote-code", action="store_true")
+    live = p.add_argument_group("live checks (a running server)")
+    live.add_argument("--url", default=None, help="base URL of an eyas, SGLang or vLLM server")
+    live.add_argument("--probes", type=int, default=5, help="chat requests sent at temperature 0 (default 5)")
+    live.add_argument("--no-probe", action="store_true", help="only read the metrics (lifetime figures)")
+    live.add_argument("--max-tokens", type=int, default=64, help="tokens per probe (default 64)")
+    live.add_argument("--model", default=None, help="model id for the probes (default: the first in /v1/models)")
+    live.add_argument("--expect-tau", default=None,
+                      help="expected tau: a number, or the JSON written by `eyas eval --json-out`")
+    live.add_argument("--tau-tolerance", type=float, default=0.1, help="relative shortfall allowed (default 0.1)")
+    live.add_argument("--baseline-url", default=None, help="the same model without speculation, probed alike")
+    live.add_argument("--baseline-tps", type=float, default=None, help="baseline tokens/s, if measured elsewhere")
+    live.add_argument("--timeout", type=float, default=300.0, help="seconds per HTTP request (default 300)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.url and (args.draft or args.target):
+        raise EyasError("--url checks a running server; --draft/--target check files. Pass one or the other",
+                        "run eyas doctor twice: once on the files, once on the server")
+    if args.probes < 0 or args.max_tokens < 1:
+        raise EyasError("--probes must be >= 0 and --max-tokens >= 1", "e.g. --probes 5 --max-tokens 64")
+    if args.url:
+        from .live import LiveOptions, diagnose_live, read_expect_tau
+
+        opts = LiveOptions(probes=args.probes, no_probe=args.no_probe or args.probes == 0,
+                           max_tokens=args.max_tokens, expect_tau=read_expect_tau(args.expect_tau),
+                           tau_tolerance=args.tau_tolerance, baseline_url=args.baseline_url,
+                           baseline_tps=args.baseline_tps, model=args.model, timeout=args.timeout)
+        report = diagnose_live(args.url, opts)
+    else:
+        from ..pipeline import builtin_draft
+        from .static import diagnose
+
+        target = args.target or SMOLLM2
+        draft = args.draft or (str(builtin_draft(target)) if builtin_draft(target) else None)
+        if draft is None:
+            raise EyasError(f"no --draft given and no draft ships with eyas for {target!r}",
+                            "pass --draft PATH (a draft folder), or --url URL to check a running server")
+        report = diagnose(draft, target, args.speculative_algorithm, args.context_length, args.trust_remote_code)
+    from .verdict import render
+
+    print(report.to_json() if args.json else render(report))
+    sys.stdout.flush()
+    return report.exit_code

@@ -1,0 +1,236 @@
+"""``eyas doctor --draft PATH --target PATH``: every reason a draft would be silently useless, before serving.
+
+Reads the draft folder in any format eyas knows (``eyas.models.formats``: eyas, SGLang/SpecForge,
+speculators, official EAGLE-3), the draft's tensors (small) and the target's config and tokenizer
+(weights only for a GGUF target), then runs one check per failure mode. The refusals themselves
+live in ``eyas.checks`` and ``eyas.layers``; this module turns each into a table row instead of an
+exception, so a person sees every problem at once.
+
+    format      the folder is a complete EAGLE-3 draft in a known layout
+    algorithm   --speculative-algorithm against the draft's kind (EAGLE vs EAGLE3)
+    fc width    fc input = target hidden x captured layers
+    layers      captured layer ids within the target's depth, and as the draft was trained
+    vocabulary  draft and target vocabularies
+    d2t/t2d     the draft-to-target id maps
+    embeddings  embedding width, shared or shipped
+    context     the draft's trained context against the serving context
+    template    the chat template recorded at training against the target's
+"""
+
+from __future__ import annotations
+
+from ..checks import check_algorithm, check_vocab_maps, draft_kind
+from ..config import Algorithm
+from ..errors import EyasError
+from ..layers import check_aux_layers, default_aux_layers, to_sglang
+from ..models import formats
+from .target_facts import TargetFacts, read_target
+from .training_record import read_record, template_sha
+from .verdict import OK, PROBLEM, WARNING, Report
+
+FMT_NAMES = {"eyas": "eyas", "sglang": "SGLang/SpecForge", "speculators": "speculators (vLLM)",
+             "eagle3": "official EAGLE-3"}
+
+
+def diagnose(draft_path, target: str, algorithm: str | None = None, context_length: int | None = None,
+             trust_remote_code: bool = False) -> Report:
+    report = Report(f"draft {draft_path} for target {target}")
+    try:
+        folder = formats.read_draft(draft_path)
+    except EyasError as e:
+        report.add("format", PROBLEM, e.problem, e.fix or "")
+        report.verdict = "NOT SERVABLE: the draft folder cannot be read"
+        return report
+    cfg = folder.config
+    report.add("format", OK, f"{FMT_NAMES.get(folder.format, folder.format)} EAGLE-3 draft, hidden "
+               f"{cfg.hidden_size}, draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size}")
+    try:
+        facts = read_target(target, trust_remote_code)
+    except EyasError as e:
+        report.add("target", PROBLEM, e.problem, e.fix or "")
+        report.verdict = "cannot check the pair: the target cannot be read"
+        return report
+    check_algorithm_row(report, folder, facts, algorithm)
+    n_aux = check_fc_row(report, folder, facts)
+    check_layers_row(report, folder, facts, n_aux)
+    check_vocab_row(report, folder, facts)
+    check_maps_row(report, folder, facts)
+    check_embeddings_row(report, folder, facts)
+    record = read_record(draft_path, cfg)
+    check_context_row(report, folder, facts, record, context_length)
+    check_template_row(report, facts, record)
+    report.verdict = ("ready to serve: nothing would make this draft silently useless" if not report.problems
+                      else f"NOT READY: {len(report.problems)} problem(s) would make the draft useless or fail")
+    report.figures = {"format": folder.format, "target_layers": facts.num_layers, "target_hidden": facts.hidden_size,
+                      "aux_layer_ids": folder.aux_layer_ids or default_aux_layers(facts.num_layers)}
+    return report
+
+
+def _fc_in(folder) -> int:
+    return int(folder.state["fc.weight"].shape[1])
+
+
+def _n_aux(folder) -> int:
+    ids = folder.aux_layer_ids
+    return len(ids) if ids is not None else 3
+
+
+def check_algorithm_row(report: Report, folder, facts: TargetFacts, algorithm: str | None) -> None:
+    arch = ",".join(getattr(folder.config, "architectures", None) or [])
+    n_aux, fc_in = _n_aux(folder), _fc_in(folder)
+    kind = draft_kind(fc_in, fc_in // n_aux, n_aux, arch)
+    if algorithm is None:
+        report.add("algorithm", OK, f"{kind.upper()} draft: serve it with --speculative-algorithm EAGLE3 "
+                   "(SGLang EAGLE3, vLLM method eagle3); pass --speculative-algorithm to check your flag")
+        return
+    try:
+        alg = Algorithm.parse(algorithm)
+        check_algorithm(alg, str(folder.path), fc_in, fc_in // n_aux, n_aux, arch)
+    except EyasError as e:
+        report.add("algorithm", PROBLEM, e.problem, e.fix or "")
+        return
+    report.add("algorithm", OK, f"{alg.value} matches an EAGLE-3 draft (aux states captured, fc applied)")
+
+
+def check_fc_row(report: Report, folder, facts: TargetFacts) -> int:
+    n_aux, fc_in, h = _n_aux(folder), _fc_in(folder), facts.hidden_size
+    if fc_in == n_aux * h:
+        report.add("fc width", OK, f"fc takes {fc_in} = {n_aux} captured layers x target hidden {h}")
+    elif fc_in == facts.num_layers * h or fc_in == (facts.num_layers + 1) * h:
+        report.add("fc width", PROBLEM, f"fc takes {fc_in} = every hidden state of the target ({fc_in // h} x {h}); "
+                   "EAGLE-3 fuses exactly 3 captured layers", "retrain with three captured layers (eyas train does)")
+    else:
+        other = f" (a target of hidden {fc_in // n_aux})" if fc_in % n_aux == 0 else ""
+        report.add("fc width", PROBLEM, f"fc takes {fc_in} features, this target provides {n_aux} x {h} = {n_aux * h}"
+                   f": the draft was built for another target{other}",
+                   "use the draft trained for this target, or this draft's own target")
+    return n_aux
+
+
+def check_layers_row(report: Report, folder, facts: TargetFacts, n_aux: int) -> None:
+    n = facts.num_layers
+    ids = folder.aux_layer_ids
+    recorded = (getattr(folder.config, "eyas", None) or {})
+    trained_ids = recorded.get("aux_layer_ids")
+    trained_depth = (recorded.get("target") or {}).get("num_hidden_layers")
+    shown_ids = ids if ids is not None else default_aux_layers(n)
+    try:
+        check_aux_layers(shown_ids, n)
+    except EyasError as e:
+        report.add("layers", PROBLEM, e.problem, e.fix or "")
+        return
+    if trained_ids is not None and list(trained_ids) != list(shown_ids):
+        report.add("layers", PROBLEM, f"the draft was trained on layers {list(trained_ids)} but its config makes "
+                   f"servers capture {shown_ids} (eyas ids; SGLang eagle_aux_hidden_state_layer_ids "
+                   f"{to_sglang(shown_ids)})", "re-export the draft with eyas export so both agree")
+        return
+    if trained_depth is not None and int(trained_depth) != n:
+        report.add("layers", PROBLEM, f"the draft was trained on a {trained_depth}-layer target; this one has {n} "
+                   "layers, so the captured states are different ones", "use the draft trained for this target")
+        return
+    where = "written in the config" if ids is not None else "not written: servers use the default"
+    default = default_aux_layers(n)
+    if ids is not None and list(ids) != default:
+        for m in range(4, 4 * n):
+            if default_aux_layers(m) == list(ids):
+                report.add("layers", WARNING, f"captured layers {ids} are the default of a {m}-layer target, this "
+                           f"one has {n} (default {default}): the draft was probably trained for another model",
+                           "check that the draft was trained for this target")
+                return
+    report.add("layers", OK, f"captured layers {shown_ids} (inputs of those decoder layers; SGLang ids "
+               f"{to_sglang(shown_ids)}), {where}, within the target's {n} layers")
+
+
+def check_vocab_row(report: Report, folder, facts: TargetFacts) -> None:
+    v, tv = int(folder.config.vocab_size), facts.vocab_size
+    if v != tv:
+        report.add("vocabulary", PROBLEM, f"the draft's vocabulary has {v} tokens, the target's {tv}: "
+                   "another tokenizer", "use a draft trained for this target's tokenizer")
+        return
+    rec = formats.recorded_target(folder.config)
+    report.add("vocabulary", OK, f"{v} tokens on both sides" + (f"; trained for {rec}" if rec else ""))
+
+
+def check_maps_row(report: Report, folder, facts: TargetFacts) -> None:
+    cfg, state = folder.config, folder.state
+    dv, v = int(cfg.draft_vocab_size), int(cfg.vocab_size)
+    if "d2t" not in state:
+        report.add("d2t/t2d", OK, "full draft vocabulary: no maps needed")
+        return
+    import torch
+
+    d2t = state["d2t"]
+    t2d = state.get("t2d")
+    if t2d is None:  # SGLang drops t2d; rebuild it from d2t as the loaders do
+        t2d = torch.zeros(v, dtype=torch.bool)
+        ids = d2t.long() + torch.arange(d2t.numel())
+        if ids.min() >= 0 and ids.max() < v:
+            t2d[ids] = True
+    try:
+        check_vocab_maps(d2t, t2d, dv, v)
+    except EyasError as e:
+        report.add("d2t/t2d", PROBLEM, e.problem, e.fix or "")
+        return
+    report.add("d2t/t2d", OK, f"d2t maps {dv} draft ids one-to-one into the target's {v}; t2d agrees")
+
+
+def check_embeddings_row(report: Report, folder, facts: TargetFacts) -> None:
+    h = int(folder.config.hidden_size)
+    emb = folder.state.get("embed_tokens.weight")
+    if emb is not None:
+        if tuple(emb.shape) != (facts.vocab_size, h):
+            report.add("embeddings", PROBLEM, f"the draft ships embed_tokens {tuple(emb.shape)}, expected "
+                       f"({facts.vocab_size}, {h}) = (target vocabulary, draft hidden)",
+                       "re-export the draft with the target's embeddings")
+        else:
+            report.add("embeddings", OK, f"the draft ships its own {facts.vocab_size} x {h} embeddings")
+        return
+    if facts.embed_width != h:
+        report.add("embeddings", PROBLEM, f"the draft shares the target's embeddings, but they are {facts.embed_width} "
+                   f"wide and the draft's hidden size is {h}",
+                   "a draft narrower or wider than its target must ship its own embed_tokens.weight")
+        return
+    report.add("embeddings", OK, f"shared from the target ({facts.embed_width} wide = draft hidden)")
+
+
+def check_context_row(report: Report, folder, facts: TargetFacts, record, context_length: int | None) -> None:
+    serving = context_length or facts.max_context
+    draft_max = int(getattr(folder.config, "max_position_embeddings", 0) or 0)
+    if serving and draft_max and serving > draft_max:
+        report.add("context", PROBLEM, f"serving context {serving} exceeds the draft's max_position_embeddings "
+                   f"{draft_max}: beyond it acceptance collapses or kernels fail (SGLang #6783, vLLM #23072)",
+                   f"serve with --context-length {draft_max}, or retrain the draft for longer contexts")
+        return
+    if record.max_length is None:
+        report.add("context", WARNING if folder.format != "eyas" else OK,
+                   f"serving context {serving or 'unknown'}; the draft's training length is not recorded"
+                   + (" (SGLang, speculators and official folders do not record it)" if folder.format != "eyas" else ""),
+                   "if the draft was trained at 2048 tokens (the usual), expect lower acceptance on longer prompts")
+        return
+    if serving and serving > record.max_length:
+        report.add("context", WARNING, f"the draft was trained on sequences of at most {record.max_length} tokens and "
+                   f"the serving context is {serving}: acceptance drops on longer conversations",
+                   f"serve with --context-length {record.max_length}, or train with data.max_length {serving}")
+        return
+    report.add("context", OK, f"trained at {record.max_length} tokens, serving context {serving}")
+
+
+def check_template_row(report: Report, facts: TargetFacts, record) -> None:
+    if not facts.chat_template:
+        report.add("chat template", WARNING, "the target has no chat template: chat requests fall back to raw text, "
+                   "which the draft probably never saw", "serve an instruct model, or use /v1/completions")
+        return
+    if record.template_sha is None:
+        report.add("chat template", OK if not record.source else WARNING,
+                   "the template used at training is not recorded; cannot compare",
+                   "train with eyas prepare/train, which record it")
+        return
+    have = template_sha(facts.chat_template)
+    if have != record.template_sha:
+        report.add("chat template", PROBLEM, f"the draft was trained on conversations rendered with another chat "
+                   f"template (sha {record.template_sha}, the target's is {have}): train/serve mismatch is the top "
+                   "cause of low acceptance (SpecForge #296, EAGLE #264)",
+                   "retrain on data prepared with this target's tokenizer, or serve the target it was trained with")
+        return
+    thinking = "" if record.thinking is None else f"; thinking {'on' if record.thinking else 'off'} at training"
+    report.add("chat template", OK, f"same template as at training (sha {have}){thinking}")

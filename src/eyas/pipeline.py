@@ -38,10 +38,15 @@ class EngineArgs:
 
 
 def builtin_draft(name: str) -> Path | None:
-    """Path of a draft shipped with eyas, by draft name or by its target's name."""
+    """Path of a draft shipped with eyas, by draft name or by its target's name; None for paths.
+
+    Only plain names are looked up, inside the package's ``drafts/`` folder: a local target folder
+    must never be mistaken for its own draft.
+    """
     name = BUILTIN_DRAFTS.get(name.lower(), name)
-    root = importlib.resources.files("eyas") / "drafts" / name
-    path = Path(str(root))
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    path = Path(str(importlib.resources.files("eyas"))) / "drafts" / name
     return path if (path / "config.json").is_file() else None
 
 

@@ -151,3 +151,14 @@ def test_cli_exits_nonzero_with_the_fix(folders):
     assert r.returncode == 2
     assert "fix: use --speculative-algorithm EAGLE3" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_local_target_is_never_taken_as_its_own_draft(folders):
+    """SGLang issue 36528: no draft path must never mean 'use the target as the draft'."""
+    from eyas.pipeline import builtin_draft
+
+    assert builtin_draft(str(folders / "target")) is None
+    e = build_engine(EngineArgs(model_path=str(folders / "target")))
+    assert e.spec.algorithm is Algorithm.NONE and e.draft is None
+    with pytest.raises(EyasError, match="needs a draft model"):
+        build_engine(EngineArgs(model_path=str(folders / "target"), speculative_algorithm="EAGLE3"))

@@ -93,12 +93,15 @@ def check_algorithm_row(report: Report, folder, facts: TargetFacts, algorithm: s
 
 
 def check_fc_row(report: Report, folder, facts: TargetFacts) -> int:
-    n_aux, fc_in, h = _n_aux(folder), _fc_in(folder), facts.hidden_size
-    if fc_in == n_aux * h:
-        report.add("fc width", OK, f"fc takes {fc_in} = {n_aux} captured layers x target hidden {h}")
-    elif fc_in == facts.num_layers * h or fc_in == (facts.num_layers + 1) * h:
-        report.add("fc width", PROBLEM, f"fc takes {fc_in} = every hidden state of the target ({fc_in // h} x {h}); "
-                   "EAGLE-3 fuses exactly 3 captured layers", "retrain with three captured layers (eyas train does)")
+    n_aux, fc_in, h, n = _n_aux(folder), _fc_in(folder), facts.hidden_size, facts.num_layers
+    if n_aux >= n - 1 and fc_in == n_aux * h:
+        report.add("fc width", PROBLEM, f"fc takes {fc_in} = {n_aux} x {h}: the draft fuses (nearly) every hidden "
+                   f"state of the {n}-layer target; EAGLE-3 fuses exactly 3 captured layers (EAGLE #294)",
+                   "retrain with three captured layers, the default [2, N//2, N-3] (eyas train does)")
+    elif fc_in == n_aux * h:
+        report.add("fc width", OK if n_aux == 3 else WARNING,
+                   f"fc takes {fc_in} = {n_aux} captured layers x target hidden {h}",
+                   "EAGLE-3 captures 3 layers; SGLang and vLLM expect 3")
     else:
         other = f" (a target of hidden {fc_in // n_aux})" if fc_in % n_aux == 0 else ""
         report.add("fc width", PROBLEM, f"fc takes {fc_in} features, this target provides {n_aux} x {h} = {n_aux * h}"

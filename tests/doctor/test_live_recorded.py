@@ -1,0 +1,142 @@
+"""Live doctor against recorded SGLang and vLLM /metrics texts (served by an httpx mock transport)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eyas.doctor.live import LiveOptions, diagnose_live, read_expect_tau
+from eyas.errors import EyasError
+
+RECORDED = Path(__file__).parent / "recorded"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def fake_server(owned_by: str, metrics: list[str] | None, completion_tokens: int = 64, usage_extra=None):
+    """A transport answering /v1/models, /metrics (the texts in turn; None: 404) and chat completions."""
+    calls = {"metrics": 0, "chat": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL, "object": "model",
+                                                                        "owned_by": owned_by}]})
+        if path == "/metrics":
+            if metrics is None:
+                return httpx.Response(404, text="Not Found")
+            text = (RECORDED / metrics[min(calls["metrics"], len(metrics) - 1)]).read_text()
+            calls["metrics"] += 1
+            return httpx.Response(200, text=text)
+        if path == "/v1/chat/completions":
+            calls["chat"] += 1
+            body = json.loads(request.content)
+            assert body["temperature"] == 0 and body["model"] == MODEL
+            usage = {"prompt_tokens": 20, "completion_tokens": completion_tokens, **(usage_extra or {})}
+            return httpx.Response(200, json={"choices": [{"message": {"content": "x"}}], "usage": usage})
+        return httpx.Response(404)
+
+    client = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://fake")
+    return client, calls
+
+
+def diagnose(owned_by, metrics, **opts):
+    client, calls = fake_server(owned_by, metrics)
+    report = diagnose_live("http://fake", LiveOptions(**{"probes": 2, **opts}), client=client)
+    return report, calls
+
+
+def test_vllm_working_exact_figures_from_counter_deltas():
+    report, calls = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"])
+    assert calls["chat"] == 2
+    assert report.exit_code == 0, report.to_json()
+    assert report.verdict == "working (tau 2.80)"
+    f = report.figures
+    assert f["tau"] == pytest.approx(2.8) and f["accept_rate"] == pytest.approx(0.6)
+    assert f["per_position"] == pytest.approx([0.85, 0.60, 0.35])
+    assert f["verify_steps"] == 100 and "vLLM" in report.subject
+
+
+def test_vllm_never_accepted_names_the_algorithm_flag_first():
+    report, _ = diagnose("vllm", ["vllm_rejected_before.prom", "vllm_rejected_after.prom"])
+    assert report.exit_code == 1
+    assert report.verdict.startswith("NOT ACCEPTED (tau 1.00")
+    causes = report.figures["likely_causes"]
+    assert "--speculative-algorithm EAGLE3" in causes[0] and "eagle3" in causes[0]
+    assert report.figures["per_position"] == [0.0, 0.0, 0.0]
+
+
+def test_vllm_without_speculation():
+    report, _ = diagnose("vllm", ["vllm_no_spec.prom"])
+    assert report.exit_code == 1
+    assert report.verdict.startswith("SPECULATION OFF")
+    row = next(c for c in report.checks if c.name == "speculation")
+    assert "only when speculative decoding is configured" in row.message and "--speculative-config" in row.fix
+
+
+def test_vllm_no_probe_reads_lifetime_counters():
+    report, calls = diagnose("vllm", ["vllm_eagle3_after.prom"], no_probe=True)
+    assert calls["chat"] == 0
+    assert report.figures["tau"] == pytest.approx(1 + 880 / 500)
+    assert report.figures["source"] == "lifetime counters"
+
+
+def test_sglang_working_from_gauges():
+    report, _ = diagnose("sglang", ["sglang_eagle3.prom"])
+    assert report.exit_code == 0
+    assert report.verdict == "working (tau 2.90)"
+    assert report.figures["accept_rate"] == pytest.approx(0.475) and report.figures["per_position"] == []
+    assert "per position not exposed" in next(c for c in report.checks if c.name == "acceptance").message
+
+
+def test_sglang_accept_length_one_is_not_accepted():
+    report, _ = diagnose("sglang", ["sglang_rejected.prom"])
+    assert report.exit_code == 1 and report.verdict.startswith("NOT ACCEPTED")
+    assert "EAGLE3" in report.figures["likely_causes"][0]
+
+
+def test_sglang_speculation_off():
+    report, _ = diagnose("sglang", ["sglang_spec_off.prom"])
+    assert report.exit_code == 1 and report.verdict.startswith("SPECULATION OFF")
+
+
+def test_sglang_without_spec_metrics():
+    report, _ = diagnose("sglang", ["sglang_no_spec_metrics.prom"])
+    assert report.exit_code == 1 and report.verdict.startswith("UNVERIFIED")
+
+
+@pytest.mark.parametrize("owner,fix", [("sglang", "--enable-metrics"), ("vllm", "by default")])
+def test_metrics_disabled(owner, fix):
+    report, _ = diagnose(owner, None)
+    assert report.exit_code == 1
+    row = next(c for c in report.checks if c.name == "metrics")
+    assert "404" in row.message and fix in row.fix
+
+
+def test_degraded_against_expected_tau():
+    report, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"], expect_tau=3.5)
+    assert report.exit_code == 1 and report.verdict == "DEGRADED (tau 2.80, expected 3.50)"
+    ok, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"], expect_tau=3.0)
+    assert ok.exit_code == 0  # within the 10 % tolerance
+
+
+def test_slower_than_baseline_tps():
+    slow, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"], baseline_tps=1e9)
+    assert slow.exit_code == 1 and slow.verdict.startswith("SLOWER THAN BASELINE")
+    fast, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"], baseline_tps=1e-3)
+    assert fast.exit_code == 0 and "faster than the baseline" in fast.verdict and fast.figures["speedup"] > 1
+
+
+def test_unreachable_server():
+    report = diagnose_live("http://127.0.0.1:9", LiveOptions(probes=1, timeout=2))
+    assert report.exit_code == 1 and report.verdict.startswith("UNREACHABLE")
+
+
+def test_expect_tau_reads_eval_json(tmp_path):
+    f = tmp_path / "eval.json"
+    f.write_text(json.dumps({"accept_length": 2.75, "accept_rate": 0.4}))
+    assert read_expect_tau(str(f)) == 2.75 and read_expect_tau("3.1") == 3.1
+    with pytest.raises(EyasError):
+        read_expect_tau(str(tmp_path / "missing.json"))

@@ -114,8 +114,9 @@ def inprocess(engine):
     """inprocess(**ServeOptions fields) -> a context manager running the app on a free port."""
     from eyas.serve.app import ServeOptions, create_app
 
-    def make(step_delay: float = 0.0, **options):
+    def make(step_delay: float = 0.0, wrap=None, **options):
         served = SlowEngine(engine, step_delay) if step_delay else engine
+        served = wrap(served) if wrap else served
         return InProcessServer(create_app(served, ServeOptions(served_model_name="tiny", log_interval=0, **options)))
 
     return make

@@ -78,7 +78,7 @@ def test_cancellations_leave_no_leaked_slots_or_sequences(inprocess):
         assert all(o in ("closed", "timed out", "finished", "ok") for o in outcomes), outcomes
         assert wait_idle(state.scheduler) == (0, 0)
         sched = state.scheduler
-        assert sched._batch is None and not sched._running and not sched._waiting
+        assert sched._batch is None and not sched._running and not sched._waiting and sched._inflight == 0
         m = scrape(srv.url)
         assert m["eyas:num_requests_running"] == 0 and m["eyas:num_requests_waiting"] == 0
         assert m['eyas:requests_total{outcome="abort"}'] >= outcomes.count("timed out")

@@ -17,6 +17,8 @@ def test_sigterm_finishes_or_cancels_in_flight_requests_and_exits_zero(models, t
                        "--shutdown-timeout", "2", "--no-warmup", "--log-interval", "0"], tmp_path, "plain").wait_ready()
     try:
         assert "speculative algorithm: NONE" in s.stdout()
+        metrics = httpx.get(s.url + "/metrics").text
+        assert 'algorithm="NONE"' in metrics and "spec_accept" not in metrics  # no 1.00 where nothing drafts
         results: dict[str, object] = {}
 
         def stream(name: str, max_tokens: int) -> None:

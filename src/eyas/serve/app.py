@@ -52,8 +52,7 @@ class ServeState:
 def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     options = options or ServeOptions()
     spec = engine.spec
-    metrics = ServeMetrics(spec.num_steps if spec.speculative else 0,
-                           spec.num_draft_tokens if spec.speculative else 1, options.metrics_window)
+    metrics = ServeMetrics(spec.num_steps, spec.num_draft_tokens, options.metrics_window, spec.speculative)
     metrics.set_info(info_labels(engine))
     scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
                           options.log_interval)
@@ -109,8 +108,8 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
             "running": running,
             "queued": queued,
             "engine_steps": scheduler.steps,
-            "spec_accept_length": metrics.window_accept_length,
-            "spec_accept_rate": metrics.window_accept_rate,
+            **({"spec_accept_length": metrics.window_accept_length, "spec_accept_rate": metrics.window_accept_rate}
+               if spec.speculative else {}),
         }
 
     return app

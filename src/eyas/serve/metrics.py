@@ -20,6 +20,9 @@ PromQL for the lifetime figures (exactly what the gauges hold while the window c
 Serving: prompt/generation token counters, ``requests_total{outcome}``, time-to-first-token,
 time-per-output-token and end-to-end latency histograms, running and queued request gauges.
 Every server owns its own ``CollectorRegistry``, so several can live in one process (tests).
+Without a draft (``NONE``) the ``spec_*`` series are not exported at all: an accept length of 1.00
+is the symptom of a broken pair and must never appear where nothing was drafted. The gauges read
+0 until the first verify step.
 """
 
 from __future__ import annotations
@@ -49,9 +52,19 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0
 
 
 class ServeMetrics:
-    def __init__(self, num_steps: int, num_draft_tokens: int, window: int = 1000):
+    def __init__(self, num_steps: int, num_draft_tokens: int, window: int = 1000, speculative: bool = True):
         r = self.registry = CollectorRegistry()
         p = PREFIX
+        self.speculative = speculative
+        self._window: deque[tuple[int, int, int]] = deque(maxlen=max(1, window))
+        self._sums = [0, 0, 0]
+        self.window_accept_length, self.window_accept_rate = 0.0, 0.0  # 0: no verify step yet
+        self.info = Info(p + "spec", "Speculative decoding configuration", registry=r)
+        if speculative:  # without a draft there is no acceptance to report, not even a 1.00
+            self._spec_metrics(r, p, num_steps, num_draft_tokens, window)
+        self._serving_metrics(r, p)
+
+    def _spec_metrics(self, r, p: str, num_steps: int, num_draft_tokens: int, window: int) -> None:
         self.drafts = Counter(p + "spec_decode_num_drafts", "Verify steps (target forwards that checked a draft), "
                               "one per running request per engine step", registry=r)
         self.draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
@@ -65,12 +78,12 @@ class ServeMetrics:
                                    f"over the last {window} engine steps", registry=r)
         self.accept_rate = Gauge(p + "spec_accept_rate", "accepted / draft tokens over the last "
                                  f"{window} engine steps", registry=r)
-        self.accept_length.set(1.0)
         self.step_accept_length = Histogram(p + "spec_accept_length_per_step",
                                             "Tokens emitted per verify step (1 + accepted draft tokens)",
                                             buckets=[float(i) for i in range(1, max(num_draft_tokens, 2) + 1)],
                                             registry=r)
-        self.info = Info(p + "spec", "Speculative decoding configuration", registry=r)
+
+    def _serving_metrics(self, r, p: str) -> None:
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens returned to clients", registry=r)
         self.requests = Counter(p + "requests", "Finished requests by outcome: stop, length, abort (client "
@@ -85,15 +98,14 @@ class ServeMetrics:
                              registry=r)
         self.running = Gauge(p + "num_requests_running", "Sequences in the running batch", registry=r)
         self.queued = Gauge(p + "num_requests_waiting", "Admitted requests waiting for a batch slot", registry=r)
-        self._window: deque[tuple[int, int, int]] = deque(maxlen=max(1, window))
-        self._sums = [0, 0, 0]
-        self.window_accept_length, self.window_accept_rate = 1.0, 0.0
 
     def set_info(self, labels: dict[str, str]) -> None:
         self.info.info({k: str(v) for k, v in labels.items()})
 
     def record_step(self, per_row: list[tuple[int, int, int]]) -> None:
         """One engine step: ``(drafts, draft_tokens, accepted)`` added to each row's stats."""
+        if not self.speculative:
+            return
         total = [0, 0, 0]
         for drafts, proposed, accepted in per_row:
             if drafts == 0:

@@ -69,6 +69,7 @@ class Work:
     detok: Detokenizer | None = None
     kept_ids: list[int] = field(default_factory=list)
     text: str = ""
+    done: bool = False  # its last event (Finished or Failed) was sent
 
     def cancel(self) -> None:
         """Called from any thread; the engine thread drops the row before its next step."""
@@ -102,6 +103,7 @@ class Scheduler:
         self._batch = None
         self._stopping = False
         self._stopping_admissions = False
+        self._inflight = 0  # submitted and not yet finished
         self._thread: threading.Thread | None = None
         self.steps = 0
         self._log_at = time.monotonic() + log_interval
@@ -121,9 +123,10 @@ class Scheduler:
         with self._cond:
             if self._stopping or self._stopping_admissions:
                 raise Overloaded(len(self._running), len(self._waiting))
-            inflight = len(self._running) + len(self._waiting)
-            if inflight + len(works) > self.max_running + self.max_queued:
+            # _inflight also counts requests between the queue and the batch (being prefilled)
+            if self._inflight + len(works) > self.max_running + self.max_queued:
                 raise Overloaded(len(self._running), len(self._waiting))
+            self._inflight += len(works)
             self._waiting.extend(works)
             self.metrics.queued.set(len(self._waiting))
             self._cond.notify()
@@ -242,6 +245,7 @@ class Scheduler:
             self._finish(w, w.seq.finish_reason)
 
     def _finish(self, w: Work, reason: str) -> None:
+        w.done = True
         now = time.perf_counter()
         if w.detok is not None:
             rest = w.detok.flush()
@@ -256,16 +260,20 @@ class Scheduler:
         elif reason == "stop" and w.kept_ids:
             matched = w.kept_ids[-1]
         ttft = None if w.first_token_at is None else w.first_token_at - w.arrival
+        with self._cond:
+            self._inflight -= 1
         self.metrics.finished(reason, ttft, now - w.arrival, len(w.kept_ids))
         w.sink(w.index, Finished(reason, matched, list(w.kept_ids), w.text, len(w.seq.prompt_ids),
                                  SpecStats().add(w.seq.stats), ttft, now - w.arrival))
 
     def _fail_all(self, admit: list[Work], message: str) -> None:
         with self._cond:
-            works = self._running + [w for w in admit if w not in self._running]
+            works = [w for w in self._running + [a for a in admit if a not in self._running] if not w.done]
             self._running, self._batch = [], None
+            self._inflight -= len(works)
         self.metrics.running.set(0)
         for w in works:
+            w.done = True
             self.metrics.requests.labels(outcome="error").inc()
             w.sink(w.index, Failed(message))
 
@@ -275,7 +283,8 @@ class Scheduler:
             return
         m = self.metrics
         elapsed = now - self._log_at + self.log_interval
-        log.info("decode: running %d, queued %d, accept len %.2f, accept rate %.3f, gen throughput %.1f tok/s",
-                 len(self._running), len(self._waiting), m.window_accept_length, m.window_accept_rate,
-                 self._log_tokens / elapsed)
+        spec = f", accept len {m.window_accept_length:.2f}, accept rate {m.window_accept_rate:.3f}" \
+            if m.speculative else ""
+        log.info("decode: running %d, queued %d%s, gen throughput %.1f tok/s",
+                 len(self._running), len(self._waiting), spec, self._log_tokens / elapsed)
         self._log_at, self._log_tokens = now + self.log_interval, 0

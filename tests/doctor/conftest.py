@@ -1,10 +1,12 @@
 """Fixtures for the doctor tests: the tiny target and its trained draft saved as real folders."""
-
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +17,13 @@ def saved(target, draft, tmp_path_factory) -> tuple[Path, Path]:
     target.tokenizer.save_pretrained(root / "target")
     draft.save_pretrained(root / "draft")
     return root / "target", root / "draft"
+
+
+@pytest.fixture(scope="session")
+def live(target, draft):
+    """{'trained': url, 'random': url, 'baseline': url}: three real eyas servers on loopback."""
+    from live_server import LiveServer, engines
+
+    trained, random_, baseline = engines(target, draft)
+    with LiveServer(trained) as a, LiveServer(random_) as b, LiveServer(baseline) as c:
+        yield {"trained": a.url, "random": b.url, "baseline": c.url}

@@ -302,7 +302,9 @@ def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: L
                        f"{speedup:.2f}x, slower than without speculation",
                        "at this tau the draft costs more than it saves: fewer draft tokens "
                        "(--speculative-num-draft-tokens), a smaller batch, or a better-trained draft")
-            if tau >= NOT_ACCEPTED_TAU:
+            if report.verdict.startswith("DEGRADED"):
+                report.verdict += f"; SLOWER THAN BASELINE ({speedup:.2f}x)"
+            elif tau >= NOT_ACCEPTED_TAU:
                 report.verdict = f"SLOWER THAN BASELINE (tau {tau:.2f}, {speedup:.2f}x)"
         else:
             report.add("speed", OK, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "

@@ -22,6 +22,7 @@ from .banner import describe, info_labels
 from .generate_route import router as generate_router
 from .metrics import ServeMetrics
 from .openai_routes import router as openai_router
+from .openapi import install_openapi
 from .scheduler import Scheduler
 
 log = logging.getLogger("eyas.serve")
@@ -77,6 +78,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(generate_router)
     _add_error_handlers(app, metrics)
+    install_openapi(app)
     if options.api_key:
         _require_api_key(app, options.api_key)
 

@@ -1,0 +1,89 @@
+"""Offline (engine) and online (HTTP) runs, results, plots and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eyas.bench.offline import run_engine
+from eyas.bench.online import run_url
+from eyas.bench.plots import write_plots
+from eyas.bench.prompts import prompt_set
+from eyas.bench.results import BenchResult, Level, Request, table
+from eyas.cli import main
+from eyas.engine.sampling import SamplingParams
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_offline_runs_count_tokens_and_acceptance(engine_pair):
+    spec, base = engine_pair
+    prompts = [[65 + i, 66, 67, 68] for i in range(3)]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    s = run_engine(spec, prompts, params, 2, "speculative")
+    b = run_engine(base, prompts, params, 2, "baseline")
+    assert [r.tokens for r in s.requests] == [12, 12, 12] == [r.tokens for r in b.requests]
+    assert all(r.ttft is not None and 0 < r.ttft <= r.e2e for r in s.requests)
+    acc = s.acceptance
+    assert acc["tau"] >= 1.0 and len(acc["per_position"]) == 3 and acc["verify_steps"] > 0
+    # every token after the first came from a verify step (the last step's surplus is cut at max_new_tokens)
+    assert sum(r.tokens - 1 for r in s.requests) <= acc["tau"] * acc["verify_steps"] + 1e-6
+    assert b.acceptance == {} and s.tokens_per_s > 0
+
+
+def test_online_run_against_real_servers(http_pair):
+    spec_url, base_url = http_pair
+    prompts = prompt_set("code")[:3]
+    s = run_url(spec_url, prompts, 16, 0.0, 2, "speculative")
+    b = run_url(base_url, prompts, 16, 0.0, 2, "baseline")
+    assert not s.errors and not b.errors
+    assert len(s.requests) == 3 and all(0 < r.tokens <= 16 and r.ttft is not None for r in s.requests)
+    assert all(r.tau is not None for r in s.requests) and all(r.tau is None for r in b.requests)
+    acc = s.acceptance
+    assert acc["source"] == "counters over the probes" and acc["tau"] >= 1.0 and len(acc["per_position"]) == 3
+    assert b.acceptance == {}
+    level = Level(2, b, s)
+    assert level.speedup == pytest.approx(s.tokens_per_s / b.tokens_per_s)
+
+
+def test_online_reports_failures(http_pair):
+    run = run_url(http_pair[0], ["hi"], 10**7, 0.0, 1, "speculative")  # max_tokens beyond the context: 400
+    assert run.errors and "HTTP 400" in run.errors[0] and run.requests == []
+
+
+def fake_result() -> BenchResult:
+    s = [Request(10, 0.1, 1.0, 2.5), Request(10, 0.2, 1.2, 3.0)]
+    b = [Request(10, 0.1, 2.0), Request(10, 0.1, 2.2)]
+    from eyas.bench.results import Run
+
+    spec = Run("speculative", 1, 2.2, s, {"tau": 2.75, "accept_rate": 0.6, "per_position": [0.9, 0.6, 0.3]})
+    return BenchResult("online", {}, [Level(1, Run("baseline", 1, 4.2, b), spec)])
+
+
+def test_plots_and_table(tmp_path):
+    result = fake_result()
+    files = write_plots(result, tmp_path)
+    assert [f.name for f in files] == ["throughput.png", "acceptance.png", "tau.png"]
+    assert all(f.read_bytes().startswith(PNG) and f.stat().st_size > 5000 for f in files)
+    text = table(result)
+    assert "1.91x" in text and "2.75" in text and "[0.90, 0.60, 0.30]" in text
+    summary = result.as_dict()["levels"][0]
+    assert summary["speculative"]["tpot_mean_s"] == pytest.approx((0.9 / 9 + 1.0 / 9) / 2, abs=1e-5)
+
+
+def test_cli_online_writes_json_and_plots(http_pair, tmp_path, capsys):
+    spec_url, base_url = http_pair
+    rc = main(["bench", "--url", spec_url, "--baseline-url", base_url, "--num-prompts", "2", "--max-tokens", "8",
+               "--concurrency", "1,2", "--out", str(tmp_path), "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [lv["concurrency"] for lv in data["levels"]] == [1, 2]
+    assert all(lv["speedup"] and lv["speculative"]["acceptance"]["tau"] >= 1 for lv in data["levels"])
+    assert json.loads((tmp_path / "bench.json").read_text())["mode"] == "online"
+    assert (tmp_path / "throughput.png").read_bytes().startswith(PNG)
+
+
+def test_cli_rejects_bad_concurrency(capsys):
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0,x"]) == 2
+    assert "--concurrency" in capsys.readouterr().err

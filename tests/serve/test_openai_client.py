@@ -97,3 +97,11 @@ def test_continuous_usage_counts_tokens_as_they_stream(server):
     counts = [b["usage"]["completion_tokens"] for b in bodies]
     assert counts == sorted(counts) and counts[-1] == 10
     assert bodies[-1]["choices"] == [] and bodies[-1]["usage"]["spec_verify_ct"] >= 1
+
+
+def test_small_endpoints(server):
+    assert httpx.get(server.url + "/health_generate", timeout=60).json() == {"status": "ok"}
+    assert httpx.get(server.url + "/version").json()["version"]
+    info = httpx.get(server.url + "/server_info").json()
+    assert info["aux_layer_ids"] == [2, 4, 5] and info["fc_in"] == 192 and info["num_draft_tokens"] == 6
+    assert len(info["chat_template_sha256_16"]) == 16 and info["warnings"] == []

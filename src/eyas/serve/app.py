@@ -17,13 +17,15 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
+from ..engine.sampling import SamplingParams
 from .api_errors import ApiError, error_body, error_type
-from .banner import describe, info_labels
+from .banner import describe, info_labels, training_warnings
 from .generate_route import router as generate_router
 from .metrics import ServeMetrics
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
-from .scheduler import Scheduler
+from .scheduler import Failed, Scheduler
 
 log = logging.getLogger("eyas.serve")
 
@@ -88,6 +90,24 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
         body = {"status": "ok" if scheduler.alive else "engine thread stopped", "running": running, "queued": queued}
         return JSONResponse(body, status_code=200 if scheduler.alive else 503)
 
+    @app.get("/health_generate")  # SGLang's: a one-token generation through the engine thread
+    async def health_generate():
+        from .inputs import Job
+        from .runner import JobRun
+
+        try:
+            run = JobRun(scheduler, engine, Job([[0]], SamplingParams(max_new_tokens=1)))
+            async for _, event in run.events():
+                if isinstance(event, Failed):
+                    return JSONResponse({"status": event.message}, status_code=503)
+        except ApiError as e:
+            return JSONResponse({"status": e.message}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
     @app.get("/v1/models")
     async def models():
         card = {"id": names[0], "object": "model", "created": int(state.started), "owned_by": "eyas",
@@ -104,6 +124,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
         running, queued = scheduler.counts()
         return {
             **describe(engine),
+            "warnings": training_warnings(engine),
             "served_model_name": names[0],
             "max_running_requests": options.max_running_requests,
             "max_queued_requests": options.max_queued_requests,

@@ -6,7 +6,37 @@ captured, how wide their concatenation is, and that the draft's fc takes exactly
 
 from __future__ import annotations
 
+import hashlib
+
 from ..layers import to_sglang
+
+
+def template_sha(template: str | None) -> str:
+    """First 16 hex digits of sha256(chat template): what ``eyas prepare`` records for a draft."""
+    return hashlib.sha256((template or "").encode()).hexdigest()[:16]
+
+
+def training_warnings(engine) -> list[str]:
+    """Train/serve mismatches the draft's own record reveals (the top causes of low acceptance)."""
+    if engine.draft is None or not engine.spec.speculative:
+        return []
+    try:
+        from ..doctor.training_record import read_record
+
+        rec = read_record(getattr(engine.draft, "name_or_path", "."), engine.draft.config)
+    except Exception:  # noqa: BLE001 - no record readable: nothing to compare
+        return []
+    out = []
+    have = template_sha(getattr(engine.target.tokenizer, "chat_template", None))
+    if rec.template_sha and rec.template_sha != have:
+        out.append(f"WARNING: this server renders chats with template sha256 {have}, the draft was trained on "
+                   f"{rec.template_sha}: expect low acceptance on chat requests; pass the training template with "
+                   "--chat-template")
+    if rec.max_length and engine.max_context > rec.max_length:
+        out.append(f"WARNING: context length {engine.max_context} is longer than the draft's training length "
+                   f"{rec.max_length}: acceptance falls on longer sequences; --context-length {rec.max_length} "
+                   "caps it")
+    return out
 
 
 def describe(engine) -> dict:
@@ -23,6 +53,7 @@ def describe(engine) -> dict:
         "context_length": engine.max_context,
         "algorithm": s.algorithm.value,
         "speculative": s.speculative,
+        "chat_template_sha256_16": template_sha(getattr(t.tokenizer, "chat_template", None)),
     }
     if s.speculative and d is not None:
         ids = list(t.aux_layer_ids)
@@ -82,7 +113,8 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
              f"{i['num_draft_tokens']} ({shape}; {i['num_draft_tokens'] - 1} draft tokens verified per step)"),
         ]
     lines += [
+        f"chat template: sha256 {i['chat_template_sha256_16']}",
         f"context length: {i['context_length']}",
         f"max running requests: {max_running}, queue: {max_queued}",
     ]
-    return lines
+    return lines + training_warnings(engine)

@@ -41,6 +41,9 @@ def add_serve_arguments(p) -> None:
                    help="sequences decoded together (default 32)")
     g.add_argument("--max-queued-requests", type=int, default=256,
                    help="requests waiting for a slot before the server answers 503 (default 256)")
+    g.add_argument("--chat-template", default=None,
+                   help="chat template (a file or the Jinja text) replacing the tokenizer's; use the one the "
+                        "draft was trained with")
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate "
                    "(default: the EYAS_API_KEY environment variable, else no key)")
     g.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; "
@@ -96,6 +99,8 @@ def run(args) -> int:
     start = time.perf_counter()
     engine = build_engine(without_phantom_draft(engine_args_from(args)))
     loaded = time.perf_counter() - start
+    if args.chat_template:
+        set_chat_template(engine.target.tokenizer, args.chat_template)
     for line in banner_lines(engine, args.max_running_requests, args.max_queued_requests):
         print(line, flush=True)
     print(f"loaded in {loaded:.1f} s", flush=True)
@@ -142,6 +147,19 @@ def without_phantom_draft(ea):
         return ea
     check_algorithm(Algorithm.parse(ea.speculative_algorithm), None, None, 0, 3)  # raises: needs a draft
     return ea
+
+
+def set_chat_template(tokenizer, value: str) -> None:
+    path = Path(value).expanduser()
+    try:
+        is_file = path.is_file()
+    except OSError:  # a template text too long to be a path
+        is_file = False
+    text = path.read_text() if is_file else value
+    if "{" not in text:
+        raise EyasError(f"--chat-template {value!r} is neither a file nor a Jinja template",
+                        "pass the path of a .jinja file, or the template text itself")
+    tokenizer.chat_template = text
 
 
 def _quiet_progress_bars() -> None:

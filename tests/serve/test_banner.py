@@ -1,0 +1,48 @@
+"""Startup warnings from the draft's training record, and --chat-template."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from eyas.errors import EyasError
+from eyas.pipeline import EngineArgs, build_engine
+from eyas.serve.banner import banner_lines, template_sha
+from eyas.serve.cli import set_chat_template
+
+
+def test_mismatched_template_and_longer_context_are_called_out(models, tmp_path):
+    tiny, draft = models
+    shutil.copytree(draft, tmp_path / "draft")
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    cfg.setdefault("eyas", {})["training"] = {"max_length": 256, "chat_template_sha256_16": "0123456789abcdef"}
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(tmp_path / "draft")))
+    lines = banner_lines(engine, 4, 8)
+    assert any("WARNING" in x and "0123456789abcdef" in x and "--chat-template" in x for x in lines), lines
+    assert any("WARNING" in x and "256" in x and "--context-length 256" in x for x in lines), lines
+    have = template_sha(engine.target.tokenizer.chat_template)
+    assert f"chat template: sha256 {have}" in lines
+
+    cfg["eyas"]["training"] = {"max_length": 4096, "chat_template_sha256_16": have}
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(tmp_path / "draft")))
+    assert not [x for x in banner_lines(engine, 4, 8) if "WARNING" in x]
+
+
+def test_chat_template_from_a_file_or_text(engine, tmp_path):
+    tok = engine.target.tokenizer
+    original = tok.chat_template
+    try:
+        f = tmp_path / "t.jinja"
+        f.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+        set_chat_template(tok, str(f))
+        assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "[x]"
+        set_chat_template(tok, "{{ messages[0]['content'] }}!")
+        assert tok.apply_chat_template([{"role": "user", "content": "y"}], tokenize=False) == "y!"
+        with pytest.raises(EyasError, match="neither a file nor a Jinja template"):
+            set_chat_template(tok, "no-such-file.jinja")
+    finally:
+        tok.chat_template = original

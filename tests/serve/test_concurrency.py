@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from serve_helpers import scrape
 
-COUNTERS = ["eyas:spec_decode_num_drafts_total", "eyas:spec_decode_num_draft_tokens_total",
+COUNTERS = ["eyas:engine_step_batch_size_sum", "eyas:engine_steps_total", "eyas:spec_decode_num_drafts_total", "eyas:spec_decode_num_draft_tokens_total",
             "eyas:spec_decode_num_accepted_tokens_total", "eyas:generation_tokens_total", "eyas:prompt_tokens_total",
             'eyas:requests_total{outcome="length"}', 'eyas:requests_total{outcome="stop"}']
 
@@ -60,4 +60,22 @@ def test_32_concurrent_clients_lossless_and_counted(server, engine, reference):
         if s["spec_verify_ct"]:
             assert s["spec_accept_length"] == 1 + s["spec_accept_token_num"] / s["spec_verify_ct"]
     # decoded together: far fewer engine steps than per-request verify steps
-    assert steps_after - steps_before < delta["eyas:spec_decode_num_drafts_total"] / 4
+    assert steps_after - steps_before == delta["eyas:engine_steps_total"]
+    assert delta["eyas:engine_steps_total"] < delta["eyas:spec_decode_num_drafts_total"] / 4
+    # every running row drafts once per engine step
+    assert delta["eyas:engine_step_batch_size_sum"] == delta["eyas:spec_decode_num_drafts_total"]
+
+
+def test_prefill_budget_admits_in_waves_and_stays_lossless(inprocess, engine, reference):
+    tok = engine.target.tokenizer
+    prompts = [f"wave {i} " * (1 + i) for i in range(6)]
+    want = reference([tok(p).input_ids for p in prompts], 10)
+    with inprocess(max_prefill_tokens=1) as srv:  # one prompt per engine turn
+
+        def call(i):
+            return httpx.post(srv.url + "/v1/completions", timeout=120, json={
+                "prompt": prompts[i], "max_tokens": 10, "temperature": 0}).json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(call, range(6)))
+    assert texts == [tok.decode(w, skip_special_tokens=True) for w in want]

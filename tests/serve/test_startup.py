@@ -108,3 +108,14 @@ def test_banner_shows_what_debugging_needs(server):
                  "max running requests: 32"]:
         assert line in out, out
     assert out.index("aux hidden states") < out.index("serving")
+
+
+def test_without_the_serve_extra_the_message_says_what_to_install(models):
+    tiny, _ = models
+    code = ("import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None\n"
+            "from eyas.cli import main\n"
+            f"sys.exit(main(['serve', '--model-path', {str(tiny)!r}, '--port', '{free_port()}']))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                       check=False)
+    assert p.returncode == 2, p.stderr
+    assert "pip install 'eyas[serve]'" in p.stderr

@@ -46,6 +46,9 @@ def add_serve_arguments(p) -> None:
                         "draft was trained with")
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate "
                    "(default: the EYAS_API_KEY environment variable, else no key)")
+    g.add_argument("--max-prefill-tokens", type=int, default=16384,
+                   help="prompt tokens prefilled together in one engine turn; more waiting prompts join the "
+                        "next turn (default 16384)")
     g.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; "
                    "/metrics is always on")
     g.add_argument("--metrics-window", type=int, default=1000,
@@ -59,7 +62,7 @@ def add_serve_arguments(p) -> None:
 
 
 def check_server_flags(args) -> None:
-    for name in ("max_running_requests", "metrics_window"):
+    for name in ("max_running_requests", "metrics_window", "max_prefill_tokens"):
         if getattr(args, name) < 1:
             raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_queued_requests < 0:
@@ -109,6 +112,7 @@ def run(args) -> int:
     options = ServeOptions(served_model_name=args.served_model_name, model_path=args.model_path,
                            max_running_requests=args.max_running_requests,
                            max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
+                           max_prefill_tokens=args.max_prefill_tokens,
                            log_interval=args.log_interval,
                            api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None)
     app = create_app(engine, options)

@@ -18,7 +18,9 @@ PromQL for the lifetime figures (exactly what the gauges hold while the window c
     eyas:spec_decode_num_accepted_tokens_total / eyas:spec_decode_num_draft_tokens_total
 
 Serving: prompt/generation token counters, ``requests_total{outcome}``, time-to-first-token,
-time-per-output-token and end-to-end latency histograms, running and queued request gauges.
+time-per-output-token and end-to-end latency histograms, running and queued request gauges, and
+engine steps with their wall time and batch size (speculation that pays at batch 1 can lose at
+large batches: compare ``engine_step_seconds`` across ``engine_step_batch_size``).
 Every server owns its own ``CollectorRegistry``, so several can live in one process (tests).
 Without a draft (``NONE``) the ``spec_*`` series are not exported at all: an accept length of 1.00
 is the symptom of a broken pair and must never appear where nothing was drafted. The gauges read
@@ -48,6 +50,8 @@ except ImportError:  # older prometheus_client
 PREFIX = "eyas:"
 OUTCOMES = ("stop", "length", "abort", "rejected", "invalid", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
@@ -98,6 +102,16 @@ class ServeMetrics:
                              registry=r)
         self.running = Gauge(p + "num_requests_running", "Sequences in the running batch", registry=r)
         self.queued = Gauge(p + "num_requests_waiting", "Admitted requests waiting for a batch slot", registry=r)
+        self.steps = Counter(p + "engine_steps", "Engine steps (one speculative step for the whole batch)", registry=r)
+        self.step_seconds = Histogram(p + "engine_step_seconds", "Wall time of one engine step (draft + verify + "
+                                      "commit for every running row)", buckets=STEP_BUCKETS, registry=r)
+        self.batch_size = Histogram(p + "engine_step_batch_size", "Running requests per engine step",
+                                    buckets=BATCH_BUCKETS, registry=r)
+
+    def engine_step(self, batch_size: int, seconds: float) -> None:
+        self.steps.inc()
+        self.step_seconds.observe(seconds)
+        self.batch_size.observe(batch_size)
 
     def set_info(self, labels: dict[str, str]) -> None:
         self.info.info({k: str(v) for k, v in labels.items()})

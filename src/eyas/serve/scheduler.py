@@ -2,8 +2,9 @@
 
 The engine is synchronous torch code and is only ever called from this one thread. Each turn:
 
-    admit     move waiting requests into free slots (up to --max-running-requests): prefill them as
-              their own batch, emit their first tokens, merge into the running batch
+    admit     move waiting requests into free slots (up to --max-running-requests, and at most
+              --max-prefill-tokens prompt tokens per turn): prefill them as their own batch, emit
+              their first tokens, merge into the running batch
     retire    drop rows that finished (stop, length, a stop string, or cancelled by the client)
     step      one speculative verify step for every running row; emit what each row produced
 
@@ -84,8 +85,9 @@ class Overloaded(Exception):
 
 class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, max_running: int = 32, max_queued: int = 256,
-                 log_interval: float = 10.0):
+                 log_interval: float = 10.0, max_prefill_tokens: int = 16384):
         self.engine = engine
+        self.max_prefill_tokens = max_prefill_tokens
         self.metrics = metrics
         self.max_running = max_running
         self.max_queued = max_queued
@@ -164,9 +166,13 @@ class Scheduler:
                 if self._stopping:
                     for w in list(self._waiting) + self._running:
                         w.cancel()
-                admit = []
+                admit, tokens = [], 0
                 while self._waiting and len(self._running) + len(admit) < self.max_running:
+                    n = len(self._waiting[0].seq.prompt_ids)
+                    if admit and tokens + n > self.max_prefill_tokens:
+                        break  # the rest joins next turn: one wave of long prompts must not stall decoding
                     admit.append(self._waiting.popleft())
+                    tokens += n
                 self.metrics.queued.set(len(self._waiting))
                 if self._stopping and not self._waiting and not self._running and not admit:
                     return
@@ -202,7 +208,9 @@ class Scheduler:
 
     def _step(self) -> None:
         before = [(w.seq.stats.drafts, w.seq.stats.draft_tokens, w.seq.stats.accepted) for w in self._running]
+        start = time.perf_counter()
         emitted = self.engine.step(self._batch)
+        self.metrics.engine_step(len(self._running), time.perf_counter() - start)
         self.steps += 1
         per_row = []
         for w, (d, t, a), tokens in zip(self._running, before, emitted):

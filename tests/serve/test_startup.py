@@ -110,6 +110,16 @@ def test_banner_shows_what_debugging_needs(server):
     assert out.index("aux hidden states") < out.index("serving")
 
 
+def test_log_lines_report_acceptance(server):
+    import httpx
+
+    httpx.post(server.url + "/v1/completions", json={"prompt": "log me", "max_tokens": 8, "temperature": 0},
+               timeout=60)
+    log = server.stderr()
+    assert "decode: running" in log and "accept len" in log
+    assert "request " in log and "output tokens" in log
+
+
 def test_without_the_serve_extra_the_message_says_what_to_install(models):
     tiny, _ = models
     code = ("import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None\n"

@@ -39,6 +39,7 @@ class ServeOptions:
     metrics_window: int = 1000  # engine steps behind eyas:spec_accept_length / _rate
     log_interval: float = 10.0  # seconds between "decode: ..." log lines while busy
     max_prefill_tokens: int = 16384  # prompt tokens prefilled together in one engine turn
+    log_requests: bool = False  # one log line per finished request, with its acceptance
     extra_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None  # when set, /v1/* and /generate need "Authorization: Bearer KEY"
 
@@ -59,7 +60,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     metrics = ServeMetrics(spec.num_steps, spec.num_draft_tokens, options.metrics_window, spec.speculative)
     metrics.set_info(info_labels(engine))
     scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
-                          options.log_interval, options.max_prefill_tokens)
+                          options.log_interval, options.max_prefill_tokens, options.log_requests)
     name = options.served_model_name or options.model_path or engine.target.name
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]

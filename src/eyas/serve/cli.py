@@ -55,6 +55,8 @@ def add_serve_arguments(p) -> None:
                    help="engine steps behind the eyas:spec_accept_length/_rate gauges (default 1000)")
     g.add_argument("--log-interval", type=float, default=10.0,
                    help="seconds between decode log lines while busy; 0 turns them off (default 10)")
+    g.add_argument("--log-requests", action="store_true",
+                   help="log one line per finished request: outcome, tokens, latency, acceptance length")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -112,7 +114,7 @@ def run(args) -> int:
     options = ServeOptions(served_model_name=args.served_model_name, model_path=args.model_path,
                            max_running_requests=args.max_running_requests,
                            max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
-                           max_prefill_tokens=args.max_prefill_tokens,
+                           max_prefill_tokens=args.max_prefill_tokens, log_requests=args.log_requests,
                            log_interval=args.log_interval,
                            api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None)
     app = create_app(engine, options)

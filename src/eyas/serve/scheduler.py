@@ -85,8 +85,9 @@ class Overloaded(Exception):
 
 class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, max_running: int = 32, max_queued: int = 256,
-                 log_interval: float = 10.0, max_prefill_tokens: int = 16384):
+                 log_interval: float = 10.0, max_prefill_tokens: int = 16384, log_requests: bool = False):
         self.engine = engine
+        self.log_requests = log_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.metrics = metrics
         self.max_running = max_running
@@ -108,7 +109,8 @@ class Scheduler:
         self._inflight = 0  # submitted and not yet finished
         self._thread: threading.Thread | None = None
         self.steps = 0
-        self._log_at = time.monotonic() + log_interval
+        self._log_at = 0.0  # the first busy turn logs at once, then every log_interval seconds
+        self._last_log = time.monotonic()
         self._log_tokens = 0
 
     # -- called from the event loop ------------------------------------------------------------
@@ -271,6 +273,12 @@ class Scheduler:
         with self._cond:
             self._inflight -= 1
         self.metrics.finished(reason, ttft, now - w.arrival, len(w.kept_ids))
+        if self.log_requests:
+            st = w.seq.stats
+            spec = f", accept len {st.accept_length:.2f} ({st.accepted}/{st.drafts} steps)" if st.drafts else ""
+            log.info("request %s: %s after %d prompt + %d output tokens in %.2f s (first token %s)%s",
+                     w.seq.rid, reason, len(w.seq.prompt_ids), len(w.kept_ids), now - w.arrival,
+                     "-" if ttft is None else f"{ttft:.3f} s", spec)
         w.sink(w.index, Finished(reason, matched, list(w.kept_ids), w.text, len(w.seq.prompt_ids),
                                  SpecStats().add(w.seq.stats), ttft, now - w.arrival))
 
@@ -290,9 +298,9 @@ class Scheduler:
         if now < self._log_at or self.log_interval <= 0:
             return
         m = self.metrics
-        elapsed = now - self._log_at + self.log_interval
+        elapsed = max(now - self._last_log, 1e-9)
         spec = f", accept len {m.window_accept_length:.2f}, accept rate {m.window_accept_rate:.3f}" \
             if m.speculative else ""
         log.info("decode: running %d, queued %d%s, gen throughput %.1f tok/s",
                  len(self._running), len(self._waiting), spec, self._log_tokens / elapsed)
-        self._log_at, self._log_tokens = now + self.log_interval, 0
+        self._log_at, self._last_log, self._log_tokens = now + self.log_interval, now, 0

@@ -25,5 +25,15 @@ def live(target, draft):
     from live_server import LiveServer, engines
 
     trained, random_, baseline = engines(target, draft)
+    _ENGINES["trained"] = trained
     with LiveServer(trained) as a, LiveServer(random_) as b, LiveServer(baseline) as c:
         yield {"trained": a.url, "random": b.url, "baseline": c.url}
+
+
+_ENGINES: dict = {}
+
+
+@pytest.fixture(scope="session")
+def engine_for_key(live):
+    """The trained engine again (for a server that requires an API key)."""
+    return _ENGINES["trained"]

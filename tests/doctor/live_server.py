@@ -14,14 +14,14 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, engine, name: str = "tiny"):
+    def __init__(self, engine, name: str = "tiny", api_key: str | None = None):
         import uvicorn
 
         from eyas.serve.app import ServeOptions, create_app
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(engine, ServeOptions(served_model_name=name, log_interval=0))
+        app = create_app(engine, ServeOptions(served_model_name=name, log_interval=0, api_key=api_key))
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

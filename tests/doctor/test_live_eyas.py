@@ -19,6 +19,8 @@ def test_healthy_server_is_working_and_counters_match_the_responses(live):
     tau = report.figures["tau"]
     assert tau > 1.1 and report.verdict.startswith(f"working (tau {tau:.2f}")
     assert report.figures["source"] == "counters over the probes"
+    config = next(c for c in report.checks if c.name == "configuration")
+    assert config.message.startswith("EAGLE3, draft <in memory>, captured layers [2, 4, 5] (fc 192 -> 64)")
     assert len(report.figures["per_position"]) == 3  # num_steps 3: positions 0..2
     # the counters moved by exactly what the two responses reported
     per_request = report.figures["per_request_tau"]
@@ -64,3 +66,13 @@ def test_cli_refuses_url_with_files(live, capsys):
 @pytest.mark.parametrize("flag", ["--probes", "--max-tokens"])
 def test_cli_bad_numbers(flag, capsys):
     assert main(["doctor", "--url", "http://127.0.0.1:9", flag, "-1"]) == 2
+
+
+def test_server_with_api_key(engine_for_key):
+    from live_server import LiveServer
+
+    with LiveServer(engine_for_key, api_key="s3cret") as srv:
+        denied = diagnose_live(srv.url, LiveOptions(probes=1, max_tokens=8))
+        assert denied.exit_code == 1 and "--api-key" in next(c for c in denied.checks if c.name == "probes").fix
+        ok = diagnose_live(srv.url, LiveOptions(probes=1, max_tokens=8, api_key="s3cret"))
+        assert "configuration" in [c.name for c in ok.checks] and ok.figures["completion_tokens"] > 0

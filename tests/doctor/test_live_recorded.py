@@ -15,7 +15,8 @@ RECORDED = Path(__file__).parent / "recorded"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def fake_server(owned_by: str, metrics: list[str] | None, completion_tokens: int = 64, usage_extra=None):
+def fake_server(owned_by: str, metrics: list[str] | None, completion_tokens: int = 64, usage_extra=None,
+                server_info: dict | None = None):
     """A transport answering /v1/models, /metrics (the texts in turn; None: 404) and chat completions."""
     calls = {"metrics": 0, "chat": 0}
 
@@ -30,6 +31,8 @@ def fake_server(owned_by: str, metrics: list[str] | None, completion_tokens: int
             text = (RECORDED / metrics[min(calls["metrics"], len(metrics) - 1)]).read_text()
             calls["metrics"] += 1
             return httpx.Response(200, text=text)
+        if path == "/get_server_info" and server_info is not None:
+            return httpx.Response(200, json=server_info)
         if path == "/v1/chat/completions":
             calls["chat"] += 1
             body = json.loads(request.content)
@@ -42,8 +45,8 @@ def fake_server(owned_by: str, metrics: list[str] | None, completion_tokens: int
     return client, calls
 
 
-def diagnose(owned_by, metrics, **opts):
-    client, calls = fake_server(owned_by, metrics)
+def diagnose(owned_by, metrics, server_info=None, **opts):
+    client, calls = fake_server(owned_by, metrics, server_info=server_info)
     report = diagnose_live("http://fake", LiveOptions(**{"probes": 2, **opts}), client=client)
     return report, calls
 
@@ -140,3 +143,30 @@ def test_expect_tau_reads_eval_json(tmp_path):
     assert read_expect_tau(str(f)) == 2.75 and read_expect_tau("3.1") == 3.1
     with pytest.raises(EyasError):
         read_expect_tau(str(tmp_path / "missing.json"))
+
+
+SGLANG_ARGS = {"model_path": MODEL, "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+               "speculative_num_draft_tokens": 4, "enable_metrics": True}
+
+
+def test_sglang_server_info_confirms_the_eagle_mistake(saved):
+    _, draft = saved  # an EAGLE-3 draft readable here
+    info = {**SGLANG_ARGS, "speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(draft)}
+    report, _ = diagnose("sglang", ["sglang_rejected.prom"], server_info=info)
+    row = next(c for c in report.checks if c.name == "configuration")
+    assert row.status == "problem" and "EAGLE-3 draft" in row.message and "EAGLE3" in row.fix
+    assert report.figures["likely_causes"][0].startswith("the algorithm flag, CONFIRMED")
+
+
+def test_sglang_server_info_eagle_with_unreadable_draft_warns():
+    info = {**SGLANG_ARGS, "speculative_algorithm": "EAGLE", "speculative_draft_model_path": "org/remote-draft"}
+    report, _ = diagnose("sglang", ["sglang_eagle3.prom"], server_info=info)
+    row = next(c for c in report.checks if c.name == "configuration")
+    assert row.status == "warning" and "eyas doctor --draft org/remote-draft" in row.fix
+
+
+def test_sglang_server_info_eagle3():
+    info = {**SGLANG_ARGS, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "d"}
+    report, _ = diagnose("sglang", ["sglang_rejected.prom"], server_info=info)
+    assert next(c for c in report.checks if c.name == "configuration").status == "ok"
+    assert report.figures["likely_causes"][0].startswith("not the flag")

@@ -11,6 +11,7 @@ Writes ``bench.json`` and three PNGs (tokens/s, per-position acceptance, tau dis
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def register(sub) -> None:
     g.add_argument("--out", default="eyas-bench", help="folder for bench.json and the plots (default eyas-bench)")
     g.add_argument("--no-plots", action="store_true")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request (default 600)")
+    g.add_argument("--api-key", default=os.environ.get("EYAS_API_KEY"),
+                   help="the servers' --api-key, sent as a Bearer token (default: $EYAS_API_KEY)")
     g.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
@@ -98,10 +101,10 @@ def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
         if args.baseline_url and not args.no_baseline:
             with _progress(len(prompts), f"baseline    c={c}", quiet) as bar:
                 base = run_url(args.baseline_url, prompts, args.max_tokens, args.temperature, c, "baseline",
-                               args.model, args.timeout, bar)
+                               args.model, args.timeout, bar, args.api_key)
         with _progress(len(prompts), f"speculative c={c}", quiet) as bar:
             spec = run_url(args.url, prompts, args.max_tokens, args.temperature, c, "speculative", args.model,
-                           args.timeout, bar)
+                           args.timeout, bar, args.api_key)
         result.levels.append(Level(c, base, spec))
     return result
 

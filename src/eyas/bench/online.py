@@ -50,11 +50,15 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max
     return Request(tokens, ttft, e2e, float(tau) if tau is not None else None)
 
 
+def _headers(api_key: str | None) -> dict | None:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
+
+
 async def _run(url: str, model: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int,
-               timeout: float, progress) -> tuple[list[Request], list[str], float]:
+               timeout: float, progress, api_key: str | None) -> tuple[list[Request], list[str], float]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 2)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=_headers(api_key)) as client:
         async def task(p):
             async with sem:
                 try:
@@ -71,10 +75,10 @@ async def _run(url: str, model: str, prompts: list[str], max_tokens: int, temper
     return [r for r in results if isinstance(r, Request)], [r for r in results if isinstance(r, str)], seconds
 
 
-def served_model(url: str, timeout: float = 30.0) -> str:
+def served_model(url: str, timeout: float = 30.0, api_key: str | None = None) -> str:
     """The first model id in ``/v1/models`` (what clients must send)."""
     try:
-        r = httpx.get(url + "/v1/models", timeout=timeout)
+        r = httpx.get(url + "/v1/models", timeout=timeout, headers=_headers(api_key))
         return r.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return "default"
@@ -94,12 +98,12 @@ def scrape(url: str, timeout: float = 30.0):
 
 
 def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int, label: str,
-            model: str | None = None, timeout: float = 600.0, progress=None) -> Run:
+            model: str | None = None, timeout: float = 600.0, progress=None, api_key: str | None = None) -> Run:
     url = url.rstrip("/")
-    model = model or served_model(url)
+    model = model or served_model(url, api_key=api_key)
     _, before = scrape(url)
     requests, errors, seconds = asyncio.run(_run(url, model, prompts, max_tokens, temperature, concurrency,
-                                                 timeout, progress))
+                                                 timeout, progress, api_key))
     _, after = scrape(url)
     run = Run(label, concurrency, seconds, requests, errors=errors)
     if after is not None and after.has_spec_metrics:

@@ -10,6 +10,7 @@ a deployment in CI.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import EyasError
@@ -41,6 +42,8 @@ def register(sub) -> None:
     live.add_argument("--baseline-url", default=None, help="the same model without speculation, probed alike")
     live.add_argument("--baseline-tps", type=float, default=None, help="baseline tokens/s, if measured elsewhere")
     live.add_argument("--timeout", type=float, default=300.0, help="seconds per HTTP request (default 300)")
+    live.add_argument("--api-key", default=os.environ.get("EYAS_API_KEY"),
+                      help="the server's --api-key, sent as a Bearer token (default: $EYAS_API_KEY)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -57,7 +60,8 @@ def run(args) -> int:
         opts = LiveOptions(probes=args.probes, no_probe=args.no_probe or args.probes == 0,
                            max_tokens=args.max_tokens, expect_tau=read_expect_tau(args.expect_tau),
                            tau_tolerance=args.tau_tolerance, baseline_url=args.baseline_url,
-                           baseline_tps=args.baseline_tps, model=args.model, timeout=args.timeout)
+                           baseline_tps=args.baseline_tps, model=args.model, timeout=args.timeout,
+                           api_key=args.api_key)
         report = diagnose_live(args.url, opts)
     else:
         from ..pipeline import builtin_draft

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from ..errors import EyasError
-from . import servers
+from . import server_config, servers
 from .servers import EYAS, LABEL, SGLANG, VLLM, Acceptance
 from .verdict import OK, PROBLEM, WARNING, Report
 
@@ -81,29 +82,39 @@ def look(client: httpx.Client, url: str) -> tuple[ServerView, dict | None]:
     return view, samples
 
 
-def probe(client: httpx.Client, url: str, model: str | None, prompts: list[str], max_tokens: int) -> ProbeResult:
-    """Chat requests one at a time at temperature 0; tokens/s over their total wall time."""
-    res = ProbeResult()
+def probe_one(client: httpx.Client, url: str, model: str | None, text: str, max_tokens: int,
+              res: ProbeResult) -> None:
+    """One chat request at temperature 0, added to ``res``."""
+    body = {"model": model or "default", "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens, "temperature": 0}
+    t = time.perf_counter()
+    try:
+        r = client.post(url + "/v1/chat/completions", json=body)
+    except httpx.HTTPError as e:
+        res.errors.append(f"{type(e).__name__}: {e}")
+        return
+    dt = time.perf_counter() - t
+    if r.status_code != 200:
+        res.errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
+        return
+    usage = r.json().get("usage") or {}
+    res.requests += 1
+    res.seconds += dt
+    res.completion_tokens += int(usage.get("completion_tokens") or 0)
+    if usage.get("spec_accept_length") is not None:
+        res.per_request_tau.append(float(usage["spec_accept_length"]))
+
+
+def probe(client: httpx.Client, url: str, model: str | None, prompts: list[str], max_tokens: int,
+          baseline: tuple | None = None) -> tuple[ProbeResult, ProbeResult | None]:
+    """Chat requests one at a time; with ``baseline`` = (client, url, model) each prompt goes to the
+    baseline right after, so both sides see the same machine load (a shared host drifts)."""
+    res, base = ProbeResult(), (ProbeResult() if baseline else None)
     for text in prompts:
-        body = {"model": model or "default", "messages": [{"role": "user", "content": text}],
-                "max_tokens": max_tokens, "temperature": 0}
-        t = time.perf_counter()
-        try:
-            r = client.post(url + "/v1/chat/completions", json=body)
-        except httpx.HTTPError as e:
-            res.errors.append(f"{type(e).__name__}: {e}")
-            continue
-        dt = time.perf_counter() - t
-        if r.status_code != 200:
-            res.errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
-            continue
-        usage = r.json().get("usage") or {}
-        res.requests += 1
-        res.seconds += dt
-        res.completion_tokens += int(usage.get("completion_tokens") or 0)
-        if usage.get("spec_accept_length") is not None:
-            res.per_request_tau.append(float(usage["spec_accept_length"]))
-    return res
+        probe_one(client, url, model, text, max_tokens, res)
+        if baseline:
+            probe_one(*baseline, text, max_tokens, base)
+    return res, base
 
 
 def read_expect_tau(value: str | None) -> float | None:
@@ -135,6 +146,11 @@ class LiveOptions:
     baseline_tps: float | None = None
     model: str | None = None
     timeout: float = 300.0
+    api_key: str | None = None  # sent as "Authorization: Bearer KEY" (eyas/SGLang/vLLM --api-key)
+
+    def client(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        return httpx.Client(timeout=self.timeout, headers=headers)
 
 
 def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = None,
@@ -143,7 +159,7 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
 
     url = url.rstrip("/")
     own = client is None
-    client = client or httpx.Client(timeout=opts.timeout)
+    client = client or opts.client()
     try:
         view, samples = look(client, url)
         report = Report(f"{url}")
@@ -154,16 +170,24 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
         report.subject = f"{url} ({LABEL[view.kind]}, model {view.model or '?'})"
         report.add("server", OK, f"{LABEL[view.kind]} serving {view.model or '?'}"
                    + (f" (owned_by {view.owned_by})" if view.owned_by else ""))
+        configured = server_config.add_rows(report, view.kind, server_config.fetch(client, url, view.kind))
+        if configured:
+            report.figures["server_algorithm"] = configured
         before = servers.snapshot(samples, view.kind) if samples is not None else None
         prompts = prompt_set("chat")[: max(opts.probes, 0)]
-        result = None
+        result, baseline = None, (opts.baseline_tps, "--baseline-tps") if opts.baseline_tps else (None, "")
         if not opts.no_probe and prompts:
-            result = probe(client, url, opts.model or view.model, prompts, opts.max_tokens)
+            with _baseline_side(opts, baseline_client) as side:
+                if side is not None and isinstance(side, str):
+                    baseline = (None, side)
+                    side = None
+                result, base = probe(client, url, opts.model or view.model, prompts, opts.max_tokens, side)
+                if base is not None:
+                    baseline = (base.tokens_per_s, f"{opts.baseline_url.rstrip('/')}, same probes interleaved")
             _, samples_after = look(client, url)
             after = servers.snapshot(samples_after, view.kind) if samples_after is not None else None
         else:
             after, before = before, None
-        baseline = _baseline(opts, prompts, baseline_client)
         judge(report, view, before, after, result, opts, baseline)
         return report
     finally:
@@ -171,20 +195,18 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
             client.close()
 
 
-def _baseline(opts: LiveOptions, prompts: list[str], client: httpx.Client | None) -> tuple[float | None, str]:
-    if opts.baseline_tps is not None:
-        return opts.baseline_tps, "--baseline-tps"
-    if not opts.baseline_url or opts.no_probe:
-        return None, ""
+@contextlib.contextmanager
+def _baseline_side(opts: LiveOptions, client: httpx.Client | None):
+    """(client, url, model) of the baseline server to interleave probes with; a message if unreachable."""
+    if opts.baseline_tps is not None or not opts.baseline_url:
+        yield None
+        return
     url = opts.baseline_url.rstrip("/")
     own = client is None
-    client = client or httpx.Client(timeout=opts.timeout)
+    client = client or opts.client()
     try:
         view, _ = look(client, url)
-        if view.error:
-            return None, f"baseline unreachable: {view.error}"
-        res = probe(client, url, opts.model or view.model, prompts, opts.max_tokens)
-        return res.tokens_per_s, f"{url} (same probes)"
+        yield f"baseline unreachable: {view.error}" if view.error else (client, url, opts.model or view.model)
     finally:
         if own:
             client.close()
@@ -198,10 +220,15 @@ def _metrics_missing(report: Report, view: ServerView) -> None:
     report.verdict = "UNVERIFIED: the server exposes no metrics, so acceptance cannot be measured"
 
 
-def _causes(kind: str) -> list[str]:
+def _causes(kind: str, configured: str | None = None) -> list[str]:
     flag = ("eyas refuses EAGLE for an EAGLE-3 draft, so not the flag here" if kind == EYAS else
             "the algorithm flag: an EAGLE-3 draft needs --speculative-algorithm EAGLE3 (SGLang; EAGLE silently "
             "skips the aux states) or method eagle3 (vLLM)")
+    if kind == SGLANG and configured == "EAGLE":
+        flag = "the algorithm flag, CONFIRMED by /get_server_info: SGLang runs --speculative-algorithm EAGLE; " \
+               "an EAGLE-3 draft needs EAGLE3"
+    elif kind == SGLANG and configured == "EAGLE3":
+        flag = "not the flag: /get_server_info shows EAGLE3"
     return [flag,
             "a draft of another target, or captured layer ids shifted by one (SGLang ids = eyas ids - 1): "
             "run eyas doctor --draft DRAFT --target TARGET",
@@ -218,7 +245,9 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
         return
     if result is not None:
         if result.errors and not result.requests:
+            auth = any(e.startswith(("HTTP 401", "HTTP 403")) for e in result.errors)
             report.add("probes", PROBLEM, f"all {len(result.errors)} probe requests failed: {result.errors[0]}",
+                       "pass the server's key with --api-key" if auth else
                        "check --model (the id in /v1/models) and the server log")
             report.verdict = "UNVERIFIED: the probe requests failed"
             return
@@ -271,7 +300,7 @@ def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: L
     detail = f"tau {tau:.2f}{rate}" + (f", per position [{per}]" if per else ", per position not exposed") \
         + f" ({acc.source}" + (f", {acc.drafts:.0f} verify steps)" if acc.drafts else ")")
     if tau < NOT_ACCEPTED_TAU:
-        causes = _causes(kind)
+        causes = _causes(kind, report.figures.get("server_algorithm"))
         report.add("acceptance", PROBLEM, f"{detail}: the draft's proposals are (nearly) all rejected",
                    "likely causes, in order: " + "; ".join(f"({i + 1}) {c}" for i, c in enumerate(causes)))
         report.verdict = f"NOT ACCEPTED (tau {tau:.2f}: the draft's proposals are all rejected)"

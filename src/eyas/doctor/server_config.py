@@ -1,0 +1,86 @@
+"""What a live server says about its own speculative configuration, where it says anything.
+
+eyas and SGLang answer ``GET /get_server_info`` with their settings: eyas with
+``algorithm``, ``draft``, ``aux_layer_ids``, the tree (src/eyas/serve/banner.py ``describe``);
+SGLang with its ``ServerArgs`` fields ``speculative_algorithm``, ``speculative_draft_model_path``,
+``speculative_num_steps``, ``speculative_eagle_topk``, ``speculative_num_draft_tokens``
+(sgl-project/sglang python/sglang/srt/server_args.py, returned by /get_server_info in
+python/sglang/srt/entrypoints/http_server.py). vLLM has no such endpoint.
+
+On SGLang this catches the story's mistake directly: ``EAGLE`` with an EAGLE-3 draft. When the
+draft path is readable here, its kind is read from its config (any format eyas knows).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from ..errors import EyasError
+from .servers import EYAS, SGLANG
+from .verdict import OK, PROBLEM, WARNING, Report
+
+
+def fetch(client: httpx.Client, url: str, kind: str) -> dict | None:
+    if kind not in (EYAS, SGLANG):
+        return None
+    try:
+        r = client.get(url + "/get_server_info")
+        data = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def draft_is_eagle3(path: str | None) -> bool | None:
+    """True/False when the draft folder is readable here, None otherwise."""
+    if not path:
+        return None
+    from ..checks import draft_kind
+    from ..models import formats
+    from ..pipeline import draft_fc_width
+
+    try:
+        cfg = formats.read_config(path)
+    except EyasError:
+        return None
+    fc_in, n_aux = draft_fc_width(cfg)
+    arch = ",".join(getattr(cfg, "architectures", None) or [])
+    return draft_kind(fc_in, fc_in // n_aux if fc_in else 0, n_aux, arch) == "eagle3"
+
+
+def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
+    """A 'configuration' row; returns the algorithm the server runs (None when not told)."""
+    if not info:
+        return None
+    if kind == EYAS:
+        alg = info.get("algorithm")
+        tree = f"steps {info.get('num_steps')}, topk {info.get('eagle_topk')}, draft tokens {info.get('num_draft_tokens')}"
+        msg = (f"{alg}, draft {info.get('draft')}, captured layers {info.get('aux_layer_ids')} "
+               f"(fc {info.get('fc_in')} -> {info.get('fc_out')}), {tree}" if info.get("speculative") else f"{alg}")
+        for w in info.get("warnings") or []:
+            report.add("training match", WARNING, w.removeprefix("WARNING: "),
+                       "serve with the chat template and context the draft was trained with")
+        report.add("configuration", OK, msg)
+        return alg
+    alg = info.get("speculative_algorithm")
+    draft = info.get("speculative_draft_model_path")
+    tree = (f"steps {info.get('speculative_num_steps')}, topk {info.get('speculative_eagle_topk')}, "
+            f"draft tokens {info.get('speculative_num_draft_tokens')}")
+    if alg in (None, "NONE", ""):
+        report.add("configuration", OK, "no --speculative-algorithm")
+        return "NONE"
+    if str(alg).upper() == "EAGLE":
+        eagle3 = draft_is_eagle3(draft)
+        if eagle3:
+            report.add("configuration", PROBLEM, f"--speculative-algorithm EAGLE with {draft}, an EAGLE-3 draft: SGLang "
+                       "captures no aux states, skips fc and rejects every proposal (accept length 1.00), silently",
+                       "restart SGLang with --speculative-algorithm EAGLE3")
+        elif eagle3 is None:
+            report.add("configuration", WARNING, f"--speculative-algorithm EAGLE with draft {draft}: if that draft is "
+                       "EAGLE-3, nothing is accepted", f"check it: eyas doctor --draft {draft} --target TARGET "
+                       "--speculative-algorithm EAGLE")
+        else:
+            report.add("configuration", OK, f"EAGLE with an EAGLE-1/2 draft {draft}, {tree}")
+        return "EAGLE"
+    report.add("configuration", OK, f"--speculative-algorithm {alg}, draft {draft}, {tree}")
+    return str(alg)

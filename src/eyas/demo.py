@@ -36,6 +36,10 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="serve SmolLM2 + its draft, bench against a baseline, run the doctor (CPU, minutes)")
     p.add_argument("--model-path", default=SMOLLM2, help=f"target (default {SMOLLM2!r})")
     p.add_argument("--draft", default=None, help="draft folder (default: the draft shipped for the target)")
+    p.add_argument("--speculative-num-steps", type=int, default=5, help="draft tree depth (default 5)")
+    p.add_argument("--speculative-eagle-topk", type=int, default=1, help="branching per node (default 1, a chain)")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=6,
+                   help="tokens verified per step, counting the root (default 6)")
     p.add_argument("--num-prompts", type=int, default=6, help="bench prompts (default 6)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     p.add_argument("--probes", type=int, default=3, help="doctor probes (default 3)")
@@ -139,7 +143,10 @@ def _demo(args, work: Path, servers: list, builtin_draft) -> int:
     _say(f"draft: {draft}" + (" (shipped with eyas)" if shipped else ""))
     _say("\n[1/4] starting two servers on loopback: EAGLE3 with the draft, and a baseline without speculation")
     spec = Server("eagle3", ["--model-path", args.model_path, "--speculative-algorithm", "EAGLE3",
-                             "--speculative-draft-model-path", draft], work)
+                             "--speculative-draft-model-path", draft,
+                             "--speculative-num-steps", str(args.speculative_num_steps),
+                             "--speculative-eagle-topk", str(args.speculative_eagle_topk),
+                             "--speculative-num-draft-tokens", str(args.speculative_num_draft_tokens)], work)
     servers.append(spec)
     base = Server("baseline", ["--model-path", args.model_path, "--speculative-algorithm", "NONE"], work)
     servers.append(base)
@@ -154,8 +161,9 @@ def _demo(args, work: Path, servers: list, builtin_draft) -> int:
     prompts = prompt_set("chat")[: args.num_prompts]
     _say(f"\n[2/4] eyas bench --url {spec.url} --baseline-url {base.url} "
          f"--num-prompts {len(prompts)} --max-tokens {args.max_tokens}")
-    b = run_url(base.url, prompts, args.max_tokens, 0.0, 1, "baseline")
-    s = run_url(spec.url, prompts, args.max_tokens, 0.0, 1, "speculative")
+    key = os.environ.get("EYAS_API_KEY")  # the servers pick it up too
+    b = run_url(base.url, prompts, args.max_tokens, 0.0, 1, "baseline", api_key=key)
+    s = run_url(spec.url, prompts, args.max_tokens, 0.0, 1, "speculative", api_key=key)
     bench = BenchResult("online", {"url": spec.url, "baseline_url": base.url, "prompts": "chat",
                                    "num_prompts": len(prompts), "max_tokens": args.max_tokens, "temperature": 0.0},
                         [Level(1, b, s)])
@@ -174,7 +182,7 @@ def _demo(args, work: Path, servers: list, builtin_draft) -> int:
 
     _say(f"\n[3/4] eyas doctor --url {spec.url} --probes {args.probes} --baseline-url {base.url}")
     report = diagnose_live(spec.url, LiveOptions(probes=args.probes, max_tokens=args.max_tokens,
-                                                 baseline_url=base.url))
+                                                 baseline_url=base.url, api_key=key))
     _say(render(report))
     _say(f"\n$ curl -s {spec.url}/metrics | grep accept | grep -v _bucket")
     for line in httpx.get(spec.url + "/metrics", timeout=30).text.splitlines():

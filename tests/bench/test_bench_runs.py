@@ -87,3 +87,31 @@ def test_cli_online_writes_json_and_plots(http_pair, tmp_path, capsys):
 def test_cli_rejects_bad_concurrency(capsys):
     assert main(["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0,x"]) == 2
     assert "--concurrency" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def folders(target, draft, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-pair")
+    target.model.save_pretrained(root / "t")
+    target.tokenizer.save_pretrained(root / "t")
+    draft.save_pretrained(root / "d")
+    return str(root / "t"), str(root / "d")
+
+
+def test_cli_offline(folders, tmp_path, capsys):
+    t, d = folders
+    rc = main(["bench", "--model-path", t, "--speculative-draft-model-path", d, "--dtype", "float64",
+               "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4", "--prompts", "reasoning",
+               "--num-prompts", "2", "--max-tokens", "6", "--no-plots", "--json", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "offline" and data["setup"]["num_draft_tokens"] == 4
+    level = data["levels"][0]
+    # greedy speculation is lossless: both sides emit the same tokens
+    assert 0 < level["baseline"]["output_tokens"] == level["speculative"]["output_tokens"] <= 12
+    assert len(level["speculative"]["acceptance"]["per_position"]) == 3
+
+
+def test_cli_offline_without_a_draft_has_nothing_to_compare(folders, capsys):
+    assert main(["bench", "--model-path", folders[0], "--speculative-algorithm", "NONE", "--no-plots"]) == 2
+    assert "nothing to compare" in capsys.readouterr().err

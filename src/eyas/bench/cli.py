@@ -116,6 +116,10 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
 
     print("loading ...", file=sys.stderr, flush=True)
     engine = build_engine(engine_args_from(args))
+    if not engine.spec.speculative:
+        raise EyasError(f"nothing to compare: no draft is given or shipped for {args.model_path!r}, so the engine runs "
+                        "without speculation", "pass --speculative-draft-model-path DRAFT, or --url/--baseline-url "
+                        "to benchmark servers")
     tok = engine.target.tokenizer
     ids = [chat_ids(tok, p) for p in prompts]
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)

@@ -59,7 +59,8 @@ def diagnose(draft_path, target: str, algorithm: str | None = None, context_leng
     record = read_record(draft_path, cfg)
     check_context_row(report, folder, facts, record, context_length)
     check_template_row(report, facts, record)
-    report.verdict = ("ready to serve: nothing would make this draft silently useless" if not report.problems
+    report.verdict = ("ready to serve: no check found a reason for this draft to be silently useless (how well it "
+                      "is accepted: eyas eval offline, eyas doctor --url on the server)" if not report.problems
                       else f"NOT READY: {len(report.problems)} problem(s) would make the draft useless or fail")
     report.figures = {"format": folder.format, "target_layers": facts.num_layers, "target_hidden": facts.hidden_size,
                       "aux_layer_ids": folder.aux_layer_ids or default_aux_layers(facts.num_layers)}

@@ -244,8 +244,8 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        # res.step_loss is this rank's share of the global mean; acc is per rank, weighted by count.
-        return {"loss_parts": [x * self.ctx.world for x in res.step_loss], "acc": res.step_acc,
+        # res.step_loss is this rank's sum over (global count / world): its ranks' mean is the global mean.
+        return {"loss_parts": res.step_loss, "acc": res.step_acc,
                 "count": res.step_count, "grad_norm": float(gnorm), "tokens": b.tokens}
 
     def evaluate(self) -> dict | None:
@@ -267,7 +267,7 @@ class Trainer:
         t_start, tokens_total = time.perf_counter(), 0
         last_eval = None
         budget = r.train.time_budget_s
-        calib = (self.step + 3, self.step + 23)  # measure steps/s over these steps, after warm-up
+        calib = (self.step + 15, self.step + 45)  # measure steps/s over these steps, after warm-up
         t_calib = None
         while self.step < self.total_steps:
             epoch, index = self.position
@@ -299,7 +299,7 @@ class Trainer:
                 dt = time.perf_counter() - t_window
                 tokens, accs, counts = sums[0], sums[1:1 + k], sums[1 + k:]
                 tokens_total += tokens
-                step_loss = [x / window["n"] for x in window["loss"]]
+                step_loss = [x / window["n"] for x in ctx.mean(window["loss"].tolist())]
                 acc = [a / c if c else 0.0 for a, c in zip(accs, counts)]
                 rec = {"step": self.step, "epoch": round(epoch + index / max(1, len(batches)), 3),
                        "loss": round(sum(r.train.decay ** i * x for i, x in enumerate(step_loss)), 4),

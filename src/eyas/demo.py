@@ -11,7 +11,10 @@
 Everything it starts it stops: the servers run in their own sessions and are terminated in
 ``finally``, also on Ctrl-C and SIGTERM. Without a shipped draft (a development checkout before
 training), a randomly initialised draft stands in and the verdict says, truthfully, that it is
-not accepted. The exit status is the doctor's: 0 when the verdict is "working".
+not accepted. Exit status 0 when the draft is accepted (the verdict starts with "working") and the
+mistake was refused, 1 otherwise. Whether speculation pays on this machine is reported, not
+gated: a 135M target on a CPU is dominated by per-forward overhead, so a weak draft can be
+accepted and still slower (the verdict then says "working (tau ...) but SLOWER THAN BASELINE").
 """
 
 from __future__ import annotations
@@ -162,8 +165,12 @@ def _demo(args, work: Path, servers: list, builtin_draft) -> int:
     _say(f"\n[2/4] eyas bench --url {spec.url} --baseline-url {base.url} "
          f"--num-prompts {len(prompts)} --max-tokens {args.max_tokens}")
     key = os.environ.get("EYAS_API_KEY")  # the servers pick it up too
-    b = run_url(base.url, prompts, args.max_tokens, 0.0, 1, "baseline", api_key=key)
-    s = run_url(spec.url, prompts, args.max_tokens, 0.0, 1, "speculative", api_key=key)
+    from .bench.cli import progress_bar
+
+    with progress_bar(len(prompts), "baseline   ", False) as bar:
+        b = run_url(base.url, prompts, args.max_tokens, 0.0, 1, "baseline", progress=bar, api_key=key)
+    with progress_bar(len(prompts), "speculative", False) as bar:
+        s = run_url(spec.url, prompts, args.max_tokens, 0.0, 1, "speculative", progress=bar, api_key=key)
     bench = BenchResult("online", {"url": spec.url, "baseline_url": base.url, "prompts": "chat",
                                    "num_prompts": len(prompts), "max_tokens": args.max_tokens, "temperature": 0.0},
                         [Level(1, b, s)])
@@ -211,6 +218,5 @@ def _demo(args, work: Path, servers: list, builtin_draft) -> int:
         _say(f"bench speedup {speedup:.2f}x ({s.tokens_per_s:.1f} vs {b.tokens_per_s:.1f} tok/s, batch 1, "
              f"{len(prompts)} chat prompts x {args.max_tokens} tokens)")
     _say(f"demo took {time.perf_counter() - start:.0f} s; all servers stopped")
-    if not refused:
-        return 1
-    return report.exit_code
+    accepted = report.verdict.startswith("working")
+    return 0 if refused and accepted else 1

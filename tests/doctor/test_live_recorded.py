@@ -127,7 +127,7 @@ def test_degraded_against_expected_tau():
 
 def test_slower_than_baseline_tps():
     slow, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"], baseline_tps=1e9)
-    assert slow.exit_code == 1 and slow.verdict.startswith("SLOWER THAN BASELINE")
+    assert slow.exit_code == 1 and slow.verdict.startswith("working (tau 2.80) but SLOWER THAN BASELINE (0.00x)")
     fast, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"], baseline_tps=1e-3)
     assert fast.exit_code == 0 and "faster than the baseline" in fast.verdict and fast.figures["speedup"] > 1
 

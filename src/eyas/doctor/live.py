@@ -333,8 +333,8 @@ def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: L
                        "(--speculative-num-draft-tokens), a smaller batch, or a better-trained draft")
             if report.verdict.startswith("DEGRADED"):
                 report.verdict += f"; SLOWER THAN BASELINE ({speedup:.2f}x)"
-            elif tau >= NOT_ACCEPTED_TAU:
-                report.verdict = f"SLOWER THAN BASELINE (tau {tau:.2f}, {speedup:.2f}x)"
+            elif tau >= NOT_ACCEPTED_TAU:  # accepted, yet it does not pay: both facts, in that order
+                report.verdict += f" but SLOWER THAN BASELINE ({speedup:.2f}x)"
         else:
             report.add("speed", OK, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "
                        f"{speedup:.2f}x")

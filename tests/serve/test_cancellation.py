@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from serve_helpers import scrape
 
-LONG = {"prompt": "long", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+LONG = {"prompt": "long", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}  # never finishes here
 
 
 def wait_idle(scheduler, timeout: float = 30) -> tuple[int, int]:
@@ -25,7 +25,9 @@ def test_past_capacity_the_server_answers_503_with_retry_after(inprocess):
         state = srv.app.state.eyas
         with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:  # noqa: SIM117 - order matters
             with a.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}) as first:
-                next(first.iter_lines())  # running
+                # keep the iterator: a dropped one is finalised (at a gc pass) and closes the connection
+                lines = first.iter_lines()
+                next(lines)  # running
                 with b.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}) as second:
                     end = time.time() + 10
                     while state.scheduler.counts() != (1, 1) and time.time() < end:

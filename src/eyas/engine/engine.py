@@ -96,7 +96,8 @@ class Engine:
             raise EyasError("the prompt is empty", "send at least one token")
         vocab = self.target.info.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise EyasError(f"prompt token ids must be in 0..{vocab - 1}")
+            raise EyasError(f"prompt token ids must be in 0..{vocab - 1} (the target's vocabulary)",
+                            "encode the prompt with the target's own tokenizer")
         limit = self.max_context - self.tree_size - 1
         if len(prompt_ids) > limit:
             raise EyasError(

@@ -8,7 +8,6 @@ message that names the fix (``eyas.cli`` prints ``EyasError`` that way); nothing
 
 from __future__ import annotations
 
-import importlib.resources
 import logging
 import os
 import signal
@@ -102,7 +101,7 @@ def run(args) -> int:
     _quiet_progress_bars()
     print(f"eyas serve: loading {args.model_path} ...", flush=True)
     start = time.perf_counter()
-    engine = build_engine(without_phantom_draft(engine_args_from(args)))
+    engine = build_engine(engine_args_from(args))
     loaded = time.perf_counter() - start
     if args.chat_template:
         set_chat_template(engine.target.tokenizer, args.chat_template)
@@ -131,28 +130,6 @@ def run(args) -> int:
     if server.started:
         print("eyas serve: shut down cleanly", flush=True)
     return 0 if server.started else 1
-
-
-def without_phantom_draft(ea):
-    """Work around ``pipeline.builtin_draft`` returning the *target's own folder* for a local
-    ``--model-path`` (``files("eyas") / "drafts" / "/abs/path"`` is ``/abs/path``): with no draft
-    flag, a local target would be taken as its own draft. Only a draft really shipped inside the
-    package counts; otherwise no flags means NONE and a speculative algorithm means "needs a draft"."""
-    from ..checks import check_algorithm
-    from ..config import Algorithm
-    from ..pipeline import default_draft_for
-
-    if ea.speculative_draft_model_path is not None:
-        return ea
-    found = default_draft_for(ea.model_path)
-    shipped = Path(str(importlib.resources.files("eyas") / "drafts")).resolve()
-    if found is None or Path(found).resolve().is_relative_to(shipped):
-        return ea
-    if ea.speculative_algorithm is None or Algorithm.parse(ea.speculative_algorithm) is Algorithm.NONE:
-        ea.speculative_algorithm = "NONE"
-        return ea
-    check_algorithm(Algorithm.parse(ea.speculative_algorithm), None, None, 0, 3)  # raises: needs a draft
-    return ea
 
 
 def set_chat_template(tokenizer, value: str) -> None:

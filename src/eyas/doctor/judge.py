@@ -1,0 +1,154 @@
+"""The live verdict: from a server's acceptance figures and the probes to plain words and rows.
+
+Rules, first match wins: no metrics -> UNVERIFIED; probes all failed -> UNVERIFIED; speculation off
+-> SPECULATION OFF; no verify step -> UNVERIFIED; tau < 1.1 -> NOT ACCEPTED with the likely causes
+in order (the algorithm flag first); otherwise working, then DEGRADED against ``--expect-tau`` and
+SLOWER THAN BASELINE against ``--baseline-url``/``--baseline-tps`` as further problems.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import servers
+from .servers import EYAS, LABEL, SGLANG, VLLM, Acceptance
+from .verdict import OK, PROBLEM, WARNING, Report
+
+if TYPE_CHECKING:
+    from .live import LiveOptions, ProbeResult, ServerView
+
+NOT_ACCEPTED_TAU = 1.1  # below this nearly every proposal is rejected
+LOW_TAU = 1.5  # accepted, but too little to pay for drafting on most hardware
+
+
+def _metrics_missing(report: Report, view: "ServerView") -> None:
+    how = {SGLANG: "start SGLang with --enable-metrics", VLLM: "vLLM serves /metrics by default: check that "
+           "nothing (a proxy, --disable-log-stats) hides it", EYAS: "eyas always serves /metrics: check the URL"}
+    report.add("metrics", PROBLEM, f"GET /metrics answered {view.metrics_status or 'nothing'}: acceptance cannot be "
+               "read", how.get(view.kind, "enable the server's Prometheus endpoint (SGLang --enable-metrics)"))
+    report.verdict = "UNVERIFIED: the server exposes no metrics, so acceptance cannot be measured"
+
+
+def _causes(kind: str, configured: str | None = None) -> list[str]:
+    flag = ("eyas refuses EAGLE for an EAGLE-3 draft, so not the flag here" if kind == EYAS else
+            "the algorithm flag: an EAGLE-3 draft needs --speculative-algorithm EAGLE3 (SGLang; EAGLE silently "
+            "skips the aux states) or method eagle3 (vLLM)")
+    if kind == SGLANG and configured == "EAGLE":
+        flag = "the algorithm flag, CONFIRMED by /get_server_info: SGLang runs --speculative-algorithm EAGLE; " \
+               "an EAGLE-3 draft needs EAGLE3"
+    elif kind == SGLANG and configured == "EAGLE3":
+        flag = "not the flag: /get_server_info shows EAGLE3"
+    return [flag,
+            "a draft of another target, or captured layer ids shifted by one (SGLang ids = eyas ids - 1): "
+            "run eyas doctor --draft DRAFT --target TARGET",
+            "an untrained or randomly initialised draft, or one trained on too little data (eyas eval shows its tau)",
+            "chat template or thinking mode different from training",
+            "prompts longer than the context the draft was trained at"]
+
+
+def judge(report: Report, view: "ServerView", before, after, result: "ProbeResult | None", opts: "LiveOptions",
+          baseline: tuple[float | None, str]) -> None:
+    kind = view.kind
+    if after is None:
+        _metrics_missing(report, view)
+        return
+    if result is not None:
+        if result.errors and not result.requests:
+            auth = any(e.startswith(("HTTP 401", "HTTP 403")) for e in result.errors)
+            report.add("probes", PROBLEM, f"all {len(result.errors)} probe requests failed: {result.errors[0]}",
+                       "pass the server's key with --api-key" if auth else
+                       "check --model (the id in /v1/models) and the server log")
+            report.verdict = "UNVERIFIED: the probe requests failed"
+            return
+        tps = result.tokens_per_s
+        report.add("probes", OK if not result.errors else WARNING,
+                   f"{result.requests} chat requests at temperature 0: {result.completion_tokens} tokens in "
+                   f"{result.seconds:.2f} s" + (f" = {tps:.1f} tok/s" if tps else "")
+                   + (f"; {len(result.errors)} failed: {result.errors[0]}" if result.errors else ""),
+                   "see the server log for the failed requests")
+        report.figures.update(probe_requests=result.requests, completion_tokens=result.completion_tokens,
+                              probe_seconds=round(result.seconds, 3), tokens_per_s=round(tps, 2) if tps else None)
+    if kind == EYAS and after.algorithm == "NONE" or (kind == SGLANG and after.gauge_length == 0.0):
+        report.add("speculation", PROBLEM, "speculation is off on this server"
+                   + (" (eyas:spec_info algorithm NONE)" if kind == EYAS else " (sglang:spec_accept_length is 0)"),
+                   "start it with --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT")
+        report.verdict = "SPECULATION OFF: the server decodes without a draft"
+        return
+    if not after.has_spec_metrics:
+        if kind == VLLM:
+            msg, fix = ("no vllm:spec_decode_* metrics: vLLM registers them only when speculative decoding is "
+                        "configured, so speculation is off", "start vLLM with --speculative-config "
+                        "'{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 3}'")
+            report.verdict = "SPECULATION OFF: vLLM has no speculative_config"
+        else:
+            msg, fix = (f"{LABEL[kind]} exposes no acceptance metrics (no spec_accept_length, no spec_decode "
+                        "counters)", "use a server version that exports them (SGLang >= 0.4 with "
+                        "--enable-metrics, vLLM v1, eyas)")
+            report.verdict = "UNVERIFIED: no acceptance metrics to read"
+        report.add("speculation", PROBLEM, msg, fix)
+        return
+    acc = servers.acceptance(before, after)
+    if acc is None or acc.tau is None:
+        why = acc.source if acc else "no figures"
+        report.add("acceptance", PROBLEM, f"no verify step was recorded ({why}), although speculation metrics exist",
+                   "send traffic (drop --no-probe) and check that requests reach this server")
+        report.verdict = "UNVERIFIED: no speculative step was observed"
+        return
+    _acceptance_rows(report, kind, acc, result, opts, baseline)
+
+
+def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: "LiveOptions", baseline) -> None:
+    tau = acc.tau
+    per = ", ".join(f"{p:.2f}" for p in acc.per_position)
+    rate = f", acceptance rate {acc.rate:.3f}" if acc.rate is not None else ""
+    report.figures.update(tau=round(tau, 4), accept_rate=round(acc.rate, 4) if acc.rate is not None else None,
+                          per_position=[round(p, 4) for p in acc.per_position], verify_steps=acc.drafts,
+                          source=acc.source)
+    if result is not None and result.per_request_tau:
+        report.figures["per_request_tau"] = [round(t, 3) for t in result.per_request_tau]
+    detail = f"tau {tau:.2f}{rate}" + (f", per position [{per}]" if per else ", per position not exposed") \
+        + f" ({acc.source}" + (f", {acc.drafts:.0f} verify steps)" if acc.drafts else ")")
+    if tau < NOT_ACCEPTED_TAU:
+        causes = _causes(kind, report.figures.get("server_algorithm"))
+        report.add("acceptance", PROBLEM, f"{detail}: the draft's proposals are (nearly) all rejected",
+                   "likely causes, in order: " + "; ".join(f"({i + 1}) {c}" for i, c in enumerate(causes)))
+        report.verdict = f"NOT ACCEPTED (tau {tau:.2f}: the draft's proposals are all rejected)"
+        report.figures["likely_causes"] = causes
+    else:
+        report.add("acceptance", OK if tau >= LOW_TAU else WARNING, detail,
+                   "low acceptance: check the chat template, thinking mode and context against training, "
+                   "and the draft's offline tau (eyas eval)")
+        report.verdict = f"working (tau {tau:.2f})"
+    tps = result.tokens_per_s if result else None
+    if opts.expect_tau is not None:
+        floor = opts.expect_tau * (1 - opts.tau_tolerance)
+        if tau < floor:
+            report.add("expected tau", PROBLEM, f"tau {tau:.2f} is below the expected {opts.expect_tau:.2f} "
+                       f"(eyas eval) by more than {opts.tau_tolerance:.0%}",
+                       "serving differs from the evaluation: chat template, thinking mode, sampling temperature, "
+                       "context length, or a different draft/target on the server")
+            if tau >= NOT_ACCEPTED_TAU:
+                report.verdict = f"DEGRADED (tau {tau:.2f}, expected {opts.expect_tau:.2f})"
+        else:
+            report.add("expected tau", OK, f"tau {tau:.2f} against the expected {opts.expect_tau:.2f}")
+    base_tps, base_src = baseline
+    if base_tps and tps:
+        speedup = tps / base_tps
+        report.figures.update(baseline_tokens_per_s=round(base_tps, 2), speedup=round(speedup, 3))
+        if speedup < 1.0:
+            report.add("speed", PROBLEM, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "
+                       f"{speedup:.2f}x, slower than without speculation",
+                       "at this tau the draft costs more than it saves: fewer draft tokens "
+                       "(--speculative-num-draft-tokens), a smaller batch, or a better-trained draft")
+            if report.verdict.startswith("DEGRADED"):
+                report.verdict += f"; SLOWER THAN BASELINE ({speedup:.2f}x)"
+            elif tau >= NOT_ACCEPTED_TAU:  # accepted, yet it does not pay: both facts, in that order
+                report.verdict += f" but SLOWER THAN BASELINE ({speedup:.2f}x)"
+        else:
+            report.add("speed", OK, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "
+                       f"{speedup:.2f}x")
+            if report.verdict.startswith("working"):
+                report.verdict = f"working (tau {tau:.2f}, {speedup:.2f}x faster than the baseline)"
+    elif base_src:
+        report.add("speed", WARNING, f"no speed comparison: {base_src or 'no tokens/s measured'}",
+                   "check --baseline-url")

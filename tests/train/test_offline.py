@@ -23,7 +23,7 @@ def test_offline_equals_online(tmp_path):
     for states in (OnlineStates(target), OfflineStates(tmp_path / "states", "cpu")):
         aux, logits = states(batch)
         r = ttt_loss(draft, batch.input_ids, aux.float(), logits, batch.loss_mask, batch.valid, steps=3)
-        losses.append((float(r.loss), r.step_acc))
+        losses.append((r.loss.item(), r.step_acc))
     assert abs(losses[0][0] - losses[1][0]) < 1e-4, losses
     assert losses[0][1] == losses[1][1]
 

@@ -15,8 +15,8 @@ from .chat import prompt_messages
 
 
 def prompt_key(messages: list[dict]) -> str:
-    text = "\x1e".join(f"{m['role']}:{m['content']}" for m in prompt_messages(messages))
-    return re.sub(r"\s+", " ", text.strip().lower())
+    fold = lambda text: re.sub(r"\s+", " ", text.strip().lower())  # noqa: E731
+    return "\x1e".join(f"{m['role']}:{fold(m['content'])}" for m in prompt_messages(messages))
 
 
 def is_held_out(key: str, fraction: float) -> bool:

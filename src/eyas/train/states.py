@@ -136,7 +136,7 @@ class OfflineStates:
             j = i % self.per
             a, z = int(off[j]), int(off[j + 1])
             n = min(z - a, width)
-            aux[r, :n] = torch.from_numpy(np.asarray(a_arr[a: a + n], dtype=np.float32))
-            fin[r, :n] = torch.from_numpy(np.asarray(f_arr[a: a + n], dtype=np.float32))
+            aux[r, :n] = torch.from_numpy(np.array(a_arr[a: a + n], dtype=np.float32))
+            fin[r, :n] = torch.from_numpy(np.array(f_arr[a: a + n], dtype=np.float32))
         fin = fin.to(self.device, self.dtype)
         return aux.to(self.device, self.dtype), fin @ self.head.T

@@ -1,0 +1,52 @@
+"""Chat rendering and the assistant-only loss mask, checked by decoding what the mask covers."""
+
+import pytest
+
+from eyas.data.chat import decode_masked, normalize, render
+from eyas.errors import EyasError
+from helpers import byte_tokenizer
+
+CONV = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4."}]
+
+
+def test_mask_covers_exactly_the_assistant_turns():
+    tok = byte_tokenizer()
+    r = render(tok, CONV)
+    assert decode_masked(tok, r) == ["Hello! How can I help?<|im_end|>\n", "It is 4.<|im_end|>\n"]
+    # loss_mask[t] = assistant[t + 1]: the prediction at t of an assistant token is learned
+    assert r.loss_mask == r.assistant[1:] + [0]
+    assert tok.decode(r.input_ids) == tok.apply_chat_template(CONV, tokenize=False)
+
+
+def test_sharegpt_and_openai_shapes_agree():
+    share = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
+    openai = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    assert normalize(share) == normalize(openai)
+    with pytest.raises(EyasError, match="neither 'messages' nor 'conversations'"):
+        normalize({"text": "x"})
+    with pytest.raises(EyasError, match="unknown role"):
+        normalize({"messages": [{"role": "robot", "content": "x"}]})
+
+
+def test_no_assistant_turn_is_refused():
+    with pytest.raises(EyasError, match="no assistant turn"):
+        render(byte_tokenizer(), [{"role": "user", "content": "hello"}])
+
+
+@pytest.mark.slow
+def test_smollm2_mask_decodes_to_the_assistant_text():
+    from transformers import AutoTokenizer
+
+    from eyas.models.loading import resolve
+
+    folder, gguf = resolve("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf, local_files_only=True)
+    r = render(tok, CONV)
+    assert decode_masked(tok, r) == ["Hello! How can I help?<|im_end|>\n", "It is 4.<|im_end|>\n"]
+    text = tok.decode(r.input_ids)
+    assert text.startswith("<|im_start|>system\n")  # SmolLM2's template adds its default system turn
+    assert "You are a helpful AI assistant named SmolLM" not in "".join(decode_masked(tok, r))
+    # an explicit system prompt is rendered and never learned
+    r2 = render(tok, [{"role": "system", "content": "Be terse."}] + CONV)
+    assert "Be terse." in tok.decode(r2.input_ids) and decode_masked(tok, r2) == decode_masked(tok, r)

@@ -1,0 +1,66 @@
+"""Draft vocabulary round trip, recipe overrides, and the early, clear refusals of bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+from eyas.errors import EyasError
+from eyas.models.draft import Eagle3Draft
+from eyas.models.vocab import build_vocab, draft_to_target, target_to_draft
+from eyas.train.recipe import load_recipe
+from eyas.train.trainer import Trainer
+from helpers import tiny_target
+from train_fixtures import make_data, tiny_recipe
+
+
+def test_vocab_round_trip_draft_target_draft(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 1000, (320,), generator=gen)
+    d2t, t2d = build_vocab(counts, 100)
+    draft_ids = torch.arange(100)
+    target_ids = draft_to_target(d2t, draft_ids)
+    assert torch.equal(target_to_draft(t2d)[target_ids], draft_ids)
+    top = set(torch.sort(-counts, stable=True).indices[:100].tolist())
+    assert set(target_ids.tolist()) == top  # the most frequent tokens, nothing else
+    # and through a saved draft trained by eyas
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=16)
+    trainer = Trainer(tiny_recipe(data, tmp_path / "run", **{"draft.vocab_size": 64, "train.max_steps": 1}), target=target)
+    trainer.fit()
+    loaded = Eagle3Draft.from_pretrained(tmp_path / "run" / "draft", embed_weight=target.embed_tokens.weight)
+    ids = draft_to_target(loaded.d2t, torch.arange(64))
+    assert torch.equal(target_to_draft(loaded.t2d)[ids], torch.arange(64))
+    counts = np.load(data / "vocab_counts.npy")
+    assert counts[ids.numpy()].min() >= np.sort(counts)[-64]
+
+
+def test_recipe_overrides_and_errors(tmp_path):
+    r = load_recipe(None, ["optim.lr=3e-4", "train.ttt_steps=5", "optim.betas=[0.9, 0.99]", "data.path=x"])
+    assert r.optim.lr == 3e-4 and r.train.ttt_steps == 5 and r.optim.betas == (0.9, 0.99)
+    f = tmp_path / "r.yaml"
+    r.dump(f)
+    assert load_recipe(f).to_dict() == r.to_dict()
+    with pytest.raises(EyasError, match="unknown recipe key optim.lrr"):
+        load_recipe(None, ["optim.lrr=1"])
+    with pytest.raises(EyasError, match="train.mode"):
+        load_recipe(None, ["train.mode=sideways", "data.path=x"]).validate()
+    with pytest.raises(EyasError, match="data.path is empty"):
+        load_recipe(None).validate()
+
+
+def test_bad_input_stops_early(tmp_path):
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=16)
+    with pytest.raises(EyasError, match="exceeds the target's context"):
+        Trainer(tiny_recipe(data, tmp_path / "r1", **{"data.max_length": 4096, "data.tokens_per_batch": 8192}),
+                target=target)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    np.save(empty / "train.offsets.npy", np.zeros(1, dtype=np.int64))
+    np.save(empty / "train.tokens.npy", np.zeros(0, dtype=np.int32))
+    np.save(empty / "train.mask.npy", np.zeros(0, dtype=np.uint8))
+    with pytest.raises(EyasError, match="empty"):
+        Trainer(tiny_recipe(empty, tmp_path / "r2"), target=target)
+    other = tiny_target(dtype=torch.float32, vocab_size=400)  # a target with another vocabulary
+    with pytest.raises(EyasError, match="another target"):
+        Trainer(tiny_recipe(data, tmp_path / "r3"), target=other)

@@ -252,3 +252,15 @@ def test_cli_json_and_exit_codes(saved, capsys):
     assert main(["doctor", "--draft", str(draft), "--target", str(target), "--speculative-algorithm", "EAGLE"]) == 1
     text = capsys.readouterr().out
     assert "PROBLEM" in text and "fix: use --speculative-algorithm EAGLE3" in text and "exit status 1" in text
+
+
+def test_recipe_named_in_the_config(saved, tmp_path):
+    """The shipped draft records ``eyas.recipe`` relative to the repository it was trained in."""
+    tf, draft = saved
+    repo = tmp_path / "repo"
+    (repo / "recipes").mkdir(parents=True)
+    (repo / "recipes" / "r.yaml").write_text(yaml.safe_dump({"data": {"path": "data/x", "max_length": 128}}))
+    d = edit_config(copy(draft, repo / "src" / "pkg" / "drafts" / "d"), lambda c: c["eyas"].update(recipe="recipes/r.yaml"))
+    r = diagnose(d, str(tf))
+    assert row(r, "context").status == "warning" and "at most 128 tokens" in row(r, "context").message
+    assert row(r, "chat template").status == "ok" and "meta.json is not here" in row(r, "chat template").message

@@ -225,9 +225,8 @@ def check_template_row(report: Report, facts: TargetFacts, record) -> None:
                    "which the draft probably never saw", "serve an instruct model, or use /v1/completions")
         return
     if record.template_sha is None:
-        report.add("chat template", OK if not record.source else WARNING,
-                   "the template used at training is not recorded; cannot compare",
-                   "train with eyas prepare/train, which record it")
+        where = " (the training data's meta.json is not here)" if record.source else ""
+        report.add("chat template", OK, f"the template used at training is not recorded{where}; cannot compare")
         return
     have = template_sha(facts.chat_template)
     if have != record.template_sha:

@@ -5,7 +5,10 @@ Looked up, first found wins:
 1. ``config.json`` -> ``eyas.training`` (``max_length``, ``chat_template_sha256_16``, ``thinking``);
 2. the run folder ``eyas train`` writes around the draft: ``<run>/draft`` next to
    ``<run>/recipe.yaml`` (``data.max_length``, ``data.path``), and that data folder's ``meta.json``
-   from ``eyas prepare`` (``chat.template_sha256_16``, ``chat.thinking``).
+   from ``eyas prepare`` (``chat.template_sha256_16``, ``chat.thinking``);
+3. the recipe named in ``config.json`` -> ``eyas.recipe`` (the shipped draft records
+   ``recipes/smollm2-135m-instruct-eagle3.yaml``), found from the working directory or a folder
+   above the draft, read the same way.
 
 SGLang/SpecForge, speculators and the official release record neither; the doctor then says so.
 """
@@ -32,13 +35,24 @@ def template_sha(template: str | None) -> str:
 
 
 def read_record(draft_path, config) -> TrainingRecord:
-    meta = (getattr(config, "eyas", None) or {}).get("training") or {}
-    if meta:
-        return TrainingRecord(meta.get("max_length"), meta.get("chat_template_sha256_16"), meta.get("thinking"),
-                              "config.json eyas.training")
-    recipe = Path(draft_path).parent / "recipe.yaml"
-    if not recipe.is_file():
-        return TrainingRecord()
+    meta = (getattr(config, "eyas", None) or {})
+    training = meta.get("training") or {}
+    if training:
+        return TrainingRecord(training.get("max_length"), training.get("chat_template_sha256_16"),
+                              training.get("thinking"), "config.json eyas.training")
+    draft_path = Path(draft_path)
+    beside = draft_path.parent / "recipe.yaml"
+    if beside.is_file():
+        return _from_recipe(beside, beside.parent)
+    named = meta.get("recipe")  # a path recorded at training, relative to the repository it ran in
+    if named:
+        for base in (Path.cwd(), *draft_path.resolve().parents[:6]):
+            if (base / named).is_file():
+                return _from_recipe(base / named, base)
+    return TrainingRecord()
+
+
+def _from_recipe(recipe: Path, base: Path) -> TrainingRecord:
     try:
         import yaml
 
@@ -48,14 +62,12 @@ def read_record(draft_path, config) -> TrainingRecord:
     rec = TrainingRecord(data.get("max_length"), source=str(recipe))
     data_dir = data.get("path")
     if data_dir:
-        meta_file = Path(data_dir) if Path(data_dir).is_absolute() else recipe.parent / data_dir
-        for candidate in (Path(data_dir) / "meta.json", meta_file / "meta.json"):
-            if candidate.is_file():
-                try:
-                    chat = json.loads(candidate.read_text()).get("chat") or {}
-                except ValueError:
-                    break
-                rec.template_sha, rec.thinking = chat.get("template_sha256_16"), chat.get("thinking")
-                rec.source += f" + {candidate}"
-                break
+        meta_file = (Path(data_dir) if Path(data_dir).is_absolute() else base / data_dir) / "meta.json"
+        if meta_file.is_file():
+            try:
+                chat = json.loads(meta_file.read_text()).get("chat") or {}
+            except ValueError:
+                chat = {}
+            rec.template_sha, rec.thinking = chat.get("template_sha256_16"), chat.get("thinking")
+            rec.source += f" + {meta_file}"
     return rec

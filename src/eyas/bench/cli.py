@@ -56,7 +56,8 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def _progress(total: int, desc: str, quiet: bool):
+def progress_bar(total: int, desc: str, quiet: bool):
+    """A tqdm bar on stderr (requests done)."""
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, disable=quiet, leave=False)
@@ -99,10 +100,10 @@ def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
     for c in levels:
         base = None
         if args.baseline_url and not args.no_baseline:
-            with _progress(len(prompts), f"baseline    c={c}", quiet) as bar:
+            with progress_bar(len(prompts), f"baseline    c={c}", quiet) as bar:
                 base = run_url(args.baseline_url, prompts, args.max_tokens, args.temperature, c, "baseline",
                                args.model, args.timeout, bar, args.api_key)
-        with _progress(len(prompts), f"speculative c={c}", quiet) as bar:
+        with progress_bar(len(prompts), f"speculative c={c}", quiet) as bar:
             spec = run_url(args.url, prompts, args.max_tokens, args.temperature, c, "speculative", args.model,
                            args.timeout, bar, args.api_key)
         result.levels.append(Level(c, base, spec))
@@ -136,9 +137,9 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
     for c in levels:
         base = None
         if not args.no_baseline:
-            with _progress(len(ids), f"baseline    c={c}", quiet) as bar:
+            with progress_bar(len(ids), f"baseline    c={c}", quiet) as bar:
                 base = run_engine(plain, ids, params, c, "baseline", bar)
-        with _progress(len(ids), f"speculative c={c}", quiet) as bar:
+        with progress_bar(len(ids), f"speculative c={c}", quiet) as bar:
             spec = run_engine(engine, ids, params, c, "speculative", bar)
         result.levels.append(Level(c, base, spec))
     return result

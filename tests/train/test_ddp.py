@@ -1,4 +1,5 @@
-"""Two gloo processes on the CPU: weights stay in sync and match one process on the same data."""
+"""Two gloo processes on the CPU: weights stay in sync and match one process on the same data,
+with DDP and with FSDP2 (draft sharded, target sharded too)."""
 
 import os
 import subprocess
@@ -13,10 +14,10 @@ from train_fixtures import make_data
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def _torchrun(n: int, data, out, tokens_per_batch: int) -> None:
+def _torchrun(n: int, data, out, tokens_per_batch: int, *extra: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", str(WORKER),
-           str(data), str(out), str(tokens_per_batch)]
+           str(data), str(out), str(tokens_per_batch), *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -25,6 +26,7 @@ def test_two_process_gloo_matches_single(tmp_path):
     target = tiny_target(dtype=torch.float32)
     data = make_data(target, tmp_path / "data", rows=40)  # equal-length rows: same global batches either way
     _torchrun(2, data, tmp_path / "two", 256)  # 256 tokens per rank
+    _torchrun(2, data, tmp_path / "fsdp", 256, "train.parallel=fsdp", "train.shard_target=true")
     _torchrun(1, data, tmp_path / "one", 512)  # the same 512-token global batches in one process
     r0 = torch.load(tmp_path / "two" / "rank0-of2.pt")
     r1 = torch.load(tmp_path / "two" / "rank1-of2.pt")
@@ -35,3 +37,7 @@ def test_two_process_gloo_matches_single(tmp_path):
     assert r0["summary"]["steps"] == single["summary"]["steps"] == 6
     a, b = r0["summary"]["heldout"], single["summary"]["heldout"]
     assert abs(a["loss"] - b["loss"]) < 1e-3 and a["positions"] == b["positions"]
+    fsdp = torch.load(tmp_path / "fsdp" / "rank0-of2.pt")
+    for k, v in fsdp["state"].items():
+        assert torch.allclose(v.double(), single["state"][k].double(), atol=2e-5, rtol=1e-4), f"FSDP2: {k} differs"
+    assert abs(fsdp["summary"]["heldout"]["loss"] - b["loss"]) < 1e-3

@@ -87,6 +87,18 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
     return draft
 
 
+def shard_target(target) -> None:
+    """FSDP2-shard a frozen target across the ranks (each decoder layer, then the root), for targets
+    that do not fit one GPU. Aux capture still works: its pre-hooks see each layer's input."""
+    from torch.distributed.fsdp import fully_shard
+
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    for layer in target.layers:
+        fully_shard(layer)
+    fully_shard(target.model)
+
+
 class Trainer:
     def __init__(self, recipe: Recipe, target=None, ctx: dist.DistContext | None = None, log=print):
         self.r = r = recipe.validate()
@@ -116,6 +128,8 @@ class Trainer:
         counts_file = data / "vocab_counts.npy"
         counts = np.load(counts_file) if counts_file.is_file() else np.ones(target.info.vocab_size, dtype=np.int64)
         self.draft = build_draft(target, r, counts).to(self.ctx.device)
+        if r.train.shard_target and self.ctx.active:
+            shard_target(target)  # after the draft copied the target's embeddings and head
         self.module = TTTModule(self.draft, r.train.ttt_steps, r.train.decay)
         self.wrapped = self._wrap(self.module)
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -252,7 +266,7 @@ class Trainer:
         if self.heldout is None:
             return None
         d, t = self.r.data, self.r.train
-        return heldout_metrics(self.draft, self.heldout, self.eval_states, self.ctx, d.max_length,
+        return heldout_metrics(self.wrapped, self.heldout, self.eval_states, self.ctx, d.max_length,
                                d.tokens_per_batch, t.ttt_steps, t.decay, d.eval_rows, self.autocast)
 
     def fit(self, stop_after: int | None = None) -> dict:
@@ -328,8 +342,11 @@ class Trainer:
         summary = {"steps": self.step, "total_steps": self.total_steps, "seconds": round(elapsed, 1),
                    "tokens_per_s": round(tokens_total / elapsed, 1) if elapsed else 0.0, "ranks": ctx.world,
                    "heldout": last_eval}
+        full = self.draft_state()  # a collective under FSDP: every rank takes part
         if ctx.main:
-            self.draft.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
+            plain = Eagle3Draft(self.draft.config)
+            plain.load_state_dict(full, strict=False)
+            plain.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
             resolved = copy.deepcopy(r)  # what reproduces this run: the budget resolved to steps
             if budget:
                 resolved.train.max_steps, resolved.train.time_budget_s = self.total_steps, None

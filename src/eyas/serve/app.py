@@ -22,7 +22,9 @@ from ..engine.sampling import SamplingParams
 from .api_errors import ApiError, error_body, error_type
 from .banner import describe, info_labels, training_warnings
 from .generate_route import router as generate_router
+from .limits import BodySizeLimit, Limits, StreamSlots
 from .metrics import ServeMetrics
+from .middleware import ApiKey, RequestLog
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
 from .scheduler import Failed, Scheduler
@@ -42,6 +44,8 @@ class ServeOptions:
     log_requests: bool = False  # one log line per finished request, with its acceptance
     extra_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None  # when set, /v1/* and /generate need "Authorization: Bearer KEY"
+    metrics_require_key: bool = False  # with api_key: /metrics needs the key too
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -51,6 +55,7 @@ class ServeState:
     metrics: ServeMetrics
     options: ServeOptions
     served_names: list[str]
+    streams: StreamSlots
     started: float = field(default_factory=time.time)
 
 
@@ -64,7 +69,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     name = options.served_model_name or options.model_path or engine.target.name
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
-    state = ServeState(engine, scheduler, metrics, options, names)
+    state = ServeState(engine, scheduler, metrics, options, names, StreamSlots(options.limits.max_concurrent_streams))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -84,7 +89,10 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     _add_error_handlers(app, metrics)
     install_openapi(app)
     if options.api_key:
-        _require_api_key(app, options.api_key)
+        protected = PROTECTED + (("/metrics",) if options.metrics_require_key else ())
+        app.add_middleware(ApiKey, key=options.api_key, protected=protected)
+    app.add_middleware(BodySizeLimit, max_bytes=options.limits.max_request_bytes)
+    app.add_middleware(RequestLog, with_text=options.log_requests)  # outermost: logs refusals too
 
     @app.get("/health")
     async def health():
@@ -141,22 +149,6 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
 
 
 PROTECTED = ("/v1/", "/generate", "/server_info", "/get_server_info")  # /health and /metrics stay open
-
-
-def _require_api_key(app: FastAPI, key: str) -> None:
-    import hmac
-
-    expected = f"Bearer {key}".encode()
-
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if request.url.path.startswith(PROTECTED):
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return JSONResponse(error_body("invalid or missing API key: send 'Authorization: Bearer <key>' "
-                                               "with the key the server was started with (--api-key)",
-                                               code="invalid_api_key"), status_code=401)
-        return await call_next(request)
 
 
 def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:

@@ -55,7 +55,19 @@ def add_serve_arguments(p) -> None:
     g.add_argument("--log-interval", type=float, default=10.0,
                    help="seconds between decode log lines while busy; 0 turns them off (default 10)")
     g.add_argument("--log-requests", action="store_true",
-                   help="log one line per finished request: outcome, tokens, latency, acceptance length")
+                   help="add prompt and output text to the per-request log line (off by default: no text is "
+                        "logged), and log each sequence's outcome and acceptance")
+    g.add_argument("--metrics-require-key", action="store_true",
+                   help="with --api-key, /metrics needs the key too (default: /metrics is open)")
+    lim = p.add_argument_group("limits (each violation is a 4xx naming the flag)")
+    lim.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="request body size (default 4 MiB)")
+    lim.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt tokens (default: the context)")
+    lim.add_argument("--max-stop-strings", type=int, default=16, help="stop strings per request (default 16)")
+    lim.add_argument("--max-stop-length", type=int, default=256, help="characters per stop string (default 256)")
+    lim.add_argument("--max-concurrent-streams", type=int, default=256,
+                     help="open streaming responses; more get 429 (default 256)")
+    lim.add_argument("--request-timeout", type=float, default=600.0,
+                     help="seconds per request before it is cancelled with a 408; 0 = none (default 600)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -70,6 +82,29 @@ def check_server_flags(args) -> None:
         raise EyasError(f"--max-queued-requests must be 0 or more, got {args.max_queued_requests}")
     if not 0 <= args.port <= 65535:
         raise EyasError(f"--port must be in 0..65535, got {args.port}")
+    for name in ("max_request_bytes", "max_stop_strings", "max_stop_length", "max_concurrent_streams"):
+        if getattr(args, name) < 1:
+            raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        raise EyasError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
+    if args.request_timeout < 0:
+        raise EyasError(f"--request-timeout must be 0 (none) or more seconds, got {args.request_timeout}")
+
+
+def public_bind_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when the server listens beyond this machine with no key."""
+    import ipaddress
+
+    if api_key:
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        if host == "localhost":
+            return None
+    return (f"WARNING: listening on {host} without --api-key: anyone who can reach this address can use the "
+            "server; pass --api-key KEY (or set EYAS_API_KEY), or bind 127.0.0.1")
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -93,6 +128,7 @@ def run(args) -> int:
         import uvicorn
 
         from .app import ServeOptions, create_app
+        from .limits import Limits
     except ImportError as e:
         raise EyasError(f"eyas serve needs {e.name}, which is not installed", "pip install 'eyas[serve]'") from None
     from ..pipeline import build_engine
@@ -115,8 +151,18 @@ def run(args) -> int:
                            max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
                            max_prefill_tokens=args.max_prefill_tokens, log_requests=args.log_requests,
                            log_interval=args.log_interval,
-                           api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None)
+                           api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
+                           metrics_require_key=args.metrics_require_key,
+                           limits=Limits(max_request_bytes=args.max_request_bytes,
+                                         max_prompt_tokens=args.max_prompt_tokens,
+                                         max_stop_strings=args.max_stop_strings,
+                                         max_stop_length=args.max_stop_length,
+                                         max_concurrent_streams=args.max_concurrent_streams,
+                                         request_timeout=args.request_timeout or None))
     app = create_app(engine, options)
+    warning = public_bind_warning(args.host, options.api_key)
+    if warning:
+        print(warning, flush=True)
     print(f"serving {app.state.eyas.served_names[0]!r} on http://{args.host}:{args.port} "
           "(/v1/chat/completions, /v1/completions, /generate, /v1/models, /health, /metrics)", flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -15,12 +15,11 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
-from .api_errors import bad_request
+from .api_errors import ApiError, bad_request
 from .inputs import check_model, generate_job, generate_prompts, parse_body
-from .openai_routes import failed_error, spec_fields, sse
+from .openai_routes import failed_error, log_prompt, spec_fields, sse, streaming
 from .protocol import GenerateRequest
 from .runner import ClientGone, JobRun
 from .scheduler import Delta, Failed, Finished
@@ -36,11 +35,11 @@ async def generate(request: Request):
     prompts = generate_prompts(state.engine.target.tokenizer, req)
     job = generate_job(req, prompts)
     rids = _rids(req.rid, len(prompts) * job.n)
-    run = JobRun(state.scheduler, state.engine, job)
+    run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
+    log_prompt(request, state, job)
     if req.stream:
-        return StreamingResponse(_stream(state, run, rids, batched), media_type="text/event-stream",
-                                 background=BackgroundTask(run.cancel))
+        return streaming(state, run, _stream(state, run, rids, batched))
     results: list[dict | None] = [None] * len(run.works)
     try:
         async for index, event in run.events(request.receive):
@@ -50,6 +49,12 @@ async def generate(request: Request):
                 results[index] = _result(state, rids[index], event)
     except ClientGone:
         return Response(status_code=499)
+    fields = request.state.log
+    fields["completion_tokens"] = sum(r["meta_info"]["completion_tokens"] for r in results)
+    fields["prompt_tokens"] = run.prompt_tokens
+    if state.engine.spec.speculative:
+        fields["spec_accept_length"] = [round(r["meta_info"]["spec_accept_length"], 4) for r in results]
+    fields["output"] = [r["text"] for r in results]
     return JSONResponse(results if batched else results[0])
 
 
@@ -86,10 +91,22 @@ def _result(state, rid: str, f: Finished) -> dict:
     return {"text": f.text, "output_ids": list(f.output_ids), "meta_info": meta}
 
 
+async def _guarded(run: JobRun):
+    """run.events(), with a timeout turned into a final (None, ApiError) pair."""
+    try:
+        async for index, event in run.events():
+            yield index, event
+    except ApiError as e:  # --request-timeout
+        yield None, e
+
+
 async def _stream(state, run: JobRun, rids: list[str], batched: bool):
     texts = [""] * len(run.works)
     ids: list[list[int]] = [[] for _ in run.works]
-    async for index, event in run.events():
+    async for index, event in _guarded(run):
+        if isinstance(event, ApiError):
+            yield sse(event.body())
+            break
         if isinstance(event, Delta):
             texts[index] += event.text
             ids[index] += event.token_ids

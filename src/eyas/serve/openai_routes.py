@@ -63,19 +63,19 @@ async def chat_completions(request: Request):
     req = parse_body(await request.body(), ChatCompletionRequest)
     check_model(req.model, state.served_names)
     job = openai_job(req, [chat_prompt(state.engine.target.tokenizer, req)], chat=True)
-    run = JobRun(state.scheduler, state.engine, job)
+    run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
+    log_prompt(request, state, job)
     if req.stream:
-        return StreamingResponse(_chat_stream(state, run, head, req.stream_options),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                 background=BackgroundTask(run.cancel))
+        return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log))
     finished = await _collect(run, request)
     if finished is None:
         return Response(status_code=499)
     choices = [{"index": i, "message": {"role": "assistant", "content": f.text},
                 "finish_reason": f.reason, "logprobs": None} for i, f in enumerate(finished)]
-    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                         "usage": usage(state, run.prompt_tokens, finished)})
+    body_usage = usage(state, run.prompt_tokens, finished)
+    log_result(request.state.log, body_usage, finished)
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": body_usage})
 
 
 @router.post("/v1/completions")
@@ -84,19 +84,57 @@ async def completions(request: Request):
     req = parse_body(await request.body(), CompletionRequest)
     check_model(req.model, state.served_names)
     job = openai_job(req, text_prompts(state.engine.target.tokenizer, req.prompt, "prompt"), chat=False)
-    run = JobRun(state.scheduler, state.engine, job)
+    run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
+    log_prompt(request, state, job)
     if req.stream:
-        return StreamingResponse(_completion_stream(state, run, head, req.stream_options),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                 background=BackgroundTask(run.cancel))
+        return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log))
     finished = await _collect(run, request)
     if finished is None:
         return Response(status_code=499)
     choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "logprobs": None}
                for i, f in enumerate(finished)]
-    return JSONResponse({**head, "object": "text_completion", "choices": choices,
-                         "usage": usage(state, run.prompt_tokens, finished)})
+    body_usage = usage(state, run.prompt_tokens, finished)
+    log_result(request.state.log, body_usage, finished)
+    return JSONResponse({**head, "object": "text_completion", "choices": choices, "usage": body_usage})
+
+
+def streaming(state, run: JobRun, lines) -> StreamingResponse:
+    """A server-sent-events response holding one of the --max-concurrent-streams slots."""
+    try:
+        ticket = state.streams.acquire()
+    except ApiError:
+        run.cancel()  # it was queued already: free its slot before refusing
+        raise
+
+    async def guarded():
+        try:
+            async for line in lines:
+                yield line
+        finally:
+            ticket.release()
+
+    def done():
+        ticket.release()
+        run.cancel()
+
+    return StreamingResponse(guarded(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                             background=BackgroundTask(done))
+
+
+def log_prompt(request: Request, state, job) -> None:
+    """Prompt text for the request's log line (kept only with --log-requests)."""
+    if state.options.log_requests:
+        request.state.log["prompt"] = state.engine.target.tokenizer.decode(job.prompts[0])
+
+
+def log_result(fields: dict, body_usage: dict, finished: list[Finished]) -> None:
+    fields.update({k: body_usage[k] for k in ("prompt_tokens", "completion_tokens") if k in body_usage})
+    fields["finish_reason"] = [f.reason for f in finished if f is not None]
+    if "spec_accept_length" in body_usage:
+        fields["spec_accept_length"] = round(body_usage["spec_accept_length"], 4)
+        fields["spec_verify_ct"] = body_usage["spec_verify_ct"]
+    fields["output"] = [f.text for f in finished if f is not None]
 
 
 async def _collect(run: JobRun, request: Request) -> list[Finished] | None:
@@ -113,7 +151,7 @@ async def _collect(run: JobRun, request: Request) -> list[Finished] | None:
     return finished  # type: ignore[return-value]
 
 
-async def _chat_stream(state, run: JobRun, head: dict, options):
+async def _chat_stream(state, run: JobRun, head: dict, options, log_fields: dict):
     chunk = {**head, "object": "chat.completion.chunk"}
     for i in range(len(run.works)):
         yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -122,45 +160,50 @@ async def _chat_stream(state, run: JobRun, head: dict, options):
     def piece(index, text, reason):
         return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": reason, "logprobs": None}
 
-    async for line in _stream(state, run, chunk, options, piece):
+    async for line in _stream(state, run, chunk, options, piece, log_fields):
         yield line
 
 
-async def _completion_stream(state, run: JobRun, head: dict, options):
+async def _completion_stream(state, run: JobRun, head: dict, options, log_fields: dict):
     chunk = {**head, "object": "text_completion"}
 
     def piece(index, text, reason):
         return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
 
-    async for line in _stream(state, run, chunk, options, piece):
+    async for line in _stream(state, run, chunk, options, piece, log_fields):
         yield line
 
 
-async def _stream(state, run: JobRun, chunk: dict, options, piece):
+async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: dict):
     """SSE lines for either endpoint; ``piece(index, text, finish_reason)`` shapes one choice."""
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
     done: list[Finished] = []
     generated = 0
-    async for index, event in run.events():
-        extra = {}
-        if isinstance(event, Delta):
-            generated += len(event.token_ids)
-            if not event.text:
-                continue
-            body = {**chunk, "choices": [piece(index, event.text, None)]}
-        elif isinstance(event, Finished):
-            done.append(event)
-            body = {**chunk, "choices": [piece(index, "", event.reason)], "meta_info": _meta(state, event)}
-        else:  # Failed
-            yield sse(error_body(event.message, "server_error", code="engine_error"))
-            break
-        if continuous:
-            extra["usage"] = {"prompt_tokens": run.prompt_tokens, "completion_tokens": generated,
-                              "total_tokens": run.prompt_tokens + generated}
-        yield sse({**body, **extra})
+    try:
+        async for index, event in run.events():
+            extra = {}
+            if isinstance(event, Delta):
+                generated += len(event.token_ids)
+                if not event.text:
+                    continue
+                body = {**chunk, "choices": [piece(index, event.text, None)]}
+            elif isinstance(event, Finished):
+                done.append(event)
+                body = {**chunk, "choices": [piece(index, "", event.reason)], "meta_info": _meta(state, event)}
+            else:  # Failed
+                yield sse(error_body(event.message, "server_error", code="engine_error"))
+                break
+            if continuous:
+                extra["usage"] = {"prompt_tokens": run.prompt_tokens, "completion_tokens": generated,
+                                  "total_tokens": run.prompt_tokens + generated}
+            yield sse({**body, **extra})
+    except ApiError as e:  # --request-timeout: the stream ends with the error, then [DONE]
+        yield sse(e.body())
+    body_usage = usage(state, run.prompt_tokens, done)
+    log_result(log_fields, body_usage, done)
     if include_usage:
-        yield sse({**chunk, "choices": [], "usage": usage(state, run.prompt_tokens, done)})
+        yield sse({**chunk, "choices": [], "usage": body_usage})
     yield "data: [DONE]\n\n"
 
 

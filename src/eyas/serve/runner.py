@@ -9,10 +9,12 @@ server closes the generator when a send fails), or the server shuts down, the sl
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 from .api_errors import overloaded
 from .inputs import Job, sequences_for
+from .limits import Limits, timed_out
 from .scheduler import Failed, Finished, Overloaded, Scheduler, Work
 
 
@@ -21,7 +23,11 @@ class ClientGone(Exception):
 
 
 class JobRun:
-    def __init__(self, scheduler: Scheduler, engine, job: Job):
+    def __init__(self, scheduler: Scheduler, engine, job: Job, limits: Limits | None = None):
+        self.limits = limits or Limits()
+        self.limits.check_job(job)
+        timeout = self.limits.request_timeout
+        self.deadline = time.monotonic() + timeout if timeout else None
         seqs = sequences_for(engine, job)  # 400s happen here, before anything is queued
         self.queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -47,6 +53,7 @@ class JobRun:
         """(choice index, Delta | Finished | Failed) until every sequence has ended.
 
         ``receive``: the ASGI receive callable, watched for ``http.disconnect`` (non-streaming).
+        Past ``--request-timeout`` the job is cancelled and a 408 ``ApiError`` raised.
         """
         pending = len(self.works)
         watcher = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
@@ -54,7 +61,11 @@ class JobRun:
             while pending:
                 get = asyncio.ensure_future(self.queue.get())
                 waits = {get} if watcher is None else {get, watcher}
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+                done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    get.cancel()
+                    raise timed_out(self.limits)
                 if get not in done:
                     get.cancel()
                     raise ClientGone()

@@ -1,0 +1,132 @@
+"""Request limits: each refusal is a 4xx that names the limit and the flag that changes it.
+
+    --max-request-bytes     request body size (413), checked while the body arrives
+    --max-prompt-tokens     prompt tokens per prompt (400; the context length caps it anyway)
+    --max-stop-strings      stop strings per request (400)
+    --max-stop-length       characters per stop string (400)
+    --max-concurrent-streams  open streaming responses (429)
+    --request-timeout       seconds from arrival to the end of a request; past it the request is
+                            cancelled cleanly (408, or an error event and [DONE] on a stream)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+from .api_errors import ApiError, bad_request
+
+
+@dataclass
+class Limits:
+    max_request_bytes: int = 4 * 2**20
+    max_prompt_tokens: int | None = None  # None: the context length
+    max_stop_strings: int = 16
+    max_stop_length: int = 256
+    max_concurrent_streams: int = 256
+    request_timeout: float | None = 600.0  # None or 0: no timeout
+
+    def check_job(self, job) -> None:
+        if self.max_prompt_tokens is not None:
+            longest = max((len(p) for p in job.prompts), default=0)
+            if longest > self.max_prompt_tokens:
+                raise bad_request(
+                    f"the prompt has {longest} tokens; this server accepts at most {self.max_prompt_tokens} "
+                    "(--max-prompt-tokens)", param="prompt", code="prompt_too_long")
+        stops = job.stop or []
+        if len(stops) > self.max_stop_strings:
+            raise bad_request(f"at most {self.max_stop_strings} stop strings are accepted, got {len(stops)} "
+                              "(--max-stop-strings)", param="stop", code="too_many_stop_strings")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > self.max_stop_length:
+            raise bad_request(f"stop strings may be at most {self.max_stop_length} characters, one has {longest} "
+                              "(--max-stop-length)", param="stop", code="stop_string_too_long")
+
+
+def timed_out(limits: Limits) -> ApiError:
+    return ApiError(408, f"the request took longer than {limits.request_timeout:g} s and was cancelled "
+                         "(--request-timeout)", code="request_timeout")
+
+
+class StreamSlots:
+    """Counts open streaming responses; ``acquire`` refuses past the limit with a 429."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> "StreamTicket":
+        with self._lock:
+            if self.open >= self.limit:
+                raise ApiError(429, f"{self.open} streams are open, the most this server keeps "
+                                    "(--max-concurrent-streams); retry later or use stream=false",
+                               code="too_many_streams", headers={"Retry-After": "1"})
+            self.open += 1
+        return StreamTicket(self)
+
+    def _release(self) -> None:
+        with self._lock:
+            self.open -= 1
+
+
+class StreamTicket:
+    """One open stream's slot; ``release`` is idempotent (the generator's end and the response's
+    background task both call it, whichever way the stream ends)."""
+
+    def __init__(self, slots: StreamSlots):
+        self._slots = slots
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots._release()
+
+
+class BodySizeLimit:
+    """ASGI middleware: 413 for a body past ``max_bytes``, by its Content-Length or, for a chunked
+    body, counted as it arrives (read up to the limit here, then replayed to the app)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                return await self._refuse(send)
+            return await self.app(scope, receive, send)
+        chunks, seen = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending it all
+                return
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.max_bytes:
+                return await self._refuse(send)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send):
+        e = ApiError(413, f"the request body is larger than {self.max_bytes} bytes (--max-request-bytes)",
+                     code="request_too_large")
+        body = json.dumps(e.body()).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

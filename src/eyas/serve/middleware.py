@@ -1,0 +1,86 @@
+"""Plain ASGI middleware (no BaseHTTPMiddleware, which can end a slow reader's stream early):
+the API key check, and request ids with one structured log line per request."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+
+from .api_errors import error_body
+
+access_log = logging.getLogger("eyas.serve.requests")
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+async def send_json(send, status: int, body: dict, headers: list | None = None) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class ApiKey:
+    """401 unless ``Authorization: Bearer KEY`` on the protected path prefixes."""
+
+    def __init__(self, app, key: str, protected: tuple[str, ...]):
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+        self.protected = protected
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(self.protected):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                body = error_body("invalid or missing API key: send 'Authorization: Bearer <key>' with the key "
+                                  "the server was started with (--api-key)", code="invalid_api_key")
+                return await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
+        await self.app(scope, receive, send)
+
+
+class RequestLog:
+    """``X-Request-Id`` on every response (a client's safe id is kept) and one JSON log line per
+    request when its last byte is sent, streams included. Routes add token counts and acceptance
+    to ``request.state.log``; prompt and output text stay out unless ``with_text``."""
+
+    QUIET = ("/metrics", "/health")  # scraped and probed every few seconds
+
+    def __init__(self, app, with_text: bool = False):
+        self.app = app
+        self.with_text = with_text
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if REQUEST_ID.match(given) else uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        state["log"] = fields = {}
+        start = time.perf_counter()
+        status = 0
+
+        async def tagged_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.emit(scope, rid, status, start, fields)
+
+        await self.app(scope, receive, tagged_send)
+
+    def emit(self, scope, rid: str, status: int, start: float, fields: dict) -> None:
+        if scope["path"] in self.QUIET and status < 400:
+            return
+        if not self.with_text:
+            fields = {k: v for k, v in fields.items() if k not in ("prompt", "output")}
+        line = {"event": "request", "request_id": rid, "method": scope["method"], "path": scope["path"],
+                "status": status, "latency_s": round(time.perf_counter() - start, 4), **fields}
+        access_log.info(json.dumps(line, ensure_ascii=False))

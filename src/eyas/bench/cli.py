@@ -113,7 +113,8 @@ def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
 def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
     from ..engine.sampling import SamplingParams
     from ..pipeline import build_engine
-    from .offline import baseline_engine, chat_ids, run_engine, warm_up
+    from ..generate import chat_ids
+    from .offline import baseline_engine, run_engine, warm_up
 
     print("loading ...", file=sys.stderr, flush=True)
     engine = build_engine(engine_args_from(args))

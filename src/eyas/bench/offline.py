@@ -16,14 +16,6 @@ from ..engine.stats import SpecStats
 from .results import Request, Run
 
 
-def chat_ids(tokenizer, text: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                 tokenize=False)
-        return tokenizer(rendered, add_special_tokens=False).input_ids
-    return tokenizer(text).input_ids
-
-
 def baseline_engine(engine):
     """The same target, no draft."""
     from ..engine.engine import Engine

@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import torch
 import pytest
 
 from serve_helpers import scrape
@@ -197,3 +198,49 @@ def test_client_storm_leaves_nothing_behind(server):
     assert ok.status_code == 200
     log = server.stderr()
     assert "Traceback" not in log and " ERROR " not in log
+
+
+class OomOnLongPrompts:
+    """The real engine, except that a prefill holding a prompt over 200 tokens runs out of memory."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def prefill(self, seqs):
+        if any(len(s.prompt_ids) > 200 for s in seqs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return self._engine.prefill(seqs)
+
+
+def test_a_request_that_cannot_fit_fails_alone(inprocess, reference, engine):
+    from eyas.generate import chat_ids
+
+    results = {}
+
+    def call(name, content, n):
+        r = httpx.post(inprocess_url[0] + CHAT, json={"messages": [{"role": "user", "content": content}],
+                                                     "max_tokens": n, "temperature": 0}, timeout=120)
+        results[name] = r
+
+    inprocess_url = []
+    with inprocess(step_delay=0.02, wrap=OomOnLongPrompts) as srv:
+        inprocess_url.append(srv.url)
+        threads = [threading.Thread(target=call, args=(f"ok{i}", f"short {i}", 24)) for i in range(4)]
+        threads.append(threading.Thread(target=call, args=("huge", "word " * 60, 8)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        huge = results["huge"]
+        assert huge.status_code == 503 and huge.json()["error"]["code"] == "out_of_memory", huge.text
+        assert "does not fit" in huge.json()["error"]["message"]
+        tok = engine.target.tokenizer
+        for i in range(4):
+            r = results[f"ok{i}"]
+            assert r.status_code == 200
+            want = reference([chat_ids(tok, f"short {i}")], 24)[0]
+            assert r.json()["usage"]["completion_tokens"] == len(want)
+        assert httpx.get(srv.url + "/health").json() == {"status": "ok", "running": 0, "queued": 0}

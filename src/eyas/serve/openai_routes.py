@@ -54,7 +54,7 @@ def sse(obj) -> str:
 
 
 def failed_error(event: Failed) -> ApiError:
-    return ApiError(500, event.message, code="engine_error")
+    return ApiError(event.status, event.message, code="engine_error" if event.status == 500 else "out_of_memory")
 
 
 @router.post("/v1/chat/completions")

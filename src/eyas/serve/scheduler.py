@@ -23,6 +23,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from ..engine.engine import Sequence
 from ..engine.stats import SpecStats
 from .detokenize import Detokenizer
@@ -53,6 +55,7 @@ class Finished:
 @dataclass
 class Failed:
     message: str
+    status: int = 500  # 503: this request alone did not fit (memory); the server carries on
 
 
 @dataclass
@@ -199,7 +202,20 @@ class Scheduler:
     def _prefill(self, works: list[Work]) -> None:
         for w in works:
             w.detok = Detokenizer(self.tokenizer, w.stop, w.skip_special_tokens)
-        new = self.engine.prefill([w.seq for w in works])
+        try:
+            new = self.engine.prefill([w.seq for w in works])
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: the running batch is untouched
+            if len(works) > 1:  # one at a time, so only the request that cannot fit fails
+                for w in works:
+                    self._prefill([w])
+                return
+            oom = isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)) or isinstance(e, MemoryError) or "out of memory" in str(e).lower()
+            log.warning("request %s failed alone in prefill: %s: %s", works[0].seq.rid, type(e).__name__, e)
+            message = (f"this request does not fit in the server's memory ({len(works[0].seq.prompt_ids)} prompt "
+                       "tokens); shorten the prompt or retry later" if oom
+                       else f"internal engine error in prefill: {type(e).__name__}: {e}")
+            self._fail(works, message, 503 if oom else 500)
+            return
         self.metrics.prompt_tokens.inc(sum(len(w.seq.prompt_ids) for w in works))
         with self._cond:
             self._batch = self.engine.merge(self._batch, new)
@@ -281,6 +297,15 @@ class Scheduler:
                      "-" if ttft is None else f"{ttft:.3f} s", spec)
         w.sink(w.index, Finished(reason, matched, list(w.kept_ids), w.text, len(w.seq.prompt_ids),
                                  SpecStats().add(w.seq.stats), ttft, now - w.arrival))
+
+    def _fail(self, works: list[Work], message: str, status: int) -> None:
+        """Fail requests that never joined the running batch."""
+        with self._cond:
+            self._inflight -= len(works)
+        for w in works:
+            w.done = True
+            self.metrics.requests.labels(outcome="error").inc()
+            w.sink(w.index, Failed(message, status))
 
     def _fail_all(self, admit: list[Work], message: str) -> None:
         with self._cond:

@@ -60,3 +60,35 @@ def test_a_trusted_pickle_draft_loads_with_allow_pickle(tmp_path, draft):
     torch.save(state, folder / "pytorch_model.bin")
     loaded = formats.load_draft(folder, embed_weight=draft.embed_tokens.weight, allow_pickle=True)
     assert torch.equal(loaded.fc.weight, draft.fc.weight)
+
+
+def test_truncated_target_weights_get_a_specific_message(tmp_path):
+    folder = save_tiny_model(tmp_path / "target")
+    f = folder / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(EyasError, match="truncated or not a safetensors file") as e:
+        load_target(str(folder))
+    assert "again" in e.value.fix
+
+
+def test_misshaped_target_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_tiny_model(tmp_path / "target")
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.layers.3.self_attn.k_proj.weight"] = torch.zeros(7, 64)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(EyasError, match=r"k_proj.weight in model.safetensors has shape \(7, 64\), but config.json "
+                                        r"implies \(32, 64\)"):
+        load_target(str(folder))
+
+
+def test_integer_data_where_floats_belong_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_tiny_model(tmp_path / "target")
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.norm.weight"] = torch.zeros(64, dtype=torch.int32)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(EyasError, match="stored as I32"):
+        load_target(str(folder))

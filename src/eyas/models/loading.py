@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import EyasError
-from .safety import refuse_pickle
+from .safety import check_safetensors, refuse_pickle
 from .target import Target
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -134,12 +134,20 @@ def load_target(
                       allow_pickle)
     else:
         kwargs["use_safetensors"] = True  # never fall back to a pickle beside them
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise EyasError(f"cannot read {folder}/config.json: {e}", "the folder needs a valid config.json") from e
+        check_safetensors(folder, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
-    except (OSError, ValueError) as e:
-        raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: {e}",
-                        "check that the folder holds a complete model (config.json, weights, tokenizer)") from e
+    except (OSError, ValueError, RuntimeError) as e:
+        raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: "
+                        f"{type(e).__name__}: {str(e)[:500]}",
+                        "check that the folder holds a complete model (config.json, weights, tokenizer)") from None
     if gguf and os.environ.get("EYAS_NO_GGUF_CACHE") is None:
         try:
             _cache_gguf(model, tokenizer, cached)

@@ -34,3 +34,49 @@ def refuse_pickle(files, allow_pickle: bool) -> None:
             "convert it to safetensors (" + CONVERT.format(src=f, dst=f.with_suffix(".safetensors"))
             + ") or, if you trust the file, pass --allow-pickle",
         )
+
+
+def check_safetensors(folder: Path, config) -> None:
+    """Every ``*.safetensors`` file is complete and its tensors have the shapes the config implies.
+
+    Reads only headers (safetensors checks that the data the header promises is in the file) and
+    builds the model on the meta device, so a crafted or truncated file fails here with a message
+    instead of deep inside a matmul. Tensors whose names the model does not have are left to the
+    loader's own report.
+    """
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    headers: dict[str, tuple[tuple[int, ...], str, Path]] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    sl = st.get_slice(k)
+                    headers[k] = (tuple(sl.get_shape()), str(sl.get_dtype()), f)
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for broken files
+            raise EyasError(
+                f"{f} ({f.stat().st_size} bytes) is truncated or not a safetensors file: {e}",
+                "copy or download the model again (an interrupted copy leaves a truncated file)",
+            ) from None
+    if not headers:
+        return
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - an architecture that cannot be built on meta: leave it to the loader
+        return
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    for name, (shape, dtype, f) in headers.items():
+        want = expected.get(name)
+        if want is None:
+            continue
+        if shape != want[0]:
+            raise EyasError(
+                f"tensor {name} in {f.name} has shape {shape}, but config.json implies {want[0]}",
+                "the weights and config.json do not belong together; use the config the weights were saved with",
+            )
+        if want[1].is_floating_point and not dtype.startswith(("F", "BF")):
+            raise EyasError(f"tensor {name} in {f.name} is stored as {dtype}, a floating-point tensor was expected",
+                            "the file is not a plain (unquantised) checkpoint of this model")

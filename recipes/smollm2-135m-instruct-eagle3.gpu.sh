@@ -28,6 +28,7 @@ stamp "train ${BUDGET:+(time budget $BUDGET s)}"
 torchrun --standalone --nproc-per-node $NG -m eyas train --recipe $J/recipe.yaml --model $M --data $J/data \
   --output $J/run ${BUDGET:+--set train.time_budget_s=$BUDGET --set train.max_steps=null} --set log.progress=false || { stamp "train failed"; touch $J/DONE; exit 1; }
 
+[ -n "${SKIP_EVAL:-}" ] && { stamp done; touch $J/DONE; exit 0; }
 D=$J/run/draft
 E="--model-path $M --speculative-draft-model-path $D --data $J/data --num-prompts 64 --max-new-tokens 128 --device cuda"
 stamp "eval chain"; python3 -m eyas eval $E --batch-size 16 --baseline --speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6 --json-out $J/eval-chain.json

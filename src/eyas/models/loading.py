@@ -95,7 +95,9 @@ def _cache_gguf(model, tokenizer, out: Path) -> None:
     """Save a dequantised GGUF model as a plain HF folder, so later loads skip the conversion."""
     from safetensors.torch import save_model
 
-    tmp = out.with_name(out.name + ".tmp")
+    # Each process writes its own copy and renames it into place: ranks started together by
+    # torchrun may all convert the same file; the first rename wins, the rest are dropped.
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     config = model.config.to_dict()
     config.pop("quantization_config", None)
@@ -106,7 +108,12 @@ def _cache_gguf(model, tokenizer, out: Path) -> None:
     tokenizer.save_pretrained(tmp)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(tmp)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_target(
@@ -151,8 +158,8 @@ def load_target(
     if gguf and os.environ.get("EYAS_NO_GGUF_CACHE") is None:
         try:
             _cache_gguf(model, tokenizer, cached)
-        except OSError:
-            pass  # a read-only home only costs the conversion next time
+        except Exception:  # noqa: BLE001 - a read-only or full disk only costs the conversion next time
+            pass
     model.to(device)
     name = path_or_name if path_or_name.lower() == SMOLLM2 else source
     return Target(model, tokenizer, name=name, aux_layer_ids=aux_layer_ids)

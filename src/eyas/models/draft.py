@@ -38,6 +38,9 @@ from .vocab import identity_vocab
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS = "model.safetensors"
+# PretrainedConfig fields that mean nothing for a draft; left out of the config.json we write.
+HF_NOISE = ("_name_or_path", "id2label", "label2id", "return_dict", "output_attentions", "output_hidden_states",
+            "problem_type", "chunk_size_feed_forward", "is_encoder_decoder")
 
 
 class Eagle3Attention(nn.Module):
@@ -188,7 +191,7 @@ class Eagle3Draft(nn.Module):
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         save_file(state, str(path / WEIGHTS), metadata={"format": "pt"})
-        config = self.config.to_dict()
+        config = {k: v for k, v in self.config.to_dict().items() if k not in HF_NOISE}
         config["architectures"] = [ARCHITECTURE]
         config["torch_dtype"] = str(dtype or self.fc.weight.dtype).replace("torch.", "")
         (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -26,7 +26,7 @@ from transformers import LlamaConfig
 
 from ..errors import EyasError
 from ..layers import from_sglang, from_speculators, to_sglang, to_speculators
-from .draft import ARCHITECTURE, Eagle3Draft
+from .draft import ARCHITECTURE, HF_NOISE, Eagle3Draft
 from .safety import refuse_pickle
 
 EYAS, SGLANG, SPECULATORS, OFFICIAL = "eyas", "sglang", "speculators", "eagle3"
@@ -414,9 +414,7 @@ def _legacy_rope(config: dict) -> dict:
 
 
 # PretrainedConfig bookkeeping that no serving engine reads; left out of exported configs.
-CONFIG_NOISE = ("eyas", "transformers_version", "_name_or_path", "id2label", "label2id", "return_dict",
-                "output_attentions", "output_hidden_states", "problem_type", "chunk_size_feed_forward",
-                "is_encoder_decoder")
+CONFIG_NOISE = ("eyas", "transformers_version") + HF_NOISE
 
 
 def _export_state(folder: DraftFolder, include_embeddings: bool, dtype) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from ..errors import EyasError
 from ..models.loading import SMOLLM2
@@ -69,6 +70,8 @@ def run(args) -> int:
 
         target = args.target or SMOLLM2
         draft = args.draft or (str(builtin_draft(target)) if builtin_draft(target) else None)
+        if draft is not None and builtin_draft(draft) is not None and not Path(draft).expanduser().exists():
+            draft = str(builtin_draft(draft))  # a shipped draft given by name
         if draft is None:
             raise EyasError(f"no --draft given and no draft ships with eyas for {target!r}",
                             "pass --draft PATH (a draft folder), or --url URL to check a running server")

@@ -3,6 +3,10 @@ template, and a draft briefly trained on it with the real TTT loss."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -100,3 +104,36 @@ def train_draft(target: Target, steps: int = 120, seed: int = 0, ttt_steps: int 
         opt.step()
     assert vocab == draft.config.vocab_size
     return draft.eval()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class InProcessServer:
+    """uvicorn in a thread around ``create_app`` (signals stay with pytest)."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        end = time.time() + 60
+        while not self.server.started:
+            if time.time() > end or not self.thread.is_alive():
+                raise RuntimeError("in-process server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
+from helpers import InProcessServer, free_port  # noqa: F401 - shared with the doctor tests
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -80,30 +73,3 @@ def scrape(url: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
-
-
-class InProcessServer:
-    """uvicorn in a thread around ``create_app`` (signals stay with pytest)."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        self.app = app
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        end = time.time() + 30
-        while not self.server.started:
-            if time.time() > end or not self.thread.is_alive():
-                raise RuntimeError("in-process server did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(30)

@@ -8,6 +8,7 @@ into the engine. A refused configuration costs no generation.
 from __future__ import annotations
 
 import importlib.resources
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from .config import Algorithm, SpecConfig
 from .errors import EyasError
 from .models import formats
 from .models.loading import SMOLLM2, load_target
+from .models.native import choose
 from .models.target import Target
+
+log = logging.getLogger("eyas")
 
 # Drafts shipped inside the package, by the target name they belong to.
 BUILTIN_DRAFTS = {SMOLLM2: "smollm2-135m-instruct-eagle3"}
@@ -35,6 +39,9 @@ class EngineArgs:
     context_length: int | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    engine: str = "auto"  # auto: native Llama path on CUDA when the model allows it; native; generic
+    cuda_graphs: bool = True
+    max_batch: int = 64  # rows the native path's preallocated KV cache holds
 
 
 def builtin_draft(name: str) -> Path | None:
@@ -111,11 +118,15 @@ def build_engine(args: EngineArgs):
                 f"use at most {target.info.max_context}",
             )
         target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
+    target, path_line = choose(target, args.engine)
     draft = None
     if resolved is not None:
         draft = formats.load_draft(resolved, embed_weight=target.embed_tokens.weight,
                                    device=args.device, dtype=target.dtype, allow_pickle=args.allow_pickle)
-    return Engine(target, draft, spec, draft_path=str(resolved) if resolved else None)
+    engine = Engine(target, draft, spec, draft_path=str(resolved) if resolved else None,
+                    max_batch=args.max_batch, cuda_graphs=args.cuda_graphs)
+    log.info("%s: %s", path_line, engine.layout)
+    return engine
 
 
 def add_engine_arguments(parser) -> None:
@@ -137,6 +148,11 @@ def add_engine_arguments(parser) -> None:
     g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     g.add_argument("--allow-pickle", action="store_true",
                    help="allow .bin/.pt pickle checkpoints (refused by default: unpickling can run code)")
+    g.add_argument("--engine", choices=["auto", "native", "generic"], default="auto",
+                   help="auto (default): the native Llama-family path with a static KV cache on CUDA when the "
+                        "model allows it, else the generic Hugging Face path")
+    g.add_argument("--disable-cuda-graph", action="store_true",
+                   help="native path: run every forward eagerly (debugging; the eager path is the reference)")
 
 
 def engine_args_from(ns) -> EngineArgs:
@@ -152,4 +168,7 @@ def engine_args_from(ns) -> EngineArgs:
         context_length=ns.context_length,
         trust_remote_code=ns.trust_remote_code,
         allow_pickle=getattr(ns, "allow_pickle", False),
+        engine=getattr(ns, "engine", "auto"),
+        cuda_graphs=not getattr(ns, "disable_cuda_graph", False),
+        max_batch=getattr(ns, "max_running_requests", None) or 64,
     )

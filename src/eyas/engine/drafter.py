@@ -31,8 +31,12 @@ def draft_tree(
     logits0: torch.Tensor,  # [B, draft_vocab] draft output predicting depth 1
     hidden0: torch.Tensor,  # [B, H] pre-norm draft state that produced logits0
     spec: SpecConfig,
+    steps_fn=None,  # (tokens, hidden, positions, cache, mask) -> (hidden, logits); eager by default
 ) -> Tree:
     k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
+    if steps_fn is None:
+        from ..models.native import DraftSteps
+        steps_fn = DraftSteps(draft)
     bsz, dev = root.shape[0], root.device
     d2t = draft.d2t
     rows = torch.arange(bsz, device=dev)
@@ -51,8 +55,8 @@ def draft_tree(
             visible = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)], dim=-1)
             mask = kv_cache.attention_mask(lengths, prefix_slots, visible, hidden.dtype)
             positions = (lengths + step - 1)[:, None].expand(bsz, k)
-            out = draft.backbone(draft.embed(tokens), hidden, positions, cache, mask)  # [B, k, H]
-            logp = torch.log_softmax(draft.logits(out).float(), dim=-1)
+            out, logits = steps_fn(tokens, hidden, positions, cache, mask)  # [B, k, H], [B, k, draft_vocab]
+            logp = torch.log_softmax(logits.float(), dim=-1)
             child_scores, child_ids = (logp + scores[..., None]).topk(k, dim=-1)  # [B, k, k]
             flat_scores = child_scores.reshape(bsz, k * k)
             flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
@@ -81,8 +85,8 @@ def draft_tree(
     column.scatter_(1, keep, torch.arange(1, total, device=dev).expand(bsz, total - 1))
     cand_parent = all_parents.gather(1, keep)
     parent_col = torch.where(cand_parent < 0, torch.zeros_like(cand_parent), column.gather(1, cand_parent.clamp(min=0)))
-    if bool((parent_col < 0).any()):
+    if not parent_col.is_cuda and bool((parent_col < 0).any()):  # an invariant; not worth a GPU sync
         raise RuntimeError("draft tree lost a parent: scores were not monotone along a path")
     tree_tokens = torch.cat([root[:, None], all_tokens.gather(1, keep)], dim=1)
     parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), parent_col], dim=1)
-    return Tree.from_parents(tree_tokens, parents)
+    return Tree.from_parents(tree_tokens, parents, max_depth=steps)

@@ -26,6 +26,8 @@ from ..checks import check_spec
 from ..config import Algorithm, SpecConfig
 from ..errors import EyasError
 from ..models import kv_cache
+from ..models.graphs import buckets
+from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from .drafter import draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
@@ -78,7 +80,11 @@ class Output:
 
 
 class Engine:
-    def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None):
+    """``max_batch`` and ``cuda_graphs`` matter on the native path only (a ``NativeTarget``): they
+    size the preallocated KV caches and say whether forwards replay CUDA graphs."""
+
+    def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None,
+                 max_batch: int = 64, cuda_graphs: bool = True):
         spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
         if draft is not None and draft.aux_layer_ids is not None:
             target.set_aux_layers(draft.aux_layer_ids)
@@ -89,6 +95,35 @@ class Engine:
         self.device = target.device
         self.tree_size = spec.num_draft_tokens if spec.speculative else 1
         self.max_context = target.info.max_context or 1 << 30
+        self.draft_steps = DraftSteps(draft) if draft is not None else None
+        self.static = isinstance(target, NativeTarget)
+        self.layout = "generic Hugging Face forward, growing KV cache"
+        if self.static:
+            self._attach_pools(max_batch, cuda_graphs)
+
+    def _attach_pools(self, max_batch: int, cuda_graphs: bool) -> None:
+        """Preallocate the target's and the draft's KV caches and their graph runners."""
+        spec = self.spec
+        draft_tokens = buckets(max(spec.eagle_topk, spec.num_steps + 1)) if spec.speculative else []
+        slack = max([self.tree_size] + draft_tokens) + 1
+        context = min(self.max_context, 1 << 20)
+        per_slot = self.target.bytes_per_slot() + (self.draft_steps.bytes_per_slot() if spec.speculative else 0)
+        plan = plan_pool(max_batch, context, slack, per_slot, kv_budget(self.device))
+        if plan.slots - slack < context:
+            self.max_context = plan.slots - slack
+        graphs = cuda_graphs and self.device.type == "cuda"
+        self.target.attach_pool(plan, [self.tree_size], cuda_graphs, capture_aux=spec.speculative)
+        if spec.speculative:
+            self.draft_steps.attach_pool(plan, draft_tokens, cuda_graphs)
+        self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
+                       f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
+
+    def _own(self, batch: "Batch") -> None:
+        """Native path: move a freshly prefilled batch's rows into the preallocated caches."""
+        if self.static and batch.target_cache is not self.target.pool:
+            batch.target_cache = self.target.pool.adopt(batch.target_cache)
+            if batch.draft_cache is not None:
+                batch.draft_cache = self.draft_steps.pool.adopt(batch.draft_cache)
 
     # -- batch membership ---------------------------------------------------------------------
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -120,7 +155,9 @@ class Engine:
 
     def merge(self, a: Batch | None, b: Batch) -> Batch:
         if a is None or len(a) == 0:
+            self._own(b)
             return b
+        self._own(a)
         cat = lambda x, y: None if x is None else torch.cat([x, y])  # noqa: E731
         return Batch(
             a.seqs + b.seqs,
@@ -163,9 +200,10 @@ class Engine:
     @torch.inference_mode()
     def step(self, batch: Batch) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted."""
+        self._own(batch)
         if self.spec.speculative:
             tree = draft_tree(self.draft, batch.draft_cache, batch.lengths, batch.root,
-                              batch.draft_logits, batch.draft_hidden, self.spec)
+                              batch.draft_logits, batch.draft_hidden, self.spec, self.draft_steps)
         else:
             tree = Tree.root_only(batch.root)
         cache = batch.target_cache
@@ -203,11 +241,11 @@ class Engine:
         slots = kv_cache.num_slots(cache)
         positions = base[:, None] + torch.arange(width, device=self.device)[None, :]
         mask = kv_cache.attention_mask(base, slots, _causal(counts, width), self.target.dtype)
-        h = draft.backbone(draft.embed(tokens), draft.project(aux), positions, cache, mask)
+        h, logits = self.draft_steps(tokens, draft.project(aux), positions, cache, mask)
         src = slots + torch.arange(width, device=self.device).expand(len(tokens), width)
         kv_cache.commit(cache, base, src, counts)
-        last = h[torch.arange(len(tokens), device=self.device), counts - 1]  # [B, H]
-        return draft.logits(last), last
+        rows = torch.arange(len(tokens), device=self.device)
+        return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
 
     # -- tokens ---------------------------------------------------------------------------------
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
@@ -216,8 +254,9 @@ class Engine:
         return sample(probs(logits, seq.params), seq.generator)
 
     def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor):
-        argmax = logits.argmax(dim=-1).cpu()  # [B, T]
-        cpu_tree = Tree(tree.tokens.cpu(), tree.parents.cpu(), tree.depth.cpu(), tree.mask)
+        # One device-to-host copy per step: the target's choices and the tree they are checked against.
+        argmax, tokens, parents = torch.stack([logits.argmax(dim=-1), tree.tokens, tree.parents]).cpu()
+        cpu_tree = Tree(tokens, parents, tree.depth, tree.mask)
         paths, bonus = [], []
         for i, s in enumerate(batch.seqs):
             if s.params.greedy:

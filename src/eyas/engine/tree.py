@@ -35,8 +35,11 @@ class Tree:
         )
 
     @classmethod
-    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor) -> "Tree":
-        """Build depth and ancestor mask from parent pointers (parents precede children)."""
+    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> "Tree":
+        """Build depth and ancestor mask from parent pointers (parents precede children).
+
+        With ``max_depth`` known (the drafter's step count) the walk runs that many rounds and never
+        asks the device whether it is done, which would stall a GPU pipeline once per round."""
         b, t = tokens.shape
         dev = tokens.device
         mask = torch.eye(t, dtype=torch.bool, device=dev).expand(b, t, t).clone()
@@ -44,11 +47,11 @@ class Tree:
         cur = parents.clone()
         rows = torch.arange(b, device=dev)[:, None].expand(b, t)
         cols = torch.arange(t, device=dev)[None, :].expand(b, t)
-        for _ in range(t):
+        for _ in range(t if max_depth is None else max_depth):
             live = cur >= 0
-            if not bool(live.any()):
+            if max_depth is None and not bool(live.any()):
                 break
-            mask[rows[live], cols[live], cur[live]] = True
+            mask[rows, cols, cur.clamp(min=0)] |= live
             depth += live.long()
             cur = torch.where(live, parents.gather(1, cur.clamp(min=0)), cur)
         return cls(tokens=tokens, parents=parents, depth=depth, mask=mask)

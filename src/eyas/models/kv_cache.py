@@ -9,13 +9,16 @@ tensors ``[batch, kv_heads, slots, head_dim]``. eyas keeps one invariant on top 
 A step appends ``T`` slots for every row at ``[S, S + T)`` (``S`` = the cache's slot count), then
 ``commit`` copies the accepted ones down to ``lengths[b] ..`` and crops. Rejected tree nodes and
 padding thus never stay in the cache, and a static cache (write at ``position``) can later replace
-this without changing the engine.
+this without changing the engine: ``StaticKV`` (``eyas.models.static_cache``) is that cache, and
+every function here hands it its own in-place version of the operation.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+
+from .static_cache import StaticKV
 
 
 def new_cache() -> DynamicCache:
@@ -28,11 +31,15 @@ def _layers(cache: DynamicCache):
 
 
 def num_slots(cache: DynamicCache) -> int:
+    if isinstance(cache, StaticKV):
+        return cache.num_slots()
     layers = _layers(cache)
     return 0 if not layers else int(layers[0].keys.shape[-2])
 
 
 def crop(cache: DynamicCache, slots: int) -> None:
+    if isinstance(cache, StaticKV):
+        return cache.crop(slots)
     for layer in _layers(cache):
         layer.keys = layer.keys[..., :slots, :]
         layer.values = layer.values[..., :slots, :]
@@ -45,6 +52,8 @@ def commit(
     counts: torch.Tensor,  # [B] how many of src to keep per row (<= K)
 ) -> torch.Tensor:
     """Move the kept slots of each row down to ``lengths[b]..``, crop, return the new lengths."""
+    if isinstance(cache, StaticKV):
+        return cache.commit(lengths, src, counts)
     new_lengths = lengths + counts
     k = src.shape[1]
     dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]  # [B, K]
@@ -64,6 +73,8 @@ def commit(
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor, slots: int) -> None:
     """Keep only ``rows`` (batch indices) and the first ``slots`` slots."""
+    if isinstance(cache, StaticKV):
+        return cache.select_rows(rows, slots)
     for layer in _layers(cache):
         layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))[..., :slots, :]
         layer.values = layer.values.index_select(0, rows.to(layer.values.device))[..., :slots, :]
@@ -71,6 +82,9 @@ def select_rows(cache: DynamicCache, rows: torch.Tensor, slots: int) -> None:
 
 def concat_rows(a: DynamicCache, b: DynamicCache) -> DynamicCache:
     """Stack two caches along the batch, padding the shorter one's slots (padding is masked)."""
+    if isinstance(a, StaticKV):
+        a.append_rows(b)
+        return a
     la, lb = _layers(a), _layers(b)
     if not la:
         return b

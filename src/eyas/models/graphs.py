@@ -1,0 +1,146 @@
+"""Forwards over a ``StaticKV``, eager or replayed from CUDA graphs captured per shape bucket.
+
+A forward over the static cache has a shape ``(B rows, T new tokens, W attended slots)``. The
+runner rounds each up to a bucket, copies the real inputs into fixed buffers of the bucket's shape
+(zeros elsewhere), and replays the graph captured for that bucket the first time it was seen (or
+at warm-up). Padding is harmless by construction:
+
+- padded rows live in rows of the cache buffer that hold no sequence;
+- padded tokens write their keys past the real ones, into slots the next forward overwrites and
+  that no real token can see (the mask hides every slot from ``used + T`` on);
+- padded mask rows see everything, so no row is all ``-inf`` (no NaN anywhere).
+
+Without CUDA (``capture=False``) the very same padding and buffers run eagerly: that is how the
+CPU tests check the graph path's logic against the plain eager path.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from dataclasses import dataclass
+
+import torch
+
+from .static_cache import StaticKV
+
+log = logging.getLogger("eyas.graphs")
+
+
+def buckets(limit: int, start: int = 1, factor: int = 2) -> list[int]:
+    out, b = [], start
+    while b < limit:
+        out.append(b)
+        b *= factor
+    return out + [limit]
+
+
+def _pick(options: list[int], n: int) -> int | None:
+    i = bisect_left(options, n)
+    return options[i] if i < len(options) else None
+
+
+@dataclass
+class _Graph:
+    inputs: dict[str, torch.Tensor]
+    mask: torch.Tensor
+    slots: torch.Tensor
+    outputs: tuple | None = None
+    graph: object = None
+
+
+class GraphRunner:
+    """Runs ``fn(inputs, mask)`` over ``cache``; ``fn`` returns tensors shaped ``[B, T, ...]``.
+
+    ``inputs`` maps names to ``[B, T, ...]`` tensors; ``mask`` is the engine's additive mask
+    ``[B, 1, T, used + T]``. ``enabled=False`` keeps everything eager and unpadded (the reference).
+    """
+
+    def __init__(self, fn, cache: StaticKV, rows: list[int], tokens: list[int], windows: list[int],
+                 enabled: bool = True, capture: bool | None = None, name: str = "forward"):
+        self.fn, self.cache, self.name = fn, cache, name
+        self.rows, self.tokens, self.windows = rows, tokens, windows
+        self.enabled = enabled
+        self.capture = cache.buf.is_cuda if capture is None else capture
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.pool = None
+        self.replays = self.eager_calls = 0
+
+    def _key(self, b: int, t: int) -> tuple[int, int, int] | None:
+        need = self.cache.used + t
+        key = (_pick(self.rows, b), _pick(self.tokens, t), _pick(self.windows, need))
+        if None in key or self.cache.used + key[1] > self.cache.capacity_slots:
+            return None
+        return key
+
+    def __call__(self, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> tuple:
+        b, t = mask.shape[0], mask.shape[2]
+        key = self._key(b, t) if self.enabled else None
+        if key is None:
+            return self._eager(inputs, mask, t)
+        g = self.graphs.get(key) or self._build(key, inputs, mask)
+        need = self.cache.used + t
+        for name, x in inputs.items():
+            buf = g.inputs[name]
+            buf.zero_()
+            buf[:b, :t].copy_(x)
+        g.mask.zero_()
+        g.mask[:b, :, :t, :need].copy_(mask)
+        g.mask[:b, :, :t, need:].fill_(torch.finfo(g.mask.dtype).min)
+        torch.arange(self.cache.used, self.cache.used + key[1], out=g.slots)
+        outputs = self._run(g, key)
+        self.cache.advance(t)
+        return tuple(o[:b, :t].clone() for o in outputs)
+
+    def _eager(self, inputs, mask, t):
+        self.eager_calls += 1
+        self.cache.begin(t)
+        out = self.fn(inputs, mask)
+        self.cache.advance(t)
+        return out
+
+    def _run(self, g: _Graph, key) -> tuple:
+        self.cache.window, self.cache.write_slots = key[2], g.slots
+        if g.graph is not None:
+            self.replays += 1
+            g.graph.replay()
+            return g.outputs
+        return self.fn(g.inputs, g.mask)
+
+    def _build(self, key, inputs, mask) -> _Graph:
+        rows, tokens, window = key
+        dev = mask.device
+        bufs = {n: torch.zeros((rows, tokens) + x.shape[2:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
+        g = _Graph(bufs, torch.zeros((rows, 1, tokens, window), dtype=mask.dtype, device=dev),
+                   torch.zeros(tokens, dtype=torch.long, device=dev))
+        if self.capture:
+            # Warm up and capture with keys written to the top slots, which hold nothing.
+            top = self.cache.capacity_slots - tokens
+            torch.arange(top, top + tokens, out=g.slots)
+            self.cache.window, self.cache.write_slots = window, g.slots
+            stream = torch.cuda.Stream(device=dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self.fn(g.inputs, g.mask)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                g.outputs = self.fn(g.inputs, g.mask)
+            self.pool = graph.pool()
+            g.graph = graph
+            log.debug("captured %s graph rows=%d tokens=%d window=%d", self.name, rows, tokens, window)
+        self.graphs[key] = g
+        return g
+
+    def warm(self, rows: int, tokens: int, window: int, templates: dict[str, tuple[tuple, torch.dtype]],
+             mask_dtype: torch.dtype) -> None:
+        """Capture the graph of one bucket now (startup), from input shapes ``[rows, tokens, ...]``."""
+        key = (_pick(self.rows, rows), _pick(self.tokens, tokens), _pick(self.windows, window))
+        if None in key or key in self.graphs:
+            return
+        dev = self.cache.buf.device
+        inputs = {n: torch.zeros((key[0], key[1]) + shape, dtype=dt, device=dev) for n, (shape, dt) in templates.items()}
+        used = self.cache.used
+        self._build(key, inputs, torch.zeros((key[0], 1, key[1], 1), dtype=mask_dtype, device=dev))
+        self.cache.used = used

@@ -1,0 +1,135 @@
+"""The native path for the Llama family: one hand-written forward over the HF model's own weights.
+
+Llama 2/3, Mistral (without a sliding window), Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm)
+and SmolLM share one decoder block, so one forward serves them all. It differs from HF's in
+what an engine needs and nothing else:
+
+- q/k/v and gate/up are fused into one matrix each (two matmuls fewer per layer; the HF modules
+  are re-pointed at views of the fused weights, so memory is not doubled);
+- keys and values go to whatever cache is passed: a ``DynamicCache`` for eager prefill, or the
+  preallocated ``StaticKV`` that CUDA graphs replay against;
+- grouped-query attention folds the query heads of one KV head into the query axis
+  (``[B, Hkv, rep * T, D]``), so SDPA reads each key once, with no repeat of the cache;
+- the aux hidden states EAGLE-3 needs are taken inline (no hooks, so it can be graph-captured).
+
+Embeddings, norms, rotary embeddings (every rope scaling HF implements) and the LM head are HF's
+own modules, called as they are, so the maths is HF's. ``native_support`` says why a model cannot
+take this path; the engine then keeps the generic one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def native_support(model: nn.Module) -> str | None:
+    """None when ``model`` can run natively, else the reason it cannot."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", "")
+    if kind not in FAMILY:
+        return f"model type {kind!r} is not in the native Llama family ({', '.join(FAMILY)})"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return f"{type(model).__name__} is not laid out as model.layers + lm_head"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r} (the native path implements silu)"
+    if getattr(cfg, "mlp_bias", False):
+        return "MLP biases"
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", kind == "mistral")
+    if window and uses_window and window < (getattr(cfg, "max_position_embeddings", 0) or 0):
+        return f"sliding-window attention ({window})"
+    rope = (getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type in ("dynamic", "longrope"):
+        return f"rope type {rope_type!r} changes with the sequence length"
+    return None
+
+
+class NativeLlama(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        why = native_support(model)
+        if why is not None:
+            raise ValueError(f"no native path: {why}")
+        cfg = model.config
+        inner = model.model
+        self.embed_tokens, self.layers, self.norm = inner.embed_tokens, inner.layers, inner.norm
+        self.rotary_emb, self.lm_head = inner.rotary_emb, model.lm_head
+        attn = self.layers[0].self_attn
+        self.num_heads = int(cfg.num_attention_heads)
+        self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(getattr(attn, "head_dim", None) or cfg.hidden_size // self.num_heads)
+        self.scaling = float(getattr(attn, "scaling", self.head_dim ** -0.5))
+        self.qk_norm = hasattr(attn, "q_norm")
+        self.qkv, self.qkv_bias, self.gate_up = [], [], []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.qkv.append(_fuse([a.q_proj, a.k_proj, a.v_proj]))
+            self.qkv_bias.append(_fuse([a.q_proj, a.k_proj, a.v_proj], "bias"))
+            self.gate_up.append(_fuse([m.gate_proj, m.up_proj]))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        position_ids: torch.Tensor,  # [B, T]
+        mask: torch.Tensor,  # [B, 1, T, W] additive, W = the keys the cache returns
+        cache,  # DynamicCache or StaticKV (anything with update(k, v, layer) -> (keys, values))
+        aux_layer_ids: tuple[int, ...] = (),
+        logits_at: torch.Tensor | None = None,  # [K] token indices whose logits are needed
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits ``[B, T or K, vocab]`` and the aux states ``[B, T, n * hidden]`` (None if no ids)."""
+        bsz, t = input_ids.shape
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        rep = hq // hkv
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(h, position_ids)
+        if rep > 1:  # one mask row per folded query
+            mask = mask[:, :, None].expand(bsz, 1, rep, t, mask.shape[-1]).reshape(bsz, 1, rep * t, mask.shape[-1])
+        aux = {}
+        nq, nkv = hq * d, hkv * d
+        for i, layer in enumerate(self.layers):
+            if i in aux_layer_ids:
+                aux[i] = h
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            qkv = F.linear(x, self.qkv[i], self.qkv_bias[i])
+            q = qkv[..., :nq].view(bsz, t, hq, d)
+            k = qkv[..., nq : nq + nkv].view(bsz, t, hkv, d)
+            v = qkv[..., nq + nkv :].view(bsz, t, hkv, d)
+            if self.qk_norm:
+                q, k = a.q_norm(q), a.k_norm(k)
+            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            keys, values = cache.update(k, v.transpose(1, 2), i)
+            q = q.reshape(bsz, hkv, rep * t, d)  # heads g*rep .. g*rep+rep-1 share kv head g
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+            o = o.view(bsz, hq, t, d).transpose(1, 2).reshape(bsz, t, nq)
+            h = h + a.o_proj(o)
+            gate, up = F.linear(layer.post_attention_layernorm(h), self.gate_up[i]).chunk(2, dim=-1)
+            h = h + layer.mlp.down_proj(F.silu(gate) * up)
+        aux[self.num_layers] = h
+        logits = self.lm_head(self.norm(h if logits_at is None else h[:, logits_at]))
+        return logits, (torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None)
+
+
+def _fuse(linears: list[nn.Linear], name: str = "weight") -> torch.Tensor | None:
+    """One tensor holding the linears' weights (or biases) end to end; the linears then view it."""
+    parts = [getattr(lin, name) for lin in linears]
+    if any(p is None for p in parts):
+        return None
+    fused = torch.cat([p.detach() for p in parts], dim=0)
+    start = 0
+    for lin, p in zip(linears, parts):
+        n = p.shape[0]
+        setattr(lin, name, nn.Parameter(fused[start : start + n], requires_grad=False))
+        start += n
+    return fused

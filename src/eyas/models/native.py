@@ -1,0 +1,139 @@
+"""The fast path: the native Llama forward and the draft on preallocated caches, with CUDA graphs.
+
+``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicCache``
+(prefill) it runs eagerly, given its ``StaticKV`` pool it goes through a ``GraphRunner``.
+``DraftSteps`` does the same for the draft's one-layer steps. The engine decides which path a
+model takes (``choose``) and sizes the pools (``plan_pool``); everything else is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .graphs import GraphRunner, buckets
+from .llama import NativeLlama, native_support
+from .static_cache import StaticKV
+from .target import Target
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    rows: int
+    slots: int
+    bytes: int
+
+    def describe(self) -> str:
+        return f"{self.rows} x {self.slots} slots ({self.bytes / 2**30:.2f} GiB)"
+
+
+def plan_pool(rows: int, max_context: int, slack: int, bytes_per_slot: int, budget: int) -> PoolPlan:
+    """Rows x slots for a cache: the whole context if it fits the budget, else as many slots as do."""
+    slots = max_context + slack
+    fit = budget // max(1, rows * bytes_per_slot)
+    slots = max(min(slots, fit), 2 * slack)
+    return PoolPlan(rows, slots, rows * slots * bytes_per_slot)
+
+
+def kv_budget(device: torch.device, fraction: float = 0.4) -> int:
+    """Bytes the KV pools may take: a share of free GPU memory, or 2 GiB on the CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * fraction)
+    return 2 << 30
+
+
+class NativeTarget(Target):
+    """A Llama-family target on the native forward."""
+
+    def __init__(self, model, tokenizer=None, name: str = "target", aux_layer_ids=None):
+        super().__init__(model, tokenizer, name, aux_layer_ids)
+        self.native = NativeLlama(model)
+        self.pool: StaticKV | None = None
+        self.runner: GraphRunner | None = None
+
+    @classmethod
+    def from_target(cls, target: Target) -> "NativeTarget":
+        return cls(target.model, target.tokenizer, target.name, target.aux_layer_ids)
+
+    def bytes_per_slot(self) -> int:
+        n = self.native
+        return n.num_layers * 2 * n.num_kv_heads * n.head_dim * self.dtype.itemsize
+
+    def attach_pool(self, plan: PoolPlan, tokens: list[int], graphs: bool, capture_aux: bool) -> StaticKV:
+        n = self.native
+        self.pool = StaticKV(n.num_layers, plan.rows, n.num_kv_heads, plan.slots, n.head_dim, self.dtype, self.device)
+        aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
+
+        def fn(inputs, mask):
+            logits, aux = n(inputs["ids"], inputs["pos"], mask, self.pool, aux_ids)
+            return (logits,) if aux is None else (logits, aux)
+
+        self.runner = GraphRunner(fn, self.pool, buckets(plan.rows), tokens, _windows(plan.slots), graphs,
+                                  name="target")
+        return self.pool
+
+    @torch.no_grad()
+    def forward(self, input_ids, position_ids, mask, cache, capture=True, logits_at=None):
+        if isinstance(cache, StaticKV):
+            assert cache is self.pool, "a static cache must be the target's own pool"
+            out = self.runner({"ids": input_ids, "pos": position_ids}, mask)
+            logits, aux = out[0], (out[1] if len(out) > 1 and capture else None)
+            return (logits if logits_at is None else logits[:, logits_at]), aux
+        aux_ids = tuple(self.aux_layer_ids) if capture else ()
+        return self.native(input_ids, position_ids, mask, cache, aux_ids, logits_at)
+
+
+class DraftSteps:
+    """``(hidden, logits)`` of one draft step over ``[B, T]`` tokens, eager or from graphs."""
+
+    def __init__(self, draft):
+        self.draft = draft
+        self.pool: StaticKV | None = None
+        self.runner: GraphRunner | None = None
+
+    def attach_pool(self, plan: PoolPlan, tokens: list[int], graphs: bool) -> StaticKV:
+        d = self.draft
+        attn = d.midlayer.self_attn
+        self.pool = StaticKV(1, plan.rows, attn.num_kv_heads, plan.slots, attn.head_dim, d.fc.weight.dtype,
+                             d.fc.weight.device)
+
+        def fn(inputs, mask):
+            h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)
+            return h, d.logits(h)
+
+        self.runner = GraphRunner(fn, self.pool, buckets(plan.rows), tokens, _windows(plan.slots), graphs,
+                                  name="draft")
+        return self.pool
+
+    def bytes_per_slot(self) -> int:
+        attn = self.draft.midlayer.self_attn
+        return 2 * attn.num_kv_heads * attn.head_dim * self.draft.fc.weight.dtype.itemsize
+
+    def __call__(self, tokens, hidden, positions, cache, mask):
+        if isinstance(cache, StaticKV):
+            return self.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
+        d = self.draft
+        h = d.backbone(d.embed(tokens), hidden, positions, cache, mask)
+        return h, d.logits(h)
+
+
+def choose(target: Target, engine: str = "auto") -> tuple[Target, str]:
+    """(the target on the path to use, a line saying which and why) for ``--engine auto|native|generic``."""
+    from ..errors import EyasError
+
+    why = native_support(target.model)
+    if engine == "generic" or (engine == "auto" and (why or target.device.type != "cuda")):
+        reason = ("as asked" if engine == "generic" else why or "native path is for CUDA devices "
+                  "(--engine native to force it)")
+        return target, f"engine: generic Hugging Face path ({reason})"
+    if why:
+        raise EyasError(f"--engine native cannot run this model: {why}", "use --engine auto or generic")
+    if isinstance(target, NativeTarget):
+        return target, "engine: native Llama path"
+    return NativeTarget.from_target(target), "engine: native Llama path"
+
+
+def _windows(slots: int) -> list[int]:
+    return [w for w in buckets(slots, start=256, factor=4)]

@@ -1,0 +1,111 @@
+"""A preallocated KV cache: one tensor per model, written in place, never reallocated.
+
+    buf [layers, 2 (k, v), rows, kv_heads, slots, head_dim]
+
+It keeps ``eyas.models.kv_cache``'s invariant (slot == position; a step appends ``T`` slots at
+``[used, used + T)`` for every row, ``commit`` moves the accepted ones down and the rest are
+forgotten) and its operations, so the engine drives it exactly like the growing ``DynamicCache``.
+What changes is that nothing is ever allocated: every forward writes into the same memory, which
+is what lets a CUDA graph be captured once and replayed (see ``eyas.engine.graphs``).
+
+Attention reads a *window* of slots ``[0, window)``: ``used + T`` in eager mode, or a fixed bucket
+at least that wide under a graph, whose extra slots the mask hides. ``write_slots`` says where the
+``T`` new keys go. Both are set by whoever runs the forward (``begin``), not by the layers.
+
+Prefill runs on a small ``DynamicCache`` first (prompts of any length, eagerly); ``adopt`` then
+copies those rows into the preallocated buffer, and ``append_rows`` does the same when new
+sequences join a running batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import EyasError
+
+
+class StaticKV:
+    def __init__(self, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int,
+                 dtype: torch.dtype, device):
+        self.buf = torch.zeros((layers, 2, rows, kv_heads, slots, head_dim), dtype=dtype, device=device)
+        self.capacity_rows, self.capacity_slots = rows, slots
+        self.n = 0  # live rows (the first n of the buffer)
+        self.used = 0  # slots before the uncommitted region (the DynamicCache's slot count)
+        self.window = 0
+        self.write_slots = torch.zeros(0, dtype=torch.long, device=device)
+
+    # -- what a forward does -----------------------------------------------------------------
+    def begin(self, tokens: int) -> None:
+        """Eager forward of ``tokens`` new slots per row: write at ``[used, used + tokens)``."""
+        self._check_room(self.used + tokens)
+        self.write_slots = torch.arange(self.used, self.used + tokens, device=self.buf.device)
+        self.window = self.used + tokens
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer: int):
+        """Store the new keys/values ``[B, H, T, D]``; return the attended window ``[B, H, W, D]``."""
+        rows = k.shape[0]
+        kb, vb = self.buf[layer, 0, :rows], self.buf[layer, 1, :rows]
+        kb.index_copy_(2, self.write_slots, k)
+        vb.index_copy_(2, self.write_slots, v)
+        return kb[:, :, : self.window], vb[:, :, : self.window]
+
+    def advance(self, tokens: int) -> None:
+        self.used += tokens
+
+    def _check_room(self, slots: int) -> None:
+        if slots > self.capacity_slots:
+            raise EyasError(
+                f"the KV cache holds {self.capacity_slots} positions per sequence; this step needs {slots}",
+                "raise --context-length (the cache is sized from it) or send shorter requests",
+            )
+
+    # -- kv_cache's operations ---------------------------------------------------------------
+    def num_slots(self) -> int:
+        return self.used
+
+    def crop(self, slots: int) -> None:
+        self.used = slots
+
+    def commit(self, lengths: torch.Tensor, src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Move row b's kept slots ``src[b, :counts[b]]`` to ``lengths[b]..``; one gather + one scatter."""
+        b, k = src.shape
+        new_lengths = lengths + counts
+        dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]
+        live = self.buf[:, :, :b]  # [L, 2, B, H, S, D]
+        shape = live.shape[:4] + (k, live.shape[-1])
+        moved = live.gather(4, src[None, None, :, None, :, None].expand(shape))
+        live.scatter_(4, dst[None, None, :, None, :, None].expand(shape), moved)
+        self.used = int(new_lengths.max()) if b else 0
+        return new_lengths
+
+    def select_rows(self, rows: torch.Tensor, slots: int) -> None:
+        kept = self.buf[:, :, rows.to(self.buf.device), :, :slots]
+        self.buf[:, :, : len(rows), :, :slots] = kept
+        self.n, self.used = len(rows), slots
+
+    def append_rows(self, cache) -> None:
+        """Copy the rows of ``cache`` (a DynamicCache or StaticKV) after the live rows."""
+        layers = _layers_of(cache)
+        rows, slots = layers[0][0].shape[0], layers[0][0].shape[2]
+        if self.n + rows > self.capacity_rows:
+            raise EyasError(f"the batch would hold {self.n + rows} sequences; the KV cache was sized for "
+                            f"{self.capacity_rows}", "raise --max-running-requests or send fewer at once")
+        self._check_room(slots)
+        for i, (k, v) in enumerate(layers):
+            self.buf[i, 0, self.n : self.n + rows, :, :slots] = k
+            self.buf[i, 1, self.n : self.n + rows, :, :slots] = v
+        self.n += rows
+        self.used = max(self.used, slots)
+
+    def adopt(self, cache) -> "StaticKV":
+        """Become the cache of ``cache``'s rows alone (the buffer's earlier rows are forgotten)."""
+        self.n = self.used = 0
+        self.append_rows(cache)
+        return self
+
+
+def _layers_of(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(cache, StaticKV):
+        return [(cache.buf[i, 0, : cache.n, :, : cache.used], cache.buf[i, 1, : cache.n, :, : cache.used])
+                for i in range(cache.buf.shape[0])]
+    return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "is_initialized", False)]

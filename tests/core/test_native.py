@@ -1,0 +1,221 @@
+"""The native Llama-family path: same logits as HF, same tokens as HF greedy, eager and graph paths.
+
+On the CPU the graph path runs its padded buffers and shape buckets eagerly (no capture), so these
+tests check everything the GPU replays except the capture itself.
+"""
+
+import pytest
+import torch
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.errors import EyasError
+from eyas.models import kv_cache
+from eyas.models.llama import NativeLlama, native_support
+from eyas.models.native import NativeTarget, choose, plan_pool
+from eyas.models.static_cache import StaticKV
+from eyas.models.target import Target
+from helpers import reference_greedy, tiny_target
+
+SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "llama3-rope": (LlamaConfig, LlamaForCausalLM, {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "qwen2-bias": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3-qk-norm": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+}
+PROMPTS = [[72, 101, 108, 108, 111], [7] * 23, [200, 13], list(range(30, 71)), [1]]
+NEW = 40
+
+
+def family_model(name: str) -> torch.nn.Module:
+    config_cls, model_cls, extra = FAMILIES[name]
+    torch.manual_seed(0)
+    cfg = config_cls(**SHAPE, **extra)
+    cfg._attn_implementation = "sdpa"
+    model = model_cls(cfg).to(torch.float64).eval()
+    for p in model.parameters():  # make biases and norms matter
+        p.data.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_native_forward_matches_hugging_face(name):
+    model = family_model(name)
+    ids = torch.tensor([[5, 9, 33, 7, 250, 1, 2], [8, 8, 8, 100, 0, 0, 0]])
+    lengths = torch.tensor([7, 4])
+    with torch.no_grad():
+        hf = model(input_ids=ids, attention_mask=(torch.arange(7)[None] < lengths[:, None]).long(),
+                   output_hidden_states=True)
+        target = NativeTarget(model, aux_layer_ids=[1, 2, 3])
+        visible = torch.arange(7)[None, :, None] >= torch.arange(7)[None, None, :]
+        visible = visible & (torch.arange(7)[None, None, :] < lengths[:, None, None])
+        mask = kv_cache.attention_mask(torch.zeros(2, dtype=torch.long), 0, visible, torch.float64)
+        logits, aux = target.forward(ids, torch.arange(7).expand(2, 7), mask, kv_cache.new_cache())
+    for row, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(logits[row, :n], hf.logits[row, :n])
+        want = torch.cat([hf.hidden_states[i][row, :n] for i in (1, 2, 3)], dim=-1)
+        torch.testing.assert_close(aux[row, :n], want)
+
+
+@pytest.mark.parametrize("name", ["qwen3-qk-norm", "qwen2-bias"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_other_families_decode_like_hugging_face(name, graphs):
+    model = family_model(name)
+    refs = [reference_greedy(model, p, 24) for p in PROMPTS[:3]]
+    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=graphs)
+    outs = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert [o.output_ids for o in outs] == refs
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [reference_greedy(target.model, p, NEW) for p in PROMPTS]
+
+
+SPECS = {"none": SpecConfig("NONE"), "chain-5": SpecConfig("EAGLE3", 5, 1, 6),
+         "tree-4x3-8": SpecConfig("EAGLE3", 4, 3, 8), "tree-3x4-16": SpecConfig("EAGLE3", 3, 4, 16)}
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+@pytest.mark.parametrize("name", SPECS)
+def test_native_engine_is_lossless(target, draft, references, name, graphs):
+    spec = SPECS[name]
+    native = NativeTarget.from_target(target)
+    engine = Engine(native, draft if spec.speculative else None, spec, max_batch=8, cuda_graphs=graphs)
+    assert engine.static and "static KV cache 8 x" in engine.layout
+    outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    assert [o.output_ids for o in outs] == references
+    if spec.speculative:
+        accepted = sum(o.stats.accepted for o in outs)
+        assert 0 < accepted < sum(o.stats.draft_tokens for o in outs)
+    runner = native.runner
+    assert (len(runner.graphs) > 0) == graphs and (runner.eager_calls > 0) != graphs
+
+
+def test_native_and_generic_paths_accept_the_same_tokens(target, draft):
+    spec = SpecConfig("EAGLE3", 4, 3, 8)
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    generic = Engine(target, draft, spec).generate(PROMPTS, params)
+    native = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8).generate(PROMPTS, params)
+    assert [o.stats.accepted_per_position for o in native] == [o.stats.accepted_per_position for o in generic]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_rows_join_and_leave_the_static_cache(target, draft, references, graphs):
+    engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 4, 2, 6), max_batch=8,
+                    cuda_graphs=graphs)
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    first = [engine.new_sequence(p, params) for p in PROMPTS[:2]]
+    batch = engine.merge(None, engine.prefill(first))
+    assert batch.target_cache is engine.target.pool
+    for _ in range(3):
+        engine.step(batch)
+    late = [engine.new_sequence(p, params) for p in PROMPTS[2:]]
+    batch = engine.merge(batch, engine.prefill(late))
+    assert batch.target_cache.n == 5
+    seqs = first + late
+    while True:
+        alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
+        if not alive:
+            break
+        batch = engine.filter(batch, alive)
+        engine.step(batch)
+    assert [s.output_ids for s in seqs] == references
+
+
+def test_long_context_crosses_window_buckets(target, draft):
+    """A prompt past the first attention window (256 slots) moves to the next bucket, still lossless."""
+    prompt = [(i * 7) % 250 + 3 for i in range(250)]
+    ref = reference_greedy(target.model, prompt, 24)
+    native = NativeTarget.from_target(target)
+    out = Engine(native, draft, SpecConfig("EAGLE3", 5, 1, 6), max_batch=2).generate(
+        [prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
+    assert out.output_ids == ref
+    assert {key[2] for key in native.runner.graphs} == {256, 1024}
+
+
+def test_static_cache_operations_match_the_dynamic_cache():
+    torch.manual_seed(1)
+    dyn = kv_cache.new_cache()
+    static = StaticKV(2, 4, 2, 32, 8, torch.float64, "cpu")
+    for layer in range(2):
+        k, v = torch.randn(3, 2, 10, 8, dtype=torch.float64), torch.randn(3, 2, 10, 8, dtype=torch.float64)
+        dyn.update(k, v, layer)
+    static.adopt(dyn)
+    assert (static.n, static.used) == (3, 10)
+    for layer in range(2):  # append 4 slots, as a verify step does
+        k, v = torch.randn(3, 2, 4, 8, dtype=torch.float64), torch.randn(3, 2, 4, 8, dtype=torch.float64)
+        dyn.update(k, v, layer)
+        static.begin(4) if layer == 0 else None
+        static.update(k, v, layer)
+    static.advance(4)
+    lengths = torch.tensor([10, 7, 9])
+    src = torch.tensor([[10, 12, 13], [11, 0, 0], [13, 10, 0]])
+    counts = torch.tensor([3, 1, 2])
+    new = kv_cache.commit(dyn, lengths, src, counts)
+    assert torch.equal(kv_cache.commit(static, lengths, src, counts), new)
+    rows = torch.tensor([2, 0])
+    kv_cache.select_rows(dyn, rows, 13)
+    kv_cache.select_rows(static, rows, 13)
+    for layer, dl in enumerate(dyn.layers):
+        for b, n in enumerate(new[rows].tolist()):
+            assert torch.equal(static.buf[layer, 0, b, :, :n], dl.keys[b, :, :n])
+            assert torch.equal(static.buf[layer, 1, b, :, :n], dl.values[b, :, :n])
+
+
+def test_static_cache_refuses_what_it_cannot_hold():
+    static = StaticKV(1, 2, 1, 16, 4, torch.float32, "cpu")
+    dyn = kv_cache.new_cache()
+    dyn.update(torch.zeros(3, 1, 5, 4), torch.zeros(3, 1, 5, 4), 0)
+    with pytest.raises(EyasError, match="(?s)sized for 2.*--max-running-requests"):
+        static.adopt(dyn)
+    static.used = 14
+    with pytest.raises(EyasError, match="(?s)16 positions.*--context-length"):
+        static.begin(4)
+
+
+def test_pool_plan_fits_the_budget():
+    assert plan_pool(4, 1000, 10, 100, 10**9).slots == 1010
+    capped = plan_pool(4, 100000, 10, 1000, 4 * 1000 * 5000)
+    assert capped.slots == 5000 and capped.bytes <= 4 * 1000 * 5000
+
+
+def test_engine_caps_context_to_the_pool(target, monkeypatch):
+    monkeypatch.setattr("eyas.engine.engine.kv_budget", lambda device: 2 * 300 * NativeTarget.from_target(target).bytes_per_slot())
+    engine = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=2)
+    assert engine.max_context == 298 and "context 298" in engine.layout
+    with pytest.raises(EyasError, match="at most"):
+        engine.new_sequence([5] * 299, SamplingParams())
+
+
+def test_native_support_names_what_it_cannot_run():
+    assert native_support(family_model("llama")) is None
+    gelu = LlamaForCausalLM(LlamaConfig(**SHAPE, hidden_act="gelu"))
+    assert "gelu" in native_support(gelu)
+    windowed = MistralForCausalLM(MistralConfig(**{**SHAPE, "max_position_embeddings": 4096}, sliding_window=128))
+    assert "sliding-window" in native_support(windowed)
+    dynamic = LlamaForCausalLM(LlamaConfig(**SHAPE, rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                                       "rope_theta": 10000.0}))
+    assert "dynamic" in native_support(dynamic)
+    with pytest.raises(ValueError, match="no native path"):
+        NativeLlama(gelu)
+
+
+def test_choose_is_automatic_and_says_why():
+    target = tiny_target()
+    same, line = choose(target, "auto")
+    assert same is target and "generic" in line and "CUDA" in line  # on the CPU auto keeps the generic path
+    native, line = choose(target, "native")
+    assert isinstance(native, NativeTarget) and "native" in line
+    gelu = Target(LlamaForCausalLM(LlamaConfig(**SHAPE, hidden_act="gelu")))
+    with pytest.raises(EyasError, match="(?s)gelu.*--engine auto"):
+        choose(gelu, "native")
+    assert "gelu" in choose(gelu, "auto")[1]

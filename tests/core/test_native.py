@@ -96,8 +96,22 @@ def test_native_engine_is_lossless(target, draft, references, name, graphs):
     if spec.speculative:
         accepted = sum(o.stats.accepted for o in outs)
         assert 0 < accepted < sum(o.stats.draft_tokens for o in outs)
-    runner = native.runner
+    runner = engine.target_pool.runner
     assert (len(runner.graphs) > 0) == graphs and (runner.eager_calls > 0) != graphs
+
+
+def test_engines_sharing_one_native_target_keep_their_own_caches(target, draft, references):
+    """A bench runs a speculative and a baseline engine on one loaded target, interleaved."""
+    native = NativeTarget.from_target(target)
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    spec = Engine(native, draft, SpecConfig("EAGLE3", 4, 2, 6), max_batch=4)
+    base = Engine(native, None, SpecConfig("NONE"), max_batch=4)
+    a, b = spec.prefill([spec.new_sequence(PROMPTS[0], params)]), base.prefill([base.new_sequence(PROMPTS[1], params)])
+    while not (a.seqs[0].finished and b.seqs[0].finished):
+        for engine, batch in ((spec, a), (base, b)):
+            if not batch.seqs[0].finished:
+                engine.step(batch)
+    assert [a.seqs[0].output_ids, b.seqs[0].output_ids] == references[:2]
 
 
 def test_native_and_generic_paths_accept_the_same_tokens(target, draft):
@@ -115,7 +129,7 @@ def test_rows_join_and_leave_the_static_cache(target, draft, references, graphs)
     params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
     first = [engine.new_sequence(p, params) for p in PROMPTS[:2]]
     batch = engine.merge(None, engine.prefill(first))
-    assert batch.target_cache is engine.target.pool
+    assert batch.target_cache is engine.target_pool
     for _ in range(3):
         engine.step(batch)
     late = [engine.new_sequence(p, params) for p in PROMPTS[2:]]
@@ -135,11 +149,10 @@ def test_long_context_crosses_window_buckets(target, draft):
     """A prompt past the first attention window (256 slots) moves to the next bucket, still lossless."""
     prompt = [(i * 7) % 250 + 3 for i in range(250)]
     ref = reference_greedy(target.model, prompt, 24)
-    native = NativeTarget.from_target(target)
-    out = Engine(native, draft, SpecConfig("EAGLE3", 5, 1, 6), max_batch=2).generate(
-        [prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
+    engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 5, 1, 6), max_batch=2)
+    out = engine.generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
     assert out.output_ids == ref
-    assert {key[2] for key in native.runner.graphs} == {256, 1024}
+    assert {key[2] for key in engine.target_pool.runner.graphs} == {256, 1024}
 
 
 def test_static_cache_operations_match_the_dynamic_cache():

@@ -112,7 +112,7 @@ class Engine:
         if plan.slots - slack < context:
             self.max_context = plan.slots - slack
         graphs = cuda_graphs and self.device.type == "cuda"
-        self.target.attach_pool(plan, [self.tree_size], cuda_graphs, capture_aux=spec.speculative)
+        self.target_pool = self.target.new_pool(plan, [self.tree_size], cuda_graphs, capture_aux=spec.speculative)
         if spec.speculative:
             self.draft_steps.attach_pool(plan, draft_tokens, cuda_graphs)
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
@@ -120,8 +120,8 @@ class Engine:
 
     def _own(self, batch: "Batch") -> None:
         """Native path: move a freshly prefilled batch's rows into the preallocated caches."""
-        if self.static and batch.target_cache is not self.target.pool:
-            batch.target_cache = self.target.pool.adopt(batch.target_cache)
+        if self.static and batch.target_cache is not self.target_pool:
+            batch.target_cache = self.target_pool.adopt(batch.target_cache)
             if batch.draft_cache is not None:
                 batch.draft_cache = self.draft_steps.pool.adopt(batch.draft_cache)
 

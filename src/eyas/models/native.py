@@ -50,8 +50,6 @@ class NativeTarget(Target):
     def __init__(self, model, tokenizer=None, name: str = "target", aux_layer_ids=None):
         super().__init__(model, tokenizer, name, aux_layer_ids)
         self.native = NativeLlama(model)
-        self.pool: StaticKV | None = None
-        self.runner: GraphRunner | None = None
 
     @classmethod
     def from_target(cls, target: Target) -> "NativeTarget":
@@ -61,24 +59,24 @@ class NativeTarget(Target):
         n = self.native
         return n.num_layers * 2 * n.num_kv_heads * n.head_dim * self.dtype.itemsize
 
-    def attach_pool(self, plan: PoolPlan, tokens: list[int], graphs: bool, capture_aux: bool) -> StaticKV:
+    def new_pool(self, plan: PoolPlan, tokens: list[int], graphs: bool, capture_aux: bool) -> StaticKV:
+        """A preallocated cache for one engine, with its graph runner as ``pool.runner``."""
         n = self.native
-        self.pool = StaticKV(n.num_layers, plan.rows, n.num_kv_heads, plan.slots, n.head_dim, self.dtype, self.device)
+        pool = StaticKV(n.num_layers, plan.rows, n.num_kv_heads, plan.slots, n.head_dim, self.dtype, self.device)
         aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
 
         def fn(inputs, mask):
-            logits, aux = n(inputs["ids"], inputs["pos"], mask, self.pool, aux_ids)
+            logits, aux = n(inputs["ids"], inputs["pos"], mask, pool, aux_ids)
             return (logits,) if aux is None else (logits, aux)
 
-        self.runner = GraphRunner(fn, self.pool, buckets(plan.rows), tokens, _windows(plan.slots), graphs,
+        pool.runner = GraphRunner(fn, pool, buckets(plan.rows), tokens, buckets(plan.slots, 256, 4), graphs,
                                   name="target")
-        return self.pool
+        return pool
 
     @torch.no_grad()
     def forward(self, input_ids, position_ids, mask, cache, capture=True, logits_at=None):
         if isinstance(cache, StaticKV):
-            assert cache is self.pool, "a static cache must be the target's own pool"
-            out = self.runner({"ids": input_ids, "pos": position_ids}, mask)
+            out = cache.runner({"ids": input_ids, "pos": position_ids}, mask)
             logits, aux = out[0], (out[1] if len(out) > 1 and capture else None)
             return (logits if logits_at is None else logits[:, logits_at]), aux
         aux_ids = tuple(self.aux_layer_ids) if capture else ()
@@ -91,7 +89,6 @@ class DraftSteps:
     def __init__(self, draft):
         self.draft = draft
         self.pool: StaticKV | None = None
-        self.runner: GraphRunner | None = None
 
     def attach_pool(self, plan: PoolPlan, tokens: list[int], graphs: bool) -> StaticKV:
         d = self.draft
@@ -103,8 +100,8 @@ class DraftSteps:
             h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)
             return h, d.logits(h)
 
-        self.runner = GraphRunner(fn, self.pool, buckets(plan.rows), tokens, _windows(plan.slots), graphs,
-                                  name="draft")
+        self.pool.runner = GraphRunner(fn, self.pool, buckets(plan.rows), tokens, buckets(plan.slots, 256, 4),
+                                       graphs, name="draft")
         return self.pool
 
     def bytes_per_slot(self) -> int:
@@ -113,7 +110,7 @@ class DraftSteps:
 
     def __call__(self, tokens, hidden, positions, cache, mask):
         if isinstance(cache, StaticKV):
-            return self.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
+            return cache.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
         d = self.draft
         h = d.backbone(d.embed(tokens), hidden, positions, cache, mask)
         return h, d.logits(h)
@@ -134,6 +131,3 @@ def choose(target: Target, engine: str = "auto") -> tuple[Target, str]:
         return target, "engine: native Llama path"
     return NativeTarget.from_target(target), "engine: native Llama path"
 
-
-def _windows(slots: int) -> list[int]:
-    return [w for w in buckets(slots, start=256, factor=4)]

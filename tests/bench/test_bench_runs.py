@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -52,6 +53,17 @@ def test_online_reports_failures(http_pair):
     assert run.errors and "HTTP 400" in run.errors[0] and run.requests == []
 
 
+def test_online_reads_acceptance_from_a_server_whose_metrics_need_the_key(engine_pair):
+    from helpers import InProcessServer
+
+    from eyas.serve.app import ServeOptions, create_app
+
+    opts = ServeOptions(served_model_name="tiny", log_interval=0, api_key="k", metrics_require_key=True)
+    with InProcessServer(create_app(engine_pair[0], opts)) as srv:
+        run = run_url(srv.url, prompt_set("code")[:1], 8, 0.0, 1, "speculative", api_key="k")
+    assert not run.errors and run.acceptance["tau"] >= 1.0 and run.acceptance["verify_steps"] > 0
+
+
 def fake_result() -> BenchResult:
     s = [Request(10, 0.1, 1.0, 2.5), Request(10, 0.2, 1.2, 3.0)]
     b = [Request(10, 0.1, 2.0), Request(10, 0.1, 2.2)]
@@ -82,6 +94,17 @@ def test_cli_online_writes_json_and_plots(http_pair, tmp_path, capsys):
     assert all(lv["speedup"] and lv["speculative"]["acceptance"]["tau"] >= 1 for lv in data["levels"])
     assert json.loads((tmp_path / "bench.json").read_text())["mode"] == "online"
     assert (tmp_path / "throughput.png").read_bytes().startswith(PNG)
+
+
+def test_cli_without_matplotlib_still_writes_the_results(http_pair, tmp_path, capsys, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    rc = main(["bench", "--url", http_pair[0], "--no-baseline", "--num-prompts", "1", "--max-tokens", "4",
+               "--out", str(tmp_path)])
+    assert rc == 0 and "no plots" in capsys.readouterr().err
+    assert json.loads((tmp_path / "bench.json").read_text())["levels"][0]["speculative"]["requests"] == 1
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_cli_rejects_bad_concurrency(capsys):

@@ -77,7 +77,10 @@ def run(args) -> int:
     if not args.no_plots:
         from .plots import write_plots
 
-        data["plots"] = [str(p) for p in write_plots(result, out)]
+        try:
+            data["plots"] = [str(p) for p in write_plots(result, out)]
+        except ImportError as e:  # no matplotlib: keep the measurements, skip the pictures
+            print(f"no plots ({e}): pip install matplotlib, or pass --no-plots", file=sys.stderr)
     (out / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
     if args.json:
         print(json.dumps(data, indent=2))

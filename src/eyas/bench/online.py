@@ -84,10 +84,10 @@ def served_model(url: str, timeout: float = 30.0, api_key: str | None = None) ->
         return "default"
 
 
-def scrape(url: str, timeout: float = 30.0):
-    """(kind, Snapshot) from ``/metrics``; (None, None) when the server has none."""
+def scrape(url: str, timeout: float = 30.0, api_key: str | None = None):
+    """(kind, Snapshot) from ``/metrics``; (None, None) when the server has none (or refuses it)."""
     try:
-        r = httpx.get(url + "/metrics", timeout=timeout)
+        r = httpx.get(url + "/metrics", timeout=timeout, headers=_headers(api_key))
     except httpx.HTTPError:
         return None, None
     if r.status_code != 200:
@@ -101,10 +101,10 @@ def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, c
             model: str | None = None, timeout: float = 600.0, progress=None, api_key: str | None = None) -> Run:
     url = url.rstrip("/")
     model = model or served_model(url, api_key=api_key)
-    _, before = scrape(url)
+    _, before = scrape(url, api_key=api_key)  # a server with --metrics-require-key needs the key here too
     requests, errors, seconds = asyncio.run(_run(url, model, prompts, max_tokens, temperature, concurrency,
                                                  timeout, progress, api_key))
-    _, after = scrape(url)
+    _, after = scrape(url, api_key=api_key)
     run = Run(label, concurrency, seconds, requests, errors=errors)
     if after is not None and after.has_spec_metrics:
         acc = servers.acceptance(before, after)

@@ -22,6 +22,7 @@ COMMANDS = [
     "eyas.serve.cli",
     "eyas.doctor.cli",
     "eyas.bench.cli",
+    "eyas.bench.tune",
     "eyas.demo",
     "eyas.export",
 ]

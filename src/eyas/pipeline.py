@@ -118,14 +118,16 @@ def build_engine(args: EngineArgs):
                 f"use at most {target.info.max_context}",
             )
         target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
-    target, path_line = choose(target, args.engine)
+    target, generic_reason = choose(target, args.engine)
     draft = None
     if resolved is not None:
         draft = formats.load_draft(resolved, embed_weight=target.embed_tokens.weight,
                                    device=args.device, dtype=target.dtype, allow_pickle=args.allow_pickle)
     engine = Engine(target, draft, spec, draft_path=str(resolved) if resolved else None,
                     max_batch=args.max_batch, cuda_graphs=args.cuda_graphs)
-    log.info("%s: %s", path_line, engine.layout)
+    if generic_reason:
+        engine.layout += f" ({generic_reason})"
+    log.debug("engine: %s", engine.layout)
     return engine
 
 

@@ -224,11 +224,26 @@ def test_native_support_names_what_it_cannot_run():
 
 def test_choose_is_automatic_and_says_why():
     target = tiny_target()
-    same, line = choose(target, "auto")
-    assert same is target and "generic" in line and "CUDA" in line  # on the CPU auto keeps the generic path
-    native, line = choose(target, "native")
-    assert isinstance(native, NativeTarget) and "native" in line
+    same, why = choose(target, "auto")
+    assert same is target and "CUDA" in why  # on the CPU auto keeps the generic path
+    native, why = choose(target, "native")
+    assert isinstance(native, NativeTarget) and why is None
     gelu = Target(LlamaForCausalLM(LlamaConfig(**SHAPE, hidden_act="gelu")))
     with pytest.raises(EyasError, match="(?s)gelu.*--engine auto"):
         choose(gelu, "native")
     assert "gelu" in choose(gelu, "auto")[1]
+    assert choose(target, "generic") == (target, "--engine generic")
+
+
+def test_build_engine_takes_the_native_path_when_asked(tmp_path):
+    from eyas.pipeline import EngineArgs, build_engine
+    from eyas.serve.banner import banner_lines
+    from helpers import save_tiny_model
+
+    save_tiny_model(tmp_path / "t")
+    args = EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE", engine="native", max_batch=3)
+    engine = build_engine(args)
+    assert engine.static and engine.target_pool.capacity_rows == 3
+    assert any(line.startswith("engine: native Llama forward, static KV cache 3 x") for line in banner_lines(engine, 3, 8))
+    generic = build_engine(EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE"))
+    assert not generic.static and "CUDA devices" in generic.layout

@@ -116,18 +116,15 @@ class DraftSteps:
         return h, d.logits(h)
 
 
-def choose(target: Target, engine: str = "auto") -> tuple[Target, str]:
-    """(the target on the path to use, a line saying which and why) for ``--engine auto|native|generic``."""
+def choose(target: Target, engine: str = "auto") -> tuple[Target, str | None]:
+    """(the target on the path to use, why the generic path was kept or None) for ``--engine``."""
     from ..errors import EyasError
 
     why = native_support(target.model)
-    if engine == "generic" or (engine == "auto" and (why or target.device.type != "cuda")):
-        reason = ("as asked" if engine == "generic" else why or "native path is for CUDA devices "
-                  "(--engine native to force it)")
-        return target, f"engine: generic Hugging Face path ({reason})"
+    if engine == "generic":
+        return target, "--engine generic"
+    if engine == "auto" and (why or target.device.type != "cuda"):
+        return target, why or "the native path is for CUDA devices; --engine native forces it"
     if why:
         raise EyasError(f"--engine native cannot run this model: {why}", "use --engine auto or generic")
-    if isinstance(target, NativeTarget):
-        return target, "engine: native Llama path"
-    return NativeTarget.from_target(target), "engine: native Llama path"
-
+    return (target if isinstance(target, NativeTarget) else NativeTarget.from_target(target)), None

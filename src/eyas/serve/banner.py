@@ -96,6 +96,7 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
     lines = [
         (f"target: {i['target']} ({i['target_architecture']}, {i['target_layers']} layers, hidden "
          f"{i['target_hidden_size']}, vocab {i['vocab_size']}), {i['dtype']} on {i['device']}"),
+        f"engine: {engine.layout}",
     ]
     if not i["speculative"]:
         lines.append("speculative algorithm: NONE (no draft: plain decoding, one token per target forward)")

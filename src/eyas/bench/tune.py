@@ -1,0 +1,144 @@
+"""``eyas tune``: which speculation settings pay on this machine, at each batch size, measured.
+
+    eyas tune --device cuda --batch-sizes 1,4,16,64
+    eyas tune --model-path ./t --speculative-draft-model-path ./d --candidates 3,1,4 5,1,6 5,4,16
+
+For every batch size it runs the same prompts without speculation and with each candidate
+``num_steps,eagle_topk,num_draft_tokens``, end to end through the engine (graphs, drafting,
+verification, acceptance: everything a server pays), and recommends the fastest, or no
+speculation where none beats it. Verification gets dearer as batch x tree grows while acceptance
+stays the same, so the best tree shrinks as the batch grows; how fast it shrinks depends on the
+machine (on a 2-core CPU even a chain of 3 rarely pays), which is why this measures instead of
+assuming. ``--json-out`` keeps the table; the recommended flags are printed per batch size.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import torch
+
+from ..checks import check_spec
+from ..config import Algorithm, SpecConfig
+from ..errors import EyasError
+from ..pipeline import add_engine_arguments, engine_args_from
+
+CANDIDATES = ["3,1,4", "5,1,6", "4,2,8", "5,4,16", "6,8,32", "6,8,48"]
+
+
+def parse_candidate(text: str) -> SpecConfig:
+    try:
+        steps, topk, tokens = (int(x) for x in text.split(","))
+    except ValueError:
+        raise EyasError(f"candidate {text!r} is not num_steps,eagle_topk,num_draft_tokens", "e.g. 5,4,16") from None
+    return SpecConfig(Algorithm.EAGLE3, steps, topk, tokens)
+
+
+def measure(engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Tokens/s of one batch of all ``prompts`` (same length outputs), after a warm-up that captures graphs."""
+    from ..engine.sampling import SamplingParams
+    from ..engine.stats import SpecStats
+
+    engine.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+    tokens = sum(len(o.output_ids) for o in outs)
+    stats = SpecStats()
+    for o in outs:
+        stats.add(o.stats)
+    row = {"tok_s": round(tokens / outs[0].seconds, 2), "seconds": round(outs[0].seconds, 4)}
+    if engine.spec.speculative:
+        row["tau"] = round(stats.accept_length, 3)
+    return row
+
+
+def sweep(target, draft, prompts: list[list[int]], batch_sizes: list[int], candidates: list[SpecConfig],
+          new_tokens: int, cuda_graphs: bool = True, log=print) -> list[dict]:
+    from ..engine.engine import Engine
+
+    rows = []
+    for b in batch_sizes:
+        chunk = [prompts[i % len(prompts)] for i in range(b)]
+        base = _run(lambda: Engine(target, None, SpecConfig(Algorithm.NONE), max_batch=b, cuda_graphs=cuda_graphs),
+                    chunk, new_tokens)
+        log(f"batch {b:>3}  baseline        {base['tok_s']:>9.1f} tok/s")
+        cands = []
+        for spec in candidates:
+            r = _run(lambda: Engine(target, draft, spec, max_batch=b, cuda_graphs=cuda_graphs), chunk, new_tokens)
+            r.update(spec=_label(spec), speedup=round(r["tok_s"] / base["tok_s"], 3))
+            cands.append(r)
+            log(f"batch {b:>3}  {_label(spec):<15} {r['tok_s']:>9.1f} tok/s  tau {r['tau']:.2f}  {r['speedup']:.2f}x")
+        best = max(cands, key=lambda r: r["tok_s"])
+        rows.append({"batch": b, "baseline": base, "candidates": cands,
+                     "best": best["spec"] if best["tok_s"] > base["tok_s"] else "NONE",
+                     "best_speedup": round(max(1.0, best["speedup"]), 3)})
+    return rows
+
+
+def _run(make, prompts, new_tokens) -> dict:
+    engine = make()
+    try:
+        return measure(engine, prompts, new_tokens)
+    finally:
+        del engine
+        gc.collect()  # the caches and their graphs hold device memory until collected
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="measure which tree settings pay at each batch size on this machine",
+                       description=__doc__.split("\n\n")[2].replace("\n", " "))
+    add_engine_arguments(p)
+    g = p.add_argument_group("tuning")
+    g.add_argument("--batch-sizes", default="1,4,16", help="comma-separated batch sizes (default 1,4,16)")
+    g.add_argument("--candidates", nargs="+", default=CANDIDATES,
+                   help=f"num_steps,eagle_topk,num_draft_tokens settings to try (default {' '.join(CANDIDATES)})")
+    g.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a .jsonl file (default chat)")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens per request (default 64)")
+    g.add_argument("--json-out", default=None, help="write the measurements as JSON here")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..generate import chat_ids
+    from ..pipeline import build_engine
+    from .cli import parse_levels
+    from .prompts import prompt_set
+
+    sizes = parse_levels(args.batch_sizes)
+    candidates = [parse_candidate(c) for c in args.candidates]
+    ns = engine_args_from(args)
+    ns.max_batch = max(sizes)
+    print("loading ...", file=sys.stderr, flush=True)
+    engine = build_engine(ns)
+    if engine.draft is None:
+        raise EyasError(f"nothing to tune: no draft is given or shipped for {args.model_path!r}",
+                        "pass --speculative-draft-model-path DRAFT")
+    for spec in candidates:
+        check_spec(spec, engine.target.info, engine.draft, engine.draft_path, engine.target.aux_layer_ids)
+    target, draft = engine.target, engine.draft
+    del engine
+    ids = [chat_ids(target.tokenizer, p) for p in prompt_set(args.prompts)]
+    rows = sweep(target, draft, ids, sizes, candidates, args.max_new_tokens, ns.cuda_graphs,
+                 log=lambda s: print(s, file=sys.stderr, flush=True))
+    print()
+    for r in rows:
+        flags = "--speculative-algorithm NONE" if r["best"] == "NONE" else _flags(r["best"])
+        print(f"batch {r['batch']:>3}: {flags}   ({r['best_speedup']:.2f}x over no speculation)")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"target": target.name, "device": str(target.device), "max_new_tokens": args.max_new_tokens,
+                       "batches": rows}, f, indent=1)
+    return 0
+
+
+def _label(spec: SpecConfig) -> str:
+    return f"{spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}"
+
+
+def _flags(spec: str) -> str:
+    steps, topk, tokens = spec.split(",")
+    return (f"--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
+            f"--speculative-num-draft-tokens {tokens}")

@@ -82,8 +82,8 @@ def copy_bandwidth(gib: float = 4.0) -> dict:
     x = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     y = torch.empty_like(x)
     ms = time_ms(lambda: y.copy_(x), reps=20, warmup=3)
-    bw = [2 * x.numel() * 2 / (m / 1e3) for m in ms]
-    del x, y
+    bw = [2 * n * 2 / (m / 1e3) for m in ms]
+    x = y = None
     torch.cuda.empty_cache()
     return {"bytes_per_s": statistics.median(bw), "spread": [min(bw), max(bw)]}
 
@@ -116,3 +116,24 @@ def read_bytes_per_token(model) -> int:
     emb = model.get_input_embeddings().weight
     tied = emb.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     return total if tied else total - emb.numel() * emb.element_size()
+
+
+def load_pair(model_path: str, draft_path: str | None, dtype: str = "bfloat16", device: str = "cuda"):
+    """(native target, draft) through eyas's own checked loading; the shipped draft by default."""
+    from eyas.models import formats
+    from eyas.models.loading import load_target
+    from eyas.models.native import choose
+    from eyas.pipeline import BUILTIN_DRAFTS, resolve_draft_path
+
+    target, _ = choose(load_target(model_path, device=device, dtype=dtype), "native")
+    path = resolve_draft_path(draft_path or BUILTIN_DRAFTS["smollm2-135m-instruct"])
+    draft = formats.load_draft(path, embed_weight=target.embed_tokens.weight, device=device, dtype=target.dtype)
+    return target, draft
+
+
+def chat_prompts(tokenizer, sets: str = "chat", n: int = 0) -> list[list[int]]:
+    from eyas.bench.prompts import prompt_set
+    from eyas.generate import chat_ids
+
+    texts = prompt_set(sets)
+    return [chat_ids(tokenizer, t) for t in (texts[:n] if n else texts)]

@@ -16,14 +16,19 @@ import statistics
 import time
 
 import torch
-
-from common import copy_bandwidth, llama31_8b_config, random_model, read_bytes_per_token, sync, write
+from common import (
+    copy_bandwidth,
+    llama31_8b_config,
+    random_model,
+    read_bytes_per_token,
+    sync,
+    write,
+)
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
-from eyas.models.target import Target
 
 
 def eyas_decode_tps(engine: Engine, prompt: list[int], new_tokens: int, reps: int) -> list[float]:

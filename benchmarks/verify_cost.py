@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from common import llama31_8b_config, random_model, summary, time_ms, write
 
 from eyas.models.native import NativeTarget, PoolPlan
@@ -36,7 +35,7 @@ def curve(target: NativeTarget, contexts: list[int], ks: list[int], reps: int, g
             pos = (ctx + torch.arange(k, device=dev))[None]
             mask = torch.zeros((1, 1, k, ctx + k), dtype=target.dtype, device=dev)
 
-            def step():
+            def step(ctx=ctx, ids=ids, pos=pos, mask=mask):
                 pool.crop(ctx)
                 target.forward(ids, pos, mask, pool)
 

@@ -52,7 +52,7 @@ class NativeTarget(Target):
         self.native = NativeLlama(model)
 
     @classmethod
-    def from_target(cls, target: Target) -> "NativeTarget":
+    def from_target(cls, target: Target) -> NativeTarget:
         return cls(target.model, target.tokenizer, target.name, target.aux_layer_ids)
 
     def bytes_per_slot(self) -> int:

@@ -98,7 +98,7 @@ class StaticKV:
         self.n += rows
         self.used = max(self.used, slots)
 
-    def adopt(self, cache) -> "StaticKV":
+    def adopt(self, cache) -> StaticKV:
         """Become the cache of ``cache``'s rows alone (the buffer's earlier rows are forgotten)."""
         self.n = self.used = 0
         self.append_rows(cache)

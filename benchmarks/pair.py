@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""(c) The real pair at batch 1: SmolLM2-135M-Instruct with and without its EAGLE-3 draft.
+
+    python benchmarks/pair.py --model-path /tmp/smollm2.gguf --out results/pair-smollm2.json
+
+Greedy (temperature 0), one prompt at a time, the chat prompt set, up to ``--new-tokens`` each
+(ending at end-of-turn as a user would see it). Baseline = eyas's own fast path (native forward,
+static cache, CUDA graphs) without speculation; the HF-path baseline is recorded for reference.
+For each tree setting: tokens/s, tau, per-position acceptance, speedup.
+
+Lossless check: in bf16, the share of prompts whose speculative output equals the baseline's,
+and for each that differs, the target's two best logits at the first difference (a near-tie
+means the two orders of bf16 arithmetic, one token vs a tree per forward, rounded differently).
+In fp32 (``--fp32-prompts``), speculative output must equal the baseline token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from common import chat_prompts, load_pair, sync, write
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.models import kv_cache
+from eyas.models.target import Target
+
+
+def run_all(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    params = SamplingParams(max_new_tokens=new_tokens)
+    engine.generate([prompts[0]], params)  # warm-up: graphs for every bucket this length reaches
+    outs, secs = [], []
+    for p in prompts:
+        sync()
+        t0 = time.perf_counter()
+        o = engine.generate([p], params)[0]
+        sync()
+        secs.append(time.perf_counter() - t0)
+        outs.append(o)
+    tokens = sum(len(o.output_ids) for o in outs)
+    row = {"tok_s": round(tokens / sum(secs), 2), "tokens": tokens, "seconds": round(sum(secs), 3),
+           "per_prompt_tok_s_median": round(statistics.median(len(o.output_ids) / s for o, s in zip(outs, secs)), 2)}
+    if engine.spec.speculative:
+        drafts = sum(o.stats.drafts for o in outs)
+        acc = [0] * engine.spec.num_steps
+        for o in outs:
+            for i, a in enumerate(o.stats.accepted_per_position):
+                acc[i] += a
+        row["tau"] = round(1 + sum(acc) / drafts, 3)
+        row["per_position"] = [round(a / drafts, 3) for a in acc]
+    row["outputs"] = [o.output_ids for o in outs]
+    return row
+
+
+@torch.inference_mode()
+def first_difference(target: Target, prompt: list[int], base: list[int], spec: list[int]) -> dict | None:
+    i = next((k for k, (a, b) in enumerate(zip(base, spec)) if a != b), None)
+    if i is None:
+        return None if len(base) == len(spec) else {"index": min(len(base), len(spec)), "kind": "length"}
+    ids = torch.tensor([prompt + base[:i]], device=target.device)
+    n = ids.shape[1]
+    visible = torch.ones((1, n, n), dtype=torch.bool, device=target.device).tril()
+    mask = kv_cache.attention_mask(torch.zeros(1, dtype=torch.long, device=target.device), 0, visible, target.dtype)
+    logits, _ = target.forward(ids, torch.arange(n, device=target.device)[None], mask, kv_cache.new_cache(),
+                               capture=False, logits_at=torch.tensor([n - 1], device=target.device))
+    top = logits[0, -1].float().topk(2)
+    return {"index": i, "baseline_token": base[i], "speculative_token": spec[i],
+            "top2_tokens": top.indices.tolist(), "top2_logits": [round(x, 4) for x in top.values.tolist()],
+            "gap": round(float(top.values[0] - top.values[1]), 4),
+            "both_in_top2": {base[i], spec[i]} <= set(top.indices.tolist())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", default="smollm2-135m-instruct")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--draft", default=None, help="draft folder (default: the shipped one)")
+    ap.add_argument("--out", default="benchmarks/results/pair-smollm2.json")
+    ap.add_argument("--prompts", default="chat")
+    ap.add_argument("--num-prompts", type=int, default=30)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--specs", nargs="+", default=["5,1,6", "6,4,16", "6,8,32", "6,8,48"])
+    ap.add_argument("--hf-prompts", type=int, default=4, help="prompts for the HF-path reference baseline")
+    ap.add_argument("--fp32-prompts", type=int, default=8)
+    args = ap.parse_args()
+
+    target, draft = load_pair(args.model_path, args.draft, device=args.device)
+    prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
+    base = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
+    print(f"baseline (native, graphs): {base['tok_s']} tok/s")
+    generic = Target(target.model, target.tokenizer, target.name, target.aux_layer_ids)
+    hf = run_all(Engine(generic, None, SpecConfig("NONE")), prompts[: args.hf_prompts], args.new_tokens)
+    print(f"baseline (generic HF path): {hf['tok_s']} tok/s")
+    results = {}
+    for text in args.specs:
+        steps, topk, tokens = (int(x) for x in text.split(","))
+        r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), prompts,
+                    args.new_tokens)
+        same = [o == b for o, b in zip(r["outputs"], base["outputs"])]
+        diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
+                 if not s]
+        r.update(speedup=round(r["tok_s"] / base["tok_s"], 3), bf16_match_share=round(sum(same) / len(same), 3),
+                 bf16_first_differences=diffs)
+        print(f"EAGLE3 {text}: {r['tok_s']} tok/s, tau {r['tau']}, {r['speedup']}x, bf16 match {r['bf16_match_share']}")
+        results[text] = {k: v for k, v in r.items() if k != "outputs"}
+    fp32 = None
+    if args.fp32_prompts:
+        t32, d32 = load_pair(args.model_path, args.draft, dtype="float32", device=args.device)
+        few = prompts[: args.fp32_prompts]
+        b32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1), few, 128)
+        steps, topk, tokens = (int(x) for x in args.specs[-1].split(","))
+        s32 = run_all(Engine(t32, d32, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), few, 128)
+        fp32 = {"spec": args.specs[-1], "prompts": len(few),
+                "identical": sum(a == b for a, b in zip(b32["outputs"], s32["outputs"])),
+                "first_differences": [first_difference(t32, p, a, b) for p, a, b in
+                                      zip(few, b32["outputs"], s32["outputs"]) if a != b]}
+        print(f"fp32: {fp32['identical']}/{fp32['prompts']} identical")
+    best = max(results.values(), key=lambda r: r["tok_s"])
+    write(args.out, "SmolLM2-135M-Instruct + EAGLE-3 draft at batch 1, temperature 0, chat prompts", {
+        "settings": vars(args), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
+        "baseline_generic_hf_path": {k: v for k, v in hf.items() if k != "outputs"},
+        "eagle3": results, "best_speedup": best["speedup"], "fp32_lossless": fp32,
+    })
+
+
+if __name__ == "__main__":
+    main()

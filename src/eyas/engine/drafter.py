@@ -33,10 +33,54 @@ def draft_tree(
     spec: SpecConfig,
     steps_fn=None,  # (tokens, hidden, positions, cache, mask) -> (hidden, logits); eager by default
 ) -> Tree:
-    k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
+    """The tree on any cache: each level is appended to ``cache`` and dropped at the end."""
     if steps_fn is None:
         from ..models.native import DraftSteps
         steps_fn = DraftSteps(draft)
+    prefix_slots = kv_cache.num_slots(cache)
+    k = spec.eagle_topk
+
+    def feed(step, tokens, hidden, seen):
+        visible = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=seen.device).expand(len(tokens), k, k)], -1)
+        mask = kv_cache.attention_mask(lengths, prefix_slots, visible, hidden.dtype)
+        positions = (lengths + step - 1)[:, None].expand(len(tokens), k)
+        return steps_fn(tokens, hidden, positions, cache, mask)
+
+    try:
+        return _grow(draft, root, logits0, hidden0, spec, feed)
+    finally:
+        kv_cache.crop(cache, prefix_slots)
+
+
+def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecConfig, prefix: torch.Tensor,
+                      window: int) -> Tree:
+    """The same tree on a ``StaticKV`` with only tensors varying between calls, so the whole function
+    can be captured as one CUDA graph per (rows, window): level ``s`` writes its ``k`` keys at slots
+    ``prefix + (s - 1) k ..`` (``prefix`` a 1-element tensor) and every mask is ``window`` wide."""
+    k = spec.eagle_topk
+    bsz, dev = root.shape[0], root.device
+    slot_ids = torch.arange(window, device=dev)
+    committed = slot_ids[None, None, :] < lengths[:, None, None]  # [B, 1, W]
+
+    def feed(step, tokens, hidden, seen):
+        fed = seen.shape[-1]
+        visible = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)], -1)
+        allowed = committed.expand(bsz, k, window).clone()
+        cols = (prefix + torch.arange(fed + k, device=dev)).expand(bsz, k, fed + k)
+        allowed.scatter_(2, cols, visible)
+        mask = torch.zeros((bsz, 1, k, window), dtype=hidden.dtype, device=dev)
+        mask.masked_fill_(~allowed[:, None], torch.finfo(hidden.dtype).min)
+        pool.window, pool.write_slots = window, prefix + fed + torch.arange(k, device=dev)
+        positions = (lengths + step - 1)[:, None].expand(bsz, k)
+        out = draft.backbone(draft.embed(tokens), hidden, positions, pool, mask)
+        return out, draft.logits(out)
+
+    return _grow(draft, root, logits0, hidden0, spec, feed)
+
+
+def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
+    """EAGLE-2 expansion and selection; ``feed(step, tokens, hidden, seen)`` runs one draft level."""
+    k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
     bsz, dev = root.shape[0], root.device
     d2t = draft.d2t
     rows = torch.arange(bsz, device=dev)
@@ -47,34 +91,27 @@ def draft_tree(
     cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
     frontier = torch.arange(k, device=dev).expand(bsz, k)  # candidate index of each frontier node
     hidden = hidden0[:, None, :].expand(bsz, k, hidden0.shape[-1])
-    prefix_slots = kv_cache.num_slots(cache)
     seen = torch.zeros((bsz, k, 0), dtype=torch.bool, device=dev)  # frontier -> earlier fed slots
     n_cand = k
-    try:
-        for step in range(1, steps):
-            visible = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)], dim=-1)
-            mask = kv_cache.attention_mask(lengths, prefix_slots, visible, hidden.dtype)
-            positions = (lengths + step - 1)[:, None].expand(bsz, k)
-            out, logits = steps_fn(tokens, hidden, positions, cache, mask)  # [B, k, H], [B, k, draft_vocab]
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            child_scores, child_ids = (logp + scores[..., None]).topk(k, dim=-1)  # [B, k, k]
-            flat_scores = child_scores.reshape(bsz, k * k)
-            flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
-            cand_tokens.append(flat_tokens)
-            cand_scores.append(flat_scores)
-            cand_parents.append(frontier[:, :, None].expand(bsz, k, k).reshape(bsz, k * k))
-            best = torch.sort(-flat_scores, dim=-1, stable=True).indices[:, :k]  # [B, k]
-            parent = best // k  # frontier slot of each new frontier node's parent
-            scores = flat_scores.gather(1, best)
-            tokens = flat_tokens.gather(1, best)
-            hidden = out[rows[:, None], parent]
-            parent_seen = seen[rows[:, None], parent]  # [B, k, fed]
-            parent_self = torch.nn.functional.one_hot(parent, k).bool()  # [B, k, k]
-            seen = torch.cat([parent_seen, parent_self], dim=-1)
-            frontier = n_cand + best
-            n_cand += k * k
-    finally:
-        kv_cache.crop(cache, prefix_slots)
+    for step in range(1, steps):
+        out, logits = feed(step, tokens, hidden, seen)  # [B, k, H], [B, k, draft_vocab]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        child_scores, child_ids = (logp + scores[..., None]).topk(k, dim=-1)  # [B, k, k]
+        flat_scores = child_scores.reshape(bsz, k * k)
+        flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
+        cand_tokens.append(flat_tokens)
+        cand_scores.append(flat_scores)
+        cand_parents.append(frontier[:, :, None].expand(bsz, k, k).reshape(bsz, k * k))
+        best = torch.sort(-flat_scores, dim=-1, stable=True).indices[:, :k]  # [B, k]
+        parent = best // k  # frontier slot of each new frontier node's parent
+        scores = flat_scores.gather(1, best)
+        tokens = flat_tokens.gather(1, best)
+        hidden = out[rows[:, None], parent]
+        parent_seen = seen[rows[:, None], parent]  # [B, k, fed]
+        parent_self = parent[..., None] == torch.arange(k, device=dev)  # [B, k, k]
+        seen = torch.cat([parent_seen, parent_self], dim=-1)
+        frontier = n_cand + best
+        n_cand += k * k
 
     all_tokens = torch.cat(cand_tokens, dim=1)  # [B, C]
     all_scores = torch.cat(cand_scores, dim=1)
@@ -90,3 +127,29 @@ def draft_tree(
     tree_tokens = torch.cat([root[:, None], all_tokens.gather(1, keep)], dim=1)
     parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), parent_col], dim=1)
     return Tree.from_parents(tree_tokens, parents, max_depth=steps)
+
+
+class StaticDrafter:
+    """Drafts trees on the native path's static draft cache: one graph replay per step."""
+
+    def __init__(self, draft, pool, spec: SpecConfig, steps_fn, enabled: bool):
+        from ..models.graphs import BatchGraph, buckets
+
+        self.draft, self.pool, self.spec, self.steps_fn = draft, pool, spec, steps_fn
+        self.span = spec.num_steps * spec.eagle_topk  # slots a tree's levels take past the prefix
+        self.graph = BatchGraph(self._fn, pool, buckets(pool.capacity_rows), buckets(pool.capacity_slots, 256, 4),
+                                enabled, name="drafter")
+
+    def _fn(self, inputs, window):
+        tree = draft_tree_static(self.draft, self.pool, inputs["lengths"], inputs["root"], inputs["logits0"],
+                                 inputs["hidden0"], self.spec, inputs["prefix"], window)
+        return tree.tokens, tree.parents, tree.depth, tree.mask
+
+    @torch.inference_mode()
+    def __call__(self, lengths, root, logits0, hidden0) -> Tree:
+        prefix = self.pool.used
+        out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0},
+                         {"prefix": torch.tensor([prefix], device=root.device)}, prefix + self.span, self.span)
+        if out is None:  # past the last window bucket: the level-by-level path
+            return draft_tree(self.draft, self.pool, lengths, root, logits0, hidden0, self.spec, self.steps_fn)
+        return Tree(*out)

@@ -28,7 +28,7 @@ from ..errors import EyasError
 from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
-from .drafter import draft_tree
+from .drafter import StaticDrafter, draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
 from .tree import Tree
@@ -114,7 +114,8 @@ class Engine:
         graphs = cuda_graphs and self.device.type == "cuda"
         self.target_pool = self.target.new_pool(plan, [self.tree_size], cuda_graphs, capture_aux=spec.speculative)
         if spec.speculative:
-            self.draft_steps.attach_pool(plan, draft_tokens, cuda_graphs)
+            pool = self.draft_steps.attach_pool(plan, draft_tokens, cuda_graphs)
+            self.drafter = StaticDrafter(self.draft, pool, spec, self.draft_steps, cuda_graphs)
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
 
@@ -201,7 +202,9 @@ class Engine:
     def step(self, batch: Batch) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted."""
         self._own(batch)
-        if self.spec.speculative:
+        if self.spec.speculative and self.static:
+            tree = self.drafter(batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
+        elif self.spec.speculative:
             tree = draft_tree(self.draft, batch.draft_cache, batch.lengths, batch.root,
                               batch.draft_logits, batch.draft_hidden, self.spec, self.draft_steps)
         else:

@@ -40,6 +40,32 @@ def _pick(options: list[int], n: int) -> int | None:
     return options[i] if i < len(options) else None
 
 
+def capture(fn, pool, device):
+    """(graph, its outputs, memory pool) for ``fn()``, after two warm-up runs on a side stream."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return graph, outputs, graph.pool()
+
+
+def capture_or_not(owner, fn, device):
+    """``capture`` for a runner; if capture fails, the runner stays eager from then on (and says so)."""
+    try:
+        return capture(fn, owner.pool, device)
+    except Exception as e:  # noqa: BLE001 - an op that cannot be captured must not take a server down
+        owner.capture = False
+        log.warning("%s: CUDA graph capture failed (%s: %s); running this part eagerly", owner.name,
+                    type(e).__name__, e)
+        torch.cuda.synchronize(device)
+        return None, None, owner.pool
+
+
 @dataclass
 class _Graph:
     inputs: dict[str, torch.Tensor]
@@ -118,17 +144,7 @@ class GraphRunner:
             top = self.cache.capacity_slots - tokens
             torch.arange(top, top + tokens, out=g.slots)
             self.cache.window, self.cache.write_slots = window, g.slots
-            stream = torch.cuda.Stream(device=dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self.fn(g.inputs, g.mask)
-            torch.cuda.current_stream(dev).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                g.outputs = self.fn(g.inputs, g.mask)
-            self.pool = graph.pool()
-            g.graph = graph
+            g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, g.mask), dev)
             log.debug("captured %s graph rows=%d tokens=%d window=%d", self.name, rows, tokens, window)
         self.graphs[key] = g
         return g
@@ -144,3 +160,51 @@ class GraphRunner:
         used = self.cache.used
         self._build(key, inputs, torch.zeros((key[0], 1, key[1], 1), dtype=mask_dtype, device=dev))
         self.cache.used = used
+
+
+class BatchGraph:
+    """A whole function of per-row inputs ``[B, ...]`` (plus a few fixed-size tensors) as one graph
+    per (rows, window) bucket: how the engine drafts a tree in one replay. ``__call__`` returns
+    None when no bucket fits (the caller then runs its eager path)."""
+
+    def __init__(self, fn, cache: StaticKV, rows: list[int], windows: list[int], enabled: bool = True,
+                 capture: bool | None = None, name: str = "batch"):
+        self.fn, self.cache, self.name = fn, cache, name  # fn(inputs, window) -> tuple of [B, ...] tensors
+        self.rows, self.windows, self.enabled = rows, windows, enabled
+        self.capture = cache.buf.is_cuda if capture is None else capture
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.pool = None
+
+    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, torch.Tensor], need: int,
+                 top_slots: int) -> tuple | None:
+        b = next(iter(inputs.values())).shape[0]
+        key = (_pick(self.rows, b), _pick(self.windows, need))
+        if not self.enabled or None in key or need > self.cache.capacity_slots:
+            return None
+        g = self.graphs.get(key) or self._build(key, inputs, fixed, top_slots)
+        for name, x in inputs.items():
+            g.inputs[name].zero_()
+            g.inputs[name][:b].copy_(x)
+        for name, x in fixed.items():
+            g.inputs[name].copy_(x)
+        if g.graph is not None:
+            g.graph.replay()
+            outputs = g.outputs
+        else:
+            outputs = self.fn(g.inputs, key[1])
+        return tuple(o[:b].clone() for o in outputs)
+
+    def _build(self, key, inputs, fixed, top_slots: int) -> _Graph:
+        rows, window = key
+        dev = self.cache.buf.device
+        bufs = {n: torch.zeros((rows,) + x.shape[1:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
+        bufs.update({n: x.clone() for n, x in fixed.items()})
+        g = _Graph(bufs, None, None)
+        if self.capture:
+            # Warm-up and capture write their keys to the top slots, which hold nothing.
+            for n, x in fixed.items():
+                bufs[n].fill_(self.cache.capacity_slots - top_slots)
+            g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, window), dev)
+            log.debug("captured %s graph rows=%d window=%d", self.name, rows, window)
+        self.graphs[key] = g
+        return g

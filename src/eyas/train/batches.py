@@ -69,5 +69,13 @@ def collate(split, rows: list[int], max_length: int) -> Batch:
     return Batch(ids, mask, valid, list(rows))
 
 
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on ``device``; to a GPU through pinned memory, so the copy does not make the
+    host wait for the GPU's queued work (a plain ``.to("cuda")`` synchronises)."""
+    if str(device).startswith("cuda") and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def rank_rows(global_rows: list[int], rank: int, world: int) -> list[int]:
     return global_rows[rank::world]

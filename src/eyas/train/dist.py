@@ -49,6 +49,12 @@ class DistContext:
         dist.all_reduce(t)
         return (t / self.world).tolist()
 
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (on ``comm_device``) summed over ranks in place, without waiting on the host."""
+        if self.active:
+            dist.all_reduce(t)
+        return t
+
     def sum(self, values: list[float]) -> list[float]:
         if not self.active or not values:
             return list(values)

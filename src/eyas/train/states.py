@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..errors import EyasError
-from .batches import collate
+from .batches import collate, to_device
 from .ttt import target_states
 
 
@@ -35,7 +35,7 @@ class OnlineStates:
     def __call__(self, batch):
         dev = self.target.device
         lengths = batch.valid.sum(1)
-        aux, logits = target_states(self.target, batch.input_ids.to(dev), lengths.to(dev))
+        aux, logits = target_states(self.target, to_device(batch.input_ids, dev), to_device(lengths, dev))
         return aux, logits
 
 

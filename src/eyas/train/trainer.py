@@ -28,7 +28,7 @@ from ..errors import EyasError
 from ..models.draft import Eagle3Draft
 from ..models.vocab import build_vocab
 from . import checkpoint, dist
-from .batches import collate, epoch_batches, rank_rows
+from .batches import collate, epoch_batches, rank_rows, to_device
 from .evaluate import heldout_metrics
 from .logger import RunLog
 from .recipe import Recipe
@@ -241,26 +241,36 @@ class Trainer:
         self.print(f"resumed at step {self.step} (epoch {self.position[0]}, batch {self.position[1]})")
 
     # -- the loop -------------------------------------------------------------------------------
-    def _step_norm(self, b) -> list[float]:
+    def _step_norm(self, b):
+        """Per-step loss denominators: the global count of scored positions over world size. Floats
+        in one process; under torchrun a device tensor, all-reduced without waiting on the host."""
         m = b.loss_mask * b.valid
         counts = [float(m[:, 1 + i:].sum()) for i in range(self.r.train.ttt_steps)]
-        return [c / self.ctx.world for c in self.ctx.sum(counts)]
+        if not self.ctx.active:
+            return counts
+        t = self.ctx.all_sum(to_device(torch.tensor(counts, dtype=torch.float64), self.ctx.comm_device))
+        return (t / self.ctx.world).float().to(self.ctx.device)
 
     def train_step(self, b) -> dict:
+        """One optimizer step. Returns device tensors, read on the host only when a log line is due."""
         dev = self.ctx.device
         aux, logits = self.states(b)
         aux = aux.float()  # fp32 into the fp32 master weights; autocast lowers the matmuls on the GPU
         norm = self._step_norm(b)
+        ids, loss_mask, valid = (to_device(t, dev) for t in (b.input_ids, b.loss_mask, b.valid))
         with self.autocast():
-            loss, res = self.wrapped(b.input_ids.to(dev), aux, logits, b.loss_mask.to(dev), b.valid.to(dev), norm)
+            loss, res = self.wrapped(ids, aux, logits, loss_mask, valid, norm)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.r.optim.grad_clip or float("inf"))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        # res.step_loss is this rank's sum over (global count / world): its ranks' mean is the global mean.
-        return {"loss_parts": res.step_loss, "acc": res.step_acc,
-                "count": res.step_count, "grad_norm": float(gnorm), "tokens": b.tokens}
+        # res.stats[0] is this rank's loss over (global count / world): its ranks' mean is the global mean.
+        return {"stats": res.stats, "grad_norm": gnorm, "tokens": b.tokens}
+
+    def _sync(self) -> None:
+        if self.ctx.device.startswith("cuda"):
+            torch.cuda.synchronize()
 
     def evaluate(self) -> dict | None:
         if self.heldout is None:
@@ -275,8 +285,7 @@ class Trainer:
         self.module.train()
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not (r.log.progress and ctx.main), dynamic_ncols=True)
-        window = {"tokens": 0, "n": 0, "loss": np.zeros(r.train.ttt_steps), "acc": np.zeros(r.train.ttt_steps),
-                  "count": np.zeros(r.train.ttt_steps)}
+        window = Window(r.train.ttt_steps, ctx.device)
         t_window = time.perf_counter()
         t_start, tokens_total = time.perf_counter(), 0
         last_eval = None
@@ -293,37 +302,34 @@ class Trainer:
             m = self.train_step(b)
             self.step += 1
             self.position = (epoch, index + 1)
-            k = len(m["acc"])
-            window["tokens"] += m["tokens"]
-            window["loss"][:k] += np.array(m["loss_parts"])
-            window["acc"][:k] += np.array(m["acc"]) * np.array(m["count"])
-            window["count"][:k] += np.array(m["count"])
-            window["n"] += 1
+            window.add(m["stats"], m["tokens"])
             bar.update(1)
             if budget and self.step == calib[0]:
+                self._sync()
                 t_calib = time.perf_counter()
             if budget and self.step == calib[1] and t_calib is not None:
+                self._sync()
                 now = time.perf_counter()
                 self._fit_budget(calib[1] - calib[0], now - t_calib, budget - (now - t_start))
                 bar.total = self.total_steps
             if self.step % r.log.every == 0 or self.step == self.total_steps:
-                sums = ctx.sum([window["tokens"]] + window["acc"].tolist() + window["count"].tolist())
-                if ctx.device.startswith("cuda"):
-                    torch.cuda.synchronize()
+                losses, correct, scored = window.stats.tolist()  # the host reads the device once per log line
+                k = len(scored)
+                sums = ctx.sum([window.tokens] + correct + scored)
+                self._sync()
                 dt = time.perf_counter() - t_window
                 tokens, accs, counts = sums[0], sums[1:1 + k], sums[1 + k:]
                 tokens_total += tokens
-                step_loss = [x / window["n"] for x in ctx.mean(window["loss"].tolist())]
+                step_loss = [x / window.n for x in ctx.mean(losses)]
                 acc = [a / c if c else 0.0 for a, c in zip(accs, counts)]
                 rec = {"step": self.step, "epoch": round(epoch + index / max(1, len(batches)), 3),
                        "loss": round(sum(r.train.decay ** i * x for i, x in enumerate(step_loss)), 4),
                        "step_loss": [round(x, 4) for x in step_loss], "acc": [round(a, 4) for a in acc],
-                       "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(m["grad_norm"], 4),
+                       "lr": self.scheduler.get_last_lr()[0], "grad_norm": round(float(m["grad_norm"]), 4),
                        "tokens_per_s": round(tokens / dt, 1), "ranks": ctx.world}
                 self.log.write("train", **rec)
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", acc0=f"{acc[0]:.3f}", tok_s=f"{tokens / dt:.0f}")
-                window = {"tokens": 0, "n": 0, "loss": np.zeros(r.train.ttt_steps),
-                          "acc": np.zeros(r.train.ttt_steps), "count": np.zeros(r.train.ttt_steps)}
+                window = Window(r.train.ttt_steps, ctx.device)
                 t_window = time.perf_counter()
             if r.log.eval_every and (self.step % r.log.eval_every == 0 or self.step == self.total_steps):
                 last_eval = self.evaluate()
@@ -356,6 +362,23 @@ class Trainer:
         self.save_checkpoint()
         self.log.close()
         return summary
+
+
+class Window:
+    """Per-TTT-step sums over the steps between two log lines, kept on the device (no host sync)."""
+
+    def __init__(self, steps: int, device):
+        self.stats = torch.zeros(3, steps, dtype=torch.float64, device=device)  # loss, correct, scored
+        self.tokens, self.n = 0, 0
+
+    def add(self, stats: torch.Tensor, tokens: int) -> None:  # stats [3, k]: loss, accuracy, scored
+        s = stats.double()
+        k = s.shape[1]
+        self.stats[0, :k] += s[0]
+        self.stats[1, :k] += s[1] * s[2]
+        self.stats[2, :k] += s[2]
+        self.tokens += tokens
+        self.n += 1
 
 
 def _dtype(name: str):

@@ -32,6 +32,8 @@ class DraftSection:
     init_head_from_target: bool = False  # copy lm_head rows + final norm from the target: measured
     # harmful on SmolLM2 (loss 19 at step 0, grad norm 650, slower learning than a random head)
     save_dtype: str = "bfloat16"
+    init_from: str | None = None  # warm start: a saved draft of this target (folder or shipped name), same
+    # draft.vocab_size and aux layers; its trainable weights and vocabulary maps replace the random init
 
 
 @dataclass
@@ -107,6 +109,8 @@ class Recipe:
             (self.draft.vocab_size >= 1, "draft.vocab_size", self.draft.vocab_size, "e.g. 16384"),
             (t.offline_dtype in ("float16", "float32"), "train.offline_dtype", t.offline_dtype, "float16 or float32"),
         ]
+        checks.append((not (self.draft.init_from and self.draft.init_head_from_target), "draft.init_head_from_target",
+                       self.draft.init_head_from_target, "false when draft.init_from is set (the warm start sets the head)"))
         for ok, key, value, want in checks:
             if not ok:
                 raise EyasError(f"recipe key {key} = {value!r} is invalid", f"set {key} to {want}")

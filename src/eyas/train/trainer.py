@@ -77,7 +77,9 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
     d2t, t2d = build_vocab(torch.from_numpy(counts), size)
     draft.d2t.copy_(d2t.to(draft.d2t.device))
     draft.t2d.copy_(t2d.to(draft.t2d.device))
-    if r.draft.init_head_from_target:
+    if r.draft.init_from:
+        warm_start(draft, r.draft.init_from, target)
+    elif r.draft.init_head_from_target:
         with torch.no_grad():
             head = target.model.get_output_embeddings().weight
             draft.lm_head.weight.copy_(head[t2d.to(head.device)].float())
@@ -85,6 +87,34 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
             if norm is not None and getattr(norm, "weight", None) is not None:
                 draft.norm.weight.copy_(norm.weight.float())
     return draft
+
+
+def warm_start(draft: Eagle3Draft, path: str, target) -> None:
+    """Start ``draft`` from a saved draft of the same target (any format eyas reads, or a shipped
+    draft's name): every trainable tensor and the vocabulary maps (``lm_head``'s rows belong to
+    them). Anything that does not fit is refused, so a warm start never silently scrambles weights."""
+    from ..pipeline import resolve_draft_path
+
+    folder = resolve_draft_path(path)
+    src = Eagle3Draft.from_pretrained(folder, embed_weight=target.embed_tokens.weight.detach().float(),
+                                      dtype=torch.float32)  # raises if it was built for another vocabulary
+    fix = "start from a draft trained for this target with the same draft.vocab_size and aux layers, or unset draft.init_from"
+    want = draft.aux_layer_ids or target.aux_layer_ids
+    have = src.aux_layer_ids or target.aux_layer_ids
+    if list(have) != list(want):
+        raise EyasError(f"draft.init_from {folder} fuses target layers {list(have)}, this run captures {list(want)}", fix)
+    mine, theirs = draft.state_dict(), src.state_dict()
+    keys = [k for k, p in draft.named_parameters() if p.requires_grad] + ["d2t", "t2d"]
+    bad = [f"{k} {tuple(theirs[k].shape)} vs {tuple(mine[k].shape)}" for k in keys if theirs[k].shape != mine[k].shape]
+    if bad:
+        raise EyasError(f"draft.init_from {folder} does not fit this run's draft (init vs run): " + "; ".join(bad), fix)
+    for name in ("rope_parameters", "rms_norm_eps"):
+        a, b = getattr(src.config, name, None), getattr(draft.config, name, None)
+        if a != b:
+            raise EyasError(f"draft.init_from {folder} has {name} {a!r}, this run's draft {b!r}", fix)
+    with torch.no_grad():
+        for k in keys:
+            mine[k].copy_(theirs[k].to(mine[k].dtype))
 
 
 def shard_target(target) -> None:

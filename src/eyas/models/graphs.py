@@ -201,9 +201,10 @@ class BatchGraph:
         bufs.update({n: x.clone() for n, x in fixed.items()})
         g = _Graph(bufs, None, None)
         if self.capture:
-            # Warm-up and capture write their keys to the top slots, which hold nothing.
+            # Warm-up and capture write their keys to the window's last slots, past every row's
+            # committed ones (a bucket is only chosen when used + top_slots fits the window).
             for n, x in fixed.items():
-                bufs[n].fill_(self.cache.capacity_slots - top_slots)
+                bufs[n].fill_(window - top_slots)
             g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, window), dev)
             log.debug("captured %s graph rows=%d window=%d", self.name, rows, window)
         self.graphs[key] = g

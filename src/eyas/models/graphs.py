@@ -139,13 +139,16 @@ class GraphRunner:
         bufs = {n: torch.zeros((rows, tokens) + x.shape[2:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
         g = _Graph(bufs, torch.zeros((rows, 1, tokens, window), dtype=mask.dtype, device=dev),
                    torch.zeros(tokens, dtype=torch.long, device=dev))
+        # Warm up (and capture) with keys written to the top slots, which hold nothing. Without
+        # CUDA the warm-up still runs once, so CPU tests exercise exactly what capture will run.
+        top = self.cache.capacity_slots - tokens
+        torch.arange(top, top + tokens, out=g.slots)
+        self.cache.window, self.cache.write_slots = window, g.slots
         if self.capture:
-            # Warm up and capture with keys written to the top slots, which hold nothing.
-            top = self.cache.capacity_slots - tokens
-            torch.arange(top, top + tokens, out=g.slots)
-            self.cache.window, self.cache.write_slots = window, g.slots
             g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, g.mask), dev)
             log.debug("captured %s graph rows=%d tokens=%d window=%d", self.name, rows, tokens, window)
+        else:
+            self.fn(g.inputs, g.mask)
         self.graphs[key] = g
         return g
 
@@ -200,12 +203,16 @@ class BatchGraph:
         bufs = {n: torch.zeros((rows,) + x.shape[1:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
         bufs.update({n: x.clone() for n, x in fixed.items()})
         g = _Graph(bufs, None, None)
+        # Warm-up (and capture) write their keys to the window's last slots, past every row's
+        # committed ones (a bucket is only chosen when used + top_slots fits the window). Without
+        # CUDA the warm-up still runs once: the CPU tests would have caught a warm-up that wrote
+        # outside its window (found on the H200 as a device-side assert).
+        for n in fixed:
+            bufs[n].fill_(window - top_slots)
         if self.capture:
-            # Warm-up and capture write their keys to the window's last slots, past every row's
-            # committed ones (a bucket is only chosen when used + top_slots fits the window).
-            for n, x in fixed.items():
-                bufs[n].fill_(window - top_slots)
             g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, window), dev)
             log.debug("captured %s graph rows=%d window=%d", self.name, rows, window)
+        else:
+            self.fn(g.inputs, window)
         self.graphs[key] = g
         return g

@@ -26,3 +26,13 @@ def http_pair(engine_pair):
 
     with LiveServer(engine_pair[0]) as a, LiveServer(engine_pair[1]) as b:
         yield a.url, b.url
+
+
+@pytest.fixture(scope="session")
+def folders(target, draft, tmp_path_factory):
+    """(target folder, draft folder): the tiny pair saved as a user would pass it on the command line."""
+    root = tmp_path_factory.mktemp("bench-pair")
+    target.model.save_pretrained(root / "t")
+    target.tokenizer.save_pretrained(root / "t")
+    draft.save_pretrained(root / "d")
+    return str(root / "t"), str(root / "d")

@@ -112,15 +112,6 @@ def test_cli_rejects_bad_concurrency(capsys):
     assert "--concurrency" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def folders(target, draft, tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench-pair")
-    target.model.save_pretrained(root / "t")
-    target.tokenizer.save_pretrained(root / "t")
-    draft.save_pretrained(root / "d")
-    return str(root / "t"), str(root / "d")
-
-
 def test_cli_offline(folders, tmp_path, capsys):
     t, d = folders
     rc = main(["bench", "--model-path", t, "--speculative-draft-model-path", d, "--dtype", "float64",

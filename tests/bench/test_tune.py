@@ -11,15 +11,6 @@ from eyas.cli import main
 from eyas.errors import EyasError
 
 
-@pytest.fixture(scope="module")
-def folders(target, draft, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune-pair")
-    target.model.save_pretrained(root / "t")
-    target.tokenizer.save_pretrained(root / "t")
-    draft.save_pretrained(root / "d")
-    return str(root / "t"), str(root / "d")
-
-
 def test_sweep_measures_every_candidate_at_every_batch_size(target, draft):
     prompts = [[65, 66, 67], [70, 71], [80, 81, 82, 83]]
     cands = [parse_candidate("3,1,4"), parse_candidate("2,2,4")]

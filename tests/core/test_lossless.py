@@ -6,6 +6,7 @@ from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.stats import SpecStats
+from eyas.models.native import NativeTarget
 from helpers import reference_greedy
 
 PROMPTS = [
@@ -54,16 +55,26 @@ def test_no_speculation_is_the_same_code_path_and_lossless(target, references):
     assert all(o.stats.drafts == 0 for o in outs)
 
 
-def test_sequences_join_and_leave_a_running_batch(target, draft, references):
-    """Continuous batching: merge new rows mid-flight and filter finished ones; still lossless."""
-    engine = Engine(target, draft, SpecConfig("EAGLE3", 4, 2, 6))
+@pytest.mark.parametrize("path", ["generic", "native-eager", "native-graphs"])
+def test_sequences_join_and_leave_a_running_batch(target, draft, references, path):
+    """Continuous batching: merge new rows mid-flight and filter finished ones; still lossless.
+    On the native path the rows live in the engine's preallocated cache."""
+    if path == "generic":
+        engine = Engine(target, draft, SpecConfig("EAGLE3", 4, 2, 6))
+    else:
+        engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 4, 2, 6), max_batch=8,
+                        cuda_graphs=path == "native-graphs")
     params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
     first = [engine.new_sequence(p, params) for p in PROMPTS[:2]]
-    batch = engine.prefill(first)
+    batch = engine.merge(None, engine.prefill(first))
+    if engine.static:
+        assert batch.target_cache is engine.target_pool
     for _ in range(3):
         engine.step(batch)
     late = [engine.new_sequence(p, params) for p in PROMPTS[2:]]
     batch = engine.merge(batch, engine.prefill(late))
+    if engine.static:
+        assert batch.target_cache.n == 5
     seqs = first + late
     while True:
         alive = [i for i, s in enumerate(batch.seqs) if not s.finished]

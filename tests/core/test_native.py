@@ -124,29 +124,6 @@ def test_native_and_generic_paths_accept_the_same_tokens(target, draft):
     assert [o.stats.accepted_per_position for o in native] == [o.stats.accepted_per_position for o in generic]
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_rows_join_and_leave_the_static_cache(target, draft, references, graphs):
-    engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 4, 2, 6), max_batch=8,
-                    cuda_graphs=graphs)
-    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
-    first = [engine.new_sequence(p, params) for p in PROMPTS[:2]]
-    batch = engine.merge(None, engine.prefill(first))
-    assert batch.target_cache is engine.target_pool
-    for _ in range(3):
-        engine.step(batch)
-    late = [engine.new_sequence(p, params) for p in PROMPTS[2:]]
-    batch = engine.merge(batch, engine.prefill(late))
-    assert batch.target_cache.n == 5
-    seqs = first + late
-    while True:
-        alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
-        if not alive:
-            break
-        batch = engine.filter(batch, alive)
-        engine.step(batch)
-    assert [s.output_ids for s in seqs] == references
-
-
 def test_long_context_crosses_window_buckets(target, draft):
     """A prompt past the first attention window (256 slots) moves to the next bucket, still lossless."""
     prompt = [(i * 7) % 250 + 3 for i in range(250)]

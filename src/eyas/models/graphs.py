@@ -2,8 +2,8 @@
 
 A forward over the static cache has a shape ``(B rows, T new tokens, W attended slots)``. The
 runner rounds each up to a bucket, copies the real inputs into fixed buffers of the bucket's shape
-(zeros elsewhere), and replays the graph captured for that bucket the first time it was seen (or
-at warm-up). Padding is harmless by construction:
+(zeros elsewhere), and replays the graph captured for that bucket the first time it was seen.
+Padding is harmless by construction:
 
 - padded rows live in rows of the cache buffer that hold no sequence;
 - padded tokens write their keys past the real ones, into slots the next forward overwrites and
@@ -151,18 +151,6 @@ class GraphRunner:
             self.fn(g.inputs, g.mask)
         self.graphs[key] = g
         return g
-
-    def warm(self, rows: int, tokens: int, window: int, templates: dict[str, tuple[tuple, torch.dtype]],
-             mask_dtype: torch.dtype) -> None:
-        """Capture the graph of one bucket now (startup), from input shapes ``[rows, tokens, ...]``."""
-        key = (_pick(self.rows, rows), _pick(self.tokens, tokens), _pick(self.windows, window))
-        if None in key or key in self.graphs:
-            return
-        dev = self.cache.buf.device
-        inputs = {n: torch.zeros((key[0], key[1]) + shape, dtype=dt, device=dev) for n, (shape, dt) in templates.items()}
-        used = self.cache.used
-        self._build(key, inputs, torch.zeros((key[0], 1, key[1], 1), dtype=mask_dtype, device=dev))
-        self.cache.used = used
 
 
 class BatchGraph:

@@ -125,11 +125,8 @@ class NativeLlama(nn.Module):
 
 
 def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """An HF RMSNorm as one fused kernel (``F.rms_norm``); other norms run as they are."""
-    eps = getattr(norm, "variance_epsilon", None)
-    if eps is None or type(norm).__name__.startswith("Gemma"):
-        return norm(x)
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    """An HF RMSNorm (``weight * x / rms(x)``, the family's only norm) as one fused kernel."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

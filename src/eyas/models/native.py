@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import EyasError
 from .graphs import GraphRunner, buckets
 from .llama import NativeLlama, native_support
 from .static_cache import StaticKV
@@ -118,8 +119,6 @@ class DraftSteps:
 
 def choose(target: Target, engine: str = "auto") -> tuple[Target, str | None]:
     """(the target on the path to use, why the generic path was kept or None) for ``--engine``."""
-    from ..errors import EyasError
-
     why = native_support(target.model)
     if engine == "generic":
         return target, "--engine generic"

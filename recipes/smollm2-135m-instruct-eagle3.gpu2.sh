@@ -12,6 +12,10 @@
 #   M          the target                                                              default /tmp/smollm2.gguf
 #   BENCH=1    a 40-step one-GPU throughput run first;  PROFILE=1  one profiled step (profile.txt) first
 #   EXTRA      more `eyas train` arguments, e.g. "--set optim.lr=1e-3"
+#   GREEDY=1   first add a greedy (T=0) answer by the target to every carried conversation
+#              (`eyas prepare --regenerate --keep-answers --temperature 0`; DATA_FROM needs train.jsonl
+#              and heldout.jsonl) and train on both answers; GREEDY_MAX new tokens at most (256)
+#   TREES      eval trees as steps,topk,tokens                                         default "6,8,48"
 #   DRY=1      a CPU dry run of the same command lines: 2 steps, 2 prompts x 8 tokens (DEVICE=cpu)
 # Usage:
 #   bash recipes/smollm2-135m-instruct-eagle3.gpu2.sh        # in the foreground (one 10-minute call: BUDGET <= 300)
@@ -64,7 +68,7 @@ finish() { [ "$1" = 0 ] && stamp done || stamp "$2"; touch $J/DONE; [ -n "${EYAS
 
 [ -n "${DATA_FROM:-}" ] && DATA_FROM=$(readlink -f "$DATA_FROM")
 [ -n "${DATA_FROM:-}" ] && [ -f "$DATA_FROM/meta.json" ] || { echo "DATA_FROM must name a prepared data folder (a copy of .gpudata)"; finish 2 "no data"; }
-rm -rf $J/src $J/data $J/run $J/bench $J/eval-*.json $J/profile.txt
+rm -rf $J/src $J/data $J/data-mix $J/run $J/bench $J/eval-*.json $J/profile.txt
 cp -r "$REPO/src" $J/src && cp "$REPO/recipes/smollm2-135m-instruct-eagle3.gpu2.yaml" $J/recipe.yaml && cp -r "$DATA_FROM" $J/data
 cp "$REPO/tests/train/profile_step.py" $J/ 2>/dev/null
 export PYTHONPATH=/tmp/site:$J/src
@@ -87,7 +91,16 @@ else
 fi
 $PY -c "import json; m=json.load(open('$J/data/meta.json')); print('data', json.dumps(m['splits']))"
 
-T="--recipe $J/recipe.yaml --model $M --data $J/data --set train.device=$DEV --set draft.init_from=$INIT"
+DATA=$J/data
+if [ -n "${GREEDY:-}" ]; then
+  stamp "greedy answers beside the carried ones (T=0, at most ${GREEDY_MAX:-256} new tokens)"
+  LIMIT=""; [ -n "${DRY:-}" ] && LIMIT="--max-new-tokens 8"
+  $PY -m torch.distributed.run --standalone --nproc-per-node $NG -m eyas prepare --model $M --device $DEV \
+    --out $J/data-mix --input $J/data/train.jsonl --input $J/data/heldout.jsonl --regenerate --keep-answers \
+    --temperature 0 --max-new-tokens ${GREEDY_MAX:-256} --batch-size 1024 $LIMIT || finish 1 "prepare failed"
+  DATA=$J/data-mix
+fi
+T="--recipe $J/recipe.yaml --model $M --data $DATA --set train.device=$DEV --set draft.init_from=$INIT"
 if [ -n "${PROFILE:-}" ]; then
   stamp "profile one step ($PROFILE_SIZE, synthetic rows)"
   $PY $J/profile_step.py --target $M $PROFILE_SIZE --device $DEV --rows 30 > $J/profile.txt 2>&1
@@ -104,26 +117,22 @@ $PY -m torch.distributed.run --standalone --nproc-per-node $NG -m eyas train $T 
   --set train.time_budget_s=${BUDGET:-420} --set train.max_steps=null ${EXTRA:-} $TRAIN_DRY || finish 1 "train failed"
 
 D=$J/run/draft
-E="--model-path $M --speculative-draft-model-path $D --data $J/data --num-prompts 64 --max-new-tokens 128 --batch-size 16 --device $DEV --temperature 0 $EVAL_DRY"
+E="--model-path $M --speculative-draft-model-path $D --data $DATA --num-prompts 64 --max-new-tokens 128 --batch-size 16 --device $DEV --temperature 0 $EVAL_DRY"
 CHAIN="--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6 --baseline --json-out $J/eval-chain.json"
-TREE="--speculative-num-steps 6 --speculative-eagle-topk 8 --speculative-num-draft-tokens 48 --json-out $J/eval-tree-6-8-48.json"
-stamp "eval chain 5/1/6 and tree 6/8/48"
-if [ "$DEV" = cuda ] && [ "$NG" -ge 2 ]; then  # one GPU each, side by side
-  CUDA_VISIBLE_DEVICES=1 $PY -m eyas eval $E $TREE > $J/eval-tree.log 2>&1 &
-  CUDA_VISIBLE_DEVICES=0 $PY -m eyas eval $E $CHAIN || finish 1 "eval chain failed"
-  wait $! || finish 1 "eval tree failed"
-  cat $J/eval-tree.log
-else
-  $PY -m eyas eval $E $CHAIN || finish 1 "eval chain failed"
-  $PY -m eyas eval $E $TREE || finish 1 "eval tree failed"
-fi
+stamp "eval chain 5/1/6 and trees ${TREES:-6,8,48}"
+$PY -m eyas eval $E $CHAIN || finish 1 "eval chain failed"
+for t in ${TREES:-6,8,48}; do
+  IFS=, read -r S K N <<< "$t"
+  $PY -m eyas eval $E --speculative-num-steps $S --speculative-eagle-topk $K --speculative-num-draft-tokens $N \
+    --json-out $J/eval-tree-$S-$K-$N.json || finish 1 "eval tree $t failed"
+done
 $PY - "$J" <<'PYEOF'
 import json, sys, pathlib
 j = pathlib.Path(sys.argv[1])
 s = json.loads((j / "run/summary.json").read_text())
 print("train:", s["steps"], "steps,", s["tokens_per_s"], "tokens/s on", s["ranks"], "rank(s); held-out acc", (s.get("heldout") or {}).get("acc"))
-for name in ("eval-chain.json", "eval-tree-6-8-48.json"):
-    r = json.loads((j / name).read_text())
-    print(name, "tau", r["accept_length"], "per position", r["accepted_per_position"], "speedup", r.get("speedup"))
+for f in sorted(j.glob("eval-*.json")):
+    r = json.loads(f.read_text())
+    print(f.name, "tau", r["accept_length"], "per position", r["accepted_per_position"], "speedup", r.get("speedup"))
 PYEOF
 finish 0

@@ -62,3 +62,23 @@ def test_prepare_cli_errors_cleanly(tmp_path, capsys):
     rc = main(["prepare", "--model", str(model), "--out", str(tmp_path / "o"), "--device", "cpu",
                "--max-length", "4096", "--input", str(_jsonl(tmp_path / "in.jsonl", n=3))])
     assert rc == 2 and "longer than the target's context" in capsys.readouterr().err
+
+
+def test_prepare_keeps_given_answers_beside_regenerated_ones(tmp_path):
+    target = tiny_target(dtype=torch.float32)
+    src = _jsonl(tmp_path / "in.jsonl", n=6, answers=True)
+    cfg = PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=128, regenerate=True, keep_answers=True,
+                        regen=RegenConfig(max_new_tokens=8, batch_size=4, temperature=0.0))
+    meta = prepare(target, cfg, tmp_path / "out", log=lambda *a: None)
+    rows = [json.loads(l) for l in (tmp_path / "out" / "train.jsonl").open()]
+    given = sorted(r["messages"][-1]["content"] for r in rows if not r.get("regenerated"))
+    assert given == sorted(f"answer {i}" for i in range(6))
+    assert sum(bool(r.get("regenerated")) for r in rows) == 6
+    assert meta["splits"]["train"]["rows"] == 12 and meta["regeneration"]["keep_answers"]
+
+
+def test_prepare_cli_refuses_keep_answers_without_regenerate(tmp_path, capsys):
+    model = save_tiny_model(tmp_path / "tiny")
+    rc = main(["prepare", "--model", str(model), "--out", str(tmp_path / "o"), "--device", "cpu",
+               "--keep-answers", "--input", str(_jsonl(tmp_path / "in.jsonl", n=3))])
+    assert rc == 2 and "--keep-answers only means something with --regenerate" in capsys.readouterr().err

@@ -28,3 +28,18 @@ def test_eval_cli_reports_acceptance(tmp_path, capsys):
     assert res["accept_length"] > 1.0 and res["greedy_identical"] is True
     assert res["spec"]["eagle_topk"] == 2 and len(res["accepted_per_position"]) >= 1
     assert "tau" in capsys.readouterr().out
+
+
+def test_eval_counts_a_prompt_once_when_the_data_holds_two_answers(tmp_path):
+    from argparse import Namespace
+
+    from eyas.train.eval_cli import load_prompts
+    from helpers import byte_tokenizer
+
+    rows = [{"messages": [{"role": "user", "content": f"q{i % 3}"}, {"role": "assistant", "content": f"a{i}"}]}
+            for i in range(6)]
+    (tmp_path / "heldout.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    ids, _ = load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=10), byte_tokenizer())
+    assert len(ids) == 3 and len({tuple(i) for i in ids}) == 3
+    ids, _ = load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=2), byte_tokenizer())
+    assert len(ids) == 2

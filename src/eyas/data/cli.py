@@ -20,6 +20,9 @@ def register(sub) -> None:
     p.add_argument("--max-length", type=int, default=None,
                    help="truncate rendered conversations to this many tokens (default: min(2048, target context))")
     p.add_argument("--regenerate", action="store_true", help="answer every prompt with the target itself")
+    p.add_argument("--keep-answers", action="store_true",
+                   help="with --regenerate: keep each conversation's own answer as well as the target's "
+                        "(e.g. answers sampled at 0.8 from an earlier prepare, plus greedy ones)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=512)
@@ -46,6 +49,8 @@ def run(args) -> int:
         raise EyasError(f"--template-kwargs is not JSON: {e.msg}", "e.g. --template-kwargs '{\"enable_thinking\": false}'")
     if args.thinking:
         kw["enable_thinking"] = args.thinking == "on"
+    if args.keep_answers and not args.regenerate:
+        raise EyasError("--keep-answers only means something with --regenerate", "add --regenerate or drop --keep-answers")
     if not 0.0 <= args.held_out < 1.0:
         raise EyasError(f"--held-out {args.held_out} must be in [0, 1)", "e.g. --held-out 0.02")
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
@@ -55,7 +60,8 @@ def run(args) -> int:
                         template_kwargs=kw)
     cfg = PrepareConfig(inputs=args.input, sources=args.source, limit=args.limit, self_per_topic=args.self_per_topic,
                         held_out=args.held_out,
-                        max_length=args.max_length or min(2048, target.info.max_context or 2048), regenerate=args.regenerate, regen=regen)
+                        max_length=args.max_length or min(2048, target.info.max_context or 2048), regenerate=args.regenerate,
+                        keep_answers=args.keep_answers, regen=regen)
     prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))
     ctx.close()
     return 0

@@ -34,6 +34,7 @@ class PrepareConfig:
     held_out: float = 0.02
     max_length: int = 2048
     regenerate: bool = False
+    keep_answers: bool = False  # with regenerate: keep the given answers beside the target's
     regen: RegenConfig = field(default_factory=RegenConfig)
 
 
@@ -109,6 +110,8 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
             stats[name] = {**asdict(st), "tokens_per_s": round(st.tokens_per_s, 1), "ranks": len(parts)}
             log(f"regenerated {name}: {st.answer_tokens} answer tokens in {st.seconds:.1f} s "
                 f"({st.tokens_per_s:.0f} tok/s on {len(parts)} rank(s)), {st.truncated} cut at max_new_tokens")
+            if cfg.keep_answers:  # the given answers too: e.g. one sampled and one greedy answer per prompt
+                got = [r for r in split if any(m["role"] == "assistant" for m in r["messages"])] + got
             if name == "train":
                 train = got
             else:
@@ -137,7 +140,8 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
         "chat": {"system_prompt": cfg.regen.system_prompt, "template_kwargs": cfg.regen.template_kwargs,
                  "thinking": cfg.regen.template_kwargs.get("enable_thinking"),
                  "template_sha256_16": template_hash(target.tokenizer)},
-        "regeneration": {**cfg.regen.as_dict(), "enabled": cfg.regenerate, "stats": stats},
+        "regeneration": {**cfg.regen.as_dict(), "enabled": cfg.regenerate, "keep_answers": cfg.keep_answers,
+                         "stats": stats},
         "sources": cfg.sources, "inputs": cfg.inputs, "held_out_fraction": cfg.held_out,
         "max_length": cfg.max_length, "duplicates_dropped": dups, "splits": summary,
     }

@@ -63,15 +63,16 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict]:
                 records.append(normalize(rec))
     else:
         raise EyasError("no prompts given", "pass --data FOLDER (held-out split) or --prompts FILE")
-    records = records[: args.num_prompts]
-    if not records:
-        raise EyasError("the prompt set is empty", "check the file or folder")
     kw = chat.get("template_kwargs") or {}
-    ids = []
-    for msgs in records:
+    ids, seen = [], set()
+    for msgs in records:  # a prompt counts once, also where the data holds several answers to it
         msgs = with_system(prompt_messages(msgs), chat.get("system_prompt"))
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
-        ids.append(tokenizer(text, add_special_tokens=False).input_ids)
+        if text not in seen and len(ids) < args.num_prompts:
+            seen.add(text)
+            ids.append(tokenizer(text, add_special_tokens=False).input_ids)
+    if not ids:
+        raise EyasError("the prompt set is empty", "check the file or folder")
     return ids, chat
 
 

@@ -45,7 +45,7 @@ class SpecConfig:
     num_steps: int = 5
     eagle_topk: int = 1
     num_draft_tokens: int = 6
-    schedule: tuple[tuple[int, "SpecConfig"], ...] = ()  # (max rows, settings); NONE settings = no draft
+    schedule: tuple[tuple[int, SpecConfig], ...] = ()  # (max rows, settings); NONE settings = no draft
 
     def __post_init__(self):
         object.__setattr__(self, "algorithm", Algorithm.parse(self.algorithm))
@@ -55,7 +55,7 @@ class SpecConfig:
         elif self.algorithm is not Algorithm.NONE:
             self.check_tree()
 
-    def for_batch(self, rows: int) -> "SpecConfig":
+    def for_batch(self, rows: int) -> SpecConfig:
         """The settings a step over ``rows`` sequences uses (``speculative`` False: the root alone)."""
         for bound, spec in self.schedule:
             if rows <= bound:
@@ -63,7 +63,7 @@ class SpecConfig:
         return self.schedule[-1][1] if self.schedule else self
 
     @property
-    def options(self) -> list["SpecConfig"]:
+    def options(self) -> list[SpecConfig]:
         """Every setting a step may use: the schedule's entries, or this one."""
         return [spec for _, spec in self.schedule] or [self]
 
@@ -111,7 +111,7 @@ class SpecConfig:
             )
 
 
-def parse_schedule(text: str | None, algorithm: "str | Algorithm" = Algorithm.EAGLE3) -> tuple:
+def parse_schedule(text: str | None, algorithm: str | Algorithm = Algorithm.EAGLE3) -> tuple:
     """``"1:6,8,48;4:4,4,16;32:0"`` -> ``((1, SpecConfig(.., 6, 8, 48)), (4, ..), (32, SpecConfig(NONE)))``."""
     if not text:
         return ()
@@ -147,7 +147,8 @@ def check_schedule(spec: SpecConfig) -> None:
     fix = "e.g. --speculative-batch-schedule '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (bounds rising, 0 = no draft)"
     if spec.algorithm is Algorithm.NONE:
         raise EyasError("--speculative-batch-schedule needs speculation, but --speculative-algorithm is NONE",
-                        "pass --speculative-algorithm EAGLE3 with a draft, or drop the schedule")
+                        "pass --speculative-algorithm EAGLE3 and a draft (--speculative-draft-model-path), "
+                        "or drop the schedule")
     bounds = [bound for bound, _ in spec.schedule]
     if any(not isinstance(b, int) or b < 1 for b in bounds):
         raise EyasError(f"--speculative-batch-schedule bounds must be batch sizes of 1 or more, got {bounds}", fix)

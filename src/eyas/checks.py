@@ -124,5 +124,7 @@ def check_spec(spec: SpecConfig, target_info, draft, draft_path, aux_layer_ids) 
         arch = ",".join(getattr(draft.config, "architectures", None) or [])
     check_algorithm(spec.algorithm, draft_path, fc_in, target_info.hidden_size, num_aux, arch)
     if spec.speculative:
-        spec.check_tree()
+        for option in spec.options:
+            if option.speculative:
+                option.check_tree()
         check_pair(target_info, draft, aux_layer_ids)

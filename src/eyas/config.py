@@ -4,6 +4,10 @@
 ``eagle_topk``     children expanded per node (1 = a chain).
 ``num_draft_tokens`` tokens the target verifies per step, *counting the root* (the last token
                    already emitted), so ``num_draft_tokens - 1`` are draft proposals.
+``schedule``       optional settings per running batch size (``--speculative-batch-schedule``):
+                   ``((1, 6,8,48 settings), (4, ...), (32, no speculation))``; a step with ``B`` rows
+                   uses the first entry whose bound is ``>= B`` (the last entry also covers larger
+                   batches). It replaces the three settings above, which are then unused.
 """
 
 from __future__ import annotations
@@ -41,11 +45,32 @@ class SpecConfig:
     num_steps: int = 5
     eagle_topk: int = 1
     num_draft_tokens: int = 6
+    schedule: tuple[tuple[int, SpecConfig], ...] = ()  # (max rows, settings); NONE settings = no draft
 
     def __post_init__(self):
         object.__setattr__(self, "algorithm", Algorithm.parse(self.algorithm))
-        if self.algorithm is not Algorithm.NONE:
+        object.__setattr__(self, "schedule", tuple(tuple(e) for e in self.schedule))
+        if self.schedule:
+            check_schedule(self)
+        elif self.algorithm is not Algorithm.NONE:
             self.check_tree()
+
+    def for_batch(self, rows: int) -> SpecConfig:
+        """The settings a step over ``rows`` sequences uses (``speculative`` False: the root alone)."""
+        for bound, spec in self.schedule:
+            if rows <= bound:
+                return spec
+        return self.schedule[-1][1] if self.schedule else self
+
+    @property
+    def options(self) -> list[SpecConfig]:
+        """Every setting a step may use: the schedule's entries, or this one."""
+        return [spec for _, spec in self.schedule] or [self]
+
+    @property
+    def verify_sizes(self) -> list[int]:
+        """Tokens per row the target verifies in a step, for each setting (1 without speculation)."""
+        return sorted({s.num_draft_tokens if s.speculative else 1 for s in self.options})
 
     @property
     def speculative(self) -> bool:
@@ -84,3 +109,56 @@ class SpecConfig:
                 f"lower --speculative-num-draft-tokens to at most {self.max_tree_tokens + 1}, or "
                 "raise --speculative-num-steps / --speculative-eagle-topk",
             )
+
+
+def parse_schedule(text: str | None, algorithm: str | Algorithm = Algorithm.EAGLE3) -> tuple:
+    """``"1:6,8,48;4:4,4,16;32:0"`` -> ``((1, SpecConfig(.., 6, 8, 48)), (4, ..), (32, SpecConfig(NONE)))``."""
+    if not text:
+        return ()
+    fix = ("write BOUND:STEPS,TOPK,TOKENS entries (or BOUND:0 for no speculation) separated by ';', "
+           "bounds rising, e.g. --speculative-batch-schedule '1:6,8,48;4:4,4,16;16:3,1,4;32:0'")
+    out = []
+    for entry in text.replace(" ", "").strip(";").split(";"):
+        try:
+            bound, _, rest = entry.partition(":")
+            numbers = [int(x) for x in rest.split(",")]
+            if numbers == [0]:
+                spec = SpecConfig(Algorithm.NONE)
+            elif len(numbers) == 3:
+                spec = SpecConfig(algorithm, *numbers)
+            else:
+                raise ValueError
+            out.append((int(bound), spec))
+        except EyasError as e:  # a setting check_tree refuses (EyasError is a ValueError: first)
+            raise EyasError(f"--speculative-batch-schedule entry {entry!r}: {e.problem}", e.fix) from None
+        except ValueError:
+            raise EyasError(f"--speculative-batch-schedule entry {entry!r} is not BOUND:STEPS,TOPK,TOKENS "
+                            "or BOUND:0", fix) from None
+    return tuple(out)
+
+
+def format_schedule(schedule) -> str:
+    """The flag syntax of a schedule (what ``parse_schedule`` reads back)."""
+    return ";".join(f"{bound}:" + (f"{s.num_steps},{s.eagle_topk},{s.num_draft_tokens}" if s.speculative else "0")
+                    for bound, s in schedule)
+
+
+def check_schedule(spec: SpecConfig) -> None:
+    fix = "e.g. --speculative-batch-schedule '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (bounds rising, 0 = no draft)"
+    if spec.algorithm is Algorithm.NONE:
+        raise EyasError("--speculative-batch-schedule needs speculation, but --speculative-algorithm is NONE",
+                        "pass --speculative-algorithm EAGLE3 and a draft (--speculative-draft-model-path), "
+                        "or drop the schedule")
+    bounds = [bound for bound, _ in spec.schedule]
+    if any(not isinstance(b, int) or b < 1 for b in bounds):
+        raise EyasError(f"--speculative-batch-schedule bounds must be batch sizes of 1 or more, got {bounds}", fix)
+    if bounds != sorted(set(bounds)):
+        raise EyasError(f"--speculative-batch-schedule bounds {bounds} must rise strictly (each entry covers "
+                        "batch sizes up to its bound)", fix)
+    if not any(s.speculative for _, s in spec.schedule):
+        raise EyasError("--speculative-batch-schedule never speculates (every entry is 0)",
+                        "use --speculative-algorithm NONE for plain decoding")
+    for bound, s in spec.schedule:
+        if s.schedule or (s.speculative and s.algorithm is not spec.algorithm):
+            raise EyasError(f"--speculative-batch-schedule entry for {bound} rows must be plain settings of "
+                            f"{spec.algorithm.value}", fix)

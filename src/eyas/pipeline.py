@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import check_algorithm
-from .config import Algorithm, SpecConfig
+from .config import Algorithm, SpecConfig, parse_schedule
 from .errors import EyasError
 from .models import formats
 from .models.loading import SMOLLM2, load_target
@@ -34,6 +35,7 @@ class EngineArgs:
     speculative_num_steps: int = 5
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int = 6
+    speculative_batch_schedule: str | None = None  # "1:6,8,48;4:4,4,16;32:0": settings per batch size
     device: str = "cpu"
     dtype: str = "auto"
     context_length: int | None = None
@@ -42,6 +44,7 @@ class EngineArgs:
     engine: str = "auto"  # auto: native Llama path on CUDA when the model allows it; native; generic
     cuda_graphs: bool = True
     max_batch: int = 64  # rows the native path's preallocated KV cache holds
+    cuda_graph_max_bs: int | None = None  # largest batch with CUDA graphs (default: max_batch)
 
 
 def builtin_draft(name: str) -> Path | None:
@@ -86,7 +89,9 @@ def draft_fc_width(cfg) -> tuple[int | None, int]:
     return n_aux * width, n_aux
 
 
-def build_engine(args: EngineArgs):
+def build_engine(args: EngineArgs, warm_up: bool = True):
+    """The checked engine; on the native path with graphs, every CUDA graph is captured before it
+    is returned (``warm_up``), with a progress bar and a summary line on stderr."""
     from .engine.engine import Engine
 
     draft_path = args.speculative_draft_model_path
@@ -95,9 +100,10 @@ def build_engine(args: EngineArgs):
         draft_path = default_draft_for(args.model_path)  # the draft shipped for this target, if any
     if algorithm is None:  # nothing said: speculate when a draft is known
         algorithm = Algorithm.EAGLE3 if draft_path else Algorithm.NONE
-    if algorithm is not Algorithm.NONE:
+    schedule = parse_schedule(args.speculative_batch_schedule, algorithm)  # refused below with NONE
+    if algorithm is not Algorithm.NONE or schedule:
         spec = SpecConfig(algorithm, args.speculative_num_steps, args.speculative_eagle_topk,
-                          args.speculative_num_draft_tokens)
+                          args.speculative_num_draft_tokens, schedule)
     else:
         spec = SpecConfig(Algorithm.NONE)
     # Cheap checks first: flags and the draft's config.json, before any weights are read.
@@ -124,10 +130,13 @@ def build_engine(args: EngineArgs):
         draft = formats.load_draft(resolved, embed_weight=target.embed_tokens.weight,
                                    device=args.device, dtype=target.dtype, allow_pickle=args.allow_pickle)
     engine = Engine(target, draft, spec, draft_path=str(resolved) if resolved else None,
-                    max_batch=args.max_batch, cuda_graphs=args.cuda_graphs)
+                    max_batch=args.max_batch, cuda_graphs=args.cuda_graphs,
+                    graph_max_batch=args.cuda_graph_max_bs)
     if generic_reason:
         engine.layout += f" ({generic_reason})"
     log.debug("engine: %s", engine.layout)
+    if warm_up and engine.static and args.cuda_graphs:
+        print(engine.warm_up(), file=sys.stderr, flush=True)
     return engine
 
 
@@ -144,6 +153,10 @@ def add_engine_arguments(parser) -> None:
     g.add_argument("--speculative-eagle-topk", type=int, default=1, help="branching per node; 1 = chain (default 1)")
     g.add_argument("--speculative-num-draft-tokens", type=int, default=6,
                    help="tokens verified per step, counting the root (default 6)")
+    g.add_argument("--speculative-batch-schedule", default=None, metavar="SCHEDULE",
+                   help="settings per running batch size, replacing the three above: BOUND:STEPS,TOPK,TOKENS "
+                        "entries (BOUND:0 = no speculation) for batches up to BOUND, the last one also for "
+                        "larger, e.g. '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (eyas tune prints one)")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--context-length", type=int, default=None, help="cap on prompt + output tokens")
@@ -154,7 +167,11 @@ def add_engine_arguments(parser) -> None:
                    help="auto (default): the native Llama-family path with a static KV cache on CUDA when the "
                         "model allows it, else the generic Hugging Face path")
     g.add_argument("--disable-cuda-graph", action="store_true",
-                   help="native path: run every forward eagerly (debugging; the eager path is the reference)")
+                   help="native path: run every forward eagerly (debugging; the eager path is the reference); "
+                        "also skips the startup capture")
+    g.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="native path: largest batch size with CUDA graphs, captured at startup; larger batches "
+                        "run eagerly (default: the max batch)")
 
 
 def engine_args_from(ns) -> EngineArgs:
@@ -165,6 +182,7 @@ def engine_args_from(ns) -> EngineArgs:
         speculative_num_steps=ns.speculative_num_steps,
         speculative_eagle_topk=ns.speculative_eagle_topk,
         speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
+        speculative_batch_schedule=getattr(ns, "speculative_batch_schedule", None),
         device=ns.device,
         dtype=ns.dtype,
         context_length=ns.context_length,
@@ -173,4 +191,5 @@ def engine_args_from(ns) -> EngineArgs:
         engine=getattr(ns, "engine", "auto"),
         cuda_graphs=not getattr(ns, "disable_cuda_graph", False),
         max_batch=getattr(ns, "max_running_requests", None) or 64,
+        cuda_graph_max_bs=getattr(ns, "cuda_graph_max_bs", None),
     )

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from eyas.bench.tune import parse_candidate, sweep
+from eyas.bench.tune import parse_candidate, recommend_schedule, sweep
+from eyas.config import SpecConfig, parse_schedule
 from eyas.cli import main
 from eyas.errors import EyasError
 
@@ -34,6 +35,17 @@ def test_cli_prints_flags_per_batch_size_and_writes_json(folders, tmp_path, caps
     assert "batch   1: --speculative-" in text and "batch   2: --speculative-" in text
     data = json.loads(out.read_text())
     assert [r["batch"] for r in data["batches"]] == [1, 2]
+    assert f"all batch sizes: --speculative-batch-schedule '{data['schedule']}'" in text if data["schedule"] else \
+        "all batch sizes: --speculative-algorithm NONE" in text
+
+
+def test_recommended_schedule_is_the_flag_syntax_with_equal_neighbours_merged():
+    rows = [{"batch": b, "best": best} for b, best in
+            [(16, "3,1,4"), (1, "6,8,48"), (4, "3,1,4"), (32, "NONE"), (64, "NONE")]]
+    text = recommend_schedule(rows)
+    assert text == "1:6,8,48;16:3,1,4;64:0"
+    SpecConfig("EAGLE3", schedule=parse_schedule(text))  # pastes back as a valid flag
+    assert recommend_schedule([{"batch": 1, "best": "NONE"}]) is None
 
 
 def test_bad_candidates_are_refused(folders, capsys):

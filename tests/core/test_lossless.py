@@ -2,7 +2,7 @@
 
 import pytest
 
-from eyas.config import SpecConfig
+from eyas.config import SpecConfig, parse_schedule
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.stats import SpecStats
@@ -107,3 +107,28 @@ def test_statistics_are_consistent(target, draft):
     assert len(out.output_ids) <= 1 + s.drafts + s.accepted
     d = s.as_dict()
     assert set(d) == {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "accept_length", "accept_rate"}
+
+
+@pytest.mark.parametrize("path", ["generic", "native"])
+def test_batch_schedule_switches_as_rows_finish_and_stays_lossless(target, draft, references, path):
+    """5 rows, none speculating from 3 rows up; a chain at 2 rows, a tree at 1. The draft is fed
+    through the plain steps too, so it drafts (and gets tokens accepted) once the batch shrinks."""
+    spec = SpecConfig("EAGLE3", schedule=parse_schedule("1:4,4,12;2:3,1,4;4:0"))
+    t = target if path == "generic" else NativeTarget.from_target(target)
+    engine = Engine(t, draft, spec, max_batch=8)
+    lengths = [NEW, 12, 30, 5, 40]
+    seqs = [engine.new_sequence(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths)]
+    batch, proposed, sizes = engine.prefill(seqs), {s.rid: 0 for s in seqs}, set()
+    while alive := [i for i, s in enumerate(batch.seqs) if not s.finished]:
+        batch = engine.filter(batch, alive)
+        step_spec = spec.for_batch(len(batch))
+        sizes.add((len(batch), step_spec.num_draft_tokens if step_spec.speculative else 0))
+        for s in batch.seqs:
+            proposed[s.rid] += step_spec.num_draft_tokens - 1 if step_spec.speculative else 0
+        engine.step(batch)
+    assert [s.output_ids for s in seqs] == [r[:n] for r, n in zip(references, lengths)]
+    assert sizes == {(5, 0), (4, 0), (3, 0), (2, 4), (1, 12)}
+    assert [s.stats.draft_tokens for s in seqs] == [proposed[s.rid] for s in seqs]  # plain steps record nothing
+    assert seqs[3].stats.drafts == 0 and seqs[4].stats.accepted > 0  # the fed draft drafts well again
+    if engine.static:
+        assert engine.target_pool.runner.tokens == [1, 4, 12] and len(engine.drafters) == 2

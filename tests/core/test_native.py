@@ -9,7 +9,7 @@ import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from eyas.config import SpecConfig
+from eyas.config import SpecConfig, parse_schedule
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.errors import EyasError
@@ -99,7 +99,37 @@ def test_native_engine_is_lossless(target, draft, references, name, graphs):
     runner = engine.target_pool.runner
     assert (len(runner.graphs) > 0) == graphs and (runner.eager_calls > 0) != graphs
     if spec.speculative:  # with graphs, a whole tree is drafted by one (here emulated) replay
-        assert (len(engine.drafter.graph.graphs) > 0) == graphs
+        assert (len(engine.drafters[spec].graph.graphs) > 0) == graphs
+
+
+@pytest.mark.parametrize("spec", [SpecConfig("EAGLE3", 4, 3, 8),
+                                  SpecConfig("EAGLE3", schedule=parse_schedule("1:4,4,12;2:3,1,4;4:0"))],
+                         ids=["tree", "schedule"])
+def test_warm_up_builds_every_bucket_and_changes_no_output(target, draft, references, spec, capsys):
+    """What startup capture runs on the GPU, run eagerly: every bucket built, the caches emptied
+    again, then the same tokens and acceptance as an engine that built its buckets lazily."""
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    lazy = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, graph_max_batch=4).generate(PROMPTS, params)
+    engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, graph_max_batch=4)
+    assert "n/a on the CPU" in engine.warm_up()  # a CPU server skips it
+    summary = engine.warm_up(on_cpu=True)
+    runners = engine.graph_runners()
+    planned = sum(len(r.plan()) for r in runners)
+    assert summary.startswith(f"graph buckets: {planned} warmed up eagerly")
+    assert all(set(r.graphs) == set(r.plan()) and r.rows == [1, 2, 4] for r in runners)
+    assert "warming up graph buckets: " in capsys.readouterr().err
+    assert (engine.target_pool.n, engine.target_pool.used, engine.draft_steps.pool.used) == (0, 0, 0)
+    outs = engine.generate(PROMPTS, params)
+    assert [o.output_ids for o in outs] == references == [o.output_ids for o in lazy]
+    assert [o.stats.as_dict() for o in outs] == [o.stats.as_dict() for o in lazy]
+    assert sum(len(r.graphs) for r in runners) == planned  # nothing left to build on first use
+
+
+def test_warm_up_says_why_it_captures_nothing(target):
+    assert "generic path" in Engine(target).warm_up()
+    assert "disabled" in Engine(NativeTarget.from_target(target), cuda_graphs=False, max_batch=2).warm_up()
+    with pytest.raises(EyasError, match="--cuda-graph-max-bs must be at least 1"):
+        Engine(NativeTarget.from_target(target), max_batch=2, graph_max_batch=0)
 
 
 def test_engines_sharing_one_native_target_keep_their_own_caches(target, draft, references):

@@ -46,3 +46,23 @@ def test_chat_template_from_a_file_or_text(engine, tmp_path):
             set_chat_template(tok, "no-such-file.jinja")
     finally:
         tok.chat_template = original
+
+
+def test_batch_schedule_flag_reaches_the_engine_banner_and_metrics_labels(models, capsys):
+    from eyas.cli import main
+    from eyas.serve.banner import info_labels
+
+    tiny, draft = models
+    schedule = "1:3,2,6;4:2,1,3;8:0"
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(draft), engine="native",
+                                     speculative_batch_schedule=schedule, cuda_graph_max_bs=2, max_batch=8))
+    assert "CUDA graphs: n/a on the CPU" in capsys.readouterr().err  # the startup capture's line
+    assert engine.spec.for_batch(3).num_draft_tokens == 3 and engine.target_pool.runner.rows == [1, 2]
+    assert any(x.startswith(f"tree per batch size: {schedule} ") for x in banner_lines(engine, 8, 8))
+    assert info_labels(engine)["batch_schedule"] == schedule and info_labels(engine)["num_draft_tokens"] == "6"
+    with pytest.raises(EyasError, match="(?s)entry '4:2,1,9'.*larger than the tree"):
+        build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(draft),
+                                speculative_batch_schedule="1:3,2,6;4:2,1,9"))
+    assert main(["generate", "--model-path", str(tiny), "--speculative-algorithm", "NONE",
+                 "--speculative-batch-schedule", "1:3,1,4", "--prompt", "hi"]) == 2
+    assert "needs speculation" in capsys.readouterr().err

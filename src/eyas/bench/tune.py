@@ -9,7 +9,8 @@ verification, acceptance: everything a server pays), and recommends the fastest,
 speculation where none beats it. Verification gets dearer as batch x tree grows while acceptance
 stays the same, so the best tree shrinks as the batch grows; how fast it shrinks depends on the
 machine (on a 2-core CPU even a chain of 3 rarely pays), which is why this measures instead of
-assuming. ``--json-out`` keeps the table; the recommended flags are printed per batch size.
+assuming. ``--json-out`` keeps the table; the recommended flags are printed per batch size, and
+all of them as one ``--speculative-batch-schedule`` to paste into ``eyas serve``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import torch
 
 from ..checks import check_spec
-from ..config import Algorithm, SpecConfig
+from ..config import Algorithm, SpecConfig, format_schedule
 from ..errors import EyasError
 from ..pipeline import add_engine_arguments, engine_args_from
 
@@ -113,7 +114,7 @@ def run(args) -> int:
     ns = engine_args_from(args)
     ns.max_batch = max(sizes)
     print("loading ...", file=sys.stderr, flush=True)
-    engine = build_engine(ns)
+    engine = build_engine(ns, warm_up=False)
     if engine.draft is None:
         raise EyasError(f"nothing to tune: no draft is given or shipped for {args.model_path!r}",
                         "pass --speculative-draft-model-path DRAFT")
@@ -128,11 +129,26 @@ def run(args) -> int:
     for r in rows:
         flags = "--speculative-algorithm NONE" if r["best"] == "NONE" else _flags(r["best"])
         print(f"batch {r['batch']:>3}: {flags}   ({r['best_speedup']:.2f}x over no speculation)")
+    schedule = recommend_schedule(rows)
+    print("all batch sizes: " + (f"--speculative-batch-schedule '{schedule}'" if schedule
+                                 else "--speculative-algorithm NONE (no setting beat plain decoding)"))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"target": target.name, "device": str(target.device), "max_new_tokens": args.max_new_tokens,
-                       "batches": rows}, f, indent=1)
+                       "batches": rows, "schedule": schedule}, f, indent=1)
     return 0
+
+
+def recommend_schedule(rows: list[dict]) -> str | None:
+    """The winners as ``--speculative-batch-schedule`` text (a batch size between two measured ones
+    gets the larger one's, the smaller tree); None when no batch size gains from speculation."""
+    entries: list[tuple[int, SpecConfig]] = []
+    for r in sorted(rows, key=lambda r: r["batch"]):
+        spec = SpecConfig(Algorithm.NONE) if r["best"] == "NONE" else parse_candidate(r["best"])
+        if entries and entries[-1][1] == spec:
+            entries.pop()  # the same setting as the batch size below: one entry covers both
+        entries.append((r["batch"], spec))
+    return format_schedule(entries) if any(s.speculative for _, s in entries) else None
 
 
 def _label(spec: SpecConfig) -> str:

@@ -132,24 +132,33 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
 class StaticDrafter:
     """Drafts trees on the native path's static draft cache: one graph replay per step."""
 
-    def __init__(self, draft, pool, spec: SpecConfig, steps_fn, enabled: bool):
-        from ..models.graphs import BatchGraph, buckets
+    def __init__(self, draft, pool, spec: SpecConfig, steps_fn, rows: list[int], enabled: bool):
+        from ..models.graphs import BatchGraph, window_buckets
 
         self.draft, self.pool, self.spec, self.steps_fn = draft, pool, spec, steps_fn
         self.span = spec.num_steps * spec.eagle_topk  # slots a tree's levels take past the prefix
-        self.graph = BatchGraph(self._fn, pool, buckets(pool.capacity_rows), buckets(pool.capacity_slots, 256, 4),
-                                enabled, name="drafter")
+        self.graph = BatchGraph(self._fn, pool, rows, window_buckets(pool.capacity_slots), enabled,
+                                name=f"drafter {spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}",
+                                example=self._example, top_slots=self.span)
 
     def _fn(self, inputs, window):
         tree = draft_tree_static(self.draft, self.pool, inputs["lengths"], inputs["root"], inputs["logits0"],
                                  inputs["hidden0"], self.spec, inputs["prefix"], window)
         return tree.tokens, tree.parents, tree.depth, tree.mask
 
+    def _example(self, rows: int):
+        """Inputs of ``rows`` rows shaped as ``__call__`` passes them (for warming a bucket up)."""
+        w = self.draft.fc.weight
+        ids = torch.zeros(rows, dtype=torch.long, device=w.device)
+        logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
+        hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
+        return {"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden}, {"prefix": ids[:1]}
+
     @torch.inference_mode()
     def __call__(self, lengths, root, logits0, hidden0) -> Tree:
         prefix = self.pool.used
         out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0},
-                         {"prefix": torch.tensor([prefix], device=root.device)}, prefix + self.span, self.span)
+                         {"prefix": torch.tensor([prefix], device=root.device)}, prefix + self.span)
         if out is None:  # past the last window bucket: the level-by-level path
             return draft_tree(self.draft, self.pool, lengths, root, logits0, hidden0, self.spec, self.steps_fn)
         return Tree(*out)

@@ -9,7 +9,10 @@ One ``step`` on a batch of running sequences:
     draft extend    feed the accepted tokens with their captured aux states to the draft, which
                     leaves the logits that seed the next tree
 
-With ``Algorithm.NONE`` the tree is the root alone, so plain decoding is the same code path.
+With ``Algorithm.NONE`` the tree is the root alone, so plain decoding is the same code path. A
+``SpecConfig.schedule`` picks the settings per step from the batch size (``for_batch``); its
+no-speculation entries verify the root alone but still feed the draft (draft extend), so it can
+draft again when the batch shrinks.
 Sequences join (``merge``) and leave (``filter``) between steps: that is all continuous batching
 needs from the engine.
 """
@@ -80,11 +83,12 @@ class Output:
 
 
 class Engine:
-    """``max_batch`` and ``cuda_graphs`` matter on the native path only (a ``NativeTarget``): they
-    size the preallocated KV caches and say whether forwards replay CUDA graphs."""
+    """``max_batch``, ``cuda_graphs`` and ``graph_max_batch`` matter on the native path only (a
+    ``NativeTarget``): they size the preallocated KV caches, say whether forwards replay CUDA graphs,
+    and cap the batch sizes that have graphs (larger batches run eagerly)."""
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None,
-                 max_batch: int = 64, cuda_graphs: bool = True):
+                 max_batch: int = 64, cuda_graphs: bool = True, graph_max_batch: int | None = None):
         spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
         if draft is not None and draft.aux_layer_ids is not None:
             target.set_aux_layers(draft.aux_layer_ids)
@@ -93,31 +97,80 @@ class Engine:
         check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)
         self.target, self.draft, self.spec, self.draft_path = target, draft, spec, draft_path
         self.device = target.device
-        self.tree_size = spec.num_draft_tokens if spec.speculative else 1
+        self.tree_size = max(spec.verify_sizes)  # the largest tree any step verifies
         self.max_context = target.info.max_context or 1 << 30
         self.draft_steps = DraftSteps(draft) if draft is not None else None
         self.static = isinstance(target, NativeTarget)
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
-            self._attach_pools(max_batch, cuda_graphs)
+            if graph_max_batch is not None and graph_max_batch < 1:
+                raise EyasError(f"--cuda-graph-max-bs must be at least 1, got {graph_max_batch}",
+                                "pass a batch size, or leave it out to capture up to the max batch")
+            self._attach_pools(max_batch, cuda_graphs, min(graph_max_batch or max_batch, max_batch))
 
-    def _attach_pools(self, max_batch: int, cuda_graphs: bool) -> None:
-        """Preallocate the target's and the draft's KV caches and their graph runners."""
+    def _attach_pools(self, max_batch: int, cuda_graphs: bool, graph_max_batch: int) -> None:
+        """Preallocate the target's and the draft's KV caches and their graph runners, sized for the
+        largest setting of the schedule, with graph buckets for every setting's shapes."""
         spec = self.spec
-        draft_tokens = buckets(max(spec.eagle_topk, spec.num_steps + 1)) if spec.speculative else []
-        slack = max([self.tree_size] + draft_tokens) + 1
+        drafting = [s for s in spec.options if s.speculative]
+        draft_tokens = buckets(max(max(s.eagle_topk, s.num_steps + 1) for s in drafting)) if drafting else []
+        spans = [s.num_steps * s.eagle_topk for s in drafting]  # draft slots a tree's levels take
+        slack = max([self.tree_size] + draft_tokens + spans) + 1
         context = min(self.max_context, 1 << 20)
         per_slot = self.target.bytes_per_slot() + (self.draft_steps.bytes_per_slot() if spec.speculative else 0)
         plan = plan_pool(max_batch, context, slack, per_slot, kv_budget(self.device))
         if plan.slots - slack < context:
             self.max_context = plan.slots - slack
         graphs = cuda_graphs and self.device.type == "cuda"
-        self.target_pool = self.target.new_pool(plan, [self.tree_size], cuda_graphs, capture_aux=spec.speculative)
+        rows = buckets(graph_max_batch)
+        self.target_pool = self.target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
+                                                capture_aux=spec.speculative)
         if spec.speculative:
-            pool = self.draft_steps.attach_pool(plan, draft_tokens, cuda_graphs)
-            self.drafter = StaticDrafter(self.draft, pool, spec, self.draft_steps, cuda_graphs)
+            pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
+            self.drafters = {s: StaticDrafter(self.draft, pool, s, self.draft_steps, rows, cuda_graphs)
+                             for s in drafting}
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
+
+    def graph_runners(self) -> list:
+        """The native path's graph runners: target forward, draft extend, one tree drafter per setting."""
+        if not self.static:
+            return []
+        extra = [self.draft_steps.pool.runner] + [d.graph for d in self.drafters.values()] if self.spec.speculative else []
+        return [self.target_pool.runner] + extra
+
+    @torch.inference_mode()
+    def warm_up(self, progress: bool = True, on_cpu: bool = False) -> str:
+        """Capture every CUDA graph the engine can replay (each runner's ``plan()``: rows buckets up to
+        the graph max batch x token buckets x every window bucket) now, not on first use; return a
+        one-line summary. The caches are emptied afterwards, so generation is unchanged. On the CPU
+        there is nothing to capture: skipped, unless ``on_cpu`` (tests) runs each bucket once eagerly."""
+        runners = [r for r in self.graph_runners() if r.enabled]
+        if not runners:
+            return "CUDA graphs: none to capture (" + ("disabled)" if self.static else "generic path)")
+        cuda = self.device.type == "cuda"
+        if not (cuda and any(r.capture for r in runners)) and not on_cpu:
+            return "CUDA graphs: n/a on the CPU, nothing captured"
+        from tqdm.auto import tqdm
+
+        work = [(r, key) for r in runners for key in r.plan()]
+        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device) if cuda else 0
+        bar = tqdm(work, desc="capturing CUDA graphs" if cuda else "warming up graph buckets", disable=not progress,
+                   bar_format="{desc}: {n_fmt}/{total_fmt} [{postfix}]")
+        for runner, key in bar:
+            bar.set_postfix_str(f"{runner.name}, rows {key[0]}, window {key[-1]}", refresh=False)
+            runner.warm(key)
+        bar.close()
+        self.target_pool.reset()
+        if self.spec.speculative:
+            self.draft_steps.pool.reset()
+        seconds = time.perf_counter() - start
+        if not cuda:
+            return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"
+        torch.cuda.synchronize(self.device)
+        pool = (torch.cuda.memory_reserved(self.device) - reserved) / 2**20
+        captured = sum(1 for r in runners for g in r.graphs.values() if g.graph is not None)
+        return f"CUDA graphs: {captured} of {len(work)} captured in {seconds:.1f} s, graph memory {pool:.0f} MiB"
 
     def _own(self, batch: "Batch") -> None:
         """Native path: move a freshly prefilled batch's rows into the preallocated caches."""
@@ -202,11 +255,12 @@ class Engine:
     def step(self, batch: Batch) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted."""
         self._own(batch)
-        if self.spec.speculative and self.static:
-            tree = self.drafter(batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
-        elif self.spec.speculative:
+        spec = self.spec.for_batch(len(batch))
+        if spec.speculative and self.static:
+            tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
+        elif spec.speculative:
             tree = draft_tree(self.draft, batch.draft_cache, batch.lengths, batch.root,
-                              batch.draft_logits, batch.draft_hidden, self.spec, self.draft_steps)
+                              batch.draft_logits, batch.draft_hidden, spec, self.draft_steps)
         else:
             tree = Tree.root_only(batch.root)
         cache = batch.target_cache
@@ -232,8 +286,8 @@ class Engine:
         emitted = []
         for i, s in enumerate(batch.seqs):
             new = tree.tokens[i, paths[i][1:]].tolist() + [bonus[i]]
-            if not s.finished and self.spec.speculative:
-                s.stats.record(self.tree_size - 1, len(paths[i]) - 1)
+            if not s.finished and spec.speculative:
+                s.stats.record(spec.num_draft_tokens - 1, len(paths[i]) - 1)
             emitted.append(self._emit(s, new, int(batch.lengths[i])))
         return emitted
 

@@ -12,6 +12,9 @@ Padding is harmless by construction:
 
 Without CUDA (``capture=False``) the very same padding and buffers run eagerly: that is how the
 CPU tests check the graph path's logic against the plain eager path.
+
+``plan()`` lists every bucket a runner can hit and ``warm(key)`` builds (captures) one ahead of use:
+``Engine.warm_up`` does that for all of them at startup, so no request pays for a capture.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ def buckets(limit: int, start: int = 1, factor: int = 2) -> list[int]:
         out.append(b)
         b *= factor
     return out + [limit]
+
+
+def window_buckets(slots: int) -> list[int]:
+    """Attention-window buckets of a cache of ``slots``: 256, x4 each, up to the whole cache."""
+    return buckets(slots, 256, 4)
 
 
 def _pick(options: list[int], n: int) -> int | None:
@@ -83,14 +91,23 @@ class GraphRunner:
     """
 
     def __init__(self, fn, cache: StaticKV, rows: list[int], tokens: list[int], windows: list[int],
-                 enabled: bool = True, capture: bool | None = None, name: str = "forward"):
+                 enabled: bool = True, capture: bool | None = None, name: str = "forward", example=None):
         self.fn, self.cache, self.name = fn, cache, name
+        self.example = example  # (rows, tokens) -> (inputs, mask) of that shape: what ``warm`` builds from
         self.rows, self.tokens, self.windows = rows, tokens, windows
         self.enabled = enabled
         self.capture = cache.buf.is_cuda if capture is None else capture
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
         self.pool = None
         self.replays = self.eager_calls = 0
+
+    def plan(self) -> list[tuple[int, int, int]]:
+        """Every (rows, tokens, window) bucket a forward can hit (a window holds the tokens and a prefix)."""
+        return [(b, t, w) for b in self.rows for t in self.tokens for w in self.windows if t < w]
+
+    def warm(self, key: tuple[int, int, int]) -> None:
+        if key not in self.graphs:
+            self._build(key, *self.example(key[0], key[1]))
 
     def _key(self, b: int, t: int) -> tuple[int, int, int] | None:
         need = self.cache.used + t
@@ -159,20 +176,27 @@ class BatchGraph:
     None when no bucket fits (the caller then runs its eager path)."""
 
     def __init__(self, fn, cache: StaticKV, rows: list[int], windows: list[int], enabled: bool = True,
-                 capture: bool | None = None, name: str = "batch"):
+                 capture: bool | None = None, name: str = "batch", example=None, top_slots: int = 0):
         self.fn, self.cache, self.name = fn, cache, name  # fn(inputs, window) -> tuple of [B, ...] tensors
+        self.example, self.top_slots = example, top_slots  # example(rows) -> (inputs, fixed), for ``warm``
         self.rows, self.windows, self.enabled = rows, windows, enabled
         self.capture = cache.buf.is_cuda if capture is None else capture
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.pool = None
 
-    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, torch.Tensor], need: int,
-                 top_slots: int) -> tuple | None:
+    def plan(self) -> list[tuple[int, int]]:
+        return [(b, w) for b in self.rows for w in self.windows if self.top_slots < w]
+
+    def warm(self, key: tuple[int, int]) -> None:
+        if key not in self.graphs:
+            self._build(key, *self.example(key[0]))
+
+    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, torch.Tensor], need: int) -> tuple | None:
         b = next(iter(inputs.values())).shape[0]
         key = (_pick(self.rows, b), _pick(self.windows, need))
         if not self.enabled or None in key or need > self.cache.capacity_slots:
             return None
-        g = self.graphs.get(key) or self._build(key, inputs, fixed, top_slots)
+        g = self.graphs.get(key) or self._build(key, inputs, fixed)
         for name, x in inputs.items():
             g.inputs[name].zero_()
             g.inputs[name][:b].copy_(x)
@@ -185,7 +209,7 @@ class BatchGraph:
             outputs = self.fn(g.inputs, key[1])
         return tuple(o[:b].clone() for o in outputs)
 
-    def _build(self, key, inputs, fixed, top_slots: int) -> _Graph:
+    def _build(self, key, inputs, fixed) -> _Graph:
         rows, window = key
         dev = self.cache.buf.device
         bufs = {n: torch.zeros((rows,) + x.shape[1:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
@@ -196,7 +220,7 @@ class BatchGraph:
         # CUDA the warm-up still runs once: the CPU tests would have caught a warm-up that wrote
         # outside its window (found on the H200 as a device-side assert).
         for n in fixed:
-            bufs[n].fill_(window - top_slots)
+            bufs[n].fill_(window - self.top_slots)
         if self.capture:
             g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, window), dev)
             log.debug("captured %s graph rows=%d window=%d", self.name, rows, window)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import EyasError
-from .graphs import GraphRunner, buckets
+from .graphs import GraphRunner, window_buckets
 from .llama import NativeLlama, native_support
 from .static_cache import StaticKV
 from .target import Target
@@ -60,8 +60,9 @@ class NativeTarget(Target):
         n = self.native
         return n.num_layers * 2 * n.num_kv_heads * n.head_dim * self.dtype.itemsize
 
-    def new_pool(self, plan: PoolPlan, tokens: list[int], graphs: bool, capture_aux: bool) -> StaticKV:
-        """A preallocated cache for one engine, with its graph runner as ``pool.runner``."""
+    def new_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool, capture_aux: bool) -> StaticKV:
+        """A preallocated cache for one engine, with its graph runner (buckets ``rows`` x ``tokens`` x
+        windows) as ``pool.runner``."""
         n = self.native
         pool = StaticKV(n.num_layers, plan.rows, n.num_kv_heads, plan.slots, n.head_dim, self.dtype, self.device)
         aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
@@ -70,8 +71,12 @@ class NativeTarget(Target):
             logits, aux = n(inputs["ids"], inputs["pos"], mask, pool, aux_ids)
             return (logits,) if aux is None else (logits, aux)
 
-        pool.runner = GraphRunner(fn, pool, buckets(plan.rows), tokens, buckets(plan.slots, 256, 4), graphs,
-                                  name="target")
+        def example(b, t):
+            ids = torch.zeros((b, t), dtype=torch.long, device=self.device)
+            return {"ids": ids, "pos": ids}, torch.zeros((b, 1, t, 1), dtype=self.dtype, device=self.device)
+
+        pool.runner = GraphRunner(fn, pool, rows, tokens, window_buckets(plan.slots), graphs, name="target",
+                                  example=example)
         return pool
 
     @torch.no_grad()
@@ -91,7 +96,7 @@ class DraftSteps:
         self.draft = draft
         self.pool: StaticKV | None = None
 
-    def attach_pool(self, plan: PoolPlan, tokens: list[int], graphs: bool) -> StaticKV:
+    def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool) -> StaticKV:
         d = self.draft
         attn = d.midlayer.self_attn
         self.pool = StaticKV(1, plan.rows, attn.num_kv_heads, plan.slots, attn.head_dim, d.fc.weight.dtype,
@@ -101,8 +106,13 @@ class DraftSteps:
             h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)
             return h, d.logits(h)
 
-        self.pool.runner = GraphRunner(fn, self.pool, buckets(plan.rows), tokens, buckets(plan.slots, 256, 4),
-                                       graphs, name="draft")
+        def example(b, t):
+            ids = torch.zeros((b, t), dtype=torch.long, device=d.fc.weight.device)
+            hidden = torch.zeros((b, t, d.config.hidden_size), dtype=d.fc.weight.dtype, device=ids.device)
+            return {"ids": ids, "hidden": hidden, "pos": ids}, hidden[:, None, :, :1]
+
+        self.pool.runner = GraphRunner(fn, self.pool, rows, tokens, window_buckets(plan.slots), graphs,
+                                       name="draft", example=example)
         return self.pool
 
     def bytes_per_slot(self) -> int:

@@ -35,6 +35,12 @@ class StaticKV:
         self.write_slots = torch.zeros(0, dtype=torch.long, device=device)
         self.runner = None  # the GraphRunner of the model that owns this cache
 
+    def reset(self) -> None:
+        """Empty, zeroed, as built (after a warm-up wrote into it)."""
+        self.buf.zero_()
+        self.n = self.used = self.window = 0
+        self.write_slots = self.write_slots[:0]
+
     # -- what a forward does -----------------------------------------------------------------
     def begin(self, tokens: int) -> None:
         """Eager forward of ``tokens`` new slots per row: write at ``[used, used + tokens)``."""

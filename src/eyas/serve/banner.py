@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from ..config import format_schedule
 from ..layers import to_sglang
 
 
@@ -57,6 +58,7 @@ def describe(engine) -> dict:
     }
     if s.speculative and d is not None:
         ids = list(t.aux_layer_ids)
+        tree = next(o for o in s.options if o.speculative)  # with a schedule: the smallest batches' tree
         info.update(
             draft=getattr(d, "name_or_path", None) or "<in memory>",
             draft_architecture=",".join(getattr(d.config, "architectures", None) or []),
@@ -67,9 +69,10 @@ def describe(engine) -> dict:
             aux_width=len(ids) * t.info.hidden_size,
             fc_in=d.fc.in_features,
             fc_out=d.fc.out_features,
-            num_steps=s.num_steps,
-            eagle_topk=s.eagle_topk,
-            num_draft_tokens=s.num_draft_tokens,
+            num_steps=tree.num_steps,
+            eagle_topk=tree.eagle_topk,
+            num_draft_tokens=tree.num_draft_tokens,
+            batch_schedule=format_schedule(s.schedule),
         )
     return info
 
@@ -86,6 +89,7 @@ def info_labels(engine) -> dict[str, str]:
         "num_steps": str(i.get("num_steps", "")),
         "eagle_topk": str(i.get("eagle_topk", "")),
         "num_draft_tokens": str(i.get("num_draft_tokens", "")),
+        "batch_schedule": i.get("batch_schedule", ""),
         "draft_vocab_size": str(i.get("draft_vocab_size", "")),
         "context_length": str(i["context_length"]),
     }
@@ -111,7 +115,10 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
             f"aux hidden states: {n} x {h} = {n * h} -> fc {i['fc_in']} -> {i['fc_out']}",
             f"draft vocabulary: {i['draft_vocab_size']} of {i['vocab_size']} target tokens",
             (f"tree: num_steps {i['num_steps']}, eagle_topk {i['eagle_topk']}, num_draft_tokens "
-             f"{i['num_draft_tokens']} ({shape}; {i['num_draft_tokens'] - 1} draft tokens verified per step)"),
+             f"{i['num_draft_tokens']} ({shape}; {i['num_draft_tokens'] - 1} draft tokens verified per step)"
+             if not i["batch_schedule"] else
+             f"tree per batch size: {i['batch_schedule']} (BOUND:num_steps,eagle_topk,num_draft_tokens for "
+             "batches up to BOUND, the last entry also for larger ones; 0 = no speculation)"),
         ]
     lines += [
         f"chat template: sha256 {i['chat_template_sha256_16']}",

@@ -1,8 +1,9 @@
 """``eyas serve`` (and ``python -m eyas.serve``): strict startup, then an OpenAI-compatible server.
 
 Order: check the serving flags and that the port is free, build the engine (every target/draft/
-algorithm check runs before any weight is used), warm it up with one short generation, print what
-was loaded, and only then bind the port. A refused configuration exits with status 2 and a
+algorithm check runs before any weight is used; on the native CUDA path every CUDA graph is captured
+then, with a progress line), print what was loaded, warm it up with one short generation, and only
+then bind the port. A refused configuration exits with status 2 and a
 message that names the fix (``eyas.cli`` prints ``EyasError`` that way); nothing is ever served.
 """
 

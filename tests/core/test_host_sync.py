@@ -1,7 +1,8 @@
 """A greedy step makes the host wait for the device once: to read back what was accepted, at the end.
 
 Every host read of device data is caught where it is asked for (``item``, ``bool``/``if`` on a
-tensor, ``.cpu()``/``.to("cpu")``, ``tolist``), so the test sees on the CPU what would stall a GPU.
+tensor, ``.cpu()``/``.to("cpu")``, ``tolist``), and so is ``torch.tensor`` of host data (a blocking
+copy to the GPU waits for the stream too), so the test sees on the CPU what would stall a GPU.
 """
 
 import traceback
@@ -18,7 +19,8 @@ from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
 
 aten = torch.ops.aten
-READS = (aten.item, aten._local_scalar_dense, aten.is_nonzero, aten.equal)
+READS = (aten.item, aten._local_scalar_dense, aten.is_nonzero, aten.equal,
+         aten.lift_fresh)  # torch.tensor(host data): a blocking copy to the GPU waits for its stream
 SOURCE = str(Path(eyas.__file__).parent)
 # The drafter checks an invariant on CPU tensors only (``not parent_col.is_cuda``): no GPU wait.
 CPU_ONLY = {"_grow"}

@@ -85,6 +85,18 @@ def test_sequences_join_and_leave_a_running_batch(target, draft, references, pat
     assert [s.output_ids for s in seqs] == references
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["generic", "native"])
+def test_greedy_rows_stay_lossless_beside_sampled_rows(target, draft, references, native):
+    """A batch with a sampled row verifies that row on the host; its greedy rows are unchanged."""
+    engine = Engine(NativeTarget.from_target(target) if native else target, draft, SpecConfig("EAGLE3", 4, 2, 6),
+                    max_batch=8, cuda_graphs=False)
+    greedy = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    sampled = SamplingParams(max_new_tokens=NEW, ignore_eos=True, temperature=1.0, seed=3)
+    outs = engine.generate(PROMPTS[:3], [greedy, sampled, greedy])
+    assert [outs[0].output_ids, outs[2].output_ids] == [references[0], references[2]]
+    assert len(outs[1].output_ids) == NEW
+
+
 def test_stop_tokens_end_a_sequence_and_are_included(target, draft, references):
     stop = references[0][10]
     first = references[0].index(stop)

@@ -158,7 +158,7 @@ class StaticDrafter:
     def __call__(self, lengths, root, logits0, hidden0) -> Tree:
         prefix = self.pool.used
         out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0},
-                         {"prefix": torch.tensor([prefix], device=root.device)}, prefix + self.span)
+                         {"prefix": torch.full((1,), prefix, device=root.device)}, prefix + self.span)
         if out is None:  # past the last window bucket: the level-by-level path
             return draft_tree(self.draft, self.pool, lengths, root, logits0, hidden0, self.spec, self.steps_fn)
         return Tree(*out)

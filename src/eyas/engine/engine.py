@@ -35,7 +35,7 @@ from .drafter import StaticDrafter, draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
 from .tree import Tree
-from .verify import accept_greedy, accept_sampling
+from .verify import accept_greedy_batch, accept_sampling
 
 _ids = itertools.count()
 
@@ -239,7 +239,8 @@ class Engine:
         cache = kv_cache.new_cache()
         logits, aux = self.target.forward(ids, positions, mask, cache, capture=self.spec.speculative, logits_at=keep)
         logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
-        first = torch.tensor([self._sample(s, logits[i]) for i, s in enumerate(seqs)], device=dev)
+        firsts = [self._sample(s, logits[i]) for i, s in enumerate(seqs)]
+        first = torch.tensor(firsts, device=dev)
         batch = Batch(seqs, cache, None, lens.clone(), first)
         if self.spec.speculative:
             batch.draft_cache = kv_cache.new_cache()
@@ -247,8 +248,8 @@ class Engine:
             shifted[torch.arange(len(seqs), device=dev), last] = first
             batch.draft_logits, batch.draft_hidden = self._draft_extend(
                 batch.draft_cache, torch.zeros_like(lens), shifted, aux, lens)
-        for i, s in enumerate(seqs):
-            self._emit(s, [int(first[i])], int(lens[i]))
+        for s, t in zip(seqs, firsts):
+            self._emit(s, [t], len(s.prompt_ids))
         return batch
 
     @torch.inference_mode()
@@ -269,26 +270,29 @@ class Engine:
         positions = batch.lengths[:, None] + tree.depth
         logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.spec.speculative)
 
-        paths, bonus = self._accept(batch, tree, logits)
-        counts = torch.tensor([len(p) for p in paths], device=self.device)
-        width = int(counts.max())
-        cols = torch.tensor([p + [0] * (width - len(p)) for p in paths], device=self.device)  # [B, width]
+        width = min(spec.num_steps + 1, tree.size)  # the longest path; static, so no shape waits on the device
+        cols, counts, bonus = self._accept(batch, tree, logits, width)  # [B, width], [B], [B]
         old = batch.lengths
         batch.lengths = kv_cache.commit(cache, old, slots + cols, counts)
-        bonus_t = torch.tensor(bonus, device=self.device)
+        path = tree.tokens.gather(1, cols)
+        new = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], dim=1)  # [B, width]
+        new.scatter_(1, (counts - 1)[:, None], bonus[:, None])  # row b emits new[b, :counts[b]]
         if self.spec.speculative:
-            path_tokens = tree.tokens.gather(1, cols)
-            ext = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], dim=1)
-            ext[torch.arange(len(batch), device=self.device), counts - 1] = bonus_t
             path_aux = aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
-            batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, ext, path_aux, counts)
-        batch.root = bonus_t
+            batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, new, path_aux, counts)
+        batch.root = bonus
+        # The step's one device-to-host copy, queued behind all of the above; then the host's share.
+        host = torch.cat([new, counts[:, None], batch.lengths[:, None]], dim=1).tolist()
+        used = max((h[-1] for h in host), default=0)
+        kv_cache.crop(cache, used)
+        if batch.draft_cache is not None:
+            kv_cache.crop(batch.draft_cache, used)
         emitted = []
-        for i, s in enumerate(batch.seqs):
-            new = tree.tokens[i, paths[i][1:]].tolist() + [bonus[i]]
+        for s, h in zip(batch.seqs, host):
+            n, length = h[-2], h[-1]
             if not s.finished and spec.speculative:
-                s.stats.record(spec.num_draft_tokens - 1, len(paths[i]) - 1)
-            emitted.append(self._emit(s, new, int(batch.lengths[i])))
+                s.stats.record(spec.num_draft_tokens - 1, n - 1)
+            emitted.append(self._emit(s, h[:n], length))
         return emitted
 
     def _draft_extend(self, cache, base, tokens, aux, counts):
@@ -310,19 +314,19 @@ class Engine:
             return int(logits.argmax())
         return sample(probs(logits, seq.params), seq.generator)
 
-    def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor):
-        # One device-to-host copy per step: the target's choices and the tree they are checked against.
-        argmax, tokens, parents = torch.stack([logits.argmax(dim=-1), tree.tokens, tree.parents]).cpu()
-        cpu_tree = Tree(tokens, parents, tree.depth, tree.mask)
-        paths, bonus = [], []
-        for i, s in enumerate(batch.seqs):
-            if s.params.greedy:
-                p, b = accept_greedy(cpu_tree, argmax[i], i)
-            else:
-                p, b = accept_sampling(cpu_tree, logits[i], i, s.params, s.generator)
-            paths.append(p)
-            bonus.append(b)
-        return paths, bonus
+    def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor, width: int):
+        """(cols [B, width], counts [B], bonus [B]) on the device. Greedy rows never wait on the host;
+        a sampled row draws on the host (its generator lives there) and its result is written back."""
+        cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)
+        sampled = [i for i, s in enumerate(batch.seqs) if not s.params.greedy]
+        if sampled:
+            cpu_tree = Tree(tree.tokens.cpu(), tree.parents.cpu(), tree.depth, tree.mask)
+            for i in sampled:
+                s = batch.seqs[i]
+                path, b = accept_sampling(cpu_tree, logits[i], i, s.params, s.generator)
+                cols[i] = torch.tensor(path + [0] * (width - len(path)), device=self.device)
+                counts[i], bonus[i] = len(path), b
+        return cols, counts, bonus
 
     def _emit(self, seq: Sequence, tokens: list[int], context_used: int) -> list[int]:
         """Append tokens up to a stop condition; return what was appended."""

@@ -1,7 +1,9 @@
 """Lossless verification of a draft tree against the target's logits.
 
 Greedy: walk from the root; at each node the target's argmax must equal one child's token to go
-on. The bonus token is the target's argmax at the last accepted node.
+on. The bonus token is the target's argmax at the last accepted node. ``accept_greedy_batch`` does
+the same for every row at once with tensor operations only (no host sync, static shapes): it is
+what the engine runs; ``accept_greedy`` is the plain walk it is tested against.
 
 Sampling (tree-aware multi-candidate rejection sampling with deterministic candidates, as SGLang's
 ``tree_speculative_sampling_target_only``): at node ``n`` let ``p`` be the target's distribution
@@ -31,6 +33,27 @@ def accept_greedy(tree: Tree, argmax: torch.Tensor, row: int) -> tuple[list[int]
             return path, best[node]
         path.append(nxt)
         node = nxt
+
+
+def accept_greedy_batch(
+    tree: Tree,
+    argmax: torch.Tensor,  # [B, T] the target's choice after each node
+    width: int,  # >= the tree's depth + 1 (num_steps + 1): the static width of the result
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cols [B, width], counts [B], bonus [B]): ``accept_greedy`` for every row, on the device.
+
+    A node is accepted when it and all its ancestors carry the target's choice at their parent.
+    Siblings carry distinct tokens, so the accepted nodes form one path; its deepest node (the
+    first column on a tie, as the walk finds it) ends it. ``cols[b, :counts[b]]`` is that path
+    root first; the rest is 0, the root's column, which the commit and gathers read harmlessly."""
+    rows = torch.arange(tree.tokens.shape[0], device=argmax.device)
+    correct = (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0))) | (tree.parents < 0)  # [B, T]
+    accepted = ~(tree.mask & ~correct[:, None, :]).any(dim=-1)  # [B, T] self and every ancestor correct
+    end = torch.where(accepted, tree.depth, -1).argmax(dim=1)  # [B] deepest; argmax takes the first
+    on_path = tree.mask[rows, end]  # [B, T] the end node's ancestors and itself
+    level = torch.arange(width, device=argmax.device)
+    cols = (on_path[:, None, :] & (tree.depth[:, None, :] == level[None, :, None])).long().argmax(dim=-1)
+    return cols, tree.depth[rows, end] + 1, argmax[rows, end]
 
 
 def accept_sampling(

@@ -7,8 +7,8 @@ tensors ``[batch, kv_heads, slots, head_dim]``. eyas keeps one invariant on top 
     slots from ``lengths[b]`` on are garbage for that row and masked out.
 
 A step appends ``T`` slots for every row at ``[S, S + T)`` (``S`` = the cache's slot count), then
-``commit`` copies the accepted ones down to ``lengths[b] ..`` and crops. Rejected tree nodes and
-padding thus never stay in the cache, and a static cache (write at ``position``) can later replace
+``commit`` copies the accepted ones down to ``lengths[b] ..`` and ``crop`` drops the rest. Rejected
+tree nodes and padding thus never stay in the cache, and a static cache (write at ``position``) can later replace
 this without changing the engine: ``StaticKV`` (``eyas.models.static_cache``) is that cache, and
 every function here hands it its own in-place version of the operation.
 """
@@ -51,7 +51,10 @@ def commit(
     src: torch.Tensor,  # [B, K] absolute slots (appended this step) to keep, in order
     counts: torch.Tensor,  # [B] how many of src to keep per row (<= K)
 ) -> torch.Tensor:
-    """Move the kept slots of each row down to ``lengths[b]..``, crop, return the new lengths."""
+    """Move the kept slots of each row down to ``lengths[b]..``; return the new lengths.
+
+    The slot count is left as it was: cropping it to the new lengths' maximum needs that number on
+    the host, and the engine reads it back once, at the end of its step, before it calls ``crop``."""
     if isinstance(cache, StaticKV):
         return cache.commit(lengths, src, counts)
     new_lengths = lengths + counts
@@ -67,7 +70,6 @@ def commit(
             t = t.clone() if t._base is not None else t
             t.scatter_(2, didx, moved)
             setattr(layer, name, t)
-    crop(cache, int(new_lengths.max()) if len(new_lengths) else 0)
     return new_lengths
 
 

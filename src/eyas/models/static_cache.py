@@ -82,7 +82,6 @@ class StaticKV:
         shape = live.shape[:4] + (k, live.shape[-1])
         moved = live.gather(4, src[None, None, :, None, :, None].expand(shape))
         live.scatter_(4, dst[None, None, :, None, :, None].expand(shape), moved)
-        self.used = int(new_lengths.max()) if b else 0
         return new_lengths
 
     def select_rows(self, rows: torch.Tensor, slots: int) -> None:

@@ -1,0 +1,84 @@
+"""A greedy step makes the host wait for the device once: to read back what was accepted, at the end.
+
+Every host read of device data is caught where it is asked for (``item``, ``bool``/``if`` on a
+tensor, ``.cpu()``/``.to("cpu")``, ``tolist``), and so is ``torch.tensor`` of host data (a blocking
+copy to the GPU waits for the stream too), so the test sees on the CPU what would stall a GPU.
+"""
+
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import eyas
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.models.native import NativeTarget
+
+aten = torch.ops.aten
+READS = (aten.item, aten._local_scalar_dense, aten.is_nonzero, aten.equal,
+         aten.lift_fresh)  # torch.tensor(host data): a blocking copy to the GPU waits for its stream
+SOURCE = str(Path(eyas.__file__).parent)
+# The drafter checks an invariant on CPU tensors only (``not parent_col.is_cuda``): no GPU wait.
+CPU_ONLY = {"_grow"}
+
+
+class HostReads(TorchDispatchMode):
+    """Records (what, the eyas function that asked) for every host read, and counts the kernels
+    (ops that are not views) run after the last one."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads, self.kernels_after_last_read = [], 0
+
+    def record(self, what: str) -> None:
+        frames = [f for f in traceback.extract_stack() if f.filename.startswith(SOURCE)]
+        where = frames[-1].name if frames else "?"
+        if where not in CPU_ONLY:
+            self.reads.append((what, where))
+            self.kernels_after_last_read = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        # .to("cpu") of a GPU tensor (on a CPU run Tensor.cpu is caught by the fixture instead)
+        to_host = (func.overloadpacket in (aten.to, aten._to_copy) and args[0].device.type != "cpu"
+                   and torch.device(kwargs.get("device", "meta")).type == "cpu")
+        if func.overloadpacket in READS or to_host:
+            self.record(str(func.overloadpacket))
+        elif not func.is_view:
+            self.kernels_after_last_read += 1
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    mode = HostReads()
+    for name in ("tolist", "cpu", "numpy"):
+        def recorded(t, *args, _method=getattr(torch.Tensor, name), _name=name, **kwargs):
+            out = _method(t, *args, **kwargs)
+            mode.record(_name)
+            return out
+
+        monkeypatch.setattr(torch.Tensor, name, recorded)
+    return mode
+
+
+@pytest.mark.parametrize("path", ["generic", "native-eager", "native-graph-buckets"])
+@pytest.mark.parametrize("spec", [SpecConfig("EAGLE3", 4, 2, 6), SpecConfig("NONE")], ids=["tree", "no-spec"])
+def test_a_greedy_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec, path):
+    model = target if path == "generic" else NativeTarget.from_target(target)
+    engine = Engine(model, draft if spec.speculative else None, spec, max_batch=4,
+                    cuda_graphs=path == "native-graph-buckets")
+    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    batch = engine.prefill([engine.new_sequence(p, params) for p in ([72, 101, 108], [7] * 9, [200, 13])])
+    engine.step(batch)  # the first step on the native path moves the rows into the engine's cache
+    for _ in range(3):
+        host_reads.reads.clear()
+        with host_reads:
+            emitted = engine.step(batch)
+        assert host_reads.reads == [("tolist", "step")]
+        assert host_reads.kernels_after_last_read == 0  # the device has nothing left once the host reads
+        assert all(emitted)

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Where a speculative step's time goes: draft tree, target verify, acceptance + commit, draft extend.
+
+    python benchmarks/step_profile.py --model-path /tmp/smollm2.gguf --specs 6,8,48 5,1,6 --out step-profile.json
+
+Two passes per setting over the same prompts at batch 1: one untouched (the step's real time), and
+one with the device synchronised around each phase, so each phase's time is its own (the sum exceeds
+the untouched step by the lost overlap). The plain decode step is timed the same way as the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+from common import chat_prompts, load_pair, sync, write
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.models import kv_cache
+
+
+def timed(fn, bucket, name):
+    def wrapper(*a, **k):
+        sync()
+        t0 = time.perf_counter()
+        out = fn(*a, **k)
+        sync()
+        bucket[name].append(time.perf_counter() - t0)
+        return out
+    return wrapper
+
+
+def step_ms(engine: Engine, prompts, new_tokens: int) -> tuple[float, int]:
+    """Median milliseconds per step and the steps run, over every prompt's decode."""
+    times, steps = [], 0
+    for p in prompts:
+        batch = engine.prefill([engine.new_sequence(p, SamplingParams(max_new_tokens=new_tokens))])
+        while not batch.seqs[0].finished:
+            sync()
+            t0 = time.perf_counter()
+            engine.step(batch)
+            sync()
+            times.append(time.perf_counter() - t0)
+            steps += 1
+    return statistics.median(times) * 1e3, steps
+
+
+def phases(engine: Engine, prompts, new_tokens: int) -> dict:
+    bucket = defaultdict(list)
+    patched = {"_accept": engine._accept, "_draft_extend": engine._draft_extend}
+    engine._accept = timed(engine._accept, bucket, "accept")
+    engine._draft_extend = timed(engine._draft_extend, bucket, "draft_extend")
+    module = {name: getattr(kv_cache, name) for name in ("commit", "attention_mask", "crop")}
+    for name, fn in module.items():
+        setattr(kv_cache, name, timed(fn, bucket, name))
+    forward = engine.target.forward
+    engine.target.forward = timed(forward, bucket, "verify")
+    drafters = getattr(engine, "drafters", {})
+    for spec, d in drafters.items():
+        drafters[spec] = timed(d, bucket, "draft_tree")
+    total, steps = step_ms(engine, prompts, new_tokens)
+    engine.target.forward = forward
+    for k, v in patched.items():
+        setattr(engine, k, v)
+    for k, v in module.items():
+        setattr(kv_cache, k, v)
+    out = {name: round(statistics.median(v) * 1e3, 3) for name, v in bucket.items()}
+    out["step_synced"] = round(total, 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", default="smollm2-135m-instruct")
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prompts", default="chat")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--specs", nargs="+", default=["6,8,48", "5,1,6"])
+    ap.add_argument("--out", default="benchmarks/results/step-profile-smollm2.json")
+    args = ap.parse_args()
+
+    target, draft = load_pair(args.model_path, args.draft, device=args.device)
+    prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
+    rows = {}
+    for text in ["none", *args.specs]:
+        spec = SpecConfig("NONE") if text == "none" else SpecConfig("EAGLE3", *(int(x) for x in text.split(",")))
+        engine = Engine(target, None if text == "none" else draft, spec, max_batch=1)
+        engine.warm_up(progress=False)
+        ms, steps = step_ms(engine, prompts, args.new_tokens)
+        row = {"step_ms": round(ms, 3), "steps": steps, "phases_ms": phases(engine, prompts, args.new_tokens)}
+        rows[text] = row
+        print(f"{text:>8}: step {row['step_ms']:.3f} ms  phases (synced) {row['phases_ms']}")
+    write(args.out, "one speculative step's phases at batch 1 (median ms; phases timed with the device synchronised)",
+          {"settings": vars(args), "steps": rows})
+
+
+if __name__ == "__main__":
+    main()

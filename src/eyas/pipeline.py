@@ -157,7 +157,7 @@ def add_engine_arguments(parser) -> None:
                    help="settings per running batch size, replacing the three above: BOUND:STEPS,TOPK,TOKENS "
                         "entries (BOUND:0 = no speculation) for batches up to BOUND, the last one also for "
                         "larger, e.g. '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (eyas tune prints one)")
-    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    g.add_argument("--device", default="auto", help="auto (default: cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--context-length", type=int, default=None, help="cap on prompt + output tokens")
     g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
@@ -174,6 +174,14 @@ def add_engine_arguments(parser) -> None:
                         "run eagerly (default: the max batch)")
 
 
+def _device(name: str) -> str:
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def engine_args_from(ns) -> EngineArgs:
     return EngineArgs(
         model_path=ns.model_path,
@@ -183,7 +191,7 @@ def engine_args_from(ns) -> EngineArgs:
         speculative_eagle_topk=ns.speculative_eagle_topk,
         speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
         speculative_batch_schedule=getattr(ns, "speculative_batch_schedule", None),
-        device=ns.device,
+        device=_device(ns.device),
         dtype=ns.dtype,
         context_length=ns.context_length,
         trust_remote_code=ns.trust_remote_code,

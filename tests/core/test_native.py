@@ -256,3 +256,18 @@ def test_build_engine_takes_the_native_path_when_asked(tmp_path):
     assert any(line.startswith("engine: native Llama forward, static KV cache 3 x") for line in banner_lines(engine, 3, 8))
     generic = build_engine(EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE"))
     assert not generic.static and "CUDA devices" in generic.layout
+
+
+@pytest.mark.parametrize("name", ["chain-5", "tree-4x3-8"])
+def test_graph_paths_draft_what_the_eager_path_drafts(target, draft, name):
+    """The whole-function graphs (tree drafting, draft extend) propose the same tokens as the eager
+    reference: the acceptance of every sequence is the same, step for step, not only the output."""
+    spec = SPECS[name]
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    runs = {}
+    for graphs in (False, True):
+        engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, cuda_graphs=graphs)
+        runs[graphs] = [o.stats.as_dict() for o in engine.generate(PROMPTS, params)]
+        if graphs:
+            assert all(len(e.graph.graphs) > 0 for e in engine.extenders.values())
+    assert runs[True] == runs[False]

@@ -134,7 +134,7 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
     setup = {"target": engine.target.name, "draft": getattr(engine.draft, "name_or_path", None),
              "algorithm": engine.spec.algorithm.value, "num_steps": engine.spec.num_steps,
              "eagle_topk": engine.spec.eagle_topk, "num_draft_tokens": engine.spec.num_draft_tokens,
-             "device": args.device, "prompts": args.prompts, "num_prompts": len(prompts),
+             "device": str(engine.device), "prompts": args.prompts, "num_prompts": len(prompts),
              "max_tokens": args.max_tokens, "temperature": args.temperature}
     result = BenchResult("offline", setup)
     quiet = args.json

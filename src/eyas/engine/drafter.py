@@ -162,3 +162,60 @@ class StaticDrafter:
         if out is None:  # past the last window bucket: the level-by-level path
             return draft_tree(self.draft, self.pool, lengths, root, logits0, hidden0, self.spec, self.steps_fn)
         return Tree(*out)
+
+
+def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Tensor, window: int):
+    """``Engine._draft_extend`` on a ``StaticKV`` with only tensors varying between calls: feed
+    ``tokens`` [B, W] with their aux states at positions ``base..``, write their keys at slots
+    ``prefix..`` (``prefix`` a 1-element tensor), keep row b's first ``counts[b]`` at ``base[b]..``,
+    and return the draft's (logits, hidden) after its last kept token. Every mask is ``window`` wide,
+    so the whole function is one CUDA graph per (rows, window)."""
+    bsz, width = tokens.shape
+    dev = tokens.device
+    i = torch.arange(width, device=dev)
+    rel = torch.arange(window, device=dev)[None, :] - prefix  # [1, window]: index into the new block
+    block = (rel >= 0) & (rel < width) & (rel <= i[:, None])  # [W, window] causal inside the block
+    valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # padding sees only itself
+    committed = torch.arange(window, device=dev)[None, None, :] < base[:, None, None]  # [B, 1, window]
+    allowed = committed | (block[None] & valid)  # [B, W, window]
+    mask = torch.zeros((bsz, 1, width, window), dtype=pool.buf.dtype, device=dev)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(mask.dtype).min)
+    new = prefix + i
+    pool.window, pool.write_slots = window, new
+    h = draft.backbone(draft.embed(tokens), draft.project(aux), base[:, None] + i[None, :], pool, mask)
+    # A row with nothing to keep (padding, or the zeros a graph is warmed up with) moves its block
+    # onto itself, never over committed slots.
+    pool.commit(torch.where(counts > 0, base, prefix), new.expand(bsz, width), counts)
+    last = h[torch.arange(bsz, device=dev), (counts - 1).clamp(min=0)]  # [B, H]
+    return draft.logits(last), last
+
+
+class StaticExtender:
+    """Feeds accepted tokens to the draft on the native path's static draft cache: one graph replay."""
+
+    def __init__(self, draft, pool, width: int, rows: list[int], enabled: bool):
+        from ..models.graphs import BatchGraph, window_buckets
+
+        self.draft, self.pool, self.width = draft, pool, width
+        self.graph = BatchGraph(self._fn, pool, rows, window_buckets(pool.capacity_slots), enabled,
+                                name=f"draft extend {width}", example=self._example, top_slots=width)
+
+    def _fn(self, inputs, window):
+        return draft_extend_static(self.draft, self.pool, inputs["base"], inputs["tokens"], inputs["aux"],
+                                   inputs["counts"], inputs["prefix"], window)
+
+    def _example(self, rows: int):
+        w = self.draft.fc.weight
+        ids = torch.zeros((rows, self.width), dtype=torch.long, device=w.device)
+        aux = torch.zeros((rows, self.width, w.shape[1]), dtype=w.dtype, device=w.device)
+        return {"base": ids[:, 0], "tokens": ids, "aux": aux, "counts": ids[:, 0]}, {"prefix": ids[0, :1]}
+
+    @torch.inference_mode()
+    def __call__(self, base, tokens, aux, counts):
+        """(logits [B, draft_vocab], hidden [B, H]), or None past the last bucket (run the eager path)."""
+        prefix = self.pool.used
+        out = self.graph({"base": base, "tokens": tokens, "aux": aux, "counts": counts},
+                         {"prefix": torch.full((1,), prefix, device=tokens.device)}, prefix + self.width)
+        if out is not None:
+            self.pool.advance(self.width)
+        return out

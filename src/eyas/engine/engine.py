@@ -31,7 +31,7 @@ from ..errors import EyasError
 from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
-from .drafter import StaticDrafter, draft_tree
+from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
 from .tree import Tree
@@ -129,6 +129,8 @@ class Engine:
             pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
             self.drafters = {s: StaticDrafter(self.draft, pool, s, self.draft_steps, rows, cuda_graphs)
                              for s in drafting}
+            widths = {min(s.num_steps + 1, s.num_draft_tokens) if s.speculative else 1 for s in spec.options}
+            self.extenders = {w: StaticExtender(self.draft, pool, w, rows, cuda_graphs) for w in sorted(widths)}
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
 
@@ -136,7 +138,8 @@ class Engine:
         """The native path's graph runners: target forward, draft extend, one tree drafter per setting."""
         if not self.static:
             return []
-        extra = [self.draft_steps.pool.runner] + [d.graph for d in self.drafters.values()] if self.spec.speculative else []
+        extra = ([self.draft_steps.pool.runner] + [d.graph for d in self.drafters.values()]
+                 + [e.graph for e in self.extenders.values()]) if self.spec.speculative else []
         return [self.target_pool.runner] + extra
 
     @torch.inference_mode()
@@ -299,6 +302,10 @@ class Engine:
         """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]."""
         draft = self.draft
         width = tokens.shape[1]
+        if self.static and cache is self.draft_steps.pool and width in self.extenders:
+            out = self.extenders[width](base, tokens, aux, counts)  # the whole function, one graph replay
+            if out is not None:
+                return out
         slots = kv_cache.num_slots(cache)
         positions = base[:, None] + torch.arange(width, device=self.device)[None, :]
         mask = kv_cache.attention_mask(base, slots, _causal(counts, width), self.target.dtype)

@@ -135,10 +135,13 @@ class Engine:
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
 
     def graph_runners(self) -> list:
-        """The native path's graph runners: target forward, draft extend, one tree drafter per setting."""
+        """The native path's graph runners: target forward, one tree drafter per setting, one draft
+        extend per path width."""
         if not self.static:
             return []
-        extra = ([self.draft_steps.pool.runner] + [d.graph for d in self.drafters.values()]
+        # The draft's own per-forward runner only serves the fallbacks past the last window bucket
+        # (level-by-level drafting, eager extend): captured when first used, not at startup.
+        extra = ([d.graph for d in self.drafters.values()]
                  + [e.graph for e in self.extenders.values()]) if self.spec.speculative else []
         return [self.target_pool.runner] + extra
 

@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--specs", nargs="+", default=["6,8,48", "5,1,6"])
+    ap.add_argument("--max-batch", type=int, default=1,
+                    help="rows the engine's KV cache and graphs are built for (eyas serve: 32, eval: 64)")
     ap.add_argument("--out", default="benchmarks/results/step-profile-smollm2.json")
     args = ap.parse_args()
 
@@ -91,7 +93,7 @@ def main() -> None:
     rows = {}
     for text in ["none", *args.specs]:
         spec = SpecConfig("NONE") if text == "none" else SpecConfig("EAGLE3", *(int(x) for x in text.split(",")))
-        engine = Engine(target, None if text == "none" else draft, spec, max_batch=1)
+        engine = Engine(target, None if text == "none" else draft, spec, max_batch=args.max_batch)
         engine.warm_up(progress=False)
         ms, steps = step_ms(engine, prompts, args.new_tokens)
         row = {"step_ms": round(ms, 3), "steps": steps, "phases_ms": phases(engine, prompts, args.new_tokens)}

@@ -74,14 +74,15 @@ class StaticKV:
         self.used = slots
 
     def commit(self, lengths: torch.Tensor, src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Move row b's kept slots ``src[b, :counts[b]]`` to ``lengths[b]..``; one gather + one scatter."""
+        """Move row b's kept slots ``src[b, :counts[b]]`` to ``lengths[b]..``: one indexed read of the
+        ``B x K`` entries and one indexed write, touching nothing else (a ``scatter_`` over the slot
+        axis copied the whole live buffer on the CPU, 110-150 ms a step for SmolLM2)."""
         b, k = src.shape
         new_lengths = lengths + counts
         dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]
-        live = self.buf[:, :, :b]  # [L, 2, B, H, S, D]
-        shape = live.shape[:4] + (k, live.shape[-1])
-        moved = live.gather(4, src[None, None, :, None, :, None].expand(shape))
-        live.scatter_(4, dst[None, None, :, None, :, None].expand(shape), moved)
+        flat = self.buf.view(-1, *self.buf.shape[2:])  # [L * 2, rows, H, S, D]
+        rows = torch.arange(b, device=src.device)[:, None].expand(b, k)
+        flat[:, rows, :, dst, :] = flat[:, rows, :, src, :]  # [B, K, L * 2, H, D] read first, then written
         return new_lengths
 
     def select_rows(self, rows: torch.Tensor, slots: int) -> None:

@@ -68,8 +68,7 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
         allowed = committed.expand(bsz, k, window).clone()
         cols = (prefix + torch.arange(fed + k, device=dev)).expand(bsz, k, fed + k)
         allowed.scatter_(2, cols, visible)
-        mask = torch.zeros((bsz, 1, k, window), dtype=hidden.dtype, device=dev)
-        mask.masked_fill_(~allowed[:, None], torch.finfo(hidden.dtype).min)
+        mask = kv_cache.additive(allowed, hidden.dtype)
         pool.window, pool.write_slots = window, prefix + fed + torch.arange(k, device=dev)
         positions = (lengths + step - 1)[:, None].expand(bsz, k)
         out = draft.backbone(draft.embed(tokens), hidden, positions, pool, mask)
@@ -178,8 +177,7 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # padding sees only itself
     committed = torch.arange(window, device=dev)[None, None, :] < base[:, None, None]  # [B, 1, window]
     allowed = committed | (block[None] & valid)  # [B, W, window]
-    mask = torch.zeros((bsz, 1, width, window), dtype=pool.buf.dtype, device=dev)
-    mask.masked_fill_(~allowed[:, None], torch.finfo(mask.dtype).min)
+    mask = kv_cache.additive(allowed, pool.buf.dtype)
     new = prefix + i
     pool.window, pool.write_slots = window, new
     h = draft.backbone(draft.embed(tokens), draft.project(aux), base[:, None] + i[None, :], pool, mask)

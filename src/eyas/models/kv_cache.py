@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .static_cache import StaticKV
+from .static_cache import StaticKV, move_slots
 
 
 def new_cache() -> DynamicCache:
@@ -57,20 +57,10 @@ def commit(
     the host, and the engine reads it back once, at the end of its step, before it calls ``crop``."""
     if isinstance(cache, StaticKV):
         return cache.commit(lengths, src, counts)
-    new_lengths = lengths + counts
-    k = src.shape[1]
-    dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]  # [B, K]
     for layer in _layers(cache):
-        for name in ("keys", "values"):
-            t = getattr(layer, name)  # [B, H, S, D]
-            b, h, _, d = t.shape
-            gidx = src[:, None, :, None].to(t.device).expand(b, h, k, d)
-            didx = dst[:, None, :, None].to(t.device).expand(b, h, k, d)
-            moved = t.gather(2, gidx)
-            t = t.clone() if t._base is not None else t
-            t.scatter_(2, didx, moved)
-            setattr(layer, name, t)
-    return new_lengths
+        for t in (layer.keys, layer.values):  # [B, H, S, D], in place (on a view after ``crop``: its base)
+            move_slots(t, lengths.to(t.device), src.to(t.device))
+    return lengths + counts
 
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor, slots: int) -> None:
@@ -116,6 +106,11 @@ def attention_mask(
     bsz, t, _ = new_mask.shape
     prefix = torch.arange(prefix_slots, device=lengths.device)[None, :] < lengths[:, None]
     allowed = torch.cat([prefix[:, None, :].expand(bsz, t, prefix_slots), new_mask], dim=-1)
+    return additive(allowed, dtype)
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, T, S]`` bool visibility -> the additive float mask ``[B, 1, T, S]`` SDPA takes."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]

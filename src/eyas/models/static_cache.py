@@ -24,6 +24,18 @@ import torch
 from ..errors import EyasError
 
 
+def move_slots(t: torch.Tensor, lengths: torch.Tensor, src: torch.Tensor) -> None:
+    """In ``t`` shaped ``[..., rows, heads, slots, head_dim]``, copy row b's slots ``src[b]`` to
+    ``lengths[b], lengths[b] + 1, ..``: one indexed read of those ``B x K`` entries, then one indexed
+    write, touching nothing else (a ``scatter_`` over the slot axis copied the whole tensor on the CPU,
+    110-150 ms a step for SmolLM2's static cache). Columns past a row's kept count land past its new
+    length, where nothing reads them."""
+    b, k = src.shape
+    dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]
+    rows = torch.arange(b, device=src.device)[:, None].expand(b, k)
+    t[..., rows, :, dst, :] = t[..., rows, :, src, :]
+
+
 class StaticKV:
     def __init__(self, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int,
                  dtype: torch.dtype, device):
@@ -74,16 +86,9 @@ class StaticKV:
         self.used = slots
 
     def commit(self, lengths: torch.Tensor, src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Move row b's kept slots ``src[b, :counts[b]]`` to ``lengths[b]..``: one indexed read of the
-        ``B x K`` entries and one indexed write, touching nothing else (a ``scatter_`` over the slot
-        axis copied the whole live buffer on the CPU, 110-150 ms a step for SmolLM2)."""
-        b, k = src.shape
-        new_lengths = lengths + counts
-        dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]
-        flat = self.buf.view(-1, *self.buf.shape[2:])  # [L * 2, rows, H, S, D]
-        rows = torch.arange(b, device=src.device)[:, None].expand(b, k)
-        flat[:, rows, :, dst, :] = flat[:, rows, :, src, :]  # [B, K, L * 2, H, D] read first, then written
-        return new_lengths
+        """Move row b's kept slots ``src[b, :counts[b]]`` to ``lengths[b]..`` (``move_slots``)."""
+        move_slots(self.buf, lengths, src)
+        return lengths + counts
 
     def select_rows(self, rows: torch.Tensor, slots: int) -> None:
         kept = self.buf[:, :, rows.to(self.buf.device), :, :slots]

@@ -73,6 +73,11 @@ class SpecConfig:
         return sorted({s.num_draft_tokens if s.speculative else 1 for s in self.options})
 
     @property
+    def path_width(self) -> int:
+        """Tokens a step can emit per row: the longest root-to-leaf path plus the bonus token."""
+        return min(self.num_steps + 1, self.num_draft_tokens) if self.speculative else 1
+
+    @property
     def speculative(self) -> bool:
         return self.algorithm is not Algorithm.NONE
 

@@ -129,8 +129,8 @@ class Engine:
             pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
             self.drafters = {s: StaticDrafter(self.draft, pool, s, self.draft_steps, rows, cuda_graphs)
                              for s in drafting}
-            widths = {min(s.num_steps + 1, s.num_draft_tokens) if s.speculative else 1 for s in spec.options}
-            self.extenders = {w: StaticExtender(self.draft, pool, w, rows, cuda_graphs) for w in sorted(widths)}
+            widths = sorted({s.path_width for s in spec.options})
+            self.extenders = {w: StaticExtender(self.draft, pool, w, rows, cuda_graphs) for w in widths}
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
 
@@ -276,7 +276,7 @@ class Engine:
         positions = batch.lengths[:, None] + tree.depth
         logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.spec.speculative)
 
-        width = min(spec.num_steps + 1, tree.size)  # the longest path; static, so no shape waits on the device
+        width = spec.path_width  # static, so no shape waits on the device
         cols, counts, bonus = self._accept(batch, tree, logits, width)  # [B, width], [B], [B]
         old = batch.lengths
         batch.lengths = kv_cache.commit(cache, old, slots + cols, counts)

@@ -17,7 +17,7 @@ from .checks import check_algorithm
 from .config import Algorithm, SpecConfig, parse_schedule
 from .errors import EyasError
 from .models import formats
-from .models.loading import SMOLLM2, load_target
+from .models.loading import SMOLLM2, load_target, resolve_device
 from .models.native import choose
 from .models.target import Target
 
@@ -174,14 +174,6 @@ def add_engine_arguments(parser) -> None:
                         "run eagerly (default: the max batch)")
 
 
-def _device(name: str) -> str:
-    if name == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def engine_args_from(ns) -> EngineArgs:
     return EngineArgs(
         model_path=ns.model_path,
@@ -191,7 +183,7 @@ def engine_args_from(ns) -> EngineArgs:
         speculative_eagle_topk=ns.speculative_eagle_topk,
         speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
         speculative_batch_schedule=getattr(ns, "speculative_batch_schedule", None),
-        device=_device(ns.device),
+        device=resolve_device(ns.device),
         dtype=ns.dtype,
         context_length=ns.context_length,
         trust_remote_code=ns.trust_remote_code,

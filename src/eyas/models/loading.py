@@ -27,6 +27,13 @@ DTYPES = {
 }
 
 
+def resolve_device(device: str) -> str:
+    """``auto``: the GPU when one is visible, else the CPU; anything else as given."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def parse_dtype(dtype: "str | torch.dtype | None", device: str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..models.loading import resolve_device
+
 
 @dataclass
 class DistContext:
@@ -76,8 +78,7 @@ def init(device: str = "auto", backend: str | None = None) -> DistContext:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     if device.startswith("cuda"):
         if world > 1 or device == "cuda":
             device = f"cuda:{local}"

@@ -271,3 +271,34 @@ def test_graph_paths_draft_what_the_eager_path_drafts(target, draft, name):
         if graphs:
             assert all(len(e.graph.graphs) > 0 for e in engine.extenders.values())
     assert runs[True] == runs[False]
+
+
+def test_fused_draft_forward_matches_the_drafts_own(target):
+    """The engine drafts with ``NativeEagle3`` (fused weights, folded GQA): same numbers as the
+    draft's own modules, with a cache and a ragged mask, and the draft still trains afterwards."""
+    from eyas.models.draft import Eagle3Draft
+    from eyas.models.llama import NativeEagle3
+
+    torch.manual_seed(1)
+    draft = Eagle3Draft.for_target(target, draft_vocab_size=120)
+    for p in draft.parameters():
+        p.data.add_(torch.randn_like(p) * 0.05)
+    ids = torch.tensor([[5, 9, 33, 7], [8, 100, 0, 0]])
+    aux = torch.randn(2, 4, draft.fc.in_features, dtype=torch.float64)
+    lengths = torch.tensor([4, 2])
+    visible = (torch.arange(4)[None, :, None] >= torch.arange(4)[None, None, :]) & \
+        (torch.arange(4)[None, None, :] < lengths[:, None, None])
+    mask = kv_cache.attention_mask(torch.zeros(2, dtype=torch.long), 0, visible, torch.float64)
+    pos = torch.arange(4).expand(2, 4)
+    with torch.no_grad():
+        want_h = draft.backbone(draft.embed(ids), draft.project(aux), pos, kv_cache.new_cache(), mask)
+        want = draft.logits(want_h)
+        net = NativeEagle3(draft)
+        got_h = net.backbone(net.embed(ids), net.project(aux), pos, kv_cache.new_cache(), mask)
+        got = net.logits(got_h)
+    for row, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(got_h[row, :n], want_h[row, :n])
+        torch.testing.assert_close(got[row, :n], want[row, :n])
+    assert net.d2t is draft.d2t and net.draft_vocab_size == 120
+    q = draft.midlayer.self_attn.q_proj.weight
+    assert q.requires_grad and q.data_ptr() == net.qkv.data_ptr()  # a view: training updates what serving reads

@@ -74,3 +74,72 @@ def test_batched_acceptance_matches_the_walk_on_drafted_trees(target, draft, spe
             accepted += assert_same_as_walk(tree, argmax, spec.num_steps + 1)
         engine.step(batch)
     assert accepted > 0
+
+
+@pytest.mark.parametrize("size", [1, 2, 9, 48])
+def test_tree_mask_and_depth_match_a_walk_up_the_parents(size):
+    """``from_parents`` takes the ancestor closure by squaring; a plain walk is the reference, with
+    the depth bound given (as the drafter does, exact) and without it."""
+    gen = torch.Generator().manual_seed(size)
+    rows = 5
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(max(0, j - 3), j, (), generator=gen))
+                                                for j in range(1, size)]) for _ in range(rows)])
+    tokens = torch.arange(rows * size).view(rows, size)
+    want_mask = torch.zeros(rows, size, size, dtype=torch.bool)
+    want_depth = torch.zeros(rows, size, dtype=torch.long)
+    for r in range(rows):
+        for j in range(size):
+            node = j
+            while node >= 0:
+                want_mask[r, j, node] = True
+                node = int(parents[r, node])
+            want_depth[r, j] = int(want_mask[r, j].sum()) - 1
+    for bound in (int(want_depth.max()), None):
+        tree = Tree.from_parents(tokens, parents, max_depth=bound)
+        assert torch.equal(tree.mask, want_mask) and torch.equal(tree.depth, want_depth)
+
+
+def test_two_stage_topk_is_topk():
+    from eyas.engine.drafter import topk
+
+    gen = torch.Generator().manual_seed(0)
+    for x in (torch.randn(3, 8, 16384, generator=gen), torch.randint(0, 4, (2, 4096), generator=gen).float(),
+              torch.randn(5, 300, generator=gen)):
+        for k in (1, 2, 8):
+            values, ids = topk(x, k)
+            assert torch.equal(values, x.topk(k, dim=-1).values)
+            assert torch.equal(x.gather(-1, ids), values)
+
+
+def test_a_certain_draft_still_keeps_every_parent():
+    """When the draft is certain, log-probabilities tie at 0 down every path; the selection must
+    still take parents before children (the CPU path raises if a chosen node lost its parent)."""
+    from eyas.engine.drafter import _grow
+
+    class Certain:
+        d2t = torch.zeros(64, dtype=torch.long)
+
+    def feed(step, tokens, hidden, seen):
+        logits = torch.full(tokens.shape + (64,), -1e4)
+        logits[..., 3] = 1e4  # log_softmax: exactly 0 for token 3, -2e4 for the rest
+        logits[..., 5] = 1e4 - 1e-3
+        return hidden, logits
+
+    for k, steps, total in ((2, 4, 9), (4, 3, 12), (1, 5, 6)):
+        logits0 = torch.zeros(2, 64)
+        logits0[:, 3] = 1e4
+        tree = _grow(Certain, torch.tensor([1, 2]), logits0, torch.zeros(2, 8),
+                     SpecConfig("EAGLE3", steps, k, total), feed)
+        assert (tree.parents[:, 1:] >= 0).all() and (tree.parents[:, 1:] < torch.arange(1, total)).all()
+        assert int(tree.depth.max()) == steps  # the certain path is drafted to the end
+
+
+def test_ranking_puts_every_parent_strictly_above_its_children():
+    """What keeps parents in the tree whatever order ``topk`` gives ties: a child (score <= its
+    parent's) always ranks strictly lower, at 0, at float32's coarse magnitudes, for every depth."""
+    from eyas.engine.drafter import _deeper
+
+    parent = torch.tensor([0.0, -1e-30, -1e-8, -0.3, -7.0, -19.99, -80.5, -1e4])
+    for depth in range(0, 12):
+        for child in (parent, parent - 1e-7, parent * (1 + 2.0 ** -23)):
+            assert (_deeper(parent, depth) > _deeper(child.float(), depth + 1)).all(), depth

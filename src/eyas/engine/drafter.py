@@ -77,6 +77,31 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
     return _grow(draft, root, logits0, hidden0, spec, feed)
 
 
+def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k)`` over the last axis (values descending). A long row (a draft vocabulary) goes in
+    two stages: the top ``k`` of each of 64 slices, then the top ``k`` of those. The answer is the
+    same (up to the order of ties), but one row no longer sits on one thread block: on the H200 the
+    one-stage top-8 of 8 x 16k scores took 50-80 us, the longest kernel of a draft level."""
+    v = x.shape[-1]
+    if k == 1:
+        return x.max(dim=-1, keepdim=True)
+    slices = 64
+    if v % slices or v // slices < 4 * k:
+        return x.topk(k, dim=-1)
+    part, part_ids = x.unflatten(-1, (slices, v // slices)).topk(k, dim=-1)  # [..., 64, k]
+    part_ids = part_ids + torch.arange(0, v, v // slices, device=x.device)[:, None]
+    values, at = part.flatten(-2).topk(k, dim=-1)
+    return values, part_ids.flatten(-2).gather(-1, at)
+
+
+def _deeper(scores: torch.Tensor, depth: int) -> torch.Tensor:
+    """Scores that rank a node strictly below its ancestors even where the log-probabilities tie (a
+    child scores <= its parent; equal when the draft is certain): scaled up by ``depth`` parts in 2^20
+    (log-probabilities are <= 0) and lowered by ``depth`` x 1e-30 for the ties at 0. Only near-ties
+    between unrelated nodes can swap."""
+    return scores * (1 + depth * 2.0 ** -20) - depth * 1e-30
+
+
 def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
     """EAGLE-2 expansion and selection; ``feed(step, tokens, hidden, seen)`` runs one draft level."""
     k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
@@ -84,7 +109,7 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
     d2t = draft.d2t
     rows = torch.arange(bsz, device=dev)
 
-    scores, ids = torch.log_softmax(logits0.float(), dim=-1).topk(k, dim=-1)  # [B, k]
+    scores, ids = topk(torch.log_softmax(logits0.float(), dim=-1), k)  # [B, k]
     tokens = ids + d2t[ids]
     cand_tokens, cand_scores = [tokens], [scores]
     cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
@@ -94,16 +119,14 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
     n_cand = k
     for step in range(1, steps):
         out, logits = feed(step, tokens, hidden, seen)  # [B, k, H], [B, k, draft_vocab]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        child_scores, child_ids = (logp + scores[..., None]).topk(k, dim=-1)  # [B, k, k]
-        flat_scores = child_scores.reshape(bsz, k * k)
+        child_scores, child_ids = topk(torch.log_softmax(logits.float(), dim=-1), k)  # [B, k, k]
+        flat_scores = (child_scores + scores[..., None]).reshape(bsz, k * k)
         flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
         cand_tokens.append(flat_tokens)
-        cand_scores.append(flat_scores)
+        cand_scores.append(_deeper(flat_scores, step))
         cand_parents.append(frontier[:, :, None].expand(bsz, k, k).reshape(bsz, k * k))
-        best = torch.sort(-flat_scores, dim=-1, stable=True).indices[:, :k]  # [B, k]
+        scores, best = flat_scores.topk(k, dim=-1)  # [B, k]: the next frontier (any order)
         parent = best // k  # frontier slot of each new frontier node's parent
-        scores = flat_scores.gather(1, best)
         tokens = flat_tokens.gather(1, best)
         hidden = out[rows[:, None], parent]
         parent_seen = seen[rows[:, None], parent]  # [B, k, fed]
@@ -115,8 +138,9 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
     all_tokens = torch.cat(cand_tokens, dim=1)  # [B, C]
     all_scores = torch.cat(cand_scores, dim=1)
     all_parents = torch.cat(cand_parents, dim=1)
-    keep = torch.sort(-all_scores, dim=-1, stable=True).indices[:, : total - 1]
-    keep = torch.sort(keep, dim=-1).values  # candidate order: parents before children
+    chosen = torch.zeros_like(all_scores).scatter_(1, all_scores.topk(total - 1, dim=-1).indices, 1.0)
+    order = torch.arange(n_cand, 0, -1, device=dev, dtype=all_scores.dtype)  # earlier candidates rank higher
+    keep = (chosen * order).topk(total - 1, dim=-1).indices  # the chosen, in candidate order: parents first
     column = torch.full((bsz, n_cand), -1, dtype=torch.long, device=dev)
     column.scatter_(1, keep, torch.arange(1, total, device=dev).expand(bsz, total - 1))
     cand_parent = all_parents.gather(1, keep)

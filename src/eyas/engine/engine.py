@@ -127,10 +127,10 @@ class Engine:
                                                 capture_aux=spec.speculative)
         if spec.speculative:
             pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
-            self.drafters = {s: StaticDrafter(self.draft, pool, s, self.draft_steps, rows, cuda_graphs)
+            self.drafters = {s: StaticDrafter(self.draft_steps.net, pool, s, self.draft_steps, rows, cuda_graphs)
                              for s in drafting}
             widths = sorted({s.path_width for s in spec.options})
-            self.extenders = {w: StaticExtender(self.draft, pool, w, rows, cuda_graphs) for w in widths}
+            self.extenders = {w: StaticExtender(self.draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
 
@@ -266,7 +266,7 @@ class Engine:
         if spec.speculative and self.static:
             tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
         elif spec.speculative:
-            tree = draft_tree(self.draft, batch.draft_cache, batch.lengths, batch.root,
+            tree = draft_tree(self.draft_steps.net, batch.draft_cache, batch.lengths, batch.root,
                               batch.draft_logits, batch.draft_hidden, spec, self.draft_steps)
         else:
             tree = Tree.root_only(batch.root)
@@ -303,7 +303,7 @@ class Engine:
 
     def _draft_extend(self, cache, base, tokens, aux, counts):
         """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]."""
-        draft = self.draft
+        draft = self.draft_steps.net
         width = tokens.shape[1]
         if self.static and cache is self.draft_steps.pool and width in self.extenders:
             out = self.extenders[width](base, tokens, aux, counts)  # the whole function, one graph replay

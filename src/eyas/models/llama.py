@@ -70,6 +70,7 @@ class NativeLlama(nn.Module):
         self.head_dim = int(getattr(attn, "head_dim", None) or cfg.hidden_size // self.num_heads)
         self.scaling = float(getattr(attn, "scaling", self.head_dim ** -0.5))
         self.qk_norm = hasattr(attn, "q_norm")
+        self.heads = (self.num_heads, self.num_kv_heads, self.head_dim)
         self.qkv, self.qkv_bias, self.gate_up = [], [], []
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
@@ -91,37 +92,93 @@ class NativeLlama(nn.Module):
         logits_at: torch.Tensor | None = None,  # [K] token indices whose logits are needed
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[B, T or K, vocab]`` and the aux states ``[B, T, n * hidden]`` (None if no ids)."""
-        bsz, t = input_ids.shape
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        rep = hq // hkv
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(h, position_ids)
-        if rep > 1:  # one mask row per folded query
-            mask = mask[:, :, None].expand(bsz, 1, rep, t, mask.shape[-1]).reshape(bsz, 1, rep * t, mask.shape[-1])
+        mask = fold_mask(mask, self.num_heads // self.num_kv_heads)
         aux = {}
-        nq, nkv = hq * d, hkv * d
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: broadcast over heads
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
                 aux[i] = h
             a = layer.self_attn
-            qkv = F.linear(_rms(layer.input_layernorm, h), self.qkv[i], self.qkv_bias[i])
-            if self.qk_norm:  # per-head norms with their own weights, then rope on q and k together
-                qk = torch.cat([_rms(a.q_norm, qkv[..., :nq].view(bsz, t, hq, d)),
-                                _rms(a.k_norm, qkv[..., nq : nq + nkv].view(bsz, t, hkv, d))], dim=2)
-            else:
-                qk = qkv[..., : nq + nkv].view(bsz, t, hq + hkv, d)
-            qk = _rope(qk.transpose(1, 2), cos, sin)  # [B, Hq + Hkv, T, D]
-            v = qkv[..., nq + nkv :].view(bsz, t, hkv, d).transpose(1, 2)
-            keys, values = cache.update(qk[:, hq:], v, i)
-            q = qk[:, :hq].reshape(bsz, hkv, rep * t, d)  # heads g*rep .. g*rep+rep-1 share kv head g
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
-            h = _linear_add(h, o.reshape(bsz, hq, t, d).transpose(1, 2).reshape(bsz, t, nq), a.o_proj)
-            gate, up = F.linear(_rms(layer.post_attention_layernorm, h), self.gate_up[i]).chunk(2, dim=-1)
-            h = _linear_add(h, F.silu(gate) * up, layer.mlp.down_proj)
+            norms = (a.q_norm, a.k_norm) if self.qk_norm else None
+            h = attention(_rms(layer.input_layernorm, h), h, self.qkv[i], self.qkv_bias[i], a.o_proj, self.heads,
+                          self.scaling, cos, sin, cache, i, mask, norms)
+            h = mlp(h, layer.post_attention_layernorm, self.gate_up[i], layer.mlp.down_proj)
         aux[self.num_layers] = h
-        logits = self.lm_head(self.norm(h if logits_at is None else h[:, logits_at]))
+        logits = self.lm_head(_rms(self.norm, h if logits_at is None else h[:, logits_at]))
         return logits, (torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None)
+
+
+class NativeEagle3:
+    """An EAGLE-3 draft (``models.draft.Eagle3Draft``) for inference, on the same block as the
+    target: fused q/k/v and gate/up (views of the draft's own weights), ``F.rms_norm``, folded
+    grouped-query attention, one rotary pass. About 20 kernels per draft step instead of about 60
+    (HF's RMSNorm alone is 8), and a tree drafts ``num_steps`` of them. It offers the draft's
+    inference hooks (``embed``, ``project``, ``backbone``, ``logits``), so the engine uses it in the
+    draft's place; training keeps the draft's own modules."""
+
+    def __init__(self, draft: nn.Module):
+        self.draft = draft
+        layer = draft.midlayer
+        a, m = layer.self_attn, layer.mlp
+        self.heads = (a.num_heads, a.num_kv_heads, a.head_dim)
+        self.scaling = a.head_dim ** -0.5
+        self.qkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
+        self.gate_up = _fuse([m.gate_proj, m.up_proj])
+
+    def __getattr__(self, name: str):  # config, fc, d2t, draft_vocab_size, embed, project...
+        return getattr(self.__dict__["draft"], name)
+
+    def backbone(self, embeds, hidden, position_ids, cache, mask) -> torch.Tensor:
+        """``Eagle3Draft.backbone`` (same maths, HF's rotary module): the pre-norm state ``[B, T, H]``."""
+        d = self.draft
+        layer = d.midlayer
+        cos, sin = d.rotary_emb(hidden, position_ids)
+        x = torch.cat([_rms(layer.input_layernorm, embeds), _rms(layer.hidden_norm, hidden)], dim=-1)
+        mask = fold_mask(mask, self.heads[0] // self.heads[1])
+        h = attention(x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling,
+                      cos[:, None], sin[:, None], cache, 0, mask)
+        return mlp(h, layer.post_attention_layernorm, self.gate_up, layer.mlp.down_proj)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.draft.lm_head(_rms(self.draft.norm, hidden))
+
+
+def fold_mask(mask: torch.Tensor, rep: int) -> torch.Tensor:
+    """``[B, 1, T, W]`` -> ``[B, 1, rep * T, W]``: one mask row per folded query (see ``attention``)."""
+    if rep == 1:
+        return mask
+    bsz, _, t, w = mask.shape
+    return mask[:, :, None].expand(bsz, 1, rep, t, w).reshape(bsz, 1, rep * t, w)
+
+
+def attention(x, residual, qkv_w, qkv_b, o_proj, heads: tuple[int, int, int], scaling: float, cos, sin, cache,
+              layer: int, mask, qk_norms=None) -> torch.Tensor:
+    """``residual + o_proj(attn(x))`` for normed ``x`` ``[B, T, in]``: fused q/k/v, rotary on q and k
+    in one pass (after Qwen3's per-head norms), keys and values into ``cache`` as ``layer``, and
+    grouped-query attention folded into SDPA's query axis (``mask`` already folded by ``fold_mask``)."""
+    bsz, t = x.shape[:2]
+    hq, hkv, d = heads
+    nq, nkv = hq * d, hkv * d
+    qkv = F.linear(x, qkv_w, qkv_b)
+    if qk_norms is not None:  # per-head norms with their own weights, then rope on q and k together
+        qk = torch.cat([_rms(qk_norms[0], qkv[..., :nq].view(bsz, t, hq, d)),
+                        _rms(qk_norms[1], qkv[..., nq : nq + nkv].view(bsz, t, hkv, d))], dim=2)
+    else:
+        qk = qkv[..., : nq + nkv].view(bsz, t, hq + hkv, d)
+    qk = _rope(qk.transpose(1, 2), cos, sin)  # [B, Hq + Hkv, T, D]
+    v = qkv[..., nq + nkv :].view(bsz, t, hkv, d).transpose(1, 2)
+    keys, values = cache.update(qk[:, hq:], v, layer)
+    q = qk[:, :hq].reshape(bsz, hkv, hq // hkv * t, d)  # heads g*rep .. g*rep+rep-1 share kv head g
+    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
+    return _linear_add(residual, o.reshape(bsz, hq, t, d).transpose(1, 2).reshape(bsz, t, nq), o_proj)
+
+
+def mlp(h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
+    """``h + down(silu(gate) * up)`` of ``norm(h)``, gate and up in one GEMM."""
+    gate, up = F.linear(_rms(norm, h), gate_up).chunk(2, dim=-1)
+    return _linear_add(h, F.silu(gate) * up, down)
 
 
 def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +201,9 @@ def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> t
 
 
 def _fuse(linears: list[nn.Linear], name: str = "weight") -> torch.Tensor | None:
-    """One tensor holding the linears' weights (or biases) end to end; the linears then view it."""
+    """One tensor holding the linears' weights (or biases) end to end; the linears then view it (and
+    keep their ``requires_grad``: a draft can be served and trained in one process, its optimizer
+    then updates the fused tensor in place)."""
     parts = [getattr(lin, name) for lin in linears]
     if any(p is None for p in parts):
         return None
@@ -152,6 +211,6 @@ def _fuse(linears: list[nn.Linear], name: str = "weight") -> torch.Tensor | None
     start = 0
     for lin, p in zip(linears, parts):
         n = p.shape[0]
-        setattr(lin, name, nn.Parameter(fused[start : start + n], requires_grad=False))
+        setattr(lin, name, nn.Parameter(fused[start : start + n], requires_grad=p.requires_grad))
         start += n
     return fused

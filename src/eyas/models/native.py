@@ -14,7 +14,7 @@ import torch
 
 from ..errors import EyasError
 from .graphs import GraphRunner, window_buckets
-from .llama import NativeLlama, native_support
+from .llama import NativeEagle3, NativeLlama, native_support
 from .static_cache import StaticKV
 from .target import Target
 
@@ -90,14 +90,17 @@ class NativeTarget(Target):
 
 
 class DraftSteps:
-    """``(hidden, logits)`` of one draft step over ``[B, T]`` tokens, eager or from graphs."""
+    """``(hidden, logits)`` of one draft step over ``[B, T]`` tokens, eager or from graphs, on the
+    draft's fused inference forward (``self.net``, a ``NativeEagle3``), which the engine's drafting
+    and draft extend use too."""
 
     def __init__(self, draft):
         self.draft = draft
+        self.net = NativeEagle3(draft)
         self.pool: StaticKV | None = None
 
     def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool) -> StaticKV:
-        d = self.draft
+        d = self.net
         attn = d.midlayer.self_attn
         self.pool = StaticKV(1, plan.rows, attn.num_kv_heads, plan.slots, attn.head_dim, d.fc.weight.dtype,
                              d.fc.weight.device)
@@ -122,7 +125,7 @@ class DraftSteps:
     def __call__(self, tokens, hidden, positions, cache, mask):
         if isinstance(cache, StaticKV):
             return cache.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
-        d = self.draft
+        d = self.net
         h = d.backbone(d.embed(tokens), hidden, positions, cache, mask)
         return h, d.logits(h)
 

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""What the GPU runs in one speculative step: kernels, their time, and the idle gaps between them.
+
+    python benchmarks/kernel_profile.py --model-path /tmp/smollm2.gguf --specs none 6,8,48 --max-batch 1 \
+        --out kernel-profile.json [--trace-dir DIR]
+
+``step_profile.py`` times each phase with the device synchronised around it; this one leaves the step
+untouched and reads the device's own timeline (``torch.profiler``, kernels inside CUDA graph replays
+included): per phase, the kernels launched, the time they ran, and the wall time the phase spanned on
+the device. Busy time far below the span means launch gaps (the host); busy time near it means the
+kernels themselves (too many, or too slow). With ``--model 8b`` the target is the random Llama-3.1-8B
+shape and only plain decoding is profiled (benchmark a's forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+from common import chat_prompts, llama31_8b_config, load_pair, random_model, sync, write
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.models import kv_cache
+
+PHASES = ("draft_tree", "verify", "accept", "commit", "draft_extend")
+
+
+def labelled(fn, name):
+    def wrapper(*a, **k):
+        with record_function(f"phase:{name}"):
+            return fn(*a, **k)
+    return wrapper
+
+
+def instrument(engine: Engine) -> None:
+    """Label each phase of ``engine.step`` on the profiler's timeline (no synchronisation added).
+    The target and ``kv_cache`` are shared between engines: they are labelled once."""
+    engine._accept = labelled(engine._accept, "accept")
+    engine._draft_extend = labelled(engine._draft_extend, "draft_extend")
+    for spec, d in getattr(engine, "drafters", {}).items():
+        engine.drafters[spec] = labelled(d, "draft_tree")
+    if not getattr(engine.target, "_labelled", False):
+        engine.target.forward = labelled(engine.target.forward, "verify")
+        engine.target._labelled = True
+    if not getattr(kv_cache.commit, "_labelled", False):
+        kv_cache.commit = labelled(kv_cache.commit, "commit")
+        kv_cache.commit._labelled = True
+
+
+def analyse(trace: dict, steps: int) -> dict:
+    """Per phase and per step: kernels, busy device ms, device span ms; the top kernels by time."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    spans = [e for e in events if e.get("cat") == "gpu_user_annotation" and e["name"].startswith(("phase:", "step"))]
+    out = {}
+    for name in sorted({s["name"] for s in spans}):
+        ranges = [(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == name]
+        inside = [k for k in kernels if any(a <= k["ts"] < b for a, b in ranges)]
+        out[name.removeprefix("phase:")] = {
+            "kernels_per_step": round(len(inside) / steps, 1),
+            "busy_ms_per_step": round(sum(k["dur"] for k in inside) / 1e3 / steps, 4),
+            "span_ms_per_step": round(sum(b - a for a, b in ranges) / 1e3 / steps, 4),
+        }
+    by_name: Counter = Counter()
+    count: Counter = Counter()
+    for k in kernels:
+        by_name[k["name"][:120]] += k["dur"]
+        count[k["name"][:120]] += 1
+    out["top_kernels"] = [{"name": n, "ms_per_step": round(t / 1e3 / steps, 4), "per_step": round(count[n] / steps, 1)}
+                          for n, t in by_name.most_common(25)]
+    if kernels:
+        out["device_busy_ms_per_step"] = round(sum(k["dur"] for k in kernels) / 1e3 / steps, 4)
+        out["device_span_ms_per_step"] = round((kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]) / 1e3 / steps, 4)
+        out["kernels_per_step"] = round(len(kernels) / steps, 1)
+    return out
+
+
+def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Path | None) -> dict:
+    instrument(engine)
+    params = SamplingParams(max_new_tokens=10_000, ignore_eos=True)
+    batch = engine.prefill([engine.new_sequence(prompt, params) for _ in range(engine.rows)])
+    for _ in range(5):
+        engine.step(batch)
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            with record_function("step"):
+                engine.step(batch)
+        sync()
+    path = trace_path or Path("/tmp/kernel-profile-trace.json")
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    if trace_path is not None:
+        with gzip.open(str(path) + ".gz", "wt") as f:
+            json.dump(trace, f)
+        path.unlink()
+    return analyse(trace, steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", default="smollm2-135m-instruct", help="or '8b' for the random Llama-3.1-8B shape")
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--specs", nargs="+", default=["none", "6,8,48"])
+    ap.add_argument("--max-batch", type=int, default=1)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--rows", type=int, default=1, help="rows decoding together")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--trace-dir", default=None, help="keep each setting's chrome trace (gzipped) here")
+    ap.add_argument("--out", default="benchmarks/results/kernel-profile-smollm2.json")
+    args = ap.parse_args()
+
+    if args.model_path == "8b":
+        from eyas.models.native import NativeTarget
+
+        target, draft = NativeTarget(random_model(llama31_8b_config()), name="llama-3.1-8b-shape"), None
+        target.info = type(target.info)(**{**target.info.__dict__, "max_context": 4096})
+        prompt = list(range(1000, 1128))
+        args.specs = ["none"]
+    else:
+        target, draft = load_pair(args.model_path, args.draft, device=args.device)
+        prompt = chat_prompts(target.tokenizer, "chat", 1)[0]
+    results = {}
+    for text in args.specs:
+        spec = SpecConfig("NONE") if text == "none" else SpecConfig("EAGLE3", *(int(x) for x in text.split(",")))
+        engine = Engine(target, None if text == "none" else draft, spec, max_batch=args.max_batch)
+        engine.rows = args.rows
+        engine.warm_up(progress=False)
+        trace = Path(args.trace_dir) / f"trace-{text.replace(',', '-')}-mb{args.max_batch}.json" if args.trace_dir else None
+        if trace:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+        results[text] = profile_engine(engine, prompt, args.steps, trace)
+        r = results[text]
+        print(f"{text:>8} max-batch {args.max_batch}: {r.get('kernels_per_step')} kernels, busy "
+              f"{r.get('device_busy_ms_per_step')} ms of {r.get('device_span_ms_per_step')} ms per step")
+        for phase in ("step", *PHASES):
+            if phase in r:
+                print(f"    {phase:>13}: {r[phase]}")
+        for k in r["top_kernels"][:8]:
+            print(f"      {k['ms_per_step']:.4f} ms  x{k['per_step']}  {k['name'][:90]}")
+        engine = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    write(args.out, "device timeline of speculative steps (torch.profiler): kernels, busy and span per phase",
+          {"settings": vars(args), "results": results})
+
+
+if __name__ == "__main__":
+    main()

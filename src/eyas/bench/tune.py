@@ -38,12 +38,15 @@ def parse_candidate(text: str) -> SpecConfig:
 
 
 def measure(engine, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Tokens/s of one batch of all ``prompts`` (same length outputs), after a warm-up that captures graphs."""
+    """Tokens/s of one batch of all ``prompts`` (same length outputs), timed on the second of two
+    identical runs: the first captures every graph bucket the run reaches (a longer prompt crossing
+    an attention-window bucket mid-run would otherwise put captures inside the timing)."""
     from ..engine.sampling import SamplingParams
     from ..engine.stats import SpecStats
 
-    engine.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True))
-    outs = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    engine.generate(prompts, params)
+    outs = engine.generate(prompts, params)
     tokens = sum(len(o.output_ids) for o in outs)
     stats = SpecStats()
     for o in outs:

@@ -38,10 +38,16 @@ def draft_tree(
         from ..models.native import DraftSteps
         steps_fn = DraftSteps(draft)
     prefix_slots = kv_cache.num_slots(cache)
-    k = spec.eagle_topk
+    k, bsz, dev = spec.eagle_topk, root.shape[0], root.device
+    rows = torch.arange(bsz, device=dev)[:, None]
+    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
+    seen = torch.zeros((bsz, k, 0), dtype=torch.bool, device=dev)  # frontier -> earlier fed slots
 
-    def feed(step, tokens, hidden, seen):
-        visible = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=seen.device).expand(len(tokens), k, k)], -1)
+    def feed(step, tokens, hidden, parent):
+        nonlocal seen
+        if parent is not None:  # each new frontier node sees what its parent saw, and its parent
+            seen = torch.cat([seen[rows, parent], eye[rows, parent]], dim=-1)
+        visible = torch.cat([seen, eye], -1)
         mask = kv_cache.attention_mask(lengths, prefix_slots, visible, hidden.dtype)
         positions = (lengths + step - 1)[:, None].expand(len(tokens), k)
         return steps_fn(tokens, hidden, positions, cache, mask)
@@ -59,18 +65,22 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
     ``prefix + (s - 1) k ..`` (``prefix`` a 1-element tensor) and every mask is ``window`` wide."""
     k = spec.eagle_topk
     bsz, dev = root.shape[0], root.device
-    slot_ids = torch.arange(window, device=dev)
-    committed = slot_ids[None, None, :] < lengths[:, None, None]  # [B, 1, W]
+    rows = torch.arange(bsz, device=dev)[:, None]
+    ks = torch.arange(k, device=dev)
+    before = lengths - 1
+    # allowed[b, i, s]: frontier node i of row b sees slot s. It starts as the committed prefix and is
+    # carried down the tree: a new node takes its parent's row, then its own slot. Four kernels a level.
+    allowed = (torch.arange(window, device=dev)[None, None, :] < lengths[:, None, None]).expand(bsz, k, window)
+    zero, low = torch.zeros((), dtype=pool.buf.dtype, device=dev), torch.finfo(pool.buf.dtype).min
+    yes = torch.ones((), dtype=torch.bool, device=dev)  # a device value: a Python True is copied from the host
 
-    def feed(step, tokens, hidden, seen):
-        fed = seen.shape[-1]
-        visible = torch.cat([seen, torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)], -1)
-        allowed = committed.expand(bsz, k, window).clone()
-        cols = (prefix + torch.arange(fed + k, device=dev)).expand(bsz, k, fed + k)
-        allowed.scatter_(2, cols, visible)
-        mask = kv_cache.additive(allowed, hidden.dtype)
-        pool.window, pool.write_slots = window, prefix + fed + torch.arange(k, device=dev)
-        positions = (lengths + step - 1)[:, None].expand(bsz, k)
+    def feed(step, tokens, hidden, parent):
+        nonlocal allowed
+        allowed = allowed[rows, parent] if parent is not None else allowed.clone()
+        pool.window, pool.write_slots = window, prefix + (step - 1) * k + ks
+        allowed[:, ks, pool.write_slots] = yes
+        mask = torch.where(allowed, zero, low)[:, None]
+        positions = (before + step)[:, None].expand(bsz, k)
         out = draft.backbone(draft.embed(tokens), hidden, positions, pool, mask)
         return out, draft.logits(out)
 
@@ -103,7 +113,8 @@ def _deeper(scores: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
-    """EAGLE-2 expansion and selection; ``feed(step, tokens, hidden, seen)`` runs one draft level."""
+    """EAGLE-2 expansion and selection; ``feed(step, tokens, hidden, parent)`` runs one draft level
+    (``parent``: each frontier node's slot among the previous level's fed nodes, None at the first)."""
     k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
     bsz, dev = root.shape[0], root.device
     d2t = draft.d2t
@@ -115,10 +126,10 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
     cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
     frontier = torch.arange(k, device=dev).expand(bsz, k)  # candidate index of each frontier node
     hidden = hidden0[:, None, :].expand(bsz, k, hidden0.shape[-1])
-    seen = torch.zeros((bsz, k, 0), dtype=torch.bool, device=dev)  # frontier -> earlier fed slots
+    parent = None
     n_cand = k
     for step in range(1, steps):
-        out, logits = feed(step, tokens, hidden, seen)  # [B, k, H], [B, k, draft_vocab]
+        out, logits = feed(step, tokens, hidden, parent)  # [B, k, H], [B, k, draft_vocab]
         child_scores, child_ids = topk(torch.log_softmax(logits.float(), dim=-1), k)  # [B, k, k]
         flat_scores = (child_scores + scores[..., None]).reshape(bsz, k * k)
         flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
@@ -129,9 +140,6 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
         parent = best // k  # frontier slot of each new frontier node's parent
         tokens = flat_tokens.gather(1, best)
         hidden = out[rows[:, None], parent]
-        parent_seen = seen[rows[:, None], parent]  # [B, k, fed]
-        parent_self = parent[..., None] == torch.arange(k, device=dev)  # [B, k, k]
-        seen = torch.cat([parent_seen, parent_self], dim=-1)
         frontier = n_cand + best
         n_cand += k * k
 

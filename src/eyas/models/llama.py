@@ -71,6 +71,7 @@ class NativeLlama(nn.Module):
         self.scaling = float(getattr(attn, "scaling", self.head_dim ** -0.5))
         self.qk_norm = hasattr(attn, "q_norm")
         self.heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+        self.rope = RopeTable(self.rotary_emb)
         self.qkv, self.qkv_bias, self.gate_up = [], [], []
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
@@ -93,7 +94,7 @@ class NativeLlama(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[B, T or K, vocab]`` and the aux states ``[B, T, n * hidden]`` (None if no ids)."""
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(h, position_ids)
+        cos, sin = self.rope(h, position_ids)
         mask = fold_mask(mask, self.num_heads // self.num_kv_heads)
         aux = {}
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: broadcast over heads
@@ -126,6 +127,7 @@ class NativeEagle3:
         self.scaling = a.head_dim ** -0.5
         self.qkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
         self.gate_up = _fuse([m.gate_proj, m.up_proj])
+        self.rope = RopeTable(draft.rotary_emb)
 
     def __getattr__(self, name: str):  # config, fc, d2t, draft_vocab_size, embed, project...
         return getattr(self.__dict__["draft"], name)
@@ -134,7 +136,7 @@ class NativeEagle3:
         """``Eagle3Draft.backbone`` (same maths, HF's rotary module): the pre-norm state ``[B, T, H]``."""
         d = self.draft
         layer = d.midlayer
-        cos, sin = d.rotary_emb(hidden, position_ids)
+        cos, sin = self.rope(hidden, position_ids)
         x = torch.cat([_rms(layer.input_layernorm, embeds), _rms(layer.hidden_norm, hidden)], dim=-1)
         mask = fold_mask(mask, self.heads[0] // self.heads[1])
         h = attention(x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling,
@@ -143,6 +145,32 @@ class NativeEagle3:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.draft.lm_head(_rms(self.draft.norm, hidden))
+
+
+class RopeTable:
+    """The rotary module's cos and sin, looked up in a table of every position once ``extend`` has
+    built it (one gather instead of about 10 kernels a forward: a draft tree runs ``num_steps``
+    forwards). The table is the module's own output for positions ``0..size``, so the values are
+    the same; until then, and for positions an engine never sized it for, call the module."""
+
+    def __init__(self, rotary: nn.Module):
+        self.rotary, self.table, self.size = rotary, None, 0
+        self.kept = []  # earlier tables: CUDA graphs captured against them still read them
+
+    def extend(self, size: int, like: torch.Tensor) -> None:
+        """Cover positions ``0..size - 1`` (never shrinks; an engine calls this before capturing)."""
+        if size <= self.size:
+            return
+        with torch.no_grad():
+            cos, sin = self.rotary(like, torch.arange(size, device=like.device)[None])
+        if self.table is not None:
+            self.kept.append(self.table)
+        self.table, self.size = torch.cat([cos[0], sin[0]], dim=-1), size  # [size, 2 D]
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.table is None:
+            return self.rotary(x, position_ids)
+        return self.table[position_ids].chunk(2, dim=-1)  # [B, T, D] each
 
 
 def fold_mask(mask: torch.Tensor, rep: int) -> torch.Tensor:

@@ -80,6 +80,9 @@ def analyse(trace: dict, steps: int) -> dict:
         out["device_busy_ms_per_step"] = round(sum(k["dur"] for k in kernels) / 1e3 / steps, 4)
         out["device_span_ms_per_step"] = round((kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]) / 1e3 / steps, 4)
         out["kernels_per_step"] = round(len(kernels) / steps, 1)
+    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
+    out["memcpy_memset_per_step"] = round(len(copies) / steps, 1)
+    out["memcpy_memset_ms_per_step"] = round(sum(e["dur"] for e in copies) / 1e3 / steps, 4)
     return out
 
 
@@ -141,7 +144,8 @@ def main() -> None:
         results[text] = profile_engine(engine, prompt, args.steps, trace)
         r = results[text]
         print(f"{text:>8} max-batch {args.max_batch}: {r.get('kernels_per_step')} kernels, busy "
-              f"{r.get('device_busy_ms_per_step')} ms of {r.get('device_span_ms_per_step')} ms per step")
+              f"{r.get('device_busy_ms_per_step')} ms of {r.get('device_span_ms_per_step')} ms per step; "
+              f"{r['memcpy_memset_per_step']} copies/memsets, {r['memcpy_memset_ms_per_step']} ms")
         for phase in ("step", *PHASES):
             if phase in r:
                 print(f"    {phase:>13}: {r[phase]}")

@@ -103,7 +103,8 @@ def test_two_stage_topk_is_topk():
     from eyas.engine.drafter import topk
 
     gen = torch.Generator().manual_seed(0)
-    for x in (torch.randn(3, 8, 16384, generator=gen), torch.randint(0, 4, (2, 4096), generator=gen).float(),
+    for x in (torch.randn(3, 8, 16384, generator=gen), torch.randn(64, 8, 16384, generator=gen),
+              torch.randint(0, 4, (2, 4096), generator=gen).float(),
               torch.randn(5, 300, generator=gen)):
         for k in (1, 2, 8):
             values, ids = topk(x, k)

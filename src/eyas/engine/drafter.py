@@ -89,16 +89,20 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.topk(k)`` over the last axis (values descending). A long row (a draft vocabulary) goes in
-    two stages: the top ``k`` of each of 64 slices, then the top ``k`` of those. The answer is the
+    two stages: the top ``k`` of each of ``s`` slices, then the top ``k`` of those. The answer is the
     same (up to the order of ties), but one row no longer sits on one thread block: on the H200 the
-    one-stage top-8 of 8 x 16k scores took 50-80 us, the longest kernel of a draft level."""
+    one-stage top-8 of 8 x 16k scores took 50-80 us, the longest kernel of a draft level. ``s`` keeps
+    rows x slices near 1024 blocks (64 slices for 8 rows, 8 for 128): 8192 slices of 256 took 37 us."""
     v = x.shape[-1]
     if k == 1:
         return x.max(dim=-1, keepdim=True)
-    slices = 64
-    if v % slices or v // slices < 4 * k:
+    rows = max(1, x.numel() // max(v, 1))
+    slices = 1
+    while slices < 64 and rows * slices * 2 <= 1024 and v % (slices * 2) == 0 and v // (slices * 2) >= 4 * k:
+        slices *= 2
+    if slices == 1:
         return x.topk(k, dim=-1)
-    part, part_ids = x.unflatten(-1, (slices, v // slices)).topk(k, dim=-1)  # [..., 64, k]
+    part, part_ids = x.unflatten(-1, (slices, v // slices)).topk(k, dim=-1)  # [..., slices, k]
     part_ids = part_ids + torch.arange(0, v, v // slices, device=x.device)[:, None]
     values, at = part.flatten(-2).topk(k, dim=-1)
     return values, part_ids.flatten(-2).gather(-1, at)
@@ -120,7 +124,7 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
     d2t = draft.d2t
     rows = torch.arange(bsz, device=dev)
 
-    scores, ids = topk(torch.log_softmax(logits0.float(), dim=-1), k)  # [B, k]
+    scores, ids = topk(torch.log_softmax(logits0, dim=-1, dtype=torch.float32), k)  # [B, k]
     tokens = ids + d2t[ids]
     cand_tokens, cand_scores = [tokens], [scores]
     cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
@@ -130,7 +134,7 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
     n_cand = k
     for step in range(1, steps):
         out, logits = feed(step, tokens, hidden, parent)  # [B, k, H], [B, k, draft_vocab]
-        child_scores, child_ids = topk(torch.log_softmax(logits.float(), dim=-1), k)  # [B, k, k]
+        child_scores, child_ids = topk(torch.log_softmax(logits, dim=-1, dtype=torch.float32), k)  # [B, k, k]
         flat_scores = (child_scores + scores[..., None]).reshape(bsz, k * k)
         flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
         cand_tokens.append(flat_tokens)

@@ -166,9 +166,9 @@ class Engine:
         work = [(r, key) for r in runners for key in r.plan()]
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device) if cuda else 0
         bar = tqdm(work, desc="capturing CUDA graphs" if cuda else "warming up graph buckets", disable=not progress,
-                   bar_format="{desc}: {n_fmt}/{total_fmt} [{postfix}]")
+                   unit="", bar_format="{desc}: {n_fmt}/{total_fmt} {unit}")  # {postfix} starts with ", "
         for runner, key in bar:
-            bar.set_postfix_str(f"{runner.name}, rows {key[0]}, window {key[-1]}", refresh=False)
+            bar.unit = f"[{runner.name}, rows {key[0]}, window {key[-1]}]"
             runner.warm(key)
         bar.close()
         self.target_pool.reset()

@@ -17,8 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -125,7 +124,8 @@ def main() -> None:
     if args.model_path == "8b":
         from eyas.models.native import NativeTarget
 
-        target, draft = NativeTarget(random_model(llama31_8b_config()), name="llama-3.1-8b-shape"), None
+        model = random_model(llama31_8b_config(), device=args.device)
+        target, draft = NativeTarget(model, name="llama-3.1-8b-shape"), None
         target.info = type(target.info)(**{**target.info.__dict__, "max_context": 4096})
         prompt = list(range(1000, 1128))
         args.specs = ["none"]

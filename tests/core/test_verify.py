@@ -141,6 +141,6 @@ def test_ranking_puts_every_parent_strictly_above_its_children():
     from eyas.engine.drafter import _deeper
 
     parent = torch.tensor([0.0, -1e-30, -1e-8, -0.3, -7.0, -19.99, -80.5, -1e4])
-    for depth in range(0, 12):
+    for depth in range(12):
         for child in (parent, parent - 1e-7, parent * (1 + 2.0 ** -23)):
             assert (_deeper(parent, depth) > _deeper(child.float(), depth + 1)).all(), depth

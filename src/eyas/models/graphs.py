@@ -123,11 +123,14 @@ class GraphRunner:
             return self._eager(inputs, mask, t)
         g = self.graphs.get(key) or self._build(key, inputs, mask)
         need = self.cache.used + t
+        padded = (b, t) != (key[0], key[1])  # a full bucket is overwritten whole: no zeroing launches
         for name, x in inputs.items():
             buf = g.inputs[name]
-            buf.zero_()
+            if padded:
+                buf.zero_()
             buf[:b, :t].copy_(x)
-        g.mask.zero_()
+        if padded:
+            g.mask.zero_()
         g.mask[:b, :, :t, :need].copy_(mask)
         g.mask[:b, :, :t, need:].fill_(torch.finfo(g.mask.dtype).min)
         torch.arange(self.cache.used, self.cache.used + key[1], out=g.slots)
@@ -198,8 +201,9 @@ class BatchGraph:
             return None
         g = self.graphs.get(key) or self._build(key, inputs, fixed)
         for name, x in inputs.items():
-            g.inputs[name].zero_()
             g.inputs[name][:b].copy_(x)
+            if b < key[0]:
+                g.inputs[name][b:].zero_()
         for name, x in fixed.items():
             g.inputs[name].copy_(x)
         if g.graph is not None:

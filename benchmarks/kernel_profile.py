@@ -21,15 +21,22 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from common import chat_prompts, llama31_8b_config, load_pair, random_model, sync, write
+from common import (
+    chat_prompts,
+    llama31_8b_config,
+    load_pair,
+    random_model,
+    sync,
+    wrap_phases,
+    write,
+)
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
-from eyas.models import kv_cache
 
-PHASES = ("draft_tree", "verify", "accept", "commit", "draft_extend")
+PHASES = ("draft_tree", "attention_mask", "verify", "accept", "commit", "draft_extend")
 
 
 def labelled(fn, name):
@@ -37,21 +44,6 @@ def labelled(fn, name):
         with record_function(f"phase:{name}"):
             return fn(*a, **k)
     return wrapper
-
-
-def instrument(engine: Engine) -> None:
-    """Label each phase of ``engine.step`` on the profiler's timeline (no synchronisation added).
-    The target and ``kv_cache`` are shared between engines: they are labelled once."""
-    engine._accept = labelled(engine._accept, "accept")
-    engine._draft_extend = labelled(engine._draft_extend, "draft_extend")
-    for spec, d in getattr(engine, "drafters", {}).items():
-        engine.drafters[spec] = labelled(d, "draft_tree")
-    if not getattr(engine.target, "_labelled", False):
-        engine.target.forward = labelled(engine.target.forward, "verify")
-        engine.target._labelled = True
-    if not getattr(kv_cache.commit, "_labelled", False):
-        kv_cache.commit = labelled(kv_cache.commit, "commit")
-        kv_cache.commit._labelled = True
 
 
 def analyse(trace: dict, steps: int) -> dict:
@@ -86,7 +78,7 @@ def analyse(trace: dict, steps: int) -> dict:
 
 
 def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Path | None) -> dict:
-    instrument(engine)
+    restore = wrap_phases(engine, labelled)
     params = SamplingParams(max_new_tokens=10_000, ignore_eos=True)
     batch = engine.prefill([engine.new_sequence(prompt, params) for _ in range(engine.rows)])
     for _ in range(5):
@@ -98,6 +90,7 @@ def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Pa
             with record_function("step"):
                 engine.step(batch)
         sync()
+    restore()
     path = trace_path or Path("/tmp/kernel-profile-trace.json")
     prof.export_chrome_trace(str(path))
     trace = json.loads(path.read_text())

@@ -16,12 +16,11 @@ import time
 from collections import defaultdict
 
 import torch
-from common import chat_prompts, load_pair, sync, write
+from common import chat_prompts, load_pair, sync, wrap_phases, write
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
-from eyas.models import kv_cache
 
 
 def timed(fn, bucket, name):
@@ -52,23 +51,9 @@ def step_ms(engine: Engine, prompts, new_tokens: int) -> tuple[float, int]:
 
 def phases(engine: Engine, prompts, new_tokens: int) -> dict:
     bucket = defaultdict(list)
-    patched = {"_accept": engine._accept, "_draft_extend": engine._draft_extend}
-    engine._accept = timed(engine._accept, bucket, "accept")
-    engine._draft_extend = timed(engine._draft_extend, bucket, "draft_extend")
-    module = {name: getattr(kv_cache, name) for name in ("commit", "attention_mask", "crop")}
-    for name, fn in module.items():
-        setattr(kv_cache, name, timed(fn, bucket, name))
-    forward = engine.target.forward
-    engine.target.forward = timed(forward, bucket, "verify")
-    drafters = getattr(engine, "drafters", {})
-    for spec, d in drafters.items():
-        drafters[spec] = timed(d, bucket, "draft_tree")
-    total, steps = step_ms(engine, prompts, new_tokens)
-    engine.target.forward = forward
-    for k, v in patched.items():
-        setattr(engine, k, v)
-    for k, v in module.items():
-        setattr(kv_cache, k, v)
+    restore = wrap_phases(engine, lambda fn, name: timed(fn, bucket, name))
+    total, _ = step_ms(engine, prompts, new_tokens)
+    restore()
     out = {name: round(statistics.median(v) * 1e3, 3) for name, v in bucket.items()}
     out["step_synced"] = round(total, 3)
     return out

@@ -69,9 +69,8 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
     ks = torch.arange(k, device=dev)
     before = lengths - 1
     # allowed[b, i, s]: frontier node i of row b sees slot s. It starts as the committed prefix and is
-    # carried down the tree: a new node takes its parent's row, then its own slot. Four kernels a level.
+    # carried down the tree: a new node takes its parent's row, then its own slot.
     allowed = (torch.arange(window, device=dev)[None, None, :] < lengths[:, None, None]).expand(bsz, k, window)
-    zero, low = torch.zeros((), dtype=pool.buf.dtype, device=dev), torch.finfo(pool.buf.dtype).min
     yes = torch.ones((), dtype=torch.bool, device=dev)  # a device value: a Python True is copied from the host
 
     def feed(step, tokens, hidden, parent):
@@ -79,7 +78,7 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
         allowed = allowed[rows, parent] if parent is not None else allowed.clone()
         pool.window, pool.write_slots = window, prefix + (step - 1) * k + ks
         allowed[:, ks, pool.write_slots] = yes
-        mask = torch.where(allowed, zero, low)[:, None]
+        mask = kv_cache.additive(allowed, pool.buf.dtype)
         positions = (before + step)[:, None].expand(bsz, k)
         out = draft.backbone(draft.embed(tokens), hidden, positions, pool, mask)
         return out, draft.logits(out)

@@ -110,7 +110,7 @@ def attention_mask(
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, T, S]`` bool visibility -> the additive float mask ``[B, 1, T, S]`` SDPA takes."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    """``[B, T, S]`` bool visibility -> the additive float mask ``[B, 1, T, S]`` SDPA takes (two
+    kernels: a draft tree builds one per level inside its graph)."""
+    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(allowed, 0.0)[:, None]

@@ -66,9 +66,11 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict]:
     kw = chat.get("template_kwargs") or {}
     ids, seen = [], set()
     for msgs in records:  # a prompt counts once, also where the data holds several answers to it
+        if len(ids) >= args.num_prompts:
+            break
         msgs = with_system(prompt_messages(msgs), chat.get("system_prompt"))
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
-        if text not in seen and len(ids) < args.num_prompts:
+        if text not in seen:
             seen.add(text)
             ids.append(tokenizer(text, add_special_tokens=False).input_ids)
     if not ids:

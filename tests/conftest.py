@@ -1,8 +1,14 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels (eyas.models.kernels) run in Triton's interpreter. Triton reads this
+# when a kernel is defined, so it is set before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -31,6 +31,7 @@ from ..errors import EyasError
 from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
+from ..models.ops import ops_for
 from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
@@ -135,8 +136,10 @@ class Engine:
                              for s in drafting}
             widths = sorted({s.path_width for s in spec.options})
             self.extenders = {w: StaticExtender(self.draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
+        kernels = ops_for(self.target_pool, like, self.target.native.rope).name
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
-                       f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}")
+                       f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}, "
+                       f"{kernels} kernels")
 
     def graph_runners(self) -> list:
         """The native path's graph runners: target forward, one tree drafter per setting, one draft

@@ -11,10 +11,12 @@ what an engine needs and nothing else:
 - grouped-query attention folds the query heads of one KV head into the query axis
   (``[B, Hkv, rep * T, D]``), so SDPA reads each key once, with no repeat of the cache;
 - the aux hidden states EAGLE-3 needs are taken inline (no hooks, so it can be graph-captured);
-- fewer kernels per layer (about 17 instead of about 40): RMSNorm as ``F.rms_norm``, rotary on q
-  and k in one pass, residual adds folded into the o/down GEMMs. Under CUDA graphs a small kernel
+- fewer kernels per layer: residual adds folded into the o/down GEMMs, and the rest through
+  ``ops``: on the GPU's static cache three Triton kernels (``models.kernels``: RMSNorm, rotary
+  + cache write, silu * up; about 11 kernels a layer), elsewhere the torch reference
+  (``F.rms_norm``, rotary on q and k in one pass; about 20). Under CUDA graphs a small kernel
   still costs a few microseconds, so at batch 1 the kernel count, not the arithmetic, is what a
-  forward of a small model costs.
+  forward costs beside its GEMMs.
 
 Embeddings, norms, rotary embeddings (every rope scaling HF implements) and the LM head are HF's
 own modules, called as they are, so the maths is HF's. ``native_support`` says why a model cannot
@@ -26,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .ops import TorchOps, ops_for
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -94,28 +98,29 @@ class NativeLlama(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[B, T or K, vocab]`` and the aux states ``[B, T, n * hidden]`` (None if no ids)."""
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rope(h, position_ids)
+        ops = ops_for(cache, h, self.rope)
+        rot = ops.rotation(self.rope, h, position_ids)
         mask = fold_mask(mask, self.num_heads // self.num_kv_heads)
         aux = {}
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: broadcast over heads
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
                 aux[i] = h
             a = layer.self_attn
             norms = (a.q_norm, a.k_norm) if self.qk_norm else None
-            h = attention(_rms(layer.input_layernorm, h), h, self.qkv[i], self.qkv_bias[i], a.o_proj, self.heads,
-                          self.scaling, cos, sin, cache, i, mask, norms)
-            h = mlp(h, layer.post_attention_layernorm, self.gate_up[i], layer.mlp.down_proj)
+            h = attention(ops, _rms(ops, layer.input_layernorm, h), h, self.qkv[i], self.qkv_bias[i], a.o_proj,
+                          self.heads, self.scaling, rot, cache, i, mask, norms)
+            h = mlp(ops, h, layer.post_attention_layernorm, self.gate_up[i], layer.mlp.down_proj)
         aux[self.num_layers] = h
-        logits = self.lm_head(_rms(self.norm, h if logits_at is None else h[:, logits_at]))
+        logits = self.lm_head(_rms(ops, self.norm, h if logits_at is None else h[:, logits_at]))
         return logits, (torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None)
 
 
 class NativeEagle3:
     """An EAGLE-3 draft (``models.draft.Eagle3Draft``) for inference, on the same block as the
-    target: fused q/k/v and gate/up (views of the draft's own weights), ``F.rms_norm``, folded
-    grouped-query attention, one rotary pass. About 20 kernels per draft step instead of about 60
-    (HF's RMSNorm alone is 8), and a tree drafts ``num_steps`` of them. It offers the draft's
+    target: fused q/k/v and gate/up (views of the draft's own weights), the same ``ops`` (Triton
+    kernels on the GPU's static cache), folded grouped-query attention. About 20 kernels per draft
+    step instead of about 60 (HF's RMSNorm alone is 8), fewer with the kernels, and a tree drafts
+    ``num_steps`` of them. It offers the draft's
     inference hooks (``embed``, ``project``, ``backbone``, ``logits``), so the engine uses it in the
     draft's place; training keeps the draft's own modules."""
 
@@ -134,17 +139,18 @@ class NativeEagle3:
 
     def backbone(self, embeds, hidden, position_ids, cache, mask) -> torch.Tensor:
         """``Eagle3Draft.backbone`` (same maths, HF's rotary module): the pre-norm state ``[B, T, H]``."""
-        d = self.draft
-        layer = d.midlayer
-        cos, sin = self.rope(hidden, position_ids)
-        x = torch.cat([_rms(layer.input_layernorm, embeds), _rms(layer.hidden_norm, hidden)], dim=-1)
+        layer = self.draft.midlayer
+        ops = ops_for(cache, hidden, self.rope)
+        rot = ops.rotation(self.rope, hidden, position_ids)
+        x = torch.cat([_rms(ops, layer.input_layernorm, embeds), _rms(ops, layer.hidden_norm, hidden)], dim=-1)
         mask = fold_mask(mask, self.heads[0] // self.heads[1])
-        h = attention(x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling,
-                      cos[:, None], sin[:, None], cache, 0, mask)
-        return mlp(h, layer.post_attention_layernorm, self.gate_up, layer.mlp.down_proj)
+        h = attention(ops, x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling, rot, cache, 0,
+                      mask)
+        return mlp(ops, h, layer.post_attention_layernorm, self.gate_up, layer.mlp.down_proj)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.draft.lm_head(_rms(self.draft.norm, hidden))
+        return self.draft.lm_head(F.rms_norm(hidden, (hidden.shape[-1],), self.draft.norm.weight,
+                                             self.draft.norm.variance_epsilon))
 
 
 class RopeTable:
@@ -181,45 +187,28 @@ def fold_mask(mask: torch.Tensor, rep: int) -> torch.Tensor:
     return mask[:, :, None].expand(bsz, 1, rep, t, w).reshape(bsz, 1, rep * t, w)
 
 
-def attention(x, residual, qkv_w, qkv_b, o_proj, heads: tuple[int, int, int], scaling: float, cos, sin, cache,
-              layer: int, mask, qk_norms=None) -> torch.Tensor:
-    """``residual + o_proj(attn(x))`` for normed ``x`` ``[B, T, in]``: fused q/k/v, rotary on q and k
-    in one pass (after Qwen3's per-head norms), keys and values into ``cache`` as ``layer``, and
-    grouped-query attention folded into SDPA's query axis (``mask`` already folded by ``fold_mask``)."""
+def attention(ops: TorchOps, x, residual, qkv_w, qkv_b, o_proj, heads: tuple[int, int, int], scaling: float, rot,
+              cache, layer: int, mask, qk_norms=None) -> torch.Tensor:
+    """``residual + o_proj(attn(x))`` for normed ``x`` ``[B, T, in]``: fused q/k/v, then ``ops`` rotates
+    q and k (after Qwen3's per-head norms) and stores keys and values in ``cache`` as ``layer``;
+    grouped-query attention is folded into SDPA's query axis (``mask`` already folded by ``fold_mask``)."""
     bsz, t = x.shape[:2]
     hq, hkv, d = heads
-    nq, nkv = hq * d, hkv * d
-    qkv = F.linear(x, qkv_w, qkv_b)
-    if qk_norms is not None:  # per-head norms with their own weights, then rope on q and k together
-        qk = torch.cat([_rms(qk_norms[0], qkv[..., :nq].view(bsz, t, hq, d)),
-                        _rms(qk_norms[1], qkv[..., nq : nq + nkv].view(bsz, t, hkv, d))], dim=2)
-    else:
-        qk = qkv[..., : nq + nkv].view(bsz, t, hq + hkv, d)
-    qk = _rope(qk.transpose(1, 2), cos, sin)  # [B, Hq + Hkv, T, D]
-    v = qkv[..., nq + nkv :].view(bsz, t, hkv, d).transpose(1, 2)
-    keys, values = cache.update(qk[:, hq:], v, layer)
-    q = qk[:, :hq].reshape(bsz, hkv, hq // hkv * t, d)  # heads g*rep .. g*rep+rep-1 share kv head g
+    q, keys, values = ops.qkv_to_cache(F.linear(x, qkv_w, qkv_b), heads, rot, cache, layer, qk_norms)
     # PyTorch picks cuDNN's attention on the H200 here; its memory-efficient kernel avoids the strided
     # K/V copies cuDNN makes (34 -> 4 copies a step) but measured slower (1.97 vs 1.57 ms busy a step).
     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
-    return _linear_add(residual, o.reshape(bsz, hq, t, d).transpose(1, 2).reshape(bsz, t, nq), o_proj)
+    return _linear_add(residual, o.reshape(bsz, hq, t, d).transpose(1, 2).reshape(bsz, t, hq * d), o_proj)
 
 
-def mlp(h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
+def mlp(ops: TorchOps, h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
     """``h + down(silu(gate) * up)`` of ``norm(h)``, gate and up in one GEMM."""
-    gate, up = F.linear(_rms(norm, h), gate_up).chunk(2, dim=-1)
-    return _linear_add(h, F.silu(gate) * up, down)
+    return _linear_add(h, ops.silu_mul(F.linear(_rms(ops, norm, h), gate_up)), down)
 
 
-def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """An HF RMSNorm (``weight * x / rms(x)``, the family's only norm) as one fused kernel."""
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, HF's rotate-half convention, on q and k heads at once."""
-    half = x.shape[-1] // 2
-    return torch.addcmul(x * cos, torch.cat([-x[..., half:], x[..., :half]], dim=-1), sin)
+def _rms(ops: TorchOps, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An HF RMSNorm (``weight * x / rms(x)``, the family's only norm) as one kernel."""
+    return ops.rms_norm(x, norm.weight, norm.variance_epsilon)
 
 
 def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:

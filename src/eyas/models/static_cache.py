@@ -62,11 +62,19 @@ class StaticKV:
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer: int):
         """Store the new keys/values ``[B, H, T, D]``; return the attended window ``[B, H, W, D]``."""
-        rows = k.shape[0]
-        kb, vb = self.buf[layer, 0, :rows], self.buf[layer, 1, :rows]
+        kb, vb = self.layer_buffers(layer, k.shape[0])
         kb.index_copy_(2, self.write_slots, k)
         vb.index_copy_(2, self.write_slots, v)
-        return kb[:, :, : self.window], vb[:, :, : self.window]
+        return self.window_of(layer, k.shape[0])
+
+    def layer_buffers(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of ``layer`` for the first ``rows`` rows, every slot ``[B, H, slots, D]``
+        (where a fused kernel writes the step's keys, at ``write_slots``)."""
+        return self.buf[layer, 0, :rows], self.buf[layer, 1, :rows]
+
+    def window_of(self, layer: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attended keys and values of ``layer``: slots ``[0, window)``."""
+        return self.buf[layer, 0, :rows, :, : self.window], self.buf[layer, 1, :rows, :, : self.window]
 
     def advance(self, tokens: int) -> None:
         self.used += tokens

@@ -1,0 +1,130 @@
+"""The Triton kernels (``eyas.models.kernels``) against the torch ops they replace.
+
+Without a GPU they run in Triton's interpreter (``conftest`` sets ``TRITON_INTERPRET=1``): the same
+kernel code, its loads, masks, strides and stores, executed program by program on the CPU.
+"""
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.errors import EyasError
+from eyas.models import kv_cache
+from eyas.models.llama import RopeTable
+from eyas.models.native import NativeTarget
+from eyas.models.ops import TORCH, ops_for
+from eyas.models.static_cache import StaticKV
+from helpers import reference_greedy
+
+kernels = pytest.importorskip("eyas.models.kernels", reason="Triton is not installed (pip install triton)")
+TRITON = kernels.TRITON
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: Triton's interpreter
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [64, 576, 100])
+def test_rms_norm_matches_torch(dtype, width):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, width, dtype=dtype, device=DEVICE) * 3
+    w = torch.randn(width, dtype=dtype, device=DEVICE)
+    got, want = TRITON.rms_norm(x, w, 1e-5), TORCH.rms_norm(x, w, 1e-5)
+    assert got.shape == want.shape and got.dtype == dtype
+    torch.testing.assert_close(got, want, **_tol(dtype))
+    expanded = x[:, :1].expand(3, 4, width)  # a draft's hidden state, broadcast over a tree's frontier
+    torch.testing.assert_close(TRITON.rms_norm(expanded, w, 1e-5), TORCH.rms_norm(expanded, w, 1e-5), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [96, 1536, 2500])  # one block, two, a ragged last block
+def test_silu_mul_matches_torch(dtype, width):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 2 * width, dtype=dtype, device=DEVICE) * 4
+    got, want = TRITON.silu_mul(x), TORCH.silu_mul(x)
+    assert got.shape == (2, 3, width)
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+def _tol(dtype):
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 1.6e-2}
+
+
+def _cache_case(head_dim, hq, hkv, dtype, qk_norm):
+    torch.manual_seed(1)
+    bsz, t, slots = 3, 4, 40
+    cfg = LlamaConfig(hidden_size=hq * head_dim, num_attention_heads=hq, num_key_value_heads=hkv, head_dim=head_dim,
+                      max_position_embeddings=64)
+    rope = RopeTable(LlamaRotaryEmbedding(cfg).to(DEVICE))
+    rope.extend(slots, torch.zeros(1, dtype=dtype, device=DEVICE))
+    qkv = torch.randn(bsz, t, (hq + 2 * hkv) * head_dim, dtype=dtype).to(DEVICE)
+    positions = torch.tensor([[5, 6, 7, 8], [0, 1, 1, 2], [30, 31, 32, 33]], device=DEVICE)  # trees repeat positions
+    norms = None
+    if qk_norm:
+        norms = (Qwen3RMSNorm(head_dim, 1e-6), Qwen3RMSNorm(head_dim, 1e-6))
+        for n in norms:
+            n.weight.data = torch.randn(head_dim).to(DEVICE, dtype)
+    caches = []
+    for _ in range(2):
+        c = StaticKV(2, 4, hkv, slots, head_dim, dtype, DEVICE)
+        torch.manual_seed(2)
+        c.buf.copy_(torch.randn(c.buf.shape, dtype=dtype))
+        c.window, c.write_slots = 20, torch.tensor([9, 10, 14, 11], device=DEVICE)  # not in order, not contiguous
+        caches.append(c)
+    return qkv, rope, positions, norms, caches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim,hq,hkv,qk_norm", [(16, 4, 2, False), (80, 2, 1, False), (16, 4, 4, True)],
+                         ids=["gqa", "head-dim-80", "qwen3-norms"])
+@torch.no_grad()
+def test_rope_store_matches_torch(head_dim, hq, hkv, qk_norm, dtype):
+    qkv, rope, positions, norms, (mine, ref) = _cache_case(head_dim, hq, hkv, dtype, qk_norm)
+    heads = (hq, hkv, head_dim)
+    x = qkv[..., :1]
+    q, keys, values = TRITON.qkv_to_cache(qkv, heads, TRITON.rotation(rope, x, positions), mine, 1, norms)
+    q0, keys0, values0 = TORCH.qkv_to_cache(qkv, heads, TORCH.rotation(rope, x, positions), ref, 1, norms)
+    assert q.shape == q0.shape == (3, hkv, hq // hkv * 4, head_dim) and keys.shape == keys0.shape
+    tol = _tol(dtype) if not qk_norm else {"atol": 5e-2, "rtol": 5e-2} if dtype == torch.bfloat16 else _tol(dtype)
+    torch.testing.assert_close(q, q0, **tol)
+    torch.testing.assert_close(keys, keys0, **tol)
+    torch.testing.assert_close(values, values0, atol=0, rtol=0)  # values are copied, not computed
+    torch.testing.assert_close(mine.buf, ref.buf, **tol)  # the step's slots of rows 0-2 of layer 1, nothing else
+    untouched = torch.ones_like(mine.buf, dtype=torch.bool)
+    untouched[1, :, :3, :, mine.write_slots] = False
+    assert torch.equal(mine.buf[untouched], ref.buf[untouched])
+
+
+def test_ops_for_takes_the_kernels_only_where_asked(monkeypatch):
+    qkv, rope, positions, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
+    x = torch.zeros(2, 3, device=DEVICE)
+    monkeypatch.delenv("EYAS_KERNELS", raising=False)
+    assert ops_for(static, x, rope) is (TORCH if DEVICE == "cpu" else TRITON)  # auto: the kernels are for the GPU
+    monkeypatch.setenv("EYAS_KERNELS", "triton")
+    assert ops_for(static, x, rope) is TRITON
+    assert ops_for(kv_cache.new_cache(), x, rope) is TORCH  # prefill on a growing cache
+    assert ops_for(static, x, RopeTable(rope.rotary)) is TORCH  # no table built yet
+    assert ops_for(static, torch.zeros(2, 3, device=DEVICE, requires_grad=True), rope) is TORCH  # autograd
+    monkeypatch.setenv("EYAS_KERNELS", "torch")
+    assert ops_for(static, x, rope) is TORCH
+    monkeypatch.setenv("EYAS_KERNELS", "cuda")
+    with pytest.raises(EyasError, match="EYAS_KERNELS='cuda' is not one of auto, torch, triton"):
+        ops_for(static, x, rope)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE == "cuda", reason="the CPU fixtures' check; on a GPU the benchmarks' fp32 pair checks it")
+def test_engine_with_kernels_is_lossless(target, draft, monkeypatch):
+    """Greedy speculation through the kernels (target verify, draft tree and extend, on the graph
+    runners' padded buffers) emits the same tokens as HF's greedy decoding."""
+    prompts = [[72, 101, 108, 108, 111], [200, 13]]
+    refs = [reference_greedy(target.model, p, 12) for p in prompts]
+    monkeypatch.setenv("EYAS_KERNELS", "triton")
+    engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 3, 2, 6), max_batch=2,
+                    cuda_graphs=True)
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    assert [o.output_ids for o in outs] == refs
+    assert sum(o.stats.accepted for o in outs) > 0

@@ -98,6 +98,29 @@ def test_rope_store_matches_torch(head_dim, hq, hkv, qk_norm, dtype):
     assert torch.equal(mine.buf[untouched], ref.buf[untouched])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [40, 300], ids=["one-split", "flash-decoding-splits"])
+@pytest.mark.parametrize("head_dim,hq,hkv,t", [(16, 4, 2, 1), (80, 2, 1, 5), (64, 3, 3, 20)],
+                         ids=["gqa-decode", "head-dim-80", "mha-verify"])
+def test_attend_matches_sdpa(head_dim, hq, hkv, t, window, dtype):
+    torch.manual_seed(3)
+    bsz, slots = 2, 320
+    buf = torch.randn(2, bsz, hkv, slots, head_dim, dtype=dtype).to(DEVICE)
+    keys, values = buf[0, :, :, :window], buf[1, :, :, :window]  # a window of the cache, as attention sees it
+    q = torch.randn(bsz, hq, t, head_dim, dtype=dtype).to(DEVICE)
+    allowed = torch.rand(bsz, t, window) < 0.3  # ragged: some rows see a few slots, one row sees one
+    allowed[:, :, 0] = True
+    allowed[1, 0] = False
+    allowed[1, 0, window - 1] = True
+    mask = kv_cache.additive(allowed.to(DEVICE), dtype)
+    folded = q.reshape(bsz, hkv, hq // hkv * t, head_dim)
+    heads, scale = (hq, hkv, head_dim), head_dim ** -0.5
+    got = TRITON.attend(folded, keys, values, TRITON.fold_mask(mask, hq // hkv), scale, heads)
+    want = TORCH.attend(folded, keys, values, TORCH.fold_mask(mask, hq // hkv), scale, heads)
+    assert got.shape == want.shape == (bsz, t, hq * head_dim)
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
 def test_ops_for_takes_the_kernels_only_where_asked(monkeypatch):
     qkv, rope, positions, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
     x = torch.zeros(2, 3, device=DEVICE)

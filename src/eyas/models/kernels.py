@@ -92,6 +92,95 @@ def _rope_store_kernel(qkv, s_qb, s_qt, pos, s_pb, s_pt, table, q_out, s_ob, s_o
         tl.store(dst + HALF + c, o2.to(x1.dtype), mask=keep)
 
 
+@triton.jit
+def _attend_kernel(q, s_qb, s_qh, s_qt, k, v, s_kb, s_kh, s_ks, mask, s_mb, s_mt, s_mn, out, s_ob, s_ot, s_oh,
+                   part_o, part_ml, W, T, per_split, scale, HKV, SPLITS, M_PAD,
+                   REP: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr, DIRECT: tl.constexpr, EXACT: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """Attention of the ``REP * T`` query rows that share KV head ``g`` (row ``r`` is query head
+    ``g * REP + r // T`` at token ``r % T``) over slots ``[split * per_split, ..)`` of the cache,
+    with the additive mask ``[B, 1, T, W]``. One split writes the output; several write their
+    unnormalised partials for ``_attend_combine_kernel`` (flash-decoding). ``EXACT``: dot products
+    without TF32 (float32 models); ``UPCAST``: 16-bit operands taken to float32 first (for the
+    interpreter, whose bfloat16 ``dot`` is wrong in Triton 3.9)."""
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    z = tl.program_id(2)
+    split = z // M_BLOCKS
+    rows = (z % M_BLOCKS) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live = rows < REP * T
+    head = g * REP + rows // T
+    t = rows % T
+    d = tl.arange(0, D_P2)
+    dv = d < D
+    qv = tl.load(q + b * s_qb + head[:, None] * s_qh + t[:, None] * s_qt + d[None, :],
+                 mask=live[:, None] & dv[None, :], other=0.0)
+    if UPCAST:
+        qv = qv.to(tl.float32)
+    kv_base = b * s_kb + g * s_kh
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, W)
+    m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_P2], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nv = n < hi
+        kt = tl.load(k + kv_base + n[None, :] * s_ks + d[:, None], mask=dv[:, None] & nv[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        if EXACT:
+            sc = tl.dot(qv, kt, input_precision="ieee")
+        else:
+            sc = tl.dot(qv, kt)
+        add = tl.load(mask + b * s_mb + t[:, None] * s_mt + n[None, :] * s_mn, mask=live[:, None] & nv[None, :],
+                      other=0.0).to(tl.float32)
+        sc = tl.maximum(sc * scale + add, -1e30)  # a hidden slot (dtype-min) weighs 0, never NaN
+        sc = tl.where(nv[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        p = tl.exp(sc - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vb = tl.load(v + kv_base + n[:, None] * s_ks + d[None, :], mask=nv[:, None] & dv[None, :], other=0.0)
+        if UPCAST:
+            vb = vb.to(tl.float32)
+        if EXACT:
+            pv = tl.dot(p.to(vb.dtype), vb, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(vb.dtype), vb)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    if DIRECT:
+        dst = out + b * s_ob + t[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
+        tl.store(dst, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=live[:, None] & dv[None, :])
+    else:
+        at = ((b * HKV + g) * SPLITS + split) * M_PAD + rows  # into [B, Hkv, splits, M_PAD]
+        tl.store(part_o + at[:, None] * D_P2 + d[None, :], acc, mask=live[:, None])
+        tl.store(part_ml + at * 2, m_i, mask=live)
+        tl.store(part_ml + at * 2 + 1, l_i, mask=live)
+
+
+@triton.jit
+def _attend_combine_kernel(part_o, part_ml, out, s_ob, s_ot, s_oh, T, SPLITS, HKV, M_PAD,
+                           REP: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, SPLITS_P2: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    r = tl.program_id(2)
+    sp = tl.arange(0, SPLITS_P2)
+    spv = sp < SPLITS
+    d = tl.arange(0, D_P2)
+    at = ((b * HKV + g) * SPLITS + sp) * M_PAD + r
+    m = tl.load(part_ml + at * 2, mask=spv, other=-1e30)
+    l = tl.load(part_ml + at * 2 + 1, mask=spv, other=0.0)
+    w = tl.exp(m - tl.max(m, axis=0))
+    o = tl.load(part_o + at[:, None] * D_P2 + d[None, :], mask=spv[:, None], other=0.0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    head = g * REP + r // T
+    t = r % T
+    tl.store(out + b * s_ob + t * s_ot + head * s_oh + d, res.to(out.dtype.element_ty), mask=d < D)
+
+
 def _launch(kernel, grid, x: torch.Tensor, *args, **kwargs) -> None:
     """``kernel[grid](x, *args)``; off the GPU only in Triton's interpreter."""
     if not x.is_cuda and type(kernel).__name__ != "InterpretedFunction":  # defined without TRITON_INTERPRET
@@ -145,6 +234,48 @@ class TritonOps(TorchOps):
                 HALF=d // 2, HALF_P2=triton.next_power_of_2(d // 2), HAS_NORM=norms is not None, num_warps=1)
         keys, values = cache.window_of(layer, bsz)
         return q.view(bsz, hkv, hq // hkv * t, d), keys, values
+
+    def fold_mask(self, mask: torch.Tensor, rep: int) -> torch.Tensor:
+        return mask  # ``attend`` reads each folded row's mask row in place
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+               heads: tuple[int, int, int]) -> torch.Tensor:
+        """Grouped-query attention straight from the cache window (no K/V copies), the mask unfolded,
+        written as ``[B, T, Hq * D]`` for the o projection. The window is split over enough programs
+        to fill the GPU (flash-decoding); with more than one split a second kernel combines them."""
+        hq, hkv, d = heads
+        bsz, _, w, _ = keys.shape
+        t = mask.shape[2]
+        rep = hq // hkv
+        q = q.view(bsz, hq, t, d)  # qkv_to_cache's contiguous [B, Hq, T, D]
+        out = torch.empty((bsz, t, hq, d), dtype=q.dtype, device=q.device)
+        rows = rep * t
+        block_m = max(16, min(64, triton.next_power_of_2(rows)))
+        m_blocks = triton.cdiv(rows, block_m)
+        block_n = 64 if d <= 128 else 32
+        chunks = triton.cdiv(w, block_n)
+        splits = max(1, min(chunks, triton.cdiv(256, bsz * hkv * m_blocks)))
+        per_split = triton.cdiv(chunks, splits) * block_n
+        splits = triton.cdiv(w, per_split)
+        d_p2 = max(16, triton.next_power_of_2(d))
+        m_pad = m_blocks * block_m
+        direct = splits == 1
+        if direct:
+            part_o = part_ml = out
+        else:
+            part_o = torch.empty((bsz, hkv, splits, m_pad, d_p2), dtype=torch.float32, device=q.device)
+            part_ml = torch.empty((bsz, hkv, splits, m_pad, 2), dtype=torch.float32, device=q.device)
+        _launch(_attend_kernel, (bsz, hkv, splits * m_blocks), q, q.stride(0), q.stride(1), q.stride(2), keys, values,
+                keys.stride(0), keys.stride(1), keys.stride(2), mask, mask.stride(0), mask.stride(2), mask.stride(3),
+                out, out.stride(0), out.stride(1), out.stride(2), part_o, part_ml, w, t, per_split, float(scale), hkv,
+                splits, m_pad, REP=rep, D=d, D_P2=d_p2, BLOCK_M=block_m, BLOCK_N=block_n, M_BLOCKS=m_blocks, DIRECT=direct,
+                EXACT=q.dtype.itemsize > 2 or not q.is_cuda, UPCAST=q.dtype.itemsize == 2 and not q.is_cuda,
+                num_warps=4)
+        if not direct:
+            _launch(_attend_combine_kernel, (bsz, hkv, rows), part_o, part_ml, out, out.stride(0), out.stride(1),
+                    out.stride(2), t, splits, hkv, m_pad, REP=rep, D=d, D_P2=d_p2,
+                    SPLITS_P2=triton.next_power_of_2(splits), num_warps=1)
+        return out.view(bsz, t, hq * d)
 
 
 TRITON = TritonOps()

@@ -100,7 +100,7 @@ class NativeLlama(nn.Module):
         h = self.embed_tokens(input_ids)
         ops = ops_for(cache, h, self.rope)
         rot = ops.rotation(self.rope, h, position_ids)
-        mask = fold_mask(mask, self.num_heads // self.num_kv_heads)
+        mask = ops.fold_mask(mask, self.num_heads // self.num_kv_heads)
         aux = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
@@ -143,7 +143,7 @@ class NativeEagle3:
         ops = ops_for(cache, hidden, self.rope)
         rot = ops.rotation(self.rope, hidden, position_ids)
         x = torch.cat([_rms(ops, layer.input_layernorm, embeds), _rms(ops, layer.hidden_norm, hidden)], dim=-1)
-        mask = fold_mask(mask, self.heads[0] // self.heads[1])
+        mask = ops.fold_mask(mask, self.heads[0] // self.heads[1])
         h = attention(ops, x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling, rot, cache, 0,
                       mask)
         return mlp(ops, h, layer.post_attention_layernorm, self.gate_up, layer.mlp.down_proj)
@@ -179,26 +179,13 @@ class RopeTable:
         return self.table[position_ids].chunk(2, dim=-1)  # [B, T, D] each
 
 
-def fold_mask(mask: torch.Tensor, rep: int) -> torch.Tensor:
-    """``[B, 1, T, W]`` -> ``[B, 1, rep * T, W]``: one mask row per folded query (see ``attention``)."""
-    if rep == 1:
-        return mask
-    bsz, _, t, w = mask.shape
-    return mask[:, :, None].expand(bsz, 1, rep, t, w).reshape(bsz, 1, rep * t, w)
-
-
 def attention(ops: TorchOps, x, residual, qkv_w, qkv_b, o_proj, heads: tuple[int, int, int], scaling: float, rot,
               cache, layer: int, mask, qk_norms=None) -> torch.Tensor:
     """``residual + o_proj(attn(x))`` for normed ``x`` ``[B, T, in]``: fused q/k/v, then ``ops`` rotates
     q and k (after Qwen3's per-head norms) and stores keys and values in ``cache`` as ``layer``;
-    grouped-query attention is folded into SDPA's query axis (``mask`` already folded by ``fold_mask``)."""
-    bsz, t = x.shape[:2]
-    hq, hkv, d = heads
+    grouped-query attention is folded into the query axis (``mask`` already folded by ``ops.fold_mask``)."""
     q, keys, values = ops.qkv_to_cache(F.linear(x, qkv_w, qkv_b), heads, rot, cache, layer, qk_norms)
-    # PyTorch picks cuDNN's attention on the H200 here; its memory-efficient kernel avoids the strided
-    # K/V copies cuDNN makes (34 -> 4 copies a step) but measured slower (1.97 vs 1.57 ms busy a step).
-    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
-    return _linear_add(residual, o.reshape(bsz, hq, t, d).transpose(1, 2).reshape(bsz, t, hq * d), o_proj)
+    return _linear_add(residual, ops.attend(q, keys, values, mask, scaling, heads), o_proj)
 
 
 def mlp(ops: TorchOps, h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..checks import check_spec
 from ..config import Algorithm, SpecConfig
@@ -39,6 +40,9 @@ from .tree import Tree
 from .verify import accept_greedy_batch, accept_sampling
 
 _ids = itertools.count()
+
+
+PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -238,6 +242,12 @@ class Engine:
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> Batch:
         """Run the prompts, emit each row's first token, and prime the draft."""
+        # Prompts come in every length. cuDNN's attention builds an execution plan for each new shape
+        # it meets; the other SDPA kernels need none, so prefill leaves cuDNN out.
+        with sdpa_kernel(PREFILL_ATTENTION):
+            return self._prefill(seqs)
+
+    def _prefill(self, seqs: list[Sequence]) -> Batch:
         dev = self.device
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=dev)
         width = int(lens.max())

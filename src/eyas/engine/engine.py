@@ -101,6 +101,7 @@ class Engine:
             draft_path = "<in-memory draft>"
         check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)
         self.target, self.draft, self.spec, self.draft_path = target, draft, spec, draft_path
+        self.sizing = {"max_batch": max_batch, "cuda_graphs": cuda_graphs, "graph_max_batch": graph_max_batch}
         self.device = target.device
         self.tree_size = max(spec.verify_sizes)  # the largest tree any step verifies
         self.max_context = target.info.max_context or 1 << 30

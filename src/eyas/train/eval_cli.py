@@ -86,8 +86,7 @@ def _decode(engine, prompts, params, batch_size):
 
 
 def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = False) -> dict:
-    from ..config import Algorithm, SpecConfig
-    from ..engine.engine import Engine
+    from ..bench.offline import baseline_engine
     from ..engine.stats import SpecStats
 
     engine.generate(prompts[:1], type(params)(max_new_tokens=4))  # warm-up
@@ -102,7 +101,7 @@ def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = Fals
            "prompts": len(prompts), "output_tokens": n, "seconds": round(seconds, 2),
            "tokens_per_s": round(n / seconds, 2), **total.as_dict()}
     if baseline:
-        plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE))
+        plain = baseline_engine(engine)
         base, base_s = _decode(plain, prompts, params, batch_size)
         nb = sum(len(o.output_ids) for o in base)
         res["baseline_tokens_per_s"] = round(nb / base_s, 2)

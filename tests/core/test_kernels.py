@@ -20,6 +20,7 @@ from eyas.models.native import NativeTarget
 from eyas.models.ops import TORCH, ops_for
 from eyas.models.static_cache import StaticKV
 from helpers import reference_greedy
+from test_native import PROMPTS, family_model
 
 kernels = pytest.importorskip("eyas.models.kernels", reason="Triton is not installed (pip install triton)")
 TRITON = kernels.TRITON
@@ -100,8 +101,8 @@ def test_rope_store_matches_torch(head_dim, hq, hkv, qk_norm, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [40, 300], ids=["one-split", "flash-decoding-splits"])
-@pytest.mark.parametrize("head_dim,hq,hkv,t", [(16, 4, 2, 1), (80, 2, 1, 5), (64, 3, 3, 20)],
-                         ids=["gqa-decode", "head-dim-80", "mha-verify"])
+@pytest.mark.parametrize("head_dim,hq,hkv,t", [(16, 4, 2, 1), (80, 2, 1, 5), (64, 3, 3, 20), (16, 3, 1, 48)],
+                         ids=["gqa-decode", "head-dim-80", "mha-verify", "three-row-blocks"])
 def test_attend_matches_sdpa(head_dim, hq, hkv, t, window, dtype):
     torch.manual_seed(3)
     bsz, slots = 2, 320
@@ -151,3 +152,17 @@ def test_engine_with_kernels_is_lossless(target, draft, monkeypatch):
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True))
     assert [o.output_ids for o in outs] == refs
     assert sum(o.stats.accepted for o in outs) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE == "cuda", reason="the CPU fixtures' check; on a GPU the benchmarks' fp32 pair checks it")
+@pytest.mark.parametrize("name", ["qwen3-qk-norm", "qwen2-bias"])
+def test_other_families_decode_like_hugging_face_through_the_kernels(name, monkeypatch):
+    """Qwen3's per-head q/k norms (applied inside ``rope_store``) and Qwen2's q/k/v biases."""
+    model = family_model(name)
+    refs = [reference_greedy(model, p, 10) for p in PROMPTS[:2]]
+    monkeypatch.setenv("EYAS_KERNELS", "triton")
+    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=2, cuda_graphs=True)
+    assert engine.layout.endswith("triton kernels")
+    outs = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=10, ignore_eos=True))
+    assert [o.output_ids for o in outs] == refs

@@ -122,6 +122,34 @@ def test_attend_matches_sdpa(head_dim, hq, hkv, t, window, dtype):
     torch.testing.assert_close(got, want, **_tol(dtype))
 
 
+def test_a_kernel_that_cannot_run_falls_back_to_the_torch_ops(monkeypatch, caplog):
+    class CannotCompile:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("no kernel for this GPU")
+            return launch
+
+    monkeypatch.setattr(kernels.TritonOps, "failed", None)
+    monkeypatch.setattr(kernels, "_attend_kernel", CannotCompile())
+    torch.manual_seed(4)
+    q = torch.randn(1, 2, 6, 16).to(DEVICE)  # 4 query heads, 2 KV heads, 3 tokens, folded
+    keys, values = torch.randn(2, 1, 2, 10, 16).to(DEVICE)
+    mask = kv_cache.additive(torch.rand(1, 3, 10, device=DEVICE) < 0.7, torch.float32)
+    heads = (4, 2, 16)
+    want = TORCH.attend(q, keys, values, TORCH.fold_mask(mask, 2), 0.25, heads)
+    monkeypatch.setenv("EYAS_KERNELS", "triton")  # forced: the error stands
+    with pytest.raises(RuntimeError, match="no kernel for this GPU"):
+        TRITON.attend(q, keys, values, mask, 0.25, heads)
+    assert kernels.TritonOps.failed is None
+    monkeypatch.setenv("EYAS_KERNELS", "auto")
+    with caplog.at_level("WARNING", logger="eyas.kernels"):
+        got = TRITON.attend(q, keys, values, mask, 0.25, heads)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert "Triton kernels failed (RuntimeError: no kernel for this GPU)" in caplog.text
+    _, rope, _, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
+    assert ops_for(static, torch.zeros(1, device=DEVICE), rope) is TORCH  # from now on, in this process
+
+
 def test_ops_for_takes_the_kernels_only_where_asked(monkeypatch):
     qkv, rope, positions, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
     x = torch.zeros(2, 3, device=DEVICE)

@@ -1,16 +1,20 @@
 """Triton kernels for the static-cache path: ``TritonOps``, ``ops.TorchOps`` in fewer launches.
 
 On the H200 a Llama-3.1-8B-shaped decode step at batch 1 ran 20 kernels a layer, of which only
-four are GEMMs and one is attention; the rest (RMSNorm at 6 us each, rotary as five elementwise
-kernels, two ``index_copy`` into the cache, silu and the product) cost as much again in launches
-and gaps as the attention. Three kernels replace them:
+four are GEMMs; the rest (RMSNorm at 6 us a call, rotary as five elementwise kernels, two
+``index_copy`` into the cache, cuDNN's attention at 8.6 us plus two copies of the cache window,
+silu and the product) cost 1.4 ms a token beside the GEMMs' 4 ms, and as much again in gaps.
+These kernels replace them (measured: 658 -> 497 kernels, 158.7 -> 192.0 tok/s; docs/engine.md):
 
 - ``rms_norm``: one program per row, the row in registers, float32 sums;
 - ``silu_mul``: ``silu(gate) * up`` from the fused gate/up GEMM's output, one read, one write;
 - ``rope_store``: one program per (token, head) of the fused q/k/v projection. Query heads are
-  (optionally normed, for Qwen3) rotated into the folded query tensor, key heads are rotated and
-  written straight into the static cache at the step's slots, value heads copied there. Cos and sin
-  come from the ``RopeTable`` at each token's position, read in the kernel.
+  (optionally normed, for Qwen3) rotated into the query tensor, key heads are rotated and written
+  straight into the static cache at the step's slots, value heads copied there. Cos and sin come
+  from the ``RopeTable`` at each token's position, read in the kernel;
+- ``attend`` (two kernels): the query heads that share a KV head as one block of rows, each with
+  its own row of the unfolded mask, over the cache window read in place; the window is split
+  across programs and the splits combined (flash-decoding).
 
 The arithmetic is float32 with one rounding to the model's dtype at the end, where the torch ops
 round after each op; the two agree to that rounding (``tests/core/test_kernels.py``). Without a
@@ -19,12 +23,17 @@ GPU, the same kernels run in Triton's interpreter, which is how the CPU tests ch
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ..errors import EyasError
 from .ops import TorchOps
+
+log = logging.getLogger("eyas.kernels")
 
 
 @triton.jit
@@ -181,9 +190,12 @@ def _attend_combine_kernel(part_o, part_ml, out, s_ob, s_ot, s_oh, T, SPLITS, HK
     tl.store(out + b * s_ob + t * s_ot + head * s_oh + d, res.to(out.dtype.element_ty), mask=d < D)
 
 
+_INTERPRETED = type(_rms_norm_kernel).__name__ == "InterpretedFunction"  # defined under TRITON_INTERPRET=1
+
+
 def _launch(kernel, grid, x: torch.Tensor, *args, **kwargs) -> None:
     """``kernel[grid](x, *args)``; off the GPU only in Triton's interpreter."""
-    if not x.is_cuda and type(kernel).__name__ != "InterpretedFunction":  # defined without TRITON_INTERPRET
+    if not x.is_cuda and not _INTERPRETED:
         raise EyasError("the Triton kernels run on a GPU, or on the CPU under TRITON_INTERPRET=1",
                         "unset EYAS_KERNELS (the torch ops then run on the CPU), or set TRITON_INTERPRET=1")
     kernel[grid](x, *args, **kwargs)
@@ -196,12 +208,55 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class TritonOps(TorchOps):
+    """The ops as Triton kernels. If a kernel fails (Triton cannot compile it for this GPU, say), the
+    call runs the torch op instead, a warning says why once, and ``failed`` keeps the process on the
+    torch ops (``ops_for``); under ``EYAS_KERNELS=triton`` the error stands instead."""
+
     name = "triton"
+    failed: str | None = None
+
+    def _or_torch(self, kernel_path, torch_path):
+        forced = os.environ.get("EYAS_KERNELS", "auto").lower() == "triton"
+        if forced or TritonOps.failed is None:
+            try:
+                return kernel_path()
+            except EyasError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a kernel that cannot run must not take a server down
+                if forced:
+                    raise
+                TritonOps.failed = f"{type(e).__name__}: {e}"
+                log.warning("the Triton kernels failed (%s); running the torch ops from now on "
+                            "(EYAS_KERNELS=torch skips the kernels from the start)", TritonOps.failed)
+        return torch_path()
 
     def rotation(self, rope, x: torch.Tensor, positions: torch.Tensor):
         return rope.table, positions
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._or_torch(lambda: self._rms_norm(x, weight, eps), lambda: TorchOps.rms_norm(self, x, weight, eps))
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._or_torch(lambda: self._silu_mul(x), lambda: TorchOps.silu_mul(self, x))
+
+    def qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
+        def torch_path():
+            table, positions = rot
+            cos, sin = table[positions].chunk(2, dim=-1)
+            return TorchOps.qkv_to_cache(self, qkv, heads, (cos[:, None], sin[:, None]), cache, layer, norms)
+
+        return self._or_torch(lambda: self._qkv_to_cache(qkv, heads, rot, cache, layer, norms), torch_path)
+
+    def fold_mask(self, mask: torch.Tensor, rep: int) -> torch.Tensor:
+        return mask  # ``attend`` reads each folded row's mask row in place
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+               heads: tuple[int, int, int]) -> torch.Tensor:
+        folded = lambda: TorchOps.fold_mask(self, mask, heads[0] // heads[1])  # noqa: E731
+        return self._or_torch(lambda: self._attend(q, keys, values, mask, scale, heads),
+                              lambda: TorchOps.attend(self, q, keys, values, folded(), scale, heads))
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         n = x.shape[-1]
         rows = _rows(x)
         out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
@@ -210,7 +265,7 @@ class TritonOps(TorchOps):
                 BLOCK=block, num_warps=min(16, max(1, block // 256)))
         return out.view(x.shape)
 
-    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+    def _silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[-1] // 2
         rows = _rows(x)
         out = torch.empty((rows.shape[0], n), dtype=x.dtype, device=x.device)
@@ -219,7 +274,7 @@ class TritonOps(TorchOps):
                 BLOCK=block, num_warps=4)
         return out.view(*x.shape[:-1], n)
 
-    def qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
+    def _qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
         table, positions = rot
         bsz, t = qkv.shape[:2]
         hq, hkv, d = heads
@@ -235,11 +290,8 @@ class TritonOps(TorchOps):
         keys, values = cache.window_of(layer, bsz)
         return q.view(bsz, hkv, hq // hkv * t, d), keys, values
 
-    def fold_mask(self, mask: torch.Tensor, rep: int) -> torch.Tensor:
-        return mask  # ``attend`` reads each folded row's mask row in place
-
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
-               heads: tuple[int, int, int]) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+                heads: tuple[int, int, int]) -> torch.Tensor:
         """Grouped-query attention straight from the cache window (no K/V copies), the mask unfolded,
         written as ``[B, T, Hq * D]`` for the o projection. The window is split over enough programs
         to fill the GPU (flash-decoding); with more than one split a second kernel combines them."""

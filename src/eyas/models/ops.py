@@ -104,7 +104,9 @@ def ops_for(cache, x: torch.Tensor, rope) -> TorchOps:
     triton_ops = triton_kernels()
     if triton_ops is None and mode == "triton":
         raise EyasError("EYAS_KERNELS=triton but Triton is not installed", "pip install triton, or unset EYAS_KERNELS")
-    return triton_ops or TORCH
+    if triton_ops is None or (triton_ops.failed and mode == "auto"):  # a kernel failed earlier: see kernels.TritonOps
+        return TORCH
+    return triton_ops
 
 
 def triton_kernels() -> TorchOps | None:

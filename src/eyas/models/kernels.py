@@ -201,6 +201,10 @@ def _launch(kernel, grid, x: torch.Tensor, *args, **kwargs) -> None:
     kernel[grid](x, *args, **kwargs)
 
 
+def _forced() -> bool:
+    return os.environ.get("EYAS_KERNELS", "auto").lower() == "triton"
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` as ``[rows, last]`` with a unit last stride (a copy only for expanded or strided input)."""
     x = x.reshape(-1, x.shape[-1])
@@ -216,14 +220,13 @@ class TritonOps(TorchOps):
     failed: str | None = None
 
     def _or_torch(self, kernel_path, torch_path):
-        forced = os.environ.get("EYAS_KERNELS", "auto").lower() == "triton"
-        if forced or TritonOps.failed is None:
+        if TritonOps.failed is None or _forced():  # the environment is read only once a kernel has failed
             try:
                 return kernel_path()
             except EyasError:
                 raise
             except Exception as e:  # noqa: BLE001 - a kernel that cannot run must not take a server down
-                if forced:
+                if _forced():
                     raise
                 TritonOps.failed = f"{type(e).__name__}: {e}"
                 log.warning("the Triton kernels failed (%s); running the torch ops from now on "
@@ -252,9 +255,9 @@ class TritonOps(TorchOps):
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
                heads: tuple[int, int, int]) -> torch.Tensor:
-        folded = lambda: TorchOps.fold_mask(self, mask, heads[0] // heads[1])  # noqa: E731
         return self._or_torch(lambda: self._attend(q, keys, values, mask, scale, heads),
-                              lambda: TorchOps.attend(self, q, keys, values, folded(), scale, heads))
+                              lambda: TorchOps.attend(self, q, keys, values,
+                                                      TorchOps.fold_mask(self, mask, heads[0] // heads[1]), scale, heads))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         n = x.shape[-1]

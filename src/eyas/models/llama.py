@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import TorchOps, ops_for
+from .ops import TORCH, TorchOps, ops_for
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -149,8 +149,7 @@ class NativeEagle3:
         return mlp(ops, h, layer.post_attention_layernorm, self.gate_up, layer.mlp.down_proj)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.draft.lm_head(F.rms_norm(hidden, (hidden.shape[-1],), self.draft.norm.weight,
-                                             self.draft.norm.variance_epsilon))
+        return self.draft.lm_head(_rms(TORCH, self.draft.norm, hidden))
 
 
 class RopeTable:

@@ -1,9 +1,9 @@
-"""The few operations of a Llama-family block that are not GEMMs or attention, behind one interface.
+"""The operations of a Llama-family block other than its GEMMs, behind one interface.
 
 ``TorchOps`` is the reference: plain PyTorch, any device, autograd-safe. ``models.kernels`` holds
 ``TritonOps``, the same operations as fused Triton kernels for the GPU's static-cache path, where
 at batch 1 a forward costs its kernel count more than its arithmetic. ``NativeLlama`` and
-``NativeEagle3`` ask ``kernels.ops_for`` which one a forward uses; both compute the same maths in
+``NativeEagle3`` ask ``ops_for`` which one a forward uses; both compute the same maths in
 float32 and round once or twice to the model's dtype, so they agree to a rounding.
 
     rotation(rope, x, positions)   -> what ``qkv_to_cache`` needs to rotate q and k at ``positions``
@@ -59,7 +59,6 @@ class TorchOps:
         v = qkv[..., nq + nkv :].view(bsz, t, hkv, d).transpose(1, 2)
         keys, values = cache.update(qk[:, hq:], v, layer)
         return qk[:, :hq].reshape(bsz, hkv, hq // hkv * t, d), keys, values
-
 
     def fold_mask(self, mask: torch.Tensor, rep: int) -> torch.Tensor:
         """``[B, 1, T, W]`` -> ``[B, 1, rep * T, W]``: one mask row per folded query row."""

@@ -82,3 +82,72 @@ def test_prepare_cli_refuses_keep_answers_without_regenerate(tmp_path, capsys):
     rc = main(["prepare", "--model", str(model), "--out", str(tmp_path / "o"), "--device", "cpu",
                "--keep-answers", "--input", str(_jsonl(tmp_path / "in.jsonl", n=3))])
     assert rc == 2 and "--keep-answers only means something with --regenerate" in capsys.readouterr().err
+
+
+def test_greedy_answers_from_the_engine_equal_hf_generate():
+    """The engine path (forced on the CPU) answers token for token as HF ``generate`` does, eos kept,
+    cut rows marked, in prompt order, over batches of mixed lengths that fill and shrink."""
+    from eyas.data.regenerate import generate_batched
+
+    target = tiny_target(dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 9, 3, 12, 7, 4, 10)]
+    eos = target.eos_token_ids[0]
+    prompts.append(prompts[0][:2] + [eos])  # a prompt whose answer may stop at once
+    hf = generate_batched(target, prompts, RegenConfig(temperature=0.0, max_new_tokens=12, batch_size=3, engine="generic"),
+                          progress=False)
+    eng = generate_batched(target, prompts, RegenConfig(temperature=0.0, max_new_tokens=12, batch_size=3, engine="native"),
+                           progress=False)
+    assert eng == hf
+    assert target.info.max_context == tiny_target().info.max_context  # the caller's target is not resized
+
+
+def test_engine_regeneration_refuses_sampling():
+    from eyas.data.regenerate import generate_batched
+
+    with pytest.raises(EyasError, match="greedy answers only"):
+        generate_batched(tiny_target(dtype=torch.float32), [[5, 6]], RegenConfig(temperature=0.8, engine="native"))
+
+
+def test_magpie_prompts_continue_the_templates_user_turn(monkeypatch):
+    """The target is given exactly its template's opening of a user turn (system turn included);
+    what it writes becomes distinct user prompts; cut, short and repeated ones are dropped."""
+    from eyas.data import regenerate as rg
+
+    target = tiny_target(dtype=torch.float32)
+    tok = target.tokenizer
+    seen = {}
+    texts = ["How do I bake bread at home?", "How do  I bake BREAD at home?", "short", "What is a prime number?", "cut off"]
+
+    def fake(t, prompts, cfg, progress=True):
+        seen["prompt"], seen["cfg"] = prompts[0], cfg
+        eos = t.eos_token_ids[0]
+        return [tok(x, add_special_tokens=False).input_ids + [eos] for x in texts], [False, False, False, False, True]
+
+    monkeypatch.setattr(rg, "generate_batched", fake)
+    got = rg.magpie_prompts(target, 5, RegenConfig(temperature=0.0, system_prompt="Be brief."), progress=False)
+    assert [r["messages"][0]["content"] for r in got] == ["How do I bake bread at home?", "What is a prime number?"]
+    assert all(r["source"] == "magpie" and r["messages"][0]["role"] == "user" for r in got)
+    opening = tok.decode(seen["prompt"])
+    full = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                                   tokenize=False)
+    assert full.startswith(opening) and opening.endswith("user\n") and "Be brief." in opening
+    assert seen["cfg"].temperature == 1.0 and seen["cfg"].engine == "generic"
+
+
+def test_magpie_source_end_to_end_and_benchmark_prompts_excluded(tmp_path):
+    """`eyas prepare --source magpie` on the tiny target writes and answers its own prompts; --exclude
+    drops conversations whose user turn is in a prompt set, whatever their case and spacing."""
+    target = tiny_target(dtype=torch.float32)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n"
+                           for p in ("  what is PHOTOSYNTHESIS? ", "keep me")))
+    logs = []
+    cfg = PrepareConfig(inputs=[str(src)], sources=["magpie"], magpie_prompts=6, exclude=["chat"], held_out=0.0,
+                        max_length=256, regenerate=True, regen=RegenConfig(max_new_tokens=6, batch_size=4, temperature=0.0))
+    meta = prepare(target, cfg, tmp_path / "out", log=logs.append)
+    rows = [json.loads(l) for l in (tmp_path / "out" / "train.jsonl").open()]
+    users = [r["messages"][-2]["content"] for r in rows]
+    assert "keep me" in users and not any("photosynthesis" in u.lower() for u in users)
+    assert meta["excluded"] == {"sets": ["chat"], "records": 1} and meta["magpie_prompts"] == 6
+    assert any(line.startswith("source magpie: ") and line.endswith("from 6 openings of a user turn") for line in logs)

@@ -12,10 +12,17 @@ def register(sub) -> None:
     p.add_argument("--model-path", "--model", default="smollm2-135m-instruct", help="the target model")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--input", action="append", default=[], help="JSONL of ShareGPT/OpenAI conversations (repeat)")
-    p.add_argument("--source", action="append", default=[], choices=["chatterbot", "pydoc", "self"],
-                   help="built-in offline prompt source (repeat)")
+    p.add_argument("--source", action="append", default=[], choices=["chatterbot", "pydoc", "self", "magpie"],
+                   help="built-in offline prompt source (repeat): chatterbot conversations, questions on Python's "
+                        "own documentation, questions the target writes on a topic list (self), or user "
+                        "messages the target writes from its template's opening of a user turn (magpie)")
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts per built-in source")
     p.add_argument("--self-per-topic", type=int, default=8, help="prompts the target writes per topic (source self)")
+    p.add_argument("--magpie-prompts", type=int, default=2000,
+                   help="user turns the target is asked to write (source magpie); duplicates are dropped")
+    p.add_argument("--exclude", action="append", default=[],
+                   help="drop every conversation whose user turn is in this prompt set: chat, code, reasoning, "
+                        "all, or a JSONL file (repeat); keeps benchmark prompts out of training")
     p.add_argument("--held-out", type=float, default=0.02, help="fraction of prompts kept out of training")
     p.add_argument("--max-length", type=int, default=None,
                    help="truncate rendered conversations to this many tokens (default: min(2048, target context))")
@@ -32,6 +39,9 @@ def register(sub) -> None:
     p.add_argument("--thinking", choices=["on", "off"], default=None,
                    help="pass enable_thinking to the chat template (Qwen3-style templates)")
     p.add_argument("--template-kwargs", default="{}", help="JSON of extra chat-template options")
+    p.add_argument("--regen-engine", choices=["auto", "native", "generic"], default="auto",
+                   help="greedy answers (--temperature 0): auto runs eyas's engine where the native path "
+                        "does (CUDA, Llama family), native forces it, generic uses HF generate")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.set_defaults(func=run)
@@ -51,15 +61,17 @@ def run(args) -> int:
         kw["enable_thinking"] = args.thinking == "on"
     if args.keep_answers and not args.regenerate:
         raise EyasError("--keep-answers only means something with --regenerate", "add --regenerate or drop --keep-answers")
+    if args.magpie_prompts < 1 and "magpie" in args.source:
+        raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
     if not 0.0 <= args.held_out < 1.0:
         raise EyasError(f"--held-out {args.held_out} must be in [0, 1)", "e.g. --held-out 0.02")
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
     target = load_target(args.model_path, device=ctx.device, dtype=args.dtype)
     regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, seed=args.seed + ctx.rank, system_prompt=args.system_prompt,
-                        template_kwargs=kw)
+                        template_kwargs=kw, engine=args.regen_engine)
     cfg = PrepareConfig(inputs=args.input, sources=args.source, limit=args.limit, self_per_topic=args.self_per_topic,
-                        held_out=args.held_out,
+                        magpie_prompts=args.magpie_prompts, exclude=args.exclude, held_out=args.held_out,
                         max_length=args.max_length or min(2048, target.info.max_context or 2048), regenerate=args.regenerate,
                         keep_answers=args.keep_answers, regen=regen)
     prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))

@@ -20,17 +20,19 @@ import numpy as np
 from ..errors import EyasError
 from . import sources
 from .chat import render
-from .regenerate import RegenConfig, RegenStats, regenerate, self_prompts, with_system
-from .split import dedup_split
+from .regenerate import RegenConfig, RegenStats, magpie_prompts, regenerate, self_prompts, with_system
+from .split import dedup_split, drop_excluded
 from .tokenized import vocab_counts, write_split
 
 
 @dataclass
 class PrepareConfig:
     inputs: list[str] = field(default_factory=list)  # JSONL files
-    sources: list[str] = field(default_factory=list)  # chatterbot, pydoc, self
+    sources: list[str] = field(default_factory=list)  # chatterbot, pydoc, self, magpie
     limit: int | None = None  # per source
     self_per_topic: int = 8
+    magpie_prompts: int = 2000  # prompts the target is asked to write (source magpie), before dedup
+    exclude: list[str] = field(default_factory=list)  # prompt sets (names or JSONL) kept out of the data
     held_out: float = 0.02
     max_length: int = 2048
     regenerate: bool = False
@@ -50,19 +52,26 @@ def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
     records: list[dict] = []
     for path in cfg.inputs:
         records.extend(sources.read_jsonl(path))
+    many = dist_ctx is not None and dist_ctx.world > 1
     for name in cfg.sources:
         if name == "self":
             requests = sources.self_instruct_requests(cfg.self_per_topic)
             parts = _sharded(lambda xs: self_prompts(target, xs, cfg.regen), requests, dist_ctx)
-            got = [r for part in (parts if dist_ctx and dist_ctx.world > 1 else [parts]) for r in part]
+            got = [r for part in (parts if many else [parts]) for r in part]
             log(f"source self: {len(got)} prompts written by the target from {len(requests)} requests")
+        elif name == "magpie":
+            asks = list(range(cfg.magpie_prompts))
+            parts = _sharded(lambda xs: magpie_prompts(target, len(xs), cfg.regen), asks, dist_ctx)
+            got = [r for part in (parts if many else [parts]) for r in part]
+            log(f"source magpie: {len(got)} distinct prompts written by the target from {len(asks)} openings "
+                f"of a user turn")
         else:
             got = list(sources.builtin(name, cfg.limit))
             log(f"source {name}: {len(got)} prompts")
         records.extend(got)
     if not records:
         raise EyasError("no conversations: every source was empty",
-                        "pass --input FILE.jsonl and/or --source chatterbot/pydoc/self")
+                        "pass --input FILE.jsonl and/or --source chatterbot/pydoc/self/magpie")
     return records
 
 
@@ -94,6 +103,12 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
         raise EyasError(f"--max-length {cfg.max_length} is longer than the target's context ({ctx})",
                         f"use --max-length {ctx} or less")
     records = collect(target, cfg, dist_ctx, log)
+    excluded = 0
+    if cfg.exclude:
+        from ..bench.prompts import prompt_set
+
+        records, excluded = drop_excluded(records, [p for name in cfg.exclude for p in prompt_set(name)])
+        log(f"{excluded} records dropped: their prompts are in {', '.join(cfg.exclude)}")
     train, held, dups = dedup_split(records, cfg.held_out)
     log(f"{len(records)} records, {dups} duplicates dropped: {len(train)} train, {len(held)} held out")
     stats = {}
@@ -143,6 +158,8 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
         "regeneration": {**cfg.regen.as_dict(), "enabled": cfg.regenerate, "keep_answers": cfg.keep_answers,
                          "stats": stats},
         "sources": cfg.sources, "inputs": cfg.inputs, "held_out_fraction": cfg.held_out,
+        "magpie_prompts": cfg.magpie_prompts if "magpie" in cfg.sources else None,
+        "excluded": {"sets": cfg.exclude, "records": excluded},
         "max_length": cfg.max_length, "duplicates_dropped": dups, "splits": summary,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

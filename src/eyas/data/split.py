@@ -14,14 +14,26 @@ import re
 from .chat import prompt_messages
 
 
+def fold(text: str) -> str:
+    return re.sub(r"\s+", " ", text.strip().lower())
+
+
 def prompt_key(messages: list[dict]) -> str:
-    fold = lambda text: re.sub(r"\s+", " ", text.strip().lower())  # noqa: E731
     return "\x1e".join(f"{m['role']}:{fold(m['content'])}" for m in prompt_messages(messages))
 
 
 def is_held_out(key: str, fraction: float) -> bool:
     h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
     return h / 2**64 < fraction
+
+
+def drop_excluded(records, texts) -> tuple[list[dict], int]:
+    """(records none of whose user turns is one of ``texts``, how many were dropped), case and
+    whitespace folded: keeps benchmark prompts out of the data."""
+    banned = {fold(t) for t in texts}
+    kept = [r for r in records
+            if not any(m["role"] == "user" and fold(m["content"]) in banned for m in prompt_messages(r["messages"]))]
+    return kept, len(records) - len(kept)
 
 
 def dedup_split(records, held_out: float) -> tuple[list[dict], list[dict], int]:

@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=30)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--specs", nargs="+", default=["5,1,6", "6,4,16", "6,8,32", "6,8,48"])
-    ap.add_argument("--hf-prompts", type=int, default=4, help="prompts for the HF-path reference baseline")
+    ap.add_argument("--hf-prompts", type=int, default=4, help="prompts for the HF-path reference baseline (0: none)")
     ap.add_argument("--fp32-prompts", type=int, default=8)
     args = ap.parse_args()
 
@@ -92,9 +92,11 @@ def main() -> None:
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
     base = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
     print(f"baseline (native, graphs): {base['tok_s']} tok/s")
-    generic = Target(target.model, target.tokenizer, target.name, target.aux_layer_ids)
-    hf = run_all(Engine(generic, None, SpecConfig("NONE")), prompts[: args.hf_prompts], args.new_tokens)
-    print(f"baseline (generic HF path): {hf['tok_s']} tok/s")
+    hf = None
+    if args.hf_prompts:
+        generic = Target(target.model, target.tokenizer, target.name, target.aux_layer_ids)
+        hf = run_all(Engine(generic, None, SpecConfig("NONE")), prompts[: args.hf_prompts], args.new_tokens)
+        print(f"baseline (generic HF path): {hf['tok_s']} tok/s")
     results = {}
     for text in args.specs:
         steps, topk, tokens = (int(x) for x in text.split(","))
@@ -122,7 +124,7 @@ def main() -> None:
     best = max(results.values(), key=lambda r: r["tok_s"])
     write(args.out, "SmolLM2-135M-Instruct + EAGLE-3 draft at batch 1, temperature 0, chat prompts", {
         "settings": vars(args), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
-        "baseline_generic_hf_path": {k: v for k, v in hf.items() if k != "outputs"},
+        "baseline_generic_hf_path": hf and {k: v for k, v in hf.items() if k != "outputs"},
         "eagle3": results, "best_speedup": best["speedup"], "fp32_lossless": fp32,
     })
 

@@ -5,7 +5,9 @@
 # Nothing is regenerated: the prepared data folder is carried in.
 #
 # Needs /tmp/smollm2.gguf and the wheels in /tmp/site (../shared/tools/stage-smollm2.sh), and
-#   DATA_FROM  a copy of the prepared data folder (.gpudata, carried with the job)     required
+#   DATA_FROM  a copy of the prepared data folder (.gpudata, carried with the job)     or PREPARE
+#   PREPARE    instead: prepare the data here, with these `eyas prepare` arguments (sources, answers),
+#              on every GPU; greedy answers (--temperature 0) come from eyas's engine
 #   BUDGET     seconds of training (train.time_budget_s)                               default 420
 #   INIT       warm start: a draft folder or shipped name; `none` = random init        default the shipped draft
 #   NG         GPUs                                                                    default all visible
@@ -16,6 +18,9 @@
 #              (`eyas prepare --regenerate --keep-answers --temperature 0`; DATA_FROM needs train.jsonl
 #              and heldout.jsonl) and train on both answers; GREEDY_MAX new tokens at most (256)
 #   TREES      eval trees as steps,topk,tokens                                         default "6,8,48"
+#   PAIR=1     then benchmarks/pair.py: the new draft on the chat and the held-out prompt sets, the shipped
+#              draft on the chat prompts (PAIR_ARGS: more pair.py arguments)
+#   BATCH=1    then benchmarks/batch_throughput.py with the new draft (BATCH_ARGS: more of its arguments)
 #   DRY=1      a CPU dry run of the same command lines: 2 steps, 2 prompts x 8 tokens (DEVICE=cpu)
 # Usage:
 #   bash recipes/smollm2-135m-instruct-eagle3.gpu2.sh        # in the foreground (one 10-minute call: BUDGET <= 300)
@@ -23,10 +28,10 @@
 #   bash recipes/smollm2-135m-instruct-eagle3.gpu2.sh wait [SECONDS]   # wait (default 560 s), show the log
 # Takes about BUDGET + 4 minutes on 2 x H200 (target load ~30 s, evals ~3 min, side by side on two
 # GPUs), so BUDGET 420 runs in the background with one `wait 560` and one more `wait`.
-# Writes /tmp/job/{log, run/, eval-*.json, DONE}. Results go to $OUT (when set) at the end of a
-# foreground run, or from the `wait` call that sees DONE: results.tgz (logs, evals, summary,
-# recipe, draft config), eval-*.json, draft-config.json and the draft's model.safetensors in
-# 15 MB parts (rebuild: cat draft-model.safetensors.part-* > model.safetensors).
+# Writes /tmp/job/{log, run/, eval-*.json, pair-*.json, batch.json, DONE}. Results go to $OUT (when
+# set) at the end of a foreground run, or from every `wait` call (what exists so far): results.tgz
+# (logs, evals, benchmarks, summary, recipe, data meta, draft config), draft-config.json and the
+# draft's model.safetensors in 15 MB parts (rebuild: cat draft-model.safetensors.part-* > model.safetensors).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 J=${J:-/tmp/job}
@@ -37,9 +42,8 @@ stamp() { echo "=== $(date +%T) $*"; }
 collect() {  # at most 8 files of at most 16 MiB come back from $OUT
   [ -n "${OUT:-}" ] || return 0
   (cd $J && tar czf $OUT/results.tgz --exclude='*.safetensors' --exclude='*.pt' --exclude=tensorboard \
-     log recipe.yaml eval-*.json profile.txt bench/log.jsonl run/log.jsonl run/summary.json run/recipe.yaml \
-     run/draft/config.json 2>/dev/null)
-  for f in $J/eval-*.json; do [ -f "$f" ] && cp "$f" $OUT/; done
+     log recipe.yaml eval-*.json pair-*.json batch.json profile.txt bench/log.jsonl run/log.jsonl run/summary.json run/recipe.yaml \
+     run/draft/config.json data/meta.json 2>/dev/null)
   if [ -f $J/run/draft/model.safetensors ]; then
     cp $J/run/draft/config.json $OUT/draft-config.json
     split -b 15m $J/run/draft/model.safetensors $OUT/draft-model.safetensors.part-
@@ -56,7 +60,8 @@ case "${1:-run}" in
   wait)
     while [ ! -f $J/DONE ] && [ $SECONDS -lt ${2:-560} ]; do sleep 5; done
     tail -c 8000 $J/log | tr '\r' '\n' | grep -v '^\s*$' | tail -60
-    if [ -f $J/DONE ]; then collect; else echo "still running: call wait again"; fi
+    [ -f $J/DONE ] || echo "still running: call wait again (what exists so far is collected)"
+    collect
     exit 0 ;;
   run) ;;
   *) echo "usage: $0 [run|start|wait [SECONDS]]"; exit 2 ;;
@@ -67,9 +72,11 @@ mkdir -p $J && rm -f $J/DONE
 finish() { [ "$1" = 0 ] && stamp done || stamp "$2"; touch $J/DONE; [ -n "${EYAS_JOB_BACKGROUND:-}" ] || collect; exit "$1"; }
 
 [ -n "${DATA_FROM:-}" ] && DATA_FROM=$(readlink -f "$DATA_FROM")
-[ -n "${DATA_FROM:-}" ] && [ -f "$DATA_FROM/meta.json" ] || { echo "DATA_FROM must name a prepared data folder (a copy of .gpudata)"; finish 2 "no data"; }
-rm -rf $J/src $J/data $J/data-mix $J/run $J/bench $J/eval-*.json $J/profile.txt
-cp -r "$REPO/src" $J/src && cp "$REPO/recipes/smollm2-135m-instruct-eagle3.gpu2.yaml" $J/recipe.yaml && cp -r "$DATA_FROM" $J/data
+[ -n "${PREPARE:-}" ] || { [ -n "${DATA_FROM:-}" ] && [ -f "$DATA_FROM/meta.json" ]; } || {
+  echo "DATA_FROM must name a prepared data folder (a copy of .gpudata), or PREPARE give eyas prepare's arguments"; finish 2 "no data"; }
+rm -rf $J/src $J/data $J/data-mix $J/run $J/bench $J/eval-*.json $J/pair-*.json $J/batch.json $J/profile.txt
+cp -r "$REPO/src" $J/src && cp "$REPO/recipes/smollm2-135m-instruct-eagle3.gpu2.yaml" $J/recipe.yaml
+[ -n "${PREPARE:-}" ] || cp -r "$DATA_FROM" $J/data
 cp "$REPO/tests/train/profile_step.py" $J/ 2>/dev/null
 export PYTHONPATH=/tmp/site:$J/src
 PY=${PY:-python3}
@@ -88,6 +95,14 @@ if [ "$DEV" = cuda ]; then
   stamp "gpus: $NG"; nvidia-smi --query-gpu=name,memory.used --format=csv
 else
   NG=${NG:-1}
+fi
+if [ -n "${PREPARE:-}" ]; then
+  stamp "prepare: $PREPARE"
+  prep() { $PY -m torch.distributed.run --standalone --nproc-per-node $NG -m eyas prepare --model $M --device $DEV \
+    --out $J/data $PREPARE "$@"; }
+  prep || { stamp "prepare failed; once more with answers from HF generate"; prep --regen-engine generic; } \
+    || finish 1 "prepare failed"
+  $PY -c "import json; m=json.load(open('$J/data/meta.json')); print('regeneration', json.dumps(m['regeneration']['stats']))"
 fi
 $PY -c "import json; m=json.load(open('$J/data/meta.json')); print('data', json.dumps(m['splits']))"
 
@@ -135,4 +150,17 @@ for f in sorted(j.glob("eval-*.json")):
     r = json.loads(f.read_text())
     print(f.name, "tau", r["accept_length"], "per position", r["accepted_per_position"], "speedup", r.get("speedup"))
 PYEOF
+if [ -n "${PAIR:-}" ]; then  # the new draft on chat and held-out prompts, then the shipped one on chat, side by side
+  for run in "chat chat $D" "heldout $REPO/benchmarks/heldout-prompts-smollm2.jsonl $D" "chat-shipped chat shipped"; do
+    read -r name set draft <<< "$run"
+    stamp "pair benchmark: $name"
+    $PY "$REPO/benchmarks/pair.py" --model-path $M $([ "$draft" = shipped ] || echo --draft $draft) --prompts "$set" \
+      --num-prompts 20 --hf-prompts 0 --out $J/pair-$name.json ${PAIR_ARGS:-} || finish 1 "pair $name failed"
+  done
+fi
+if [ -n "${BATCH:-}" ]; then
+  stamp "throughput by batch size with the new draft"
+  $PY "$REPO/benchmarks/batch_throughput.py" --model-path $M --draft $D --out $J/batch.json ${BATCH_ARGS:-} \
+    || finish 1 "batch throughput failed"
+fi
 finish 0

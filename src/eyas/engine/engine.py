@@ -19,6 +19,7 @@ needs from the engine.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -172,6 +173,9 @@ class Engine:
         from tqdm.auto import tqdm
 
         work = [(r, key) for r in runners for key in r.plan()]
+        if cuda:  # capture empties the allocator's cache; do it first, so the delta below is the graphs' own
+            gc.collect()
+            torch.cuda.empty_cache()
         start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device) if cuda else 0
         bar = tqdm(work, desc="capturing CUDA graphs" if cuda else "warming up graph buckets", disable=not progress,
                    unit="", bar_format="{desc}: {n_fmt}/{total_fmt} {unit}")  # {postfix} starts with ", "

@@ -109,6 +109,16 @@ def test_engine_regeneration_refuses_sampling():
         generate_batched(tiny_target(dtype=torch.float32), [[5, 6]], RegenConfig(temperature=0.8, engine="native"))
 
 
+def test_engine_regeneration_names_its_flag_when_the_model_cannot_run_natively(monkeypatch):
+    from eyas.data.regenerate import generate_batched
+    from eyas.models import native
+
+    monkeypatch.setattr(native, "native_support", lambda model: "GPT2LMHeadModel is not in the Llama family")
+    with pytest.raises(EyasError, match="--regen-engine native cannot run this model: GPT2LMHeadModel") as e:
+        generate_batched(tiny_target(dtype=torch.float32), [[5, 6]], RegenConfig(temperature=0.0, engine="native"))
+    assert "--regen-engine auto" in e.value.fix
+
+
 def test_magpie_prompts_continue_the_templates_user_turn(monkeypatch):
     """The target is given exactly its template's opening of a user turn (system turn included);
     what it writes becomes distinct user prompts; cut, short and repeated ones are dropped."""

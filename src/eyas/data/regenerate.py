@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..errors import EyasError
 from .chat import prompt_messages
+from .split import fold
 
 ENGINE_MAX_BATCH = 256  # rows of one engine batch (its KV pool and graphs are sized for them)
 
@@ -72,8 +73,11 @@ def generate_batched(target, prompts: list[list[int]], cfg: RegenConfig, progres
     ``cfg.engine``: ``auto`` takes eyas's engine for greedy answers where the native path runs (a CUDA
     device, a Llama-family target), ``native`` forces it (greedy only), ``generic`` keeps HF."""
     if cfg.temperature == 0 and cfg.engine != "generic":
-        from ..models.native import choose
+        from ..models.native import choose, native_support
 
+        if cfg.engine == "native" and (unsupported := native_support(target.model)):
+            raise EyasError(f"--regen-engine native cannot run this model: {unsupported}",
+                            "use --regen-engine auto (HF generate where the native path does not run) or generic")
         native, why = choose(target, cfg.engine)
         if why is None:
             return generate_on_engine(native, prompts, cfg, progress)
@@ -190,8 +194,6 @@ def pre_query_ids(tokenizer, cfg: RegenConfig) -> list[int]:
 def magpie_prompts(target, n: int, cfg: RegenConfig, progress: bool = True, max_new_tokens: int = 96) -> list[dict]:
     """Up to ``n`` distinct user prompts written by the target from its template's opening of a user
     turn, sampled at temperature 1 (at least ``cfg.temperature``); cut or very short ones are dropped."""
-    from .split import fold
-
     sampling = replace(cfg, temperature=max(cfg.temperature, 1.0), top_p=1.0, max_new_tokens=max_new_tokens,
                        engine="generic")
     answers, cut = generate_batched(target, [pre_query_ids(target.tokenizer, cfg)] * n, sampling, progress)

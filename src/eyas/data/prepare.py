@@ -40,31 +40,29 @@ class PrepareConfig:
     regen: RegenConfig = field(default_factory=RegenConfig)
 
 
-def _sharded(fn, items: list, dist_ctx):
-    """Run ``fn`` on this rank's share of ``items`` and gather every rank's results (in rank order)."""
+def _sharded(fn, items: list, dist_ctx) -> list:
+    """Run ``fn`` on this rank's share of ``items``; every rank's result, in rank order (one on a
+    single rank)."""
     if dist_ctx is None or dist_ctx.world == 1:
-        return fn(items)
-    mine = fn(items[dist_ctx.rank:: dist_ctx.world])
-    return dist_ctx.gather_objects(mine)
+        return [fn(items)]
+    return dist_ctx.gather_objects(fn(items[dist_ctx.rank:: dist_ctx.world]))
 
 
 def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
     records: list[dict] = []
     for path in cfg.inputs:
         records.extend(sources.read_jsonl(path))
-    many = dist_ctx is not None and dist_ctx.world > 1
     for name in cfg.sources:
         if name == "self":
             requests = sources.self_instruct_requests(cfg.self_per_topic)
-            parts = _sharded(lambda xs: self_prompts(target, xs, cfg.regen), requests, dist_ctx)
-            got = [r for part in (parts if many else [parts]) for r in part]
+            got = [r for part in _sharded(lambda xs: self_prompts(target, xs, cfg.regen), requests, dist_ctx)
+                   for r in part]
             log(f"source self: {len(got)} prompts written by the target from {len(requests)} requests")
         elif name == "magpie":
             asks = list(range(cfg.magpie_prompts))
-            parts = _sharded(lambda xs: magpie_prompts(target, len(xs), cfg.regen), asks, dist_ctx)
-            got = [r for part in (parts if many else [parts]) for r in part]
-            log(f"source magpie: {len(got)} distinct prompts written by the target from {len(asks)} openings "
-                f"of a user turn")
+            got = [r for part in _sharded(lambda xs: magpie_prompts(target, len(xs), cfg.regen), asks, dist_ctx)
+                   for r in part]
+            log(f"source magpie: {len(got)} prompts written by the target from {len(asks)} openings of a user turn")
         else:
             got = list(sources.builtin(name, cfg.limit))
             log(f"source {name}: {len(got)} prompts")
@@ -118,7 +116,6 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
                 got, st = regenerate(target, xs, cfg.regen)
                 return got, asdict(st)
             parts = _sharded(run, split, dist_ctx)
-            parts = parts if dist_ctx and dist_ctx.world > 1 else [parts]
             got = [r for p, _ in parts for r in p]
             st = RegenStats(sum(s["prompts"] for _, s in parts), sum(s["answer_tokens"] for _, s in parts),
                             sum(s["truncated"] for _, s in parts), max(s["seconds"] for _, s in parts))

@@ -73,12 +73,9 @@ def generate_batched(target, prompts: list[list[int]], cfg: RegenConfig, progres
     ``cfg.engine``: ``auto`` takes eyas's engine for greedy answers where the native path runs (a CUDA
     device, a Llama-family target), ``native`` forces it (greedy only), ``generic`` keeps HF."""
     if cfg.temperature == 0 and cfg.engine != "generic":
-        from ..models.native import choose, native_support
+        from ..models.native import choose
 
-        if cfg.engine == "native" and (unsupported := native_support(target.model)):
-            raise EyasError(f"--regen-engine native cannot run this model: {unsupported}",
-                            "use --regen-engine auto (HF generate where the native path does not run) or generic")
-        native, why = choose(target, cfg.engine)
+        native, why = choose(target, cfg.engine, flag="--regen-engine")
         if why is None:
             return generate_on_engine(native, prompts, cfg, progress)
     elif cfg.engine == "native":

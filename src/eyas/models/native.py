@@ -130,13 +130,14 @@ class DraftSteps:
         return h, d.logits(h)
 
 
-def choose(target: Target, engine: str = "auto") -> tuple[Target, str | None]:
-    """(the target on the path to use, why the generic path was kept or None) for ``--engine``."""
+def choose(target: Target, engine: str = "auto", flag: str = "--engine") -> tuple[Target, str | None]:
+    """(the target on the path to use, why the generic path was kept or None) for ``--engine``
+    (``flag``: that option's name where the caller calls it something else)."""
     why = native_support(target.model)
     if engine == "generic":
         return target, "--engine generic"
     if engine == "auto" and (why or target.device.type != "cuda"):
         return target, why or "the native path is for CUDA devices; --engine native forces it"
     if why:
-        raise EyasError(f"--engine native cannot run this model: {why}", "use --engine auto or generic")
+        raise EyasError(f"{flag} native cannot run this model: {why}", f"use {flag} auto or generic")
     return (target if isinstance(target, NativeTarget) else NativeTarget.from_target(target)), None

@@ -18,7 +18,12 @@ def _torchrun(n: int, data, out, tokens_per_batch: int, *extra: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", str(WORKER),
            str(data), str(out), str(tokens_per_batch), *extra]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    try:  # a run takes about 10 s; a hang (seen about once in ten full-suite runs) shows what it printed
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        text = lambda b: (b or b"").decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+        raise AssertionError(f"torchrun {extra} hung for {e.timeout} s\nstdout: {text(e.stdout)[-2000:]}\n"
+                             f"stderr: {text(e.stderr)[-4000:]}") from None
     assert done.returncode == 0, done.stderr[-3000:]
 
 

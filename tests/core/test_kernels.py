@@ -122,6 +122,59 @@ def test_attend_matches_sdpa(head_dim, hq, hkv, t, window, dtype):
     torch.testing.assert_close(got, want, **_tol(dtype))
 
 
+
+@pytest.mark.parametrize("shape,k,dtype", [((3, 8, 16384), 8, torch.bfloat16), ((5, 300), 4, torch.float32),
+                                           ((2, 3, 1000), 1, torch.float32), ((2, 4, 2048), 8, torch.float32),
+                                           ((1, 10), 10, torch.float32)],
+                         ids=["bf16-16k", "ragged", "chain", "ties", "all"])
+def test_top_children_matches_log_softmax_and_topk(shape, k, dtype):
+    """A tree level's expansion: the same k best (ties: the lower draft id first), their
+    log-probabilities plus the parent's score, and their target ids."""
+    gen = torch.Generator().manual_seed(0)
+    v = shape[-1]
+    if shape == (2, 4, 2048):  # three distinct values: ties everywhere
+        x = torch.randint(0, 3, shape, generator=gen).float()
+    else:
+        x = (torch.randn(shape, generator=gen) * 3).to(dtype)
+    to_target = torch.randperm(3 * v, generator=gen)[:v]
+    base = torch.randn(shape[:-1], generator=gen) if len(shape) == 3 else None
+    x, to_target = x.to(DEVICE), to_target.to(DEVICE)
+    base = None if base is None else base.to(DEVICE)
+    scores, tokens = TRITON.top_children(x, k, to_target, base)
+    want_scores, want_tokens = TORCH.top_children(x, k, to_target, base)
+    assert scores.shape == tokens.shape == shape[:-1] + (k,) and scores.dtype == torch.float32
+    torch.testing.assert_close(scores, want_scores, atol=2e-6, rtol=1e-6)
+    to_draft = torch.full((3 * v,), -1, dtype=torch.long, device=DEVICE)
+    to_draft[to_target] = torch.arange(v, device=DEVICE)  # back to draft ids (to_target is one-to-one)
+    ids = to_draft[tokens]
+    assert torch.equal(x.gather(-1, ids), x.gather(-1, to_draft[want_tokens]))
+    later = x.gather(-1, ids)
+    assert bool(((later[..., 1:] < later[..., :-1]) | (ids[..., 1:] > ids[..., :-1])).all())  # ties: lower id first
+
+
+
+def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
+    """The drafter's kernel failing leaves the forward's kernels on."""
+    class CannotCompile:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("no kernel for this GPU")
+            return launch
+
+    monkeypatch.setattr(kernels.TritonOps, "failed", None)
+    monkeypatch.setattr(kernels.TritonOps, "top_children_failed", None)
+    monkeypatch.setattr(kernels, "_top_children_kernel", CannotCompile())
+    monkeypatch.setenv("EYAS_KERNELS", "auto")
+    x = torch.randn(2, 3, 500, device=DEVICE)
+    to_target = torch.arange(500, device=DEVICE) + 7
+    with caplog.at_level("WARNING", logger="eyas.kernels"):
+        got = TRITON.top_children(x, 4, to_target)
+    want = TORCH.top_children(x, 4, to_target)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert "top_children kernel failed (RuntimeError: no kernel for this GPU)" in caplog.text
+    assert kernels.TritonOps.failed is None  # rms_norm, rope_store, attend: still the kernels
+
+
 def test_a_kernel_that_cannot_run_falls_back_to_the_torch_ops(monkeypatch, caplog):
     class CannotCompile:
         def __getitem__(self, grid):

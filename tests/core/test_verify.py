@@ -100,7 +100,7 @@ def test_tree_mask_and_depth_match_a_walk_up_the_parents(size):
 
 
 def test_two_stage_topk_is_topk():
-    from eyas.engine.drafter import topk
+    from eyas.models.ops import topk
 
     gen = torch.Generator().manual_seed(0)
     for x in (torch.randn(3, 8, 16384, generator=gen), torch.randn(64, 8, 16384, generator=gen),

@@ -15,10 +15,15 @@ entries are dropped from the draft cache when drafting ends.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from dataclasses import dataclass
+
 import torch
 
 from ..config import SpecConfig
 from ..models import kv_cache
+from ..models.ops import TORCH, ops_for
 from .tree import Tree
 
 
@@ -53,7 +58,7 @@ def draft_tree(
         return steps_fn(tokens, hidden, positions, cache, mask)
 
     try:
-        return _grow(draft, root, logits0, hidden0, spec, feed)
+        return _grow(draft, root, logits0, hidden0, spec, feed, ops_for(cache, hidden0, getattr(draft, "rope", None)))
     finally:
         kv_cache.crop(cache, prefix_slots)
 
@@ -62,105 +67,127 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
                       window: int) -> Tree:
     """The same tree on a ``StaticKV`` with only tensors varying between calls, so the whole function
     can be captured as one CUDA graph per (rows, window): level ``s`` writes its ``k`` keys at slots
-    ``prefix + (s - 1) k ..`` (``prefix`` a 1-element tensor) and every mask is ``window`` wide."""
-    k = spec.eagle_topk
+    ``prefix + (s - 1) k ..`` (``prefix`` a 1-element tensor) and every mask is ``window`` wide.
+
+    Each level costs two kernels of bookkeeping beside the draft's forward: the slots, positions and
+    masks every level needs are made once, before the first. A frontier node's additive mask is its
+    parent's row (gathered) with its own slot opened (``maximum`` with that slot's one-hot row: 0 is
+    visible, the dtype's min hidden)."""
+    k, steps = spec.eagle_topk, spec.num_steps
     bsz, dev = root.shape[0], root.device
+    c = _constants(spec, dev)
     rows = torch.arange(bsz, device=dev)[:, None]
-    ks = torch.arange(k, device=dev)
-    before = lengths - 1
-    # allowed[b, i, s]: frontier node i of row b sees slot s. It starts as the committed prefix and is
-    # carried down the tree: a new node takes its parent's row, then its own slot.
-    allowed = (torch.arange(window, device=dev)[None, None, :] < lengths[:, None, None]).expand(bsz, k, window)
-    yes = torch.ones((), dtype=torch.bool, device=dev)  # a device value: a Python True is copied from the host
+    slots = prefix + c.level_slots  # [(steps - 1) k]: where each level's keys go
+    column = torch.arange(window, device=dev)
+    own = kv_cache.additive(column[None, :] == slots[:, None], pool.buf.dtype)[:, 0]  # [(steps - 1) k, W]
+    committed = kv_cache.additive(column[None, :] < lengths[:, None], pool.buf.dtype)  # [B, 1, W]
+    positions = (lengths - 1)[:, None] + c.levels  # [B, steps - 1]: level s is fed at position P + s - 1
+    mask = committed
 
     def feed(step, tokens, hidden, parent):
-        nonlocal allowed
-        allowed = allowed[rows, parent] if parent is not None else allowed.clone()
-        pool.window, pool.write_slots = window, prefix + (step - 1) * k + ks
-        allowed[:, ks, pool.write_slots] = yes
-        mask = kv_cache.additive(allowed, pool.buf.dtype)
-        positions = (before + step)[:, None].expand(bsz, k)
-        out = draft.backbone(draft.embed(tokens), hidden, positions, pool, mask)
-        return out, draft.logits(out)
+        nonlocal mask
+        level = slice((step - 1) * k, step * k)
+        pool.window, pool.write_slots = window, slots[level]
+        mask = torch.maximum(mask if parent is None else mask[rows, parent], own[level])  # [B, k, W]
+        out = draft.backbone(draft.embed(tokens), hidden, positions[:, step - 1 : step].expand(bsz, k), pool,
+                             mask[:, None])
+        return out, draft.logits(out, pool)
 
-    return _grow(draft, root, logits0, hidden0, spec, feed)
-
-
-def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x.topk(k)`` over the last axis (values descending). A long row (a draft vocabulary) goes in
-    two stages: the top ``k`` of each of ``s`` slices, then the top ``k`` of those. The answer is the
-    same (up to the order of ties), but one row no longer sits on one thread block: on the H200 the
-    one-stage top-8 of 8 x 16k scores took 50-80 us, the longest kernel of a draft level. ``s`` keeps
-    rows x slices near 1024 blocks (64 slices for 8 rows, 8 for 128): 8192 slices of 256 took 37 us."""
-    v = x.shape[-1]
-    if k == 1:
-        return x.max(dim=-1, keepdim=True)
-    rows = max(1, x.numel() // max(v, 1))
-    slices = 1
-    while slices < 64 and rows * slices * 2 <= 1024 and v % (slices * 2) == 0 and v // (slices * 2) >= 4 * k:
-        slices *= 2
-    if slices == 1:
-        return x.topk(k, dim=-1)
-    part, part_ids = x.unflatten(-1, (slices, v // slices)).topk(k, dim=-1)  # [..., slices, k]
-    part_ids = part_ids + torch.arange(0, v, v // slices, device=x.device)[:, None]
-    values, at = part.flatten(-2).topk(k, dim=-1)
-    return values, part_ids.flatten(-2).gather(-1, at)
+    return _grow(draft, root, logits0, hidden0, spec, feed, ops_for(pool, hidden0, draft.rope))
 
 
-def _deeper(scores: torch.Tensor, depth: int) -> torch.Tensor:
+def _deeper(scores: torch.Tensor, depth) -> torch.Tensor:
     """Scores that rank a node strictly below its ancestors even where the log-probabilities tie (a
     child scores <= its parent; equal when the draft is certain): scaled up by ``depth`` parts in 2^20
     (log-probabilities are <= 0) and lowered by ``depth`` x 1e-30 for the ties at 0. Only near-ties
-    between unrelated nodes can swap."""
+    between unrelated nodes can swap. ``depth``: a number, or a tensor that broadcasts."""
     return scores * (1 + depth * 2.0 ** -20) - depth * 1e-30
 
 
-def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed) -> Tree:
+@dataclass(frozen=True)
+class _Constants:
+    """Index tensors a tree's drafting needs, made once per (setting, device) instead of once per
+    level inside every graph replay (each is a kernel there)."""
+
+    levels: torch.Tensor  # [steps - 1]: 1, 2, .. (the depth each fed level drafts from)
+    level_slots: torch.Tensor  # [(steps - 1) k]: 0, 1, ..: a fed node's slot past the prefix
+    frontier0: torch.Tensor  # [k]: the first frontier's candidate indices
+    offsets: torch.Tensor  # [steps - 2, 1]: the candidate index of each later level's first node
+    scale: torch.Tensor  # [C]: ``_deeper`` of every candidate, by its depth
+    shift: torch.Tensor  # [C]
+
+
+@functools.lru_cache(maxsize=64)
+def _constants(spec: SpecConfig, device: torch.device) -> _Constants:
+    k, steps = spec.eagle_topk, spec.num_steps
+    with torch.inference_mode(False):  # kept across calls (and graph captures): plain tensors
+        depth = torch.cat([torch.zeros(k), torch.arange(1, steps).repeat_interleave(k * k)]).double()
+        made = _Constants(
+            levels=torch.arange(1, steps), level_slots=torch.arange((steps - 1) * k), frontier0=torch.arange(k),
+            offsets=(k + torch.arange(max(steps - 2, 0)) * k * k)[:, None],
+            scale=(1 + depth * 2.0 ** -20).float(), shift=(depth * 1e-30).float())
+        return _Constants(*(t.to(device) for t in dataclasses.astuple(made)))
+
+
+def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed, ops=TORCH) -> Tree:
     """EAGLE-2 expansion and selection; ``feed(step, tokens, hidden, parent)`` runs one draft level
-    (``parent``: each frontier node's slot among the previous level's fed nodes, None at the first)."""
+    (``parent``: each frontier node's slot among the previous level's fed nodes, None at the first).
+
+    Candidates are numbered level by level: the first ``k`` (depth 1), then ``k * k`` per level, the
+    children of frontier node ``i`` at ``i * k ..``. Their parents and depth-ranked scores are put
+    together once, at the end; the last level only scores its children."""
     k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
     bsz, dev = root.shape[0], root.device
-    d2t = draft.d2t
+    c = _constants(spec, dev)
+    to_target = getattr(draft, "to_target", None)
+    if to_target is None:
+        to_target = draft.d2t + torch.arange(len(draft.d2t), device=draft.d2t.device)
     rows = torch.arange(bsz, device=dev)
 
-    scores, ids = topk(torch.log_softmax(logits0, dim=-1, dtype=torch.float32), k)  # [B, k]
-    tokens = ids + d2t[ids]
-    cand_tokens, cand_scores = [tokens], [scores]
-    cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
-    frontier = torch.arange(k, device=dev).expand(bsz, k)  # candidate index of each frontier node
+    scores, tokens = ops.top_children(logits0, k, to_target)  # [B, k]
+    cand_tokens, cand_scores, bests = [tokens], [scores], []
     hidden = hidden0[:, None, :].expand(bsz, k, hidden0.shape[-1])
     parent = None
-    n_cand = k
     for step in range(1, steps):
         out, logits = feed(step, tokens, hidden, parent)  # [B, k, H], [B, k, draft_vocab]
-        child_scores, child_ids = topk(torch.log_softmax(logits, dim=-1, dtype=torch.float32), k)  # [B, k, k]
-        flat_scores = (child_scores + scores[..., None]).reshape(bsz, k * k)
-        flat_tokens = (child_ids + d2t[child_ids]).reshape(bsz, k * k)
+        child_scores, child_tokens = ops.top_children(logits, k, to_target, scores)  # [B, k, k]
+        flat_scores, flat_tokens = child_scores.reshape(bsz, k * k), child_tokens.reshape(bsz, k * k)
         cand_tokens.append(flat_tokens)
-        cand_scores.append(_deeper(flat_scores, step))
-        cand_parents.append(frontier[:, :, None].expand(bsz, k, k).reshape(bsz, k * k))
+        cand_scores.append(flat_scores)
+        if step == steps - 1:
+            break
         scores, best = flat_scores.topk(k, dim=-1)  # [B, k]: the next frontier (any order)
+        bests.append(best)
         parent = best // k  # frontier slot of each new frontier node's parent
         tokens = flat_tokens.gather(1, best)
         hidden = out[rows[:, None], parent]
-        frontier = n_cand + best
-        n_cand += k * k
 
+    # Each fed level's frontier (candidate indices); a candidate's parent is its frontier node.
+    parts = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
+    if steps > 1:
+        frontiers = c.frontier0.expand(bsz, 1, k)
+        if bests:
+            frontiers = torch.cat([frontiers, torch.stack(bests, dim=1) + c.offsets], dim=1)  # [B, steps - 1, k]
+        parts.append(frontiers[..., None].expand(-1, -1, -1, k).reshape(bsz, -1))
+    all_parents = torch.cat(parts, dim=1)  # [B, C]
     all_tokens = torch.cat(cand_tokens, dim=1)  # [B, C]
-    all_scores = torch.cat(cand_scores, dim=1)
-    all_parents = torch.cat(cand_parents, dim=1)
-    chosen = torch.zeros_like(all_scores).scatter_(1, all_scores.topk(total - 1, dim=-1).indices, 1.0)
-    order = torch.arange(n_cand, 0, -1, device=dev, dtype=all_scores.dtype)  # earlier candidates rank higher
-    keep = (chosen * order).topk(total - 1, dim=-1).indices  # the chosen, in candidate order: parents first
-    column = torch.full((bsz, n_cand), -1, dtype=torch.long, device=dev)
-    column.scatter_(1, keep, torch.arange(1, total, device=dev).expand(bsz, total - 1))
+    ranked = _deeper_by(torch.cat(cand_scores, dim=1), c)
+    keep = ranked.topk(total - 1, dim=-1).indices.sort(dim=-1).values  # the chosen, in candidate order: parents first
     cand_parent = all_parents.gather(1, keep)
-    parent_col = torch.where(cand_parent < 0, torch.zeros_like(cand_parent), column.gather(1, cand_parent.clamp(min=0)))
-    if not parent_col.is_cuda and bool((parent_col < 0).any()):  # an invariant; not worth a GPU sync
-        raise RuntimeError("draft tree lost a parent: scores were not monotone along a path")
+    at = torch.searchsorted(keep, cand_parent)  # each chosen node's parent among the chosen
+    parent_col = torch.where(cand_parent < 0, 0, at + 1)
+    if not keep.is_cuda:  # an invariant; not worth a GPU sync
+        found = keep.gather(1, at.clamp(max=total - 2)) == cand_parent
+        if bool(((cand_parent >= 0) & ~found).any()):
+            raise RuntimeError("draft tree lost a parent: scores were not monotone along a path")
     tree_tokens = torch.cat([root[:, None], all_tokens.gather(1, keep)], dim=1)
     parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), parent_col], dim=1)
     return Tree.from_parents(tree_tokens, parents, max_depth=steps)
+
+
+def _deeper_by(scores: torch.Tensor, c: _Constants) -> torch.Tensor:
+    """``_deeper`` of every candidate at once, from the precomputed per-depth factors."""
+    return scores * c.scale - c.shift
 
 
 class StaticDrafter:
@@ -220,7 +247,7 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     # onto itself, never over committed slots.
     pool.commit(torch.where(counts > 0, base, prefix), new.expand(bsz, width), counts)
     last = h[torch.arange(bsz, device=dev), (counts - 1).clamp(min=0)]  # [B, H]
-    return draft.logits(last), last
+    return draft.logits(last, pool), last
 
 
 class StaticExtender:

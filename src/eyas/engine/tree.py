@@ -49,8 +49,8 @@ class Tree:
         reach = torch.eye(t, device=dev).expand(b, t, t).clone()  # float: bmm on every device
         reach.scatter_add_(2, parents.clamp(min=0)[..., None], live)  # self + parent
         rounds = math.ceil(math.log2((t if max_depth is None else max_depth) + 1))
-        for _ in range(rounds):  # paths of <= 2^r hops
-            reach = (torch.bmm(reach, reach) > 0).float()
+        for _ in range(rounds):  # paths of <= 2^r hops; counts of paths, clamped back to 0 / 1
+            reach = torch.bmm(reach, reach).clamp_(max=1)
         mask = reach > 0
         depth = (reach.sum(-1) - 1).long()
         return cls(tokens=tokens, parents=parents, depth=depth, mask=mask)

@@ -15,6 +15,12 @@ These kernels replace them (measured: 658 -> 497 kernels, 158.7 -> 192.0 tok/s; 
 - ``attend`` (two kernels): the query heads that share a KV head as one block of rows, each with
   its own row of the unfolded mask, over the cache window read in place; the window is split
   across programs and the splits combined (flash-decoding).
+- ``top_children`` (two kernels): a draft tree level's expansion. The first splits each row of
+  draft logits into blocks and takes, per block, its max, its sum of exponentials and its ``k``
+  best entries (``k`` rounds of argmax in registers); the second combines a row's blocks into the
+  log-softmax normaliser and the row's ``k`` best, adds the parent's score and maps the draft ids
+  to target ids. It replaces a log-softmax, a two-stage ``topk`` (sort-based kernels, 4-11 us each
+  on the H200) and three small kernels.
 
 The arithmetic is float32 with one rounding to the model's dtype at the end, where the torch ops
 round after each op; the two agree to that rounding (``tests/core/test_kernels.py``). Without a
@@ -193,6 +199,51 @@ def _attend_combine_kernel(part_o, part_ml, out, s_ob, s_ot, s_oh, T, SPLITS, HK
 _INTERPRETED = type(_rms_norm_kernel).__name__ == "InterpretedFunction"  # defined under TRITON_INTERPRET=1
 
 
+@triton.jit
+def _top_children_kernel(x, x_row, n, part_v, part_i, part_ml, SPLITS: tl.constexpr, K: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    c = tl.arange(0, BLOCK)
+    at_ = s * BLOCK + c
+    v = tl.load(x + r * x_row + at_, mask=at_ < n, other=float("-inf")).to(tl.float32)
+    m = tl.max(v, axis=0)  # every block holds at least one real entry: m is finite
+    out = r * SPLITS + s
+    tl.store(part_ml + out * 2, m)
+    tl.store(part_ml + out * 2 + 1, tl.sum(tl.exp(v - m), axis=0))
+    for j in tl.static_range(K):
+        best = tl.max(v, axis=0)
+        pick = tl.argmax(v, axis=0)  # the first of equal entries
+        tl.store(part_v + out * K + j, best)
+        tl.store(part_i + out * K + j, s * BLOCK + pick)
+        v = tl.where(c == pick, float("-inf"), v)
+
+
+@triton.jit
+def _top_children_combine_kernel(part_v, part_i, part_ml, base, to_target, scores, tokens, SPLITS: tl.constexpr,
+                                 K: tl.constexpr, SPLITS_P2: tl.constexpr, CAND_P2: tl.constexpr,
+                                 HAS_BASE: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    si = tl.arange(0, SPLITS_P2)
+    m = tl.load(part_ml + (r * SPLITS + si) * 2, mask=si < SPLITS, other=float("-inf"))
+    l = tl.load(part_ml + (r * SPLITS + si) * 2 + 1, mask=si < SPLITS, other=0.0)
+    top = tl.max(m, axis=0)
+    lse = top + tl.log(tl.sum(l * tl.exp(m - top), axis=0))
+    ci = tl.arange(0, CAND_P2)
+    live = ci < SPLITS * K
+    v = tl.load(part_v + r * SPLITS * K + ci, mask=live, other=float("-inf"))
+    ids = tl.load(part_i + r * SPLITS * K + ci, mask=live, other=0)
+    for j in tl.static_range(K):
+        best = tl.max(v, axis=0)
+        pick = tl.argmax(v, axis=0)  # the first: the lower block, so the lower id, of equal entries
+        score = best - lse
+        if HAS_BASE:
+            score = score + tl.load(base + r)
+        tl.store(scores + r * K + j, score)
+        tl.store(tokens + r * K + j, tl.load(to_target + tl.sum(tl.where(ci == pick, ids, 0), axis=0)))
+        v = tl.where(ci == pick, float("-inf"), v)
+
+
 def _launch(kernel, grid, x: torch.Tensor, *args, **kwargs) -> None:
     """``kernel[grid](x, *args)``; off the GPU only in Triton's interpreter."""
     if not x.is_cuda and not _INTERPRETED:
@@ -218,6 +269,7 @@ class TritonOps(TorchOps):
 
     name = "triton"
     failed: str | None = None
+    top_children_failed: str | None = None
 
     def _or_torch(self, kernel_path, torch_path):
         if TritonOps.failed is None or _forced():  # the environment is read only once a kernel has failed
@@ -258,6 +310,45 @@ class TritonOps(TorchOps):
         return self._or_torch(lambda: self._attend(q, keys, values, mask, scale, heads),
                               lambda: TorchOps.attend(self, q, keys, values,
                                                       TorchOps.fold_mask(self, mask, heads[0] // heads[1]), scale, heads))
+
+    def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
+                     base: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's op, not the forward's: if it cannot run, only it falls back to torch."""
+        if TritonOps.top_children_failed is None or _forced():
+            try:
+                return self._top_children(logits, k, to_target, base)
+            except EyasError:
+                raise
+            except Exception as e:  # noqa: BLE001 - as _or_torch
+                if _forced():
+                    raise
+                TritonOps.top_children_failed = f"{type(e).__name__}: {e}"
+                log.warning("the Triton top_children kernel failed (%s); tree levels use log_softmax + topk "
+                            "from now on", TritonOps.top_children_failed)
+        return TorchOps.top_children(self, logits, k, to_target, base)
+
+    def _top_children(self, logits, k, to_target, base):
+        n = logits.shape[-1]
+        if n < k:
+            raise EyasError(f"a draft vocabulary of {n} tokens has no {k} best", "lower --speculative-eagle-topk")
+        x = _rows(logits)
+        rows = x.shape[0]
+        block = min(1024, max(16, triton.next_power_of_2(n)))
+        splits = triton.cdiv(n, block)
+        dev = x.device
+        part_v = torch.empty((rows, splits, k), dtype=torch.float32, device=dev)
+        part_i = torch.empty((rows, splits, k), dtype=torch.int32, device=dev)
+        part_ml = torch.empty((rows, splits, 2), dtype=torch.float32, device=dev)
+        scores = torch.empty((rows, k), dtype=torch.float32, device=dev)
+        tokens = torch.empty((rows, k), dtype=torch.long, device=dev)
+        _launch(_top_children_kernel, (rows, splits), x, x.stride(0), n, part_v, part_i, part_ml, SPLITS=splits, K=k,
+                BLOCK=block, num_warps=4)
+        flat_base = scores if base is None else base.reshape(-1).float().contiguous()
+        _launch(_top_children_combine_kernel, (rows,), part_v, part_i, part_ml, flat_base, to_target, scores, tokens,
+                SPLITS=splits, K=k, SPLITS_P2=triton.next_power_of_2(splits),
+                CAND_P2=triton.next_power_of_2(splits * k), HAS_BASE=base is not None, num_warps=1)
+        lead = logits.shape[:-1]
+        return scores.view(*lead, k), tokens.view(*lead, k)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         n = x.shape[-1]

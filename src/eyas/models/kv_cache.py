@@ -110,7 +110,7 @@ def attention_mask(
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, T, S]`` bool visibility -> the additive float mask ``[B, 1, T, S]`` SDPA takes (two
-    kernels: a draft tree builds one per level inside its graph)."""
+    """``[B, T, S]`` bool visibility -> the additive float mask ``[B, 1, T, S]`` SDPA takes (0 visible,
+    the dtype's min hidden; two kernels)."""
     mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
     return mask.masked_fill_(allowed, 0.0)[:, None]

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import TORCH, TorchOps, ops_for
+from .ops import TorchOps, ops_for
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -133,6 +133,8 @@ class NativeEagle3:
         self.qkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
         self.gate_up = _fuse([m.gate_proj, m.up_proj])
         self.rope = RopeTable(draft.rotary_emb)
+        d2t = draft.d2t  # the target id of draft id i is i + d2t[i]: one lookup a level, not two
+        self.to_target = d2t + torch.arange(len(d2t), device=d2t.device)
 
     def __getattr__(self, name: str):  # config, fc, d2t, draft_vocab_size, embed, project...
         return getattr(self.__dict__["draft"], name)
@@ -148,8 +150,9 @@ class NativeEagle3:
                       mask)
         return mlp(ops, h, layer.post_attention_layernorm, self.gate_up, layer.mlp.down_proj)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.draft.lm_head(_rms(TORCH, self.draft.norm, hidden))
+    def logits(self, hidden: torch.Tensor, cache=None) -> torch.Tensor:
+        """The draft's logits of ``hidden``; its norm as a kernel where ``cache`` is a GPU's static one."""
+        return self.draft.lm_head(_rms(ops_for(cache, hidden, self.rope), self.draft.norm, hidden))
 
 
 class RopeTable:

@@ -107,7 +107,7 @@ class DraftSteps:
 
         def fn(inputs, mask):
             h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)
-            return h, d.logits(h)
+            return h, d.logits(h, self.pool)
 
         def example(b, t):
             ids = torch.zeros((b, t), dtype=torch.long, device=d.fc.weight.device)
@@ -127,7 +127,7 @@ class DraftSteps:
             return cache.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
         d = self.net
         h = d.backbone(d.embed(tokens), hidden, positions, cache, mask)
-        return h, d.logits(h)
+        return h, d.logits(h, cache)
 
 
 def choose(target: Target, engine: str = "auto", flag: str = "--engine") -> tuple[Target, str | None]:

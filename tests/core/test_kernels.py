@@ -153,14 +153,17 @@ def test_top_children_matches_log_softmax_and_topk(shape, k, dtype):
 
 
 
+class CannotCompile:
+    """Stands in for a Triton kernel this GPU cannot compile: every launch raises."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise RuntimeError("no kernel for this GPU")
+        return launch
+
+
 def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     """The drafter's kernel failing leaves the forward's kernels on."""
-    class CannotCompile:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("no kernel for this GPU")
-            return launch
-
     monkeypatch.setattr(kernels.TritonOps, "failed", None)
     monkeypatch.setattr(kernels.TritonOps, "top_children_failed", None)
     monkeypatch.setattr(kernels, "_top_children_kernel", CannotCompile())
@@ -176,12 +179,6 @@ def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
 
 
 def test_a_kernel_that_cannot_run_falls_back_to_the_torch_ops(monkeypatch, caplog):
-    class CannotCompile:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("no kernel for this GPU")
-            return launch
-
     monkeypatch.setattr(kernels.TritonOps, "failed", None)
     monkeypatch.setattr(kernels, "_attend_kernel", CannotCompile())
     torch.manual_seed(4)

@@ -69,7 +69,10 @@ class DistContext:
         return self.device if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
     def close(self) -> None:
+        """Leave the group together: a rank that tears gloo down while another is still in a
+        collective can abort (``terminate called without an active exception``, seen once in CI)."""
         if self.active and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
 
 

@@ -5,7 +5,9 @@
 
 In one run: the device-to-device copy bandwidth, HF transformers ``generate`` (eager), eyas's
 native path eager (``--disable-cuda-graph``), with CUDA graphs but the torch ops in place of the
-Triton kernels (``EYAS_KERNELS=torch``), and with both (the default). The limit is bandwidth divided
+Triton kernels (``EYAS_KERNELS=torch``), with the kernels but cuBLAS for every projection
+(``TritonOps.fused_linears = False``: the norms, the activation and the residual adds as separate
+kernels), and the default (a decode step's projections as ``_linear_kernel``). The limit is bandwidth divided
 by the weight bytes a decode step reads (all weights but the embedding table); the figure for all
 weights, embedding included, is recorded too.
 """
@@ -72,7 +74,16 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--context-length", type=int, default=4096)
+    ap.add_argument("--linear-configs", help="a linear_cost.py --sweep JSON: its best configs replace linear_config's")
     args = ap.parse_args()
+    if args.linear_configs:
+        import json
+
+        from eyas.models import kernels
+
+        for r in json.loads(open(args.linear_configs).read())["results"]:
+            if "sweep_best" in r:
+                kernels.LINEAR_CONFIGS[(r["n"], r["k"], 2)] = tuple(r["sweep_best"]["config"])
 
     bw = copy_bandwidth()
     model = random_model(llama31_8b_config(args.layers))
@@ -89,9 +100,13 @@ def main() -> None:
     target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
     runs = {}
     # "graphs-torch-ops": graphs without the Triton kernels (EYAS_KERNELS=torch), the kernels' effect
-    # side by side; "graphs" is the default path.
-    for name, graphs, kernels in (("eager", False, "auto"), ("graphs-torch-ops", True, "torch"), ("graphs", True, "auto")):
-        os.environ["EYAS_KERNELS"] = kernels
+    # side by side; "graphs-cublas-linears": the kernels but cuBLAS projections; "graphs" is the default path.
+    from eyas.models.kernels import TritonOps
+
+    for name, graphs, ops_mode, fused in (("eager", False, "auto", True), ("graphs-torch-ops", True, "torch", True),
+                                          ("graphs-cublas-linears", True, "auto", False), ("graphs", True, "auto", True)):
+        os.environ["EYAS_KERNELS"] = ops_mode
+        TritonOps.fused_linears = fused
         engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs)
         tps = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
         runs[name] = {"tok_s": [round(x, 2) for x in tps], "median": round(statistics.median(tps), 2),

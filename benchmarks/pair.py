@@ -32,7 +32,8 @@ from eyas.models.target import Target
 
 def run_all(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
     params = SamplingParams(max_new_tokens=new_tokens)
-    engine.generate([prompts[0]], params)  # warm-up: graphs for every bucket this length reaches
+    engine.warm_up(progress=False)  # every graph captured first, as eyas serve does: no capture in the timing
+    engine.generate([prompts[0]], params)  # and every kernel compiled
     outs, secs = [], []
     for p in prompts:
         sync()
@@ -86,7 +87,13 @@ def main() -> None:
     ap.add_argument("--specs", nargs="+", default=["5,1,6", "6,4,16", "6,8,32", "6,8,48"])
     ap.add_argument("--hf-prompts", type=int, default=4, help="prompts for the HF-path reference baseline (0: none)")
     ap.add_argument("--fp32-prompts", type=int, default=8)
+    ap.add_argument("--cublas-linears", action="store_true",
+                    help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
     args = ap.parse_args()
+    if args.cublas_linears:
+        from eyas.models.kernels import TritonOps
+
+        TritonOps.fused_linears = False
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)

@@ -4,6 +4,10 @@ Without a GPU they run in Triton's interpreter (``conftest`` sets ``TRITON_INTER
 kernel code, its loads, masks, strides and stores, executed program by program on the CPU.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -48,6 +52,78 @@ def test_silu_mul_matches_torch(dtype, width):
     got, want = TRITON.silu_mul(x), TORCH.silu_mul(x)
     assert got.shape == (2, 3, width)
     torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(40, 72), (96, 576), (24, 2500)])  # ragged blocks; SmolLM2's width; K blocks
+@pytest.mark.parametrize("norm,bias", [(False, False), (True, False), (True, True)])
+def test_linear_matches_torch(dtype, shape, norm, bias):
+    """A decode step's projection at batch 1, its RMSNorm (and Qwen2's bias) inside the kernel."""
+    torch.manual_seed(5)
+    n, k = shape
+    x = torch.randn(1, 1, k, dtype=dtype, device=DEVICE) * 2
+    w = (torch.randn(n, k, device=DEVICE) / k ** 0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
+    nrm = (torch.rand(k, device=DEVICE).to(dtype) + 0.5, 1e-5) if norm else None
+    got, want = TRITON.linear(x, w, b, nrm), TORCH.linear(x, w, b, nrm)
+    assert got.shape == (1, 1, n) and got.dtype == dtype
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("silu,bias", [(False, False), (True, False), (False, True)])
+def test_linear_add_matches_torch(dtype, silu, bias):
+    """The o and down projections: the residual added inside, silu(gate) * up computed on the way in."""
+    torch.manual_seed(6)
+    n, k = 48, 200
+    x = torch.randn(1, 1, 2 * k if silu else k, dtype=dtype, device=DEVICE) * 2
+    res = torch.randn(1, 1, n, dtype=dtype, device=DEVICE) * 4
+    w = (torch.randn(n, k, device=DEVICE) / k ** 0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
+    got, want = TRITON.linear_add(res, x, w, b, silu), TORCH.linear_add(res, x, w, b, silu)
+    assert got.shape == res.shape and got.dtype == dtype
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+def test_linear_kernel_takes_one_row_only(monkeypatch):
+    """More rows (a tree's verify, a draft level, prefill) and a wide head over short rows keep
+    cuBLAS; the kernel is for a decode step at batch 1."""
+    monkeypatch.setattr(kernels, "_linear_kernel", CannotCompile())
+    monkeypatch.setenv("EYAS_KERNELS", "triton")  # a launch would raise
+    x, w = torch.randn(2, 32, device=DEVICE), torch.randn(24, 32, device=DEVICE)
+    assert torch.equal(TRITON.linear(x, w), TORCH.linear(x, w))
+    head = torch.randn(16384, 32, device=DEVICE)
+    assert kernels.linear_config(16384, 32, 4) is None
+    assert torch.equal(TRITON.linear(x[:1], head), TORCH.linear(x[:1], head))
+    with pytest.raises(RuntimeError, match="no kernel for this GPU"):
+        TRITON.linear(x[:1], w)
+    monkeypatch.setattr(kernels.TritonOps, "fused_linears", False)
+    assert torch.equal(TRITON.linear(x[:1], w), TORCH.linear(x[:1], w))
+
+
+HOPPER_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from eyas.models.kernels import _linear_kernel
+sig = {"x": "*bf16", "w": "*bf16", "s_w": "i32", "bias": "*bf16", "res": "*bf16", "nw": "*bf16", "out": "*bf16",
+       "N": "i32", "K": "i32", "eps": "fp32"}
+for pro, has_bias, has_res, row_p2 in [(0, False, True, 0), (1, False, False, 4096), (1, True, False, 0),
+                                       (2, False, True, 0), (0, True, True, 0)]:
+    const = dict(PRO=pro, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_N=8, BLOCK_K=512, ROW_P2=row_p2)
+    src = triton.compiler.ASTSource(fn=_linear_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                                    constexprs=const)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1})
+print("compiled")
+"""
+
+
+def test_linear_kernel_compiles_for_hopper():
+    """Triton's compiler checks what its interpreter does not (a loop-carried variable that changes
+    type, say): compile every variant for sm_90 without a GPU, in a process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    run = subprocess.run([sys.executable, "-c", HOPPER_COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
 
 
 def _tol(dtype):
@@ -244,3 +320,21 @@ def test_other_families_decode_like_hugging_face_through_the_kernels(name, monke
     assert engine.layout.endswith("triton kernels")
     outs = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=10, ignore_eos=True))
     assert [o.output_ids for o in outs] == refs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE == "cuda", reason="the CPU fixtures' check; on a GPU the benchmarks' fp32 pair checks it")
+@pytest.mark.parametrize("name", ["llama", "qwen2-bias"])
+def test_batch_one_decode_through_the_linear_kernel_is_hugging_faces(name, monkeypatch):
+    """At batch 1 every projection of a float32 model runs as ``_linear_kernel`` (norm, silu, bias and
+    residual inside) and the greedy tokens are still HF's."""
+    model = family_model(name).float()
+    refs = [reference_greedy(model, p, 8) for p in PROMPTS[:2]]
+    launched = []
+    launch = kernels._launch
+    monkeypatch.setattr(kernels, "_launch", lambda kernel, *a, **kw: (launched.append(kernel), launch(kernel, *a, **kw)))
+    monkeypatch.setenv("EYAS_KERNELS", "triton")
+    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=1, cuda_graphs=True)
+    outs = [engine.generate([p], SamplingParams(max_new_tokens=8, ignore_eos=True))[0].output_ids for p in PROMPTS[:2]]
+    assert outs == refs
+    assert launched.count(kernels._linear_kernel) >= 7 * model.config.num_hidden_layers * 4  # 4 a layer, 7 steps

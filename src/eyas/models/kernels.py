@@ -15,6 +15,11 @@ These kernels replace them (measured: 658 -> 497 kernels, 158.7 -> 192.0 tok/s; 
 - ``attend`` (two kernels): the query heads that share a KV head as one block of rows, each with
   its own row of the unfolded mask, over the cache window read in place; the window is split
   across programs and the splits combined (flash-decoding).
+- ``linear`` / ``linear_add`` (``_linear_kernel``): a projection of one row (decode at batch 1) as a
+  GEMV with what surrounds it inside: the RMSNorm before q/k/v, gate/up and the LM head, ``silu(gate)
+  * up`` before down, the bias, and the residual add after o and down (cuBLAS needed a norm or silu
+  kernel, split-K reductions and a copy around each). 497 -> 272 kernels a token on the 8B shape,
+  192.8 -> 204.0 and 196.1 -> 210.4 tok/s in two leases. More rows stay on cuBLAS;
 - ``top_children`` (two kernels): a draft tree level's expansion. The first splits each row of
   draft logits into blocks and takes, per block, its max, its sum of exponentials and its ``k``
   best entries (``k`` rounds of argmax in registers); the second combines a row's blocks into the
@@ -196,6 +201,53 @@ def _attend_combine_kernel(part_o, part_ml, out, s_ob, s_ot, s_oh, T, SPLITS, HK
     tl.store(out + b * s_ob + t * s_ot + head * s_oh + d, res.to(out.dtype.element_ty), mask=d < D)
 
 
+@triton.jit
+def _linear_kernel(x, w, s_w, bias, res, nw, out, N, K, eps, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_P2: tl.constexpr):
+    """``out[n] = res[n] + bias[n] + pro(x) . w[n]`` for one row ``x`` and this program's ``BLOCK_N``
+    output columns ``n`` (a decode step at batch 1: each weight is read once, at the bandwidth).
+    ``pro``: ``PRO`` 0 as it is; 1 RMS-normed with the weights ``nw`` (each program sums the row's
+    squares first, in one load when the row has at most 16k entries, ``ROW_P2``); 2 ``silu(gate) * up``
+    of ``x = [gate | up]``. The prologue rounds to the model's dtype as the separate kernels do; the
+    products accumulate in float32 in registers and are summed once at the end."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nv = n < N
+    if PRO == 1:
+        if ROW_P2 > 0:  # one memory latency before the weights stream, not K / BLOCK_K of them
+            kr = tl.arange(0, ROW_P2)
+            xr = tl.load(x + kr, mask=kr < K, other=0.0).to(tl.float32)
+            ss = tl.sum(xr * xr, axis=0)
+        else:
+            ss = 0.0
+            for r0 in range(0, K, BLOCK_K):
+                kr = r0 + tl.arange(0, BLOCK_K)
+                xr = tl.load(x + kr, mask=kr < K, other=0.0).to(tl.float32)
+                ss += tl.sum(xr * xr, axis=0)
+        rstd = tl.rsqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    wrow = w + n[:, None].to(tl.int64) * s_w
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kv = kk < K
+        if PRO == 2:
+            g = tl.load(x + kk, mask=kv, other=0.0).to(tl.float32)
+            u = tl.load(x + K + kk, mask=kv, other=0.0).to(tl.float32)
+            xv = (g * tl.sigmoid(g) * u).to(x.dtype.element_ty)
+        elif PRO == 1:
+            g = tl.load(x + kk, mask=kv, other=0.0).to(tl.float32)
+            wn = tl.load(nw + kk, mask=kv, other=0.0).to(tl.float32)
+            xv = (g * rstd * wn).to(x.dtype.element_ty)
+        else:
+            xv = tl.load(x + kk, mask=kv, other=0.0)
+        wv = tl.load(wrow + kk[None, :], mask=nv[:, None] & kv[None, :], other=0.0)
+        acc += wv.to(tl.float32) * xv.to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(bias + n, mask=nv, other=0.0).to(tl.float32)
+    if HAS_RES:
+        y += tl.load(res + n, mask=nv, other=0.0).to(tl.float32)
+    tl.store(out + n, y.to(out.dtype.element_ty), mask=nv)
+
 _INTERPRETED = type(_rms_norm_kernel).__name__ == "InterpretedFunction"  # defined under TRITON_INTERPRET=1
 
 
@@ -270,6 +322,7 @@ class TritonOps(TorchOps):
     name = "triton"
     failed: str | None = None
     top_children_failed: str | None = None
+    fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
 
     def _or_torch(self, kernel_path, torch_path):
         if TritonOps.failed is None or _forced():  # the environment is read only once a kernel has failed
@@ -293,6 +346,28 @@ class TritonOps(TorchOps):
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self._or_torch(lambda: self._silu_mul(x), lambda: TorchOps.silu_mul(self, x))
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        if not self._one_row(x, weight):
+            return TorchOps.linear(self, x, weight, bias, norm)
+        return self._or_torch(lambda: self._linear(x, weight, bias, 1 if norm else 0, norm),
+                              lambda: TorchOps.linear(self, x, weight, bias, norm))
+
+    def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
+        if not self._one_row(x, weight):
+            return TorchOps.linear_add(self, residual, x, weight, bias, silu)
+        return self._or_torch(lambda: self._linear(x, weight, bias, 2 if silu else 0, None, residual),
+                              lambda: TorchOps.linear_add(self, residual, x, weight, bias, silu))
+
+    def _one_row(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether ``x`` is one row for ``weight`` (a decode step at batch 1) that ``_linear_kernel``
+        runs with its norm, activation and residual inside; more rows (a tree's verify, a draft
+        level, prefill), and shapes where cuBLAS measured faster, stay cuBLAS's."""
+        return (self.fused_linears and x.numel() == x.shape[-1] and weight.dtype == x.dtype
+                and weight.stride(-1) == 1 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+                and linear_config(*weight.shape, x.dtype.itemsize) is not None)
 
     def qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
         def torch_path():
@@ -349,6 +424,21 @@ class TritonOps(TorchOps):
                 CAND_P2=triton.next_power_of_2(splits * k), HAS_BASE=base is not None, num_warps=1)
         lead = logits.shape[:-1]
         return scores.view(*lead, k), tokens.view(*lead, k)
+
+    def _linear(self, x, weight, bias, pro: int, norm=None, residual=None) -> torch.Tensor:
+        n, k = weight.shape
+        row = x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)
+        out = torch.empty(n, dtype=x.dtype, device=x.device)
+        res = out if residual is None else residual.reshape(-1).contiguous()
+        block_n, block_k, warps, stages = linear_config(n, k, x.dtype.itemsize)
+        if not x.is_cuda:  # Triton's interpreter runs programs one by one: fewer, wider ones (same code path)
+            block_n = max(block_n, min(128, triton.next_power_of_2(n)))
+        _launch(_linear_kernel, (triton.cdiv(n, block_n),), row, weight, weight.stride(0),
+                out if bias is None else bias, res, out if norm is None else norm[0], out, n, k,
+                float(norm[1]) if norm else 0.0, PRO=pro, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                BLOCK_N=block_n, BLOCK_K=block_k, ROW_P2=triton.next_power_of_2(k) if pro == 1 and k <= 16384 else 0,
+                num_warps=warps, num_stages=stages)
+        return out.view(*x.shape[:-1], n)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         n = x.shape[-1]
@@ -422,6 +512,26 @@ class TritonOps(TorchOps):
                     out.stride(2), t, splits, hkv, m_pad, REP=rep, D=d, D_P2=d_p2,
                     SPLITS_P2=triton.next_power_of_2(splits), num_warps=1)
         return out.view(bsz, t, hq * d)
+
+
+LINEAR_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int] | None] = {}
+"""Overrides of ``linear_config`` by (N, K, bytes per element); ``benchmarks/linear_cost.py`` sweeps them."""
+
+
+def linear_config(n: int, k: int, itemsize: int) -> tuple[int, int, int, int] | None:
+    """``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` of ``_linear_kernel`` for an ``[n, k]`` weight, or
+    None where cuBLAS (with the norm as its own kernel) measured faster. From the H200 sweeps
+    (``benchmarks/results/linear-cost-*.json``): 8 weight rows a program, unpipelined, the whole row
+    (up to 1024) or 512 a step; for wide outputs (gate/up, an LM head) 16 rows of 256, two stages;
+    a wide output over short rows (SmolLM2's LM heads: 49152 x 576) stays cuBLAS's."""
+    if (n, k, itemsize) in LINEAR_CONFIGS:
+        return LINEAR_CONFIGS[n, k, itemsize]
+    scale = max(1, itemsize // 2)  # float32: half the entries a step, the same bytes
+    if n >= 16384:
+        return None if k < 2048 else (16, 256 // scale, 4, 2)
+    if k <= 2048:
+        return 8, max(16, min(1024 // scale, triton.next_power_of_2(k))), 8, 1
+    return 8, 512 // scale, 8 if k >= 8192 else 4, 1
 
 
 TRITON = TritonOps()

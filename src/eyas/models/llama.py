@@ -11,22 +11,22 @@ what an engine needs and nothing else:
 - grouped-query attention folds the query heads of one KV head into the query axis
   (``[B, Hkv, rep * T, D]``), so SDPA reads each key once, with no repeat of the cache;
 - the aux hidden states EAGLE-3 needs are taken inline (no hooks, so it can be graph-captured);
-- fewer kernels per layer: residual adds folded into the o/down GEMMs, and the rest through
-  ``ops``: on the GPU's static cache three Triton kernels (``models.kernels``: RMSNorm, rotary
-  + cache write, silu * up; about 11 kernels a layer), elsewhere the torch reference
-  (``F.rms_norm``, rotary on q and k in one pass; about 20). Under CUDA graphs a small kernel
+- fewer kernels per layer: the projections and everything between them go through ``ops``: on the
+  GPU's static cache Triton kernels (``models.kernels``: RMSNorm, rotary + cache write, attention,
+  silu * up, and for a one-row step each projection with its norm, activation and residual add
+  inside; about 8 kernels a layer at batch 1), elsewhere the torch reference (``F.rms_norm``,
+  residual adds as the GEMMs' accumulators, rotary on q and k in one pass; about 20). Under CUDA graphs a small kernel
   still costs a few microseconds, so at batch 1 the kernel count, not the arithmetic, is what a
   forward costs beside its GEMMs.
 
 Embeddings, norms, rotary embeddings (every rope scaling HF implements) and the LM head are HF's
-own modules, called as they are, so the maths is HF's. ``native_support`` says why a model cannot
+own modules or their weights, so the maths is HF's. ``native_support`` says why a model cannot
 take this path; the engine then keeps the generic one.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .ops import TorchOps, ops_for
@@ -107,11 +107,12 @@ class NativeLlama(nn.Module):
                 aux[i] = h
             a = layer.self_attn
             norms = (a.q_norm, a.k_norm) if self.qk_norm else None
-            h = attention(ops, _rms(ops, layer.input_layernorm, h), h, self.qkv[i], self.qkv_bias[i], a.o_proj,
-                          self.heads, self.scaling, rot, cache, i, mask, norms)
+            h = attention(ops, h, h, self.qkv[i], self.qkv_bias[i], a.o_proj, self.heads, self.scaling, rot, cache, i,
+                          mask, norms, _norm(layer.input_layernorm))
             h = mlp(ops, h, layer.post_attention_layernorm, self.gate_up[i], layer.mlp.down_proj)
         aux[self.num_layers] = h
-        logits = self.lm_head(_rms(ops, self.norm, h if logits_at is None else h[:, logits_at]))
+        head = self.lm_head
+        logits = ops.linear(h if logits_at is None else h[:, logits_at], head.weight, head.bias, _norm(self.norm))
         return logits, (torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None)
 
 
@@ -152,7 +153,8 @@ class NativeEagle3:
 
     def logits(self, hidden: torch.Tensor, cache=None) -> torch.Tensor:
         """The draft's logits of ``hidden``; its norm as a kernel where ``cache`` is a GPU's static one."""
-        return self.draft.lm_head(_rms(ops_for(cache, hidden, self.rope), self.draft.norm, hidden))
+        head = self.draft.lm_head
+        return ops_for(cache, hidden, self.rope).linear(hidden, head.weight, head.bias, _norm(self.draft.norm))
 
 
 class RopeTable:
@@ -182,30 +184,27 @@ class RopeTable:
 
 
 def attention(ops: TorchOps, x, residual, qkv_w, qkv_b, o_proj, heads: tuple[int, int, int], scaling: float, rot,
-              cache, layer: int, mask, qk_norms=None) -> torch.Tensor:
-    """``residual + o_proj(attn(x))`` for normed ``x`` ``[B, T, in]``: fused q/k/v, then ``ops`` rotates
-    q and k (after Qwen3's per-head norms) and stores keys and values in ``cache`` as ``layer``;
-    grouped-query attention is folded into the query axis (``mask`` already folded by ``ops.fold_mask``)."""
-    q, keys, values = ops.qkv_to_cache(F.linear(x, qkv_w, qkv_b), heads, rot, cache, layer, qk_norms)
-    return _linear_add(residual, ops.attend(q, keys, values, mask, scaling, heads), o_proj)
+              cache, layer: int, mask, qk_norms=None, norm=None) -> torch.Tensor:
+    """``residual + o_proj(attn(x))`` for ``x`` ``[B, T, in]`` (RMS-normed by ``norm``, a pair (weight,
+    eps), when given): fused q/k/v, then ``ops`` rotates q and k (after Qwen3's per-head norms) and
+    stores keys and values in ``cache`` as ``layer``; grouped-query attention is folded into the query
+    axis (``mask`` already folded by ``ops.fold_mask``)."""
+    q, keys, values = ops.qkv_to_cache(ops.linear(x, qkv_w, qkv_b, norm), heads, rot, cache, layer, qk_norms)
+    return ops.linear_add(residual, ops.attend(q, keys, values, mask, scaling, heads), o_proj.weight, o_proj.bias)
 
 
 def mlp(ops: TorchOps, h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
     """``h + down(silu(gate) * up)`` of ``norm(h)``, gate and up in one GEMM."""
-    return _linear_add(h, ops.silu_mul(F.linear(_rms(ops, norm, h), gate_up)), down)
+    return ops.linear_add(h, ops.linear(h, gate_up, None, _norm(norm)), down.weight, down.bias, silu=True)
+
+
+def _norm(norm: nn.Module) -> tuple[torch.Tensor, float]:
+    """An HF RMSNorm (``weight * x / rms(x)``, the family's only norm) as the pair ``ops`` takes."""
+    return norm.weight, norm.variance_epsilon
 
 
 def _rms(ops: TorchOps, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """An HF RMSNorm (``weight * x / rms(x)``, the family's only norm) as one kernel."""
-    return ops.rms_norm(x, norm.weight, norm.variance_epsilon)
-
-
-def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``residual + linear(x)`` in one GEMM (the residual rides in as the accumulator)."""
-    if linear.bias is not None:
-        return residual + linear(x)
-    shape = residual.shape
-    return torch.addmm(residual.reshape(-1, shape[-1]), x.reshape(-1, x.shape[-1]), linear.weight.t()).view(shape)
+    return ops.rms_norm(x, *_norm(norm))
 
 
 def _fuse(linears: list[nn.Linear], name: str = "weight") -> torch.Tensor | None:

@@ -8,6 +8,8 @@ float32 and round once or twice to the model's dtype, so they agree to a roundin
 
     rotation(rope, x, positions)   -> what ``qkv_to_cache`` needs to rotate q and k at ``positions``
     rms_norm(x, weight, eps)       -> weight * x / rms(x)
+    linear(x, w, b, norm)          -> F.linear of x, RMS-normed first when norm = (weight, eps)
+    linear_add(res, x, w, b, silu) -> res + F.linear(x, w, b), of silu_mul(x) when silu
     silu_mul(x)                    -> silu(gate) * up, for x = [gate | up]
     qkv_to_cache(qkv, heads, rot, cache, layer, norms)
                                    -> (q folded for GQA, the cache's keys, its values)
@@ -44,6 +46,22 @@ class TorchOps:
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, of ``rms_norm(x, *norm)`` when ``norm`` is given."""
+        return F.linear(x if norm is None else self.rms_norm(x, *norm), weight, bias)
+
+    def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
+        """``residual + F.linear(x, weight, bias)``, of ``silu_mul(x)`` when ``silu``; without a bias
+        in one GEMM, the residual riding in as the accumulator."""
+        if silu:
+            x = self.silu_mul(x)
+        if bias is not None:
+            return residual + F.linear(x, weight, bias)
+        shape = residual.shape
+        return torch.addmm(residual.reshape(-1, shape[-1]), x.reshape(-1, x.shape[-1]), weight.t()).view(shape)
 
     def qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
         """From the fused projection ``[B, T, (Hq + 2 Hkv) D]``: Qwen3's per-head norms (``norms``, a

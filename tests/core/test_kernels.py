@@ -97,6 +97,8 @@ def test_linear_kernel_takes_one_row_only(monkeypatch):
     assert torch.equal(TRITON.linear(x[:1], head), TORCH.linear(x[:1], head))
     with pytest.raises(RuntimeError, match="no kernel for this GPU"):
         TRITON.linear(x[:1], w)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a wrong width is torch's error, not a stray read
+        TRITON.linear(x[:1, :31], w)
     monkeypatch.setattr(kernels.TritonOps, "fused_linears", False)
     assert torch.equal(TRITON.linear(x[:1], w), TORCH.linear(x[:1], w))
 

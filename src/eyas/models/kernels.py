@@ -349,23 +349,23 @@ class TritonOps(TorchOps):
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-        if not self._one_row(x, weight):
+        if not self._one_row(x, weight, weight.shape[1]):
             return TorchOps.linear(self, x, weight, bias, norm)
         return self._or_torch(lambda: self._linear(x, weight, bias, 1 if norm else 0, norm),
                               lambda: TorchOps.linear(self, x, weight, bias, norm))
 
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
-        if not self._one_row(x, weight):
+        if not self._one_row(x, weight, weight.shape[1] * (2 if silu else 1)) or residual.numel() != weight.shape[0]:
             return TorchOps.linear_add(self, residual, x, weight, bias, silu)
         return self._or_torch(lambda: self._linear(x, weight, bias, 2 if silu else 0, None, residual),
                               lambda: TorchOps.linear_add(self, residual, x, weight, bias, silu))
 
-    def _one_row(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether ``x`` is one row for ``weight`` (a decode step at batch 1) that ``_linear_kernel``
+    def _one_row(self, x: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
+        """Whether ``x`` is one row of ``width`` for ``weight`` (a decode step at batch 1) that ``_linear_kernel``
         runs with its norm, activation and residual inside; more rows (a tree's verify, a draft
         level, prefill), and shapes where cuBLAS measured faster, stay cuBLAS's."""
-        return (self.fused_linears and x.numel() == x.shape[-1] and weight.dtype == x.dtype
+        return (self.fused_linears and x.numel() == x.shape[-1] == width and weight.dtype == x.dtype
                 and weight.stride(-1) == 1 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
                 and linear_config(*weight.shape, x.dtype.itemsize) is not None)
 

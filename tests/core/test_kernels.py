@@ -256,6 +256,21 @@ def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     assert kernels.TritonOps.failed is None  # rms_norm, rope_store, attend: still the kernels
 
 
+def test_linear_kernel_that_cannot_run_falls_back_alone(monkeypatch, caplog):
+    """A GPU where the one-row projection kernel cannot compile keeps cuBLAS for the projections and
+    the other kernels for the rest."""
+    monkeypatch.setattr(kernels.TritonOps, "failed", None)
+    monkeypatch.setattr(kernels.TritonOps, "linear_failed", None)
+    monkeypatch.setattr(kernels, "_linear_kernel", CannotCompile())
+    monkeypatch.setenv("EYAS_KERNELS", "auto")
+    x, w, res = torch.randn(1, 64, device=DEVICE), torch.randn(24, 32, device=DEVICE), torch.randn(1, 24, device=DEVICE)
+    with caplog.at_level("WARNING", logger="eyas.kernels"):
+        got = TRITON.linear_add(res, x, w, silu=True)
+    torch.testing.assert_close(got, TORCH.linear_add(res, x, w, silu=True))  # silu: the kernel, then cuBLAS
+    assert "linear kernel failed (RuntimeError: no kernel for this GPU); projections use cuBLAS" in caplog.text
+    assert kernels.TritonOps.failed is None and kernels.TritonOps.linear_failed
+
+
 def test_a_kernel_that_cannot_run_falls_back_to_the_torch_ops(monkeypatch, caplog):
     monkeypatch.setattr(kernels.TritonOps, "failed", None)
     monkeypatch.setattr(kernels, "_attend_kernel", CannotCompile())

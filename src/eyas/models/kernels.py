@@ -322,10 +322,15 @@ class TritonOps(TorchOps):
     name = "triton"
     failed: str | None = None
     top_children_failed: str | None = None
+    linear_failed: str | None = None
     fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
 
-    def _or_torch(self, kernel_path, torch_path):
-        if TritonOps.failed is None or _forced():  # the environment is read only once a kernel has failed
+    def _or_torch(self, kernel_path, torch_path, flag: str = "failed", instead: str = "running the torch ops"):
+        """``kernel_path()``, or ``torch_path()`` once it has failed. ``flag`` names the class attribute
+        that keeps the failure: ``failed`` for the forward's kernels (then ``ops_for`` takes the torch
+        ops everywhere); the drafter's ``top_children`` and the one-row ``linear`` keep their own, so
+        that only they fall back."""
+        if getattr(TritonOps, flag) is None or _forced():  # the environment is read only once a kernel has failed
             try:
                 return kernel_path()
             except EyasError:
@@ -333,9 +338,10 @@ class TritonOps(TorchOps):
             except Exception as e:  # noqa: BLE001 - a kernel that cannot run must not take a server down
                 if _forced():
                     raise
-                TritonOps.failed = f"{type(e).__name__}: {e}"
-                log.warning("the Triton kernels failed (%s); running the torch ops from now on "
-                            "(EYAS_KERNELS=torch skips the kernels from the start)", TritonOps.failed)
+                setattr(TritonOps, flag, f"{type(e).__name__}: {e}")
+                log.warning("the Triton %s failed (%s); %s from now on (EYAS_KERNELS=torch skips the kernels "
+                            "from the start)", "kernels" if flag == "failed" else flag[: -len("_failed")] + " kernel",
+                            getattr(TritonOps, flag), instead)
         return torch_path()
 
     def rotation(self, rope, x: torch.Tensor, positions: torch.Tensor):
@@ -352,14 +358,15 @@ class TritonOps(TorchOps):
         if not self._one_row(x, weight, weight.shape[1]):
             return TorchOps.linear(self, x, weight, bias, norm)
         return self._or_torch(lambda: self._linear(x, weight, bias, 1 if norm else 0, norm),
-                              lambda: TorchOps.linear(self, x, weight, bias, norm))
+                              lambda: TorchOps.linear(self, x, weight, bias, norm), "linear_failed", "projections use cuBLAS")
 
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
         if not self._one_row(x, weight, weight.shape[1] * (2 if silu else 1)) or residual.numel() != weight.shape[0]:
             return TorchOps.linear_add(self, residual, x, weight, bias, silu)
         return self._or_torch(lambda: self._linear(x, weight, bias, 2 if silu else 0, None, residual),
-                              lambda: TorchOps.linear_add(self, residual, x, weight, bias, silu))
+                              lambda: TorchOps.linear_add(self, residual, x, weight, bias, silu), "linear_failed",
+                              "projections use cuBLAS")
 
     def _one_row(self, x: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
         """Whether ``x`` is one row of ``width`` for ``weight`` (a decode step at batch 1) that ``_linear_kernel``
@@ -389,18 +396,9 @@ class TritonOps(TorchOps):
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
                      base: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's op, not the forward's: if it cannot run, only it falls back to torch."""
-        if TritonOps.top_children_failed is None or _forced():
-            try:
-                return self._top_children(logits, k, to_target, base)
-            except EyasError:
-                raise
-            except Exception as e:  # noqa: BLE001 - as _or_torch
-                if _forced():
-                    raise
-                TritonOps.top_children_failed = f"{type(e).__name__}: {e}"
-                log.warning("the Triton top_children kernel failed (%s); tree levels use log_softmax + topk "
-                            "from now on", TritonOps.top_children_failed)
-        return TorchOps.top_children(self, logits, k, to_target, base)
+        return self._or_torch(lambda: self._top_children(logits, k, to_target, base),
+                              lambda: TorchOps.top_children(self, logits, k, to_target, base), "top_children_failed",
+                              "tree levels use log_softmax + topk")
 
     def _top_children(self, logits, k, to_target, base):
         n = logits.shape[-1]

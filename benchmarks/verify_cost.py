@@ -24,7 +24,7 @@ from eyas.models.target import Target
 def curve(target: NativeTarget, contexts: list[int], ks: list[int], reps: int, graphs: bool) -> dict:
     per_slot = target.bytes_per_slot()
     plan = PoolPlan(1, max(contexts) + 2 * max(ks), (max(contexts) + 2 * max(ks)) * per_slot)
-    pool = target.new_pool(plan, ks, graphs, capture_aux=True)
+    pool = target.new_pool(plan, [1], ks, graphs, capture_aux=True)
     pool.n = 1
     dev, vocab = target.device, target.info.vocab_size
     out = {}

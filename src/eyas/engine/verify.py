@@ -46,6 +46,10 @@ def accept_greedy_batch(
     Siblings carry distinct tokens, so the accepted nodes form one path; its deepest node (the
     first column on a tie, as the walk finds it) ends it. ``cols[b, :counts[b]]`` is that path
     root first; the rest is 0, the root's column, which the commit and gathers read harmlessly."""
+    if tree.size == 1:  # plain decoding: the root alone, the bonus its argmax (3 kernels, not about 15)
+        b = argmax.shape[0]
+        zeros = torch.zeros((b, width), dtype=torch.long, device=argmax.device)
+        return zeros, torch.ones(b, dtype=torch.long, device=argmax.device), argmax[:, 0].clone()
     rows = torch.arange(tree.tokens.shape[0], device=argmax.device)
     correct = (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0))) | (tree.parents < 0)  # [B, T]
     accepted = ~(tree.mask & ~correct[:, None, :]).any(dim=-1)  # [B, T] self and every ancestor correct

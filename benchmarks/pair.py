@@ -133,7 +133,17 @@ def main() -> None:
         "settings": vars(args), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
         "baseline_generic_hf_path": hf and {k: v for k, v in hf.items() if k != "outputs"},
         "eagle3": results, "best_speedup": best["speedup"], "fp32_lossless": fp32,
+        "kernel_failures": kernel_failures(),
     })
+
+
+def kernel_failures() -> dict:
+    """Any Triton kernel that fell back to torch in this process (empty when none did, or no Triton)."""
+    try:
+        from eyas.models.kernels import TritonOps
+    except ImportError:
+        return {}
+    return {f: getattr(TritonOps, f) for f in ("failed", "top_children_failed", "linear_failed") if getattr(TritonOps, f)}
 
 
 if __name__ == "__main__":

@@ -111,8 +111,7 @@ def main() -> None:
         tps = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
         runs[name] = {"tok_s": [round(x, 2) for x in tps], "median": round(statistics.median(tps), 2),
                       "layout": engine.layout,  # and any kernel that fell back, so a row never hides one
-                      "kernel_failures": {f: getattr(TritonOps, f) for f in ("failed", "linear_failed")
-                                          if getattr(TritonOps, f)}}
+                      "kernel_failures": TritonOps.failures()}
         print(f"eyas native {name}: {statistics.median(tps):.1f} tok/s ({engine.layout})")
         del engine
     os.environ.pop("EYAS_KERNELS")

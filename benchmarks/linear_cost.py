@@ -4,7 +4,8 @@ against what it replaces (the norm or silu kernel, then cuBLAS), per shape.
 
     python benchmarks/linear_cost.py --out results/linear-cost.json [--sweep]
 
-Shapes: every projection of the Llama-3.1-8B shape and of SmolLM2-135M (and its draft), one row. Each case is timed inside a CUDA graph of ``--calls`` launches, each on its own copy of
+Shapes: every projection of the Llama-3.1-8B shape and of SmolLM2-135M (and its draft), one row.
+Each case is timed inside a CUDA graph of ``--calls`` launches, each on its own copy of
 the weight (so that the weights stream from HBM as in a real step, not from the 50 MB L2), and the
 graph replayed ``--reps`` times; the figure is microseconds per call and the weight's read bandwidth.
 ``--sweep`` also times every (BLOCK_N, BLOCK_K, warps, stages) of a grid and reports the best.
@@ -35,11 +36,10 @@ SHAPES = {
 
 
 def case(n, k, kind, copies, dtype=torch.bfloat16):
-    rows = 1
     g = torch.Generator(device="cuda").manual_seed(0)
     ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) / k ** 0.5 for _ in range(copies)]
-    x = torch.randn(rows, 2 * k if kind == "silu" else k, device="cuda", dtype=dtype, generator=g)
-    res = torch.randn(rows, n, device="cuda", dtype=dtype, generator=g)
+    x = torch.randn(1, 2 * k if kind == "silu" else k, device="cuda", dtype=dtype, generator=g)
+    res = torch.randn(1, n, device="cuda", dtype=dtype, generator=g)
     norm = (torch.rand(k, device="cuda", dtype=dtype, generator=g) + 0.5, 1e-5)
 
     def call(ops, w):

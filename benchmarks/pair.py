@@ -143,7 +143,7 @@ def kernel_failures() -> dict:
         from eyas.models.kernels import TritonOps
     except ImportError:
         return {}
-    return {f: getattr(TritonOps, f) for f in ("failed", "top_children_failed", "linear_failed") if getattr(TritonOps, f)}
+    return TritonOps.failures()
 
 
 if __name__ == "__main__":

@@ -325,6 +325,11 @@ class TritonOps(TorchOps):
     linear_failed: str | None = None
     fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
 
+    @classmethod
+    def failures(cls) -> dict[str, str]:
+        """Each kernel family that fell back in this process, and why (benchmarks record it)."""
+        return {f: getattr(cls, f) for f in ("failed", "top_children_failed", "linear_failed") if getattr(cls, f)}
+
     def _or_torch(self, kernel_path, torch_path, flag: str = "failed", instead: str = "running the torch ops"):
         """``kernel_path()``, or ``torch_path()`` once it has failed. ``flag`` names the class attribute
         that keeps the failure: ``failed`` for the forward's kernels (then ``ops_for`` takes the torch
@@ -355,26 +360,28 @@ class TritonOps(TorchOps):
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-        if not self._one_row(x, weight, weight.shape[1]):
-            return TorchOps.linear(self, x, weight, bias, norm)
-        return self._or_torch(lambda: self._linear(x, weight, bias, 1 if norm else 0, norm),
-                              lambda: TorchOps.linear(self, x, weight, bias, norm), "linear_failed", "projections use cuBLAS")
+        return self._fused_or_cublas(x, weight, weight.shape[1], None,
+                                     lambda cfg: self._linear(x, weight, bias, 1 if norm else 0, cfg, norm),
+                                     lambda: TorchOps.linear(self, x, weight, bias, norm))
 
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
-        if not self._one_row(x, weight, weight.shape[1] * (2 if silu else 1)) or residual.numel() != weight.shape[0]:
-            return TorchOps.linear_add(self, residual, x, weight, bias, silu)
-        return self._or_torch(lambda: self._linear(x, weight, bias, 2 if silu else 0, None, residual),
-                              lambda: TorchOps.linear_add(self, residual, x, weight, bias, silu), "linear_failed",
-                              "projections use cuBLAS")
+        return self._fused_or_cublas(x, weight, weight.shape[1] * (2 if silu else 1), residual,
+                                     lambda cfg: self._linear(x, weight, bias, 2 if silu else 0, cfg, None, residual),
+                                     lambda: TorchOps.linear_add(self, residual, x, weight, bias, silu))
 
-    def _one_row(self, x: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
-        """Whether ``x`` is one row of ``width`` for ``weight`` (a decode step at batch 1) that ``_linear_kernel``
-        runs with its norm, activation and residual inside; more rows (a tree's verify, a draft
-        level, prefill), and shapes where cuBLAS measured faster, stay cuBLAS's."""
-        return (self.fused_linears and x.numel() == x.shape[-1] == width and weight.dtype == x.dtype
+    def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path):
+        """``kernel_path(config)`` where ``x`` is one row of ``width`` for ``weight`` (a decode step at
+        batch 1, which ``_linear_kernel`` runs with its norm, activation and residual inside), else
+        ``cublas_path()``: more rows (a tree's verify, a draft level, prefill), and shapes where cuBLAS
+        measured faster, stay cuBLAS's (and a mismatched input meets torch's shape error)."""
+        fits = (self.fused_linears and x.numel() == x.shape[-1] == width and weight.dtype == x.dtype
                 and weight.stride(-1) == 1 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-                and linear_config(*weight.shape, x.dtype.itemsize) is not None)
+                and (residual is None or residual.numel() == weight.shape[0]))
+        cfg = linear_config(*weight.shape, x.dtype.itemsize) if fits else None
+        if cfg is None:
+            return cublas_path()
+        return self._or_torch(lambda: kernel_path(cfg), cublas_path, "linear_failed", "projections use cuBLAS")
 
     def qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
         def torch_path():
@@ -423,15 +430,14 @@ class TritonOps(TorchOps):
         lead = logits.shape[:-1]
         return scores.view(*lead, k), tokens.view(*lead, k)
 
-    def _linear(self, x, weight, bias, pro: int, norm=None, residual=None) -> torch.Tensor:
+    def _linear(self, x, weight, bias, pro: int, cfg, norm=None, residual=None) -> torch.Tensor:
         n, k = weight.shape
-        row = x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)
         out = torch.empty(n, dtype=x.dtype, device=x.device)
-        res = out if residual is None else residual.reshape(-1).contiguous()
-        block_n, block_k, warps, stages = linear_config(n, k, x.dtype.itemsize)
+        res = out if residual is None else _rows(residual)
+        block_n, block_k, warps, stages = cfg
         if not x.is_cuda:  # Triton's interpreter runs programs one by one: fewer, wider ones (same code path)
             block_n = max(block_n, min(128, triton.next_power_of_2(n)))
-        _launch(_linear_kernel, (triton.cdiv(n, block_n),), row, weight, weight.stride(0),
+        _launch(_linear_kernel, (triton.cdiv(n, block_n),), _rows(x), weight, weight.stride(0),
                 out if bias is None else bias, res, out if norm is None else norm[0], out, n, k,
                 float(norm[1]) if norm else 0.0, PRO=pro, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                 BLOCK_N=block_n, BLOCK_K=block_k, ROW_P2=triton.next_power_of_2(k) if pro == 1 and k <= 16384 else 0,

@@ -7,7 +7,9 @@ In one run: the device-to-device copy bandwidth, HF transformers ``generate`` (e
 native path eager (``--disable-cuda-graph``), with CUDA graphs but the torch ops in place of the
 Triton kernels (``EYAS_KERNELS=torch``), with the kernels but cuBLAS for every projection
 (``TritonOps.fused_linears = False``: the norms, the activation and the residual adds as separate
-kernels), and the default (a decode step's projections as ``_linear_kernel``). The limit is bandwidth divided
+kernels), the default without programmatic dependent launch (``TritonOps.pdl = False``), and the default
+(a decode step's projections as ``_linear_kernel``, every kernel launched dependent on the one
+before). Each row records whether its tokens equal the default's. The limit is bandwidth divided
 by the weight bytes a decode step reads (all weights but the embedding table); the figure for all
 weights, embedding included, is recorded too.
 """
@@ -35,9 +37,22 @@ from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
 
 
-def eyas_decode_tps(engine: Engine, prompt: list[int], new_tokens: int, reps: int) -> list[float]:
+# row: (CUDA graphs, EYAS_KERNELS, one-row projections as _linear_kernel, dependent launch). "graphs-torch-ops":
+# graphs without the Triton kernels, the kernels' effect side by side; "graphs" is the default path.
+ROWS = {
+    "eager": (False, "auto", True, True),
+    "graphs-torch-ops": (True, "torch", True, True),
+    "graphs-cublas-linears": (True, "auto", False, True),
+    "graphs-no-pdl": (True, "auto", True, False),
+    "graphs": (True, "auto", True, True),
+}
+
+
+def eyas_decode_tps(engine: Engine, prompt: list[int], new_tokens: int, reps: int) -> tuple[list[float], list[int]]:
+    """tok/s of each repetition, and the tokens of the last."""
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine.generate([prompt], SamplingParams(max_new_tokens=16, ignore_eos=True))  # warm-up and capture
+    engine.warm_up(progress=False)  # every window's graph now, not inside the first timed run
+    engine.generate([prompt], SamplingParams(max_new_tokens=16, ignore_eos=True))
     out = []
     for _ in range(reps):
         batch = engine.prefill([engine.new_sequence(prompt, params)])
@@ -47,7 +62,7 @@ def eyas_decode_tps(engine: Engine, prompt: list[int], new_tokens: int, reps: in
             engine.step(batch)
         sync()
         out.append((len(batch.seqs[0].output_ids) - 1) / (time.perf_counter() - t0))
-    return out
+    return out, batch.seqs[0].output_ids
 
 
 def hf_decode_tps(model, prompt: list[int], new_tokens: int) -> float:
@@ -75,6 +90,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--context-length", type=int, default=4096)
     ap.add_argument("--linear-configs", help="a linear_cost.py --sweep JSON: its best configs replace linear_config's")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"which eyas rows, in order (of {','.join(ROWS)}); a row named twice runs twice, interleaved")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
     args = ap.parse_args()
     if args.linear_configs:
         import json
@@ -94,28 +111,32 @@ def main() -> None:
     print(f"copy bandwidth {bw['bytes_per_s'] / 1e12:.2f} TB/s; weights read per token {read / 1e9:.2f} GB; "
           f"limit {limit:.1f} tok/s")
 
-    hf = hf_decode_tps(model, prompt, args.hf_new_tokens)
-    print(f"HF generate (eager): {hf:.1f} tok/s")
+    hf = None if args.no_hf else hf_decode_tps(model, prompt, args.hf_new_tokens)
+    if hf:
+        print(f"HF generate (eager): {hf:.1f} tok/s")
     target = NativeTarget(model, name="llama-3.1-8b-shape")
     target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
-    runs = {}
-    # "graphs-torch-ops": graphs without the Triton kernels (EYAS_KERNELS=torch), the kernels' effect
-    # side by side; "graphs-cublas-linears": the kernels but cuBLAS projections; "graphs" is the default path.
+    runs, tokens = {}, {}
     from eyas.models.kernels import TritonOps
 
-    for name, graphs, ops_mode, fused in (("eager", False, "auto", True), ("graphs-torch-ops", True, "torch", True),
-                                          ("graphs-cublas-linears", True, "auto", False), ("graphs", True, "auto", True)):
+    for name in args.rows.split(","):
+        graphs, ops_mode, fused, pdl = ROWS[name]
         os.environ["EYAS_KERNELS"] = ops_mode
-        TritonOps.fused_linears = fused
+        TritonOps.fused_linears, TritonOps.pdl = fused, pdl
         engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs)
-        tps = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
-        runs[name] = {"tok_s": [round(x, 2) for x in tps], "median": round(statistics.median(tps), 2),
+        tps, tokens[name] = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
+        tps = runs.get(name, {}).get("tok_s", []) + [round(x, 2) for x in tps]  # a row named again: interleaved
+        runs[name] = {"tok_s": tps, "median": round(statistics.median(tps), 2),
                       "layout": engine.layout,  # and any kernel that fell back, so a row never hides one
                       "kernel_failures": TritonOps.failures()}
         print(f"eyas native {name}: {statistics.median(tps):.1f} tok/s ({engine.layout})")
         del engine
     os.environ.pop("EYAS_KERNELS")
-    best = runs["graphs"]["median"]
+    TritonOps.fused_linears = TritonOps.pdl = True
+    for name in runs:
+        if "graphs" in tokens:
+            runs[name]["tokens_equal_graphs"] = tokens[name] == tokens["graphs"]
+    best = runs.get("graphs", {}).get("median")
     write(args.out, "decode tok/s at batch 1, Llama-3.1-8B shape, random bf16 weights", {
         "settings": vars(args),
         "copy_bandwidth_TBps": round(bw["bytes_per_s"] / 1e12, 3),
@@ -123,11 +144,11 @@ def main() -> None:
         "weights_read_per_token_GB": round(read / 1e9, 3),
         "limit_tok_s": round(limit, 1),
         "limit_tok_s_all_weights": round(bw["bytes_per_s"] / total, 1),
-        "hf_generate_eager_tok_s": round(hf, 2),
+        "hf_generate_eager_tok_s": hf and round(hf, 2),
         "eyas": runs,
-        "eyas_graphs_share_of_limit": round(best / limit, 3),
-        "eyas_graphs_share_of_limit_all_weights": round(best / (bw["bytes_per_s"] / total), 3),
-        "eyas_graphs_over_hf_eager": round(best / hf, 2),
+        "eyas_graphs_share_of_limit": best and round(best / limit, 3),
+        "eyas_graphs_share_of_limit_all_weights": best and round(best / (bw["bytes_per_s"] / total), 3),
+        "eyas_graphs_over_hf_eager": best and hf and round(best / hf, 2),
     })
 
 

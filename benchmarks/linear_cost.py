@@ -7,7 +7,8 @@ against what it replaces (the norm or silu kernel, then cuBLAS), per shape.
 Shapes: every projection of the Llama-3.1-8B shape and of SmolLM2-135M (and its draft), one row.
 Each case is timed inside a CUDA graph of ``--calls`` launches, each on its own copy of
 the weight (so that the weights stream from HBM as in a real step, not from the 50 MB L2), and the
-graph replayed ``--reps`` times; the figure is microseconds per call and the weight's read bandwidth.
+graph replayed ``--reps`` times; the figure is microseconds per call and the weight's read bandwidth,
+for the kernel with and without programmatic dependent launch (consecutive calls overlap with it).
 ``--sweep`` also times every (BLOCK_N, BLOCK_K, warps, stages) of a grid and reports the best.
 """
 
@@ -28,7 +29,8 @@ from eyas.models.ops import TORCH
 # then linear + residual; "plain" = linear.
 SHAPES = {
     "8b": [("qkv", 6144, 4096, "norm"), ("o", 4096, 4096, "add"), ("gate_up", 28672, 4096, "norm"),
-           ("down", 4096, 14336, "silu"), ("lm_head", 128256, 4096, "norm")],
+           ("down", 4096, 14336, "silu"), ("lm_head", 128256, 4096, "norm"),
+           ("down_without_silu", 4096, 14336, "add")],  # what the silu prologue costs down (not a real step's)
     "smollm2": [("qkv", 960, 576, "norm"), ("o", 576, 576, "add"), ("gate_up", 3072, 576, "norm"),
                 ("down", 576, 1536, "silu"), ("lm_head", 49152, 576, "norm"), ("draft_qkv", 960, 1152, "plain"),
                 ("draft_lm_head", 16384, 576, "norm")],
@@ -83,10 +85,15 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16, help="launches per graph at least (more for small weights)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--sweep", action="store_true", help="time a grid of kernel configurations per case")
+    ap.add_argument("--grid", default="8,16;256,512,1024;4,8;1,2",
+                    help="the sweep's BLOCK_N; BLOCK_K; num_warps; num_stages values")
+    ap.add_argument("--names", default=None, help="only these cases (e.g. qkv,o,down)")
     args = ap.parse_args()
     results = []
     for model in args.models.split(","):
         for name, n, k, kind in SHAPES[model]:
+            if args.names and name not in args.names.split(","):
+                continue
             # enough copies for 400 MB of weights (8x the L2), at least --calls, at most 2 GB
             copies = max(2, min(max(args.calls, -(-400_000_000 // (n * k * 2))), int(2e9 // (n * k * 2))))
             ws, call = case(n, k, kind, copies)
@@ -96,19 +103,22 @@ def main() -> None:
             with torch.no_grad():
                 TritonOps.fused_linears = False
                 base = graph_us(lambda w: call(TRITON, w), ws, args.reps)  # norm/silu kernels + cuBLAS
-                TritonOps.fused_linears = True
+                TritonOps.fused_linears, TritonOps.pdl = True, False
+                plain = graph_us(lambda w: call(TRITON, w), ws, args.reps)  # launched the plain way
+                TritonOps.pdl = True
                 fused = graph_us(lambda w: call(TRITON, w), ws, args.reps)
                 if TritonOps.linear_failed:
                     raise SystemExit(f"_linear_kernel failed for {name} ({n} x {k}): {TritonOps.linear_failed}")
                 want, got = call(TORCH, ws[0]), call(TRITON, ws[0])
                 err = (got.float() - want.float()).abs().max().item()
                 row = {"model": model, "name": name, "n": n, "k": k, "kind": kind, "default_config": default,
-                       "config": kernels.LINEAR_CONFIGS[key], "cublas_us": round(base, 2), "fused_us": round(fused, 2),
+                       "config": kernels.LINEAR_CONFIGS[key], "cublas_us": round(base, 2), "fused_no_pdl_us": round(plain, 2),
+                       "fused_us": round(fused, 2),
                        "fused_over_cublas": round(fused / base, 3), "max_abs_diff": err,
                        "fused_weight_TBps": round(n * k * 2 / fused / 1e6, 3)}
                 if args.sweep:
                     best = None
-                    grid = itertools.product([8, 16], [256, 512, 1024], [4, 8], [1, 2])
+                    grid = itertools.product(*[[int(v) for v in axis.split(",")] for axis in args.grid.split(";")])
                     for cfg in grid:
                         if cfg[1] > 2 * k and cfg[1] > 256:  # a block much wider than the row
                             continue

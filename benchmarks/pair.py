@@ -89,11 +89,12 @@ def main() -> None:
     ap.add_argument("--fp32-prompts", type=int, default=8)
     ap.add_argument("--cublas-linears", action="store_true",
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="kernels launched the plain way (no programmatic dependent launch), for a side-by-side run")
     args = ap.parse_args()
-    if args.cublas_linears:
-        from eyas.models.kernels import TritonOps
+    from eyas.models.kernels import TritonOps
 
-        TritonOps.fused_linears = False
+    TritonOps.fused_linears, TritonOps.pdl = not args.cublas_linears, not args.no_pdl
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)

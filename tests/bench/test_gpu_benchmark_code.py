@@ -24,3 +24,6 @@ def test_verify_cost_curve_runs_eager_and_on_graph_buffers():
             out = verify_cost.curve(target, [16, 40], [1, 4], reps=1, graphs=graphs)
             assert set(out) == {"16", "40"} and set(out["16"]) == {"1", "4"}
             assert out["40"]["1"]["relative"] == 1.0 and out["40"]["4"]["median"] > 0
+            # the pool built the rope table, so on a GPU this forward takes the engine's kernels, not the
+            # torch ops (verify_cost measured the torch ops until 2026-12-02: the engine built the table)
+            assert target.native.rope.size >= 40 + 2 * 4

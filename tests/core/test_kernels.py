@@ -111,10 +111,12 @@ sig = {"x": "*bf16", "w": "*bf16", "s_w": "i32", "bias": "*bf16", "res": "*bf16"
        "N": "i32", "K": "i32", "eps": "fp32"}
 for pro, has_bias, has_res, row_p2 in [(0, False, True, 0), (1, False, False, 4096), (1, True, False, 0),
                                        (2, False, True, 0), (0, True, True, 0)]:
-    const = dict(PRO=pro, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_N=8, BLOCK_K=512, ROW_P2=row_p2)
+    const = dict(PRO=pro, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_N=8, BLOCK_K=512, ROW_P2=row_p2, PDL=pro != 1)
     src = triton.compiler.ASTSource(fn=_linear_kernel, signature={**sig, **{k: "constexpr" for k in const}},
                                     constexprs=const)
-    triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+    assert ("griddepcontrol.wait" in ptx) == const["PDL"], const  # the dependent launch's wait, only with PDL
+    assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
 print("compiled")
 """
 
@@ -291,6 +293,26 @@ def test_a_kernel_that_cannot_run_falls_back_to_the_torch_ops(monkeypatch, caplo
     assert "Triton kernels failed (RuntimeError: no kernel for this GPU)" in caplog.text
     _, rope, _, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
     assert ops_for(static, torch.zeros(1, device=DEVICE), rope) is TORCH  # from now on, in this process
+
+
+def test_a_dependent_launch_that_fails_falls_back_to_the_plain_launch(monkeypatch, caplog):
+    """Where the GPU has programmatic dependent launch the kernels use it; where it cannot run
+    (Triton's interpreter cannot: its ``gdc_wait`` has no semantics) the plain launch takes over,
+    once, with the same result, and the failure is recorded for the benchmarks."""
+    real = kernels._pdl
+    assert not real(torch.device("cpu"))  # the plain launch off the GPU
+    monkeypatch.setattr(kernels.TritonOps, "pdl_failed", None)
+    monkeypatch.setattr(kernels, "_pdl", lambda device: kernels.TritonOps.pdl_failed is None)
+    monkeypatch.delenv("EYAS_KERNELS", raising=False)
+    x, w = torch.randn(3, 96, device=DEVICE), torch.randn(96, device=DEVICE)
+    with caplog.at_level("WARNING", logger="eyas.kernels"):
+        got = TRITON.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(got, TORCH.rms_norm(x, w, 1e-6), **_tol(torch.float32))
+    if DEVICE == "cpu":
+        assert "programmatic dependent launch failed" in caplog.text
+        assert "pdl_failed" in kernels.TritonOps.failures() and kernels.TritonOps.failed is None
+    torch.testing.assert_close(TRITON.rms_norm(x, w, 1e-6), got, atol=0, rtol=0)  # plain from now on
+    assert not real(torch.device(DEVICE))
 
 
 def test_ops_for_takes_the_kernels_only_where_asked(monkeypatch):

@@ -131,9 +131,6 @@ class Engine:
         graphs = cuda_graphs and self.device.type == "cuda"
         rows = buckets(graph_max_batch)
         like = torch.zeros(1, dtype=self.target.dtype, device=self.device)
-        self.target.native.rope.extend(plan.slots, like)  # positions stay below the pool's slots
-        if spec.speculative:
-            self.draft_steps.net.rope.extend(plan.slots, like.to(self.draft.fc.weight.dtype))
         self.target_pool = self.target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
                                                 capture_aux=spec.speculative)
         if spec.speculative:

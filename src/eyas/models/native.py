@@ -65,6 +65,7 @@ class NativeTarget(Target):
         windows) as ``pool.runner``."""
         n = self.native
         pool = StaticKV(n.num_layers, plan.rows, n.num_kv_heads, plan.slots, n.head_dim, self.dtype, self.device)
+        n.rope.extend(plan.slots, pool.buf)  # every position the pool holds, before graphs capture against it
         aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
 
         def fn(inputs, mask):
@@ -104,6 +105,7 @@ class DraftSteps:
         attn = d.midlayer.self_attn
         self.pool = StaticKV(1, plan.rows, attn.num_kv_heads, plan.slots, attn.head_dim, d.fc.weight.dtype,
                              d.fc.weight.device)
+        d.rope.extend(plan.slots, self.pool.buf)
 
         def fn(inputs, mask):
             h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)

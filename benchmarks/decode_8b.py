@@ -65,6 +65,23 @@ def eyas_decode_tps(engine: Engine, prompt: list[int], new_tokens: int, reps: in
     return out, batch.seqs[0].output_ids
 
 
+def graph_replay_ms(engine: Engine, reps: int = 50) -> dict[str, float]:
+    """Milliseconds per replay of the target's one-token graph, back to back with no host work between,
+    per attention window: the device's share of a decode step (the rest of a step is the host's)."""
+    out = {}
+    for (rows, tokens, window), g in sorted(engine.target_pool.runner.graphs.items()):
+        if rows == 1 and tokens == 1 and g.graph is not None:
+            g.graph.replay()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                g.graph.replay()
+            sync()
+            out[str(window)] = round((time.perf_counter() - t0) * 1e3 / reps, 4)
+    engine.target_pool.reset()
+    return out
+
+
 def hf_decode_tps(model, prompt: list[int], new_tokens: int) -> float:
     ids = torch.tensor([prompt], device="cuda")
     kw = dict(do_sample=False, pad_token_id=0)
@@ -129,7 +146,11 @@ def main() -> None:
         runs[name] = {"tok_s": tps, "median": round(statistics.median(tps), 2),
                       "layout": engine.layout,  # and any kernel that fell back, so a row never hides one
                       "kernel_failures": TritonOps.failures()}
-        print(f"eyas native {name}: {statistics.median(tps):.1f} tok/s ({engine.layout})")
+        if graphs:
+            runs[name]["graph_replay_ms_by_window"] = graph_replay_ms(engine)
+            runs[name]["step_ms"] = round(1e3 / runs[name]["median"], 4)
+        print(f"eyas native {name}: {statistics.median(tps):.1f} tok/s ({engine.layout}); one-token graph alone: "
+              f"{runs[name].get('graph_replay_ms_by_window')} ms by window")
         del engine
     os.environ.pop("EYAS_KERNELS")
     TritonOps.fused_linears = TritonOps.pdl = True

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A decode step's projections at batch 1: ``_linear_kernel`` (norm, activation and residual inside)
-against what it replaces (the norm or silu kernel, then cuBLAS), per shape.
+against what it replaces (the norm kernel, cuBLAS, the silu kernel), per shape.
 
     python benchmarks/linear_cost.py --out results/linear-cost.json [--sweep]
 
@@ -25,14 +25,13 @@ from eyas.models import kernels
 from eyas.models.kernels import TRITON, TritonOps
 from eyas.models.ops import TORCH
 
-# (name, N, K, kind): kind "norm" = rms_norm then linear; "add" = linear + residual; "silu" = silu_mul,
-# then linear + residual; "plain" = linear.
+# (name, N, K, kind): kind "norm" = rms_norm then linear; "add" = linear + residual; "norm_silu" = rms_norm,
+# linear, silu_mul (gate/up, N = both halves); "plain" = linear.
 SHAPES = {
-    "8b": [("qkv", 6144, 4096, "norm"), ("o", 4096, 4096, "add"), ("gate_up", 28672, 4096, "norm"),
-           ("down", 4096, 14336, "silu"), ("lm_head", 128256, 4096, "norm"),
-           ("down_without_silu", 4096, 14336, "add")],  # what the silu prologue costs down (not a real step's)
-    "smollm2": [("qkv", 960, 576, "norm"), ("o", 576, 576, "add"), ("gate_up", 3072, 576, "norm"),
-                ("down", 576, 1536, "silu"), ("lm_head", 49152, 576, "norm"), ("draft_qkv", 960, 1152, "plain"),
+    "8b": [("qkv", 6144, 4096, "norm"), ("o", 4096, 4096, "add"), ("gate_up", 28672, 4096, "norm_silu"),
+           ("down", 4096, 14336, "add"), ("lm_head", 128256, 4096, "norm")],
+    "smollm2": [("qkv", 960, 576, "norm"), ("o", 576, 576, "add"), ("gate_up", 3072, 576, "norm_silu"),
+                ("down", 576, 1536, "add"), ("lm_head", 49152, 576, "norm"), ("draft_qkv", 960, 1152, "plain"),
                 ("draft_lm_head", 16384, 576, "norm")],
 }
 
@@ -40,16 +39,18 @@ SHAPES = {
 def case(n, k, kind, copies, dtype=torch.bfloat16):
     g = torch.Generator(device="cuda").manual_seed(0)
     ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) / k ** 0.5 for _ in range(copies)]
-    x = torch.randn(1, 2 * k if kind == "silu" else k, device="cuda", dtype=dtype, generator=g)
+    x = torch.randn(1, k, device="cuda", dtype=dtype, generator=g)
     res = torch.randn(1, n, device="cuda", dtype=dtype, generator=g)
     norm = (torch.rand(k, device="cuda", dtype=dtype, generator=g) + 0.5, 1e-5)
 
     def call(ops, w):
         if kind == "norm":
             return ops.linear(x, w, None, norm)
+        if kind == "norm_silu":
+            return ops.linear_silu(x, w, None, norm)
         if kind == "plain":
             return ops.linear(x, w)
-        return ops.linear_add(res, x, w, None, silu=kind == "silu")
+        return ops.linear_add(res, x, w, None)
     return ws, call
 
 

@@ -71,18 +71,38 @@ def test_linear_matches_torch(dtype, shape, norm, bias):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("silu,bias", [(False, False), (True, False), (False, True)])
-def test_linear_add_matches_torch(dtype, silu, bias):
-    """The o and down projections: the residual added inside, silu(gate) * up computed on the way in."""
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_add_matches_torch(dtype, bias):
+    """The o and down projections: the residual added inside."""
     torch.manual_seed(6)
     n, k = 48, 200
-    x = torch.randn(1, 1, 2 * k if silu else k, dtype=dtype, device=DEVICE) * 2
+    x = torch.randn(1, 1, k, dtype=dtype, device=DEVICE) * 2
     res = torch.randn(1, 1, n, dtype=dtype, device=DEVICE) * 4
     w = (torch.randn(n, k, device=DEVICE) / k ** 0.5).to(dtype)
     b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
-    got, want = TRITON.linear_add(res, x, w, b, silu), TORCH.linear_add(res, x, w, b, silu)
+    got, want = TRITON.linear_add(res, x, w, b), TORCH.linear_add(res, x, w, b)
     assert got.shape == res.shape and got.dtype == dtype
     torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inter,k,norm,bias", [(48, 200, True, False), (20, 72, False, True), (300, 64, True, True)])
+def test_linear_silu_matches_torch(dtype, inter, k, norm, bias):
+    """Gate/up at batch 1: each program reads matching gate and up rows of ``[gate; up]`` and writes
+    ``silu(gate) * up`` (ragged: widths that are not a multiple of the block)."""
+    torch.manual_seed(7)
+    x = torch.randn(1, 1, k, dtype=dtype, device=DEVICE) * 2
+    w = (torch.randn(2 * inter, k, device=DEVICE) / k ** 0.5).to(dtype)
+    b = torch.randn(2 * inter, dtype=dtype, device=DEVICE) if bias else None
+    nrm = (torch.rand(k, device=DEVICE).to(dtype) + 0.5, 1e-5) if norm else None
+    exact = TORCH.linear_silu(x.float(), w.float(), None if b is None else b.float(),
+                              nrm and (nrm[0].float(), nrm[1])).to(dtype)  # two bf16 roundings apart can be
+    got = TRITON.linear_silu(x, w, b, nrm)  # 4 ulps apart (silu, then the product): both against float32
+    assert got.shape == (1, 1, inter) and got.dtype == dtype
+    torch.testing.assert_close(got, exact, **_tol(dtype))
+    torch.testing.assert_close(TORCH.linear_silu(x, w, b, nrm), exact, **_tol(dtype))
+    more = x.expand(1, 3, k).contiguous()  # three rows: cuBLAS, then the silu kernel
+    torch.testing.assert_close(TRITON.linear_silu(more, w, b, nrm), exact.expand(1, 3, inter), **_tol(dtype))
 
 
 def test_linear_kernel_takes_one_row_only(monkeypatch):
@@ -109,12 +129,19 @@ from triton.backends.compiler import GPUTarget
 from eyas.models.kernels import _linear_kernel
 sig = {"x": "*bf16", "w": "*bf16", "s_w": "i32", "bias": "*bf16", "res": "*bf16", "nw": "*bf16", "out": "*bf16",
        "N": "i32", "K": "i32", "eps": "fp32"}
-for pro, has_bias, has_res, row_p2 in [(0, False, True, 0), (1, False, False, 4096), (1, True, False, 0),
-                                       (2, False, True, 0), (0, True, True, 0)]:
-    const = dict(PRO=pro, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_N=8, BLOCK_K=512, ROW_P2=row_p2, PDL=pro != 1)
+for norm, silu, has_bias, has_res, row_p2, pdl in [(False, False, False, True, 0, True), (True, False, False, False, 4096, False),
+                                                   (True, False, True, False, 0, True), (True, True, False, False, 4096, True),
+                                                   (False, True, True, False, 0, False), (False, False, True, True, 0, True)]:
+    const = dict(NORM=norm, SILU=silu, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_N=8, BLOCK_K=512, ROW_P2=row_p2,
+                 PDL=pdl)
     src = triton.compiler.ASTSource(fn=_linear_kernel, signature={**sig, **{k: "constexpr" for k in const}},
                                     constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+    if not norm and has_res:  # down's configuration: 16 rows of 1024, three stages (shared memory)
+        const.update(BLOCK_N=16, BLOCK_K=1024)
+        triton.compile(triton.compiler.ASTSource(fn=_linear_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                                                 constexprs=const), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 8, "num_stages": 3})
     assert ("griddepcontrol.wait" in ptx) == const["PDL"], const  # the dependent launch's wait, only with PDL
     assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
 print("compiled")
@@ -265,10 +292,11 @@ def test_linear_kernel_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     monkeypatch.setattr(kernels.TritonOps, "linear_failed", None)
     monkeypatch.setattr(kernels, "_linear_kernel", CannotCompile())
     monkeypatch.setenv("EYAS_KERNELS", "auto")
-    x, w, res = torch.randn(1, 64, device=DEVICE), torch.randn(24, 32, device=DEVICE), torch.randn(1, 24, device=DEVICE)
+    x, w, res = torch.randn(1, 32, device=DEVICE), torch.randn(48, 32, device=DEVICE), torch.randn(1, 24, device=DEVICE)
     with caplog.at_level("WARNING", logger="eyas.kernels"):
-        got = TRITON.linear_add(res, x, w, silu=True)
-    torch.testing.assert_close(got, TORCH.linear_add(res, x, w, silu=True))  # silu: the kernel, then cuBLAS
+        got = TRITON.linear_silu(x, w)
+    torch.testing.assert_close(got, TORCH.linear_silu(x, w))  # cuBLAS, then the silu kernel
+    torch.testing.assert_close(TRITON.linear_add(res, got, w[:24, :24]), TORCH.linear_add(res, got, w[:24, :24]))
     assert "linear kernel failed (RuntimeError: no kernel for this GPU); projections use cuBLAS" in caplog.text
     assert kernels.TritonOps.failed is None and kernels.TritonOps.linear_failed
 

@@ -75,6 +75,27 @@ def test_other_families_decode_like_hugging_face(name, graphs):
     assert [o.output_ids for o in outs] == refs
 
 
+def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeypatch):
+    """Without a draft, a greedy step is one graph (``engine/decode.py``): ragged rows, rows that
+    finish early, windows that grow past a bucket; the same tokens as HF and as the step by parts.
+    A sampled row in the batch takes the step by parts."""
+    model = family_model("qwen2-bias")
+    prompts = [PROMPTS[0], PROMPTS[1] * 12, PROMPTS[2]]  # the second crosses the 256-slot window
+    refs = [reference_greedy(model, p, 40) for p in prompts]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 40, 12)]
+    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True)
+    outs = engine.generate(prompts, params)
+    assert [o.output_ids for o in outs] == [refs[0], refs[1], refs[2][:12]]
+    assert engine.decoder.steps == 39  # every step after prefill's token, the batch filtered as rows finish
+    monkeypatch.setattr(Engine, "plain_step_graphs", False)
+    parts = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True)
+    assert parts.decoder is None and [o.output_ids for o in parts.generate(prompts, params)] == [o.output_ids for o in outs]
+    mixed = [params[0], SamplingParams(max_new_tokens=8, temperature=0.7, seed=1), params[2]]
+    before = engine.decoder.steps
+    outs = engine.generate(prompts, mixed)
+    assert outs[0].output_ids[:8] == refs[0][:8] and engine.decoder.steps - before == 40 - 8  # after the sampled row ended
+
+
 @pytest.fixture(scope="module")
 def references(target):
     return [reference_greedy(target.model, p, NEW) for p in PROMPTS]
@@ -97,7 +118,10 @@ def test_native_engine_is_lossless(target, draft, references, name, graphs):
         accepted = sum(o.stats.accepted for o in outs)
         assert 0 < accepted < sum(o.stats.draft_tokens for o in outs)
     runner = engine.target_pool.runner
-    assert (len(runner.graphs) > 0) == graphs and (runner.eager_calls > 0) != graphs
+    if spec.speculative:
+        assert (len(runner.graphs) > 0) == graphs and (runner.eager_calls > 0) != graphs
+    else:  # the whole step is one (here emulated) replay, the per-forward runner never used
+        assert (engine.decoder.steps > 0) == graphs and (runner.eager_calls > 0) != graphs
     if spec.speculative:  # with graphs, a whole tree is drafted by one (here emulated) replay
         assert (len(engine.drafters[spec].graph.graphs) > 0) == graphs
 

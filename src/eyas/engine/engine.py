@@ -34,6 +34,7 @@ from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from ..models.ops import ops_for
+from .decode import StaticDecoder
 from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
@@ -93,6 +94,8 @@ class Engine:
     ``NativeTarget``): they size the preallocated KV caches, say whether forwards replay CUDA graphs,
     and cap the batch sizes that have graphs (larger batches run eagerly)."""
 
+    plain_step_graphs = True  # a greedy step without speculation as one graph (``decode.py``); False: by parts
+
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None,
                  max_batch: int = 64, cuda_graphs: bool = True, graph_max_batch: int | None = None):
         spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
@@ -107,6 +110,7 @@ class Engine:
         self.tree_size = max(spec.verify_sizes)  # the largest tree any step verifies
         self.max_context = target.info.max_context or 1 << 30
         self.draft_steps = DraftSteps(draft) if draft is not None else None
+        self.decoder = None
         self.static = isinstance(target, NativeTarget)
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
@@ -133,6 +137,8 @@ class Engine:
         like = torch.zeros(1, dtype=self.target.dtype, device=self.device)
         self.target_pool = self.target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
                                                 capture_aux=spec.speculative)
+        if not spec.speculative and self.plain_step_graphs:
+            self.decoder = StaticDecoder(self.target.native, self.target_pool, rows, cuda_graphs)
         if spec.speculative:
             pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
             self.drafters = {s: StaticDrafter(self.draft_steps.net, pool, s, self.draft_steps, rows, cuda_graphs)
@@ -145,15 +151,15 @@ class Engine:
                        f"{kernels} kernels")
 
     def graph_runners(self) -> list:
-        """The native path's graph runners: target forward, one tree drafter per setting, one draft
-        extend per path width."""
+        """The native path's graph runners: target forward, the whole plain step (without a draft),
+        one tree drafter per setting, one draft extend per path width."""
         if not self.static:
             return []
         # The draft's own per-forward runner only serves the fallbacks past the last window bucket
         # (level-by-level drafting, eager extend): captured when first used, not at startup.
         extra = ([d.graph for d in self.drafters.values()]
                  + [e.graph for e in self.extenders.values()]) if self.spec.speculative else []
-        return [self.target_pool.runner] + extra
+        return [self.target_pool.runner] + ([self.decoder.graph] if self.decoder else []) + extra
 
     @torch.inference_mode()
     def warm_up(self, progress: bool = True, on_cpu: bool = False) -> str:
@@ -281,6 +287,10 @@ class Engine:
     def step(self, batch: Batch) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted."""
         self._own(batch)
+        if self.decoder is not None and all(s.params.greedy for s in batch.seqs):
+            out = self.decoder(batch.lengths, batch.root)
+            if out is not None:
+                return self._plain_emit(batch, *out)
         spec = self.spec.for_batch(len(batch))
         if spec.speculative and self.static:
             tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
@@ -319,6 +329,13 @@ class Engine:
                 s.stats.record(spec.num_draft_tokens - 1, n - 1)
             emitted.append(self._emit(s, h[:n], length))
         return emitted
+
+    def _plain_emit(self, batch: Batch, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+        """The host's share of a plain step replayed whole: one readback, then each row's token."""
+        batch.root, batch.lengths = tokens, lengths
+        host = torch.stack([tokens, lengths], dim=1).tolist()
+        kv_cache.crop(batch.target_cache, max((h[1] for h in host), default=0))
+        return [self._emit(s, [t], length) for s, (t, length) in zip(batch.seqs, host)]
 
     def _draft_extend(self, cache, base, tokens, aux, counts):
         """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]."""

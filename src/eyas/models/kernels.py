@@ -15,11 +15,12 @@ These kernels replace them (measured: 658 -> 497 kernels, 158.7 -> 192.0 tok/s; 
 - ``attend`` (two kernels): the query heads that share a KV head as one block of rows, each with
   its own row of the unfolded mask, over the cache window read in place; the window is split
   across programs and the splits combined (flash-decoding).
-- ``linear`` / ``linear_add`` (``_linear_kernel``): a projection of one row (decode at batch 1) as a
-  GEMV with what surrounds it inside: the RMSNorm before q/k/v, gate/up and the LM head, ``silu(gate)
-  * up`` before down, the bias, and the residual add after o and down (cuBLAS needed a norm or silu
-  kernel, split-K reductions and a copy around each). 497 -> 272 kernels a token on the 8B shape,
-  192.8 -> 204.0 and 196.1 -> 210.4 tok/s in two leases. More rows stay on cuBLAS;
+- ``linear`` / ``linear_silu`` / ``linear_add`` (``_linear_kernel``): a projection of one row (decode
+  at batch 1) as a GEMV with what surrounds it inside: the RMSNorm before q/k/v, gate/up and the LM
+  head, ``silu(gate) * up`` after gate/up (a program takes matching gate and up rows), the bias, and
+  the residual add after o and down (cuBLAS needed a norm or silu kernel, split-K reductions and a
+  copy around each). 497 -> 272 kernels a token on the 8B shape, 192.8 -> 204.0 and 196.1 -> 210.4
+  tok/s in two leases. More rows stay on cuBLAS;
 - ``top_children`` (two kernels): a draft tree level's expansion. The first splits each row of
   draft logits into blocks and takes, per block, its max, its sum of exponentials and its ``k``
   best entries (``k`` rounds of argmax in registers); the second combines a row's blocks into the
@@ -225,19 +226,28 @@ def _attend_combine_kernel(part_o, part_ml, out, s_ob, s_ot, s_oh, T, SPLITS, HK
 
 
 @triton.jit
-def _linear_kernel(x, w, s_w, bias, res, nw, out, N, K, eps, PRO: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_P2: tl.constexpr,
-                   PDL: tl.constexpr):
-    """``out[n] = res[n] + bias[n] + pro(x) . w[n]`` for one row ``x`` and this program's ``BLOCK_N``
+def _linear_kernel(x, w, s_w, bias, res, nw, out, N, K, eps, NORM: tl.constexpr, SILU: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   ROW_P2: tl.constexpr, PDL: tl.constexpr):
+    """``out[n] = res[n] + bias[n] + x . w[n]`` for one row ``x`` and this program's ``BLOCK_N``
     output columns ``n`` (a decode step at batch 1: each weight is read once, at the bandwidth).
-    ``pro``: ``PRO`` 0 as it is; 1 RMS-normed with the weights ``nw`` (each program sums the row's
-    squares first, in one load when the row has at most 16k entries, ``ROW_P2``); 2 ``silu(gate) * up``
-    of ``x = [gate | up]``. The prologue rounds to the model's dtype as the separate kernels do; the
-    products accumulate in float32 in registers and are summed once at the end."""
+    ``NORM``: ``x`` RMS-normed with the weights ``nw`` on the way in (each program sums the row's
+    squares first, in one load when the row has at most 16k entries, ``ROW_P2``), rounded to the
+    model's dtype as the norm kernel does. ``SILU``: the weight is gate/up's ``[gate; up]``, ``2N``
+    rows; a program takes ``BLOCK_N / 2`` gate rows and the matching up rows and writes ``silu(gate)
+    * up`` of the two (each rounded first, as the GEMM's output is). The products accumulate in
+    float32 in registers and are summed once at the end."""
     _after_previous_kernel(PDL)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nv = n < N
-    if PRO == 1:
+    if SILU:
+        half: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        col = tl.program_id(0) * half + j % half
+        n = tl.where(j < half, col, N + col)  # [gate rows | the same up rows]
+        nv = col < N
+    else:
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nv = n < N
+    if NORM:
         if ROW_P2 > 0:  # one memory latency before the weights stream, not K / BLOCK_K of them
             kr = tl.arange(0, ROW_P2)
             xr = tl.load(x + kr, mask=kr < K, other=0.0).to(tl.float32)
@@ -254,11 +264,7 @@ def _linear_kernel(x, w, s_w, bias, res, nw, out, N, K, eps, PRO: tl.constexpr, 
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         kv = kk < K
-        if PRO == 2:
-            g = tl.load(x + kk, mask=kv, other=0.0).to(tl.float32)
-            u = tl.load(x + K + kk, mask=kv, other=0.0).to(tl.float32)
-            xv = (g * tl.sigmoid(g) * u).to(x.dtype.element_ty)
-        elif PRO == 1:
+        if NORM:
             g = tl.load(x + kk, mask=kv, other=0.0).to(tl.float32)
             wn = tl.load(nw + kk, mask=kv, other=0.0).to(tl.float32)
             xv = (g * rstd * wn).to(x.dtype.element_ty)
@@ -269,9 +275,17 @@ def _linear_kernel(x, w, s_w, bias, res, nw, out, N, K, eps, PRO: tl.constexpr, 
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias + n, mask=nv, other=0.0).to(tl.float32)
-    if HAS_RES:
-        y += tl.load(res + n, mask=nv, other=0.0).to(tl.float32)
-    tl.store(out + n, y.to(out.dtype.element_ty), mask=nv)
+    if SILU:
+        y = tl.reshape(y.to(out.dtype.element_ty).to(tl.float32), [2, half])
+        first = (tl.arange(0, 2) == 0)[:, None]
+        g = tl.sum(tl.where(first, y, 0.0), axis=0)
+        u = tl.sum(tl.where(first, 0.0, y), axis=0)
+        c = tl.program_id(0) * half + tl.arange(0, half)
+        tl.store(out + c, (g * tl.sigmoid(g) * u).to(out.dtype.element_ty), mask=c < N)
+    else:
+        if HAS_RES:
+            y += tl.load(res + n, mask=nv, other=0.0).to(tl.float32)
+        tl.store(out + n, y.to(out.dtype.element_ty), mask=nv)
 
 _INTERPRETED = type(_rms_norm_kernel).__name__ == "InterpretedFunction"  # defined under TRITON_INTERPRET=1
 
@@ -414,14 +428,20 @@ class TritonOps(TorchOps):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
-                                     lambda cfg: self._linear(x, weight, bias, 1 if norm else 0, cfg, norm),
+                                     lambda cfg: self._linear(x, weight, bias, norm, cfg),
                                      lambda: TorchOps.linear(self, x, weight, bias, norm))
 
+    def linear_silu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        return self._fused_or_cublas(x, weight, weight.shape[1], None,
+                                     lambda cfg: self._linear(x, weight, bias, norm, cfg, silu=True),
+                                     lambda: TorchOps.linear_silu(self, x, weight, bias, norm))
+
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
-        return self._fused_or_cublas(x, weight, weight.shape[1] * (2 if silu else 1), residual,
-                                     lambda cfg: self._linear(x, weight, bias, 2 if silu else 0, cfg, None, residual),
-                                     lambda: TorchOps.linear_add(self, residual, x, weight, bias, silu))
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self._fused_or_cublas(x, weight, weight.shape[1], residual,
+                                     lambda cfg: self._linear(x, weight, bias, None, cfg, residual=residual),
+                                     lambda: TorchOps.linear_add(self, residual, x, weight, bias))
 
     def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path):
         """``kernel_path(config)`` where ``x`` is one row of ``width`` for ``weight`` (a decode step at
@@ -483,17 +503,19 @@ class TritonOps(TorchOps):
         lead = logits.shape[:-1]
         return scores.view(*lead, k), tokens.view(*lead, k)
 
-    def _linear(self, x, weight, bias, pro: int, cfg, norm=None, residual=None) -> torch.Tensor:
+    def _linear(self, x, weight, bias, norm, cfg, residual=None, silu: bool = False) -> torch.Tensor:
         n, k = weight.shape
+        n = n // 2 if silu else n  # gate/up: the kernel writes silu(gate) * up
         out = torch.empty(n, dtype=x.dtype, device=x.device)
         res = out if residual is None else _rows(residual)
         block_n, block_k, warps, stages = cfg
         if not x.is_cuda:  # Triton's interpreter runs programs one by one: fewer, wider ones (same code path)
             block_n = max(block_n, min(128, triton.next_power_of_2(n)))
-        _launch(_linear_kernel, (triton.cdiv(n, block_n),), _rows(x), weight, weight.stride(0),
-                out if bias is None else bias, res, out if norm is None else norm[0], out, n, k,
-                float(norm[1]) if norm else 0.0, PRO=pro, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                BLOCK_N=block_n, BLOCK_K=block_k, ROW_P2=triton.next_power_of_2(k) if pro == 1 and k <= 16384 else 0,
+        _launch(_linear_kernel, (triton.cdiv(n, block_n // 2 if silu else block_n),), _rows(x), weight,
+                weight.stride(0), out if bias is None else bias, res, out if norm is None else norm[0], out, n, k,
+                float(norm[1]) if norm else 0.0, NORM=norm is not None, SILU=silu, HAS_BIAS=bias is not None,
+                HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+                ROW_P2=triton.next_power_of_2(k) if norm is not None and k <= 16384 else 0,
                 num_warps=warps, num_stages=stages)
         return out.view(*x.shape[:-1], n)
 
@@ -579,8 +601,9 @@ def linear_config(n: int, k: int, itemsize: int) -> tuple[int, int, int, int] | 
     """``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` of ``_linear_kernel`` for an ``[n, k]`` weight, or
     None where cuBLAS (with the norm as its own kernel) measured faster. From the H200 sweeps
     (``benchmarks/results/linear-cost-*.json``): 8 weight rows a program, unpipelined, the whole row
-    (up to 1024) or 512 a step; for wide outputs (gate/up, an LM head) 16 rows of 256, two stages;
-    a wide output over short rows (SmolLM2's LM heads: 49152 x 576) stays cuBLAS's."""
+    (up to 1024) a step for short rows; 16 rows of 1024 for a square one (o), three stages for a
+    long one (down), 8 of 512 between (q/k/v); for wide outputs (gate/up, an LM head) 16 rows of
+    256, two stages; a wide output over short rows (SmolLM2's LM heads: 49152 x 576) stays cuBLAS's."""
     if (n, k, itemsize) in LINEAR_CONFIGS:
         return LINEAR_CONFIGS[n, k, itemsize]
     scale = max(1, itemsize // 2)  # float32: half the entries a step, the same bytes
@@ -588,7 +611,9 @@ def linear_config(n: int, k: int, itemsize: int) -> tuple[int, int, int, int] | 
         return None if k < 2048 else (16, 256 // scale, 4, 2)
     if k <= 2048:
         return 8, max(16, min(1024 // scale, triton.next_power_of_2(k))), 8, 1
-    return 8, 512 // scale, 8 if k >= 8192 else 4, 1
+    if k >= 8192:
+        return 16, 1024 // scale, 8, 3
+    return (16, 1024 // scale, 8, 1) if n <= k else (8, 512 // scale, 4, 1)
 
 
 TRITON = TritonOps()

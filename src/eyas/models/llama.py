@@ -195,7 +195,7 @@ def attention(ops: TorchOps, x, residual, qkv_w, qkv_b, o_proj, heads: tuple[int
 
 def mlp(ops: TorchOps, h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
     """``h + down(silu(gate) * up)`` of ``norm(h)``, gate and up in one GEMM."""
-    return ops.linear_add(h, ops.linear(h, gate_up, None, _norm(norm)), down.weight, down.bias, silu=True)
+    return ops.linear_add(h, ops.linear_silu(h, gate_up, None, _norm(norm)), down.weight, down.bias)
 
 
 def _norm(norm: nn.Module) -> tuple[torch.Tensor, float]:

@@ -9,7 +9,8 @@ float32 and round once or twice to the model's dtype, so they agree to a roundin
     rotation(rope, x, positions)   -> what ``qkv_to_cache`` needs to rotate q and k at ``positions``
     rms_norm(x, weight, eps)       -> weight * x / rms(x)
     linear(x, w, b, norm)          -> F.linear of x, RMS-normed first when norm = (weight, eps)
-    linear_add(res, x, w, b, silu) -> res + F.linear(x, w, b), of silu_mul(x) when silu
+    linear_silu(x, w, b, norm)     -> silu_mul(linear(x, w, b, norm)), w = the MLP's [gate; up]
+    linear_add(res, x, w, b)       -> res + F.linear(x, w, b)
     silu_mul(x)                    -> silu(gate) * up, for x = [gate | up]
     qkv_to_cache(qkv, heads, rot, cache, layer, norms)
                                    -> (q folded for GQA, the cache's keys, its values)
@@ -52,12 +53,15 @@ class TorchOps:
         """``F.linear(x, weight, bias)``, of ``rms_norm(x, *norm)`` when ``norm`` is given."""
         return F.linear(x if norm is None else self.rms_norm(x, *norm), weight, bias)
 
+    def linear_silu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        """``silu_mul(linear(x, weight, bias, norm))``: the MLP's fused gate/up ``[gate; up]``, activated."""
+        return self.silu_mul(self.linear(x, weight, bias, norm))
+
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
-        """``residual + F.linear(x, weight, bias)``, of ``silu_mul(x)`` when ``silu``; without a bias
-        in one GEMM, the residual riding in as the accumulator."""
-        if silu:
-            x = self.silu_mul(x)
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + F.linear(x, weight, bias)``; without a bias in one GEMM, the residual riding in
+        as the accumulator."""
         if bias is not None:
             return residual + F.linear(x, weight, bias)
         shape = residual.shape

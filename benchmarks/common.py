@@ -100,6 +100,15 @@ def llama31_8b_config(layers: int = 32):
                                         "original_max_position_embeddings": 8192})
 
 
+def smollm2_135m_config():
+    """SmolLM2-135M-Instruct's shape (30 layers, hidden 576, 9 query / 3 KV heads, vocab 49152, tied head)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                       tie_word_embeddings=True, rope_theta=100000.0, bos_token_id=1, eos_token_id=2)
+
+
 def random_model(config, dtype=torch.bfloat16, device="cuda"):
     from transformers import LlamaForCausalLM
 

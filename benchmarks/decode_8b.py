@@ -7,7 +7,9 @@ In one run: the device-to-device copy bandwidth, HF transformers ``generate`` (e
 native path eager (``--disable-cuda-graph``), with CUDA graphs but the torch ops in place of the
 Triton kernels (``EYAS_KERNELS=torch``), with the kernels but cuBLAS for every projection
 (``TritonOps.fused_linears = False``: the norms, the activation and the residual adds as separate
-kernels), the default without programmatic dependent launch (``TritonOps.pdl = False``), and the default
+kernels), the default without programmatic dependent launch (``TritonOps.pdl = False``), the step by
+parts (``Engine.plain_step_graphs = False``: the mask, accept and commit launched around the target's
+graph), and the default
 (a decode step's projections as ``_linear_kernel``, every kernel launched dependent on the one
 before). Each row records whether its tokens equal the default's. The limit is bandwidth divided
 by the weight bytes a decode step reads (all weights but the embedding table); the figure for all
@@ -26,6 +28,7 @@ from common import (
     copy_bandwidth,
     llama31_8b_config,
     random_model,
+    smollm2_135m_config,
     read_bytes_per_token,
     sync,
     write,
@@ -37,14 +40,17 @@ from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
 
 
-# row: (CUDA graphs, EYAS_KERNELS, one-row projections as _linear_kernel, dependent launch). "graphs-torch-ops":
-# graphs without the Triton kernels, the kernels' effect side by side; "graphs" is the default path.
+# row: (CUDA graphs, EYAS_KERNELS, one-row projections as _linear_kernel, dependent launch, the plain step as
+# one graph). "graphs-torch-ops": graphs without the Triton kernels, the kernels' effect side by side;
+# "graphs-by-parts": the target's graph with the mask, accept and commit around it from the host;
+# "graphs" is the default path.
 ROWS = {
-    "eager": (False, "auto", True, True),
-    "graphs-torch-ops": (True, "torch", True, True),
-    "graphs-cublas-linears": (True, "auto", False, True),
-    "graphs-no-pdl": (True, "auto", True, False),
-    "graphs": (True, "auto", True, True),
+    "eager": (False, "auto", True, True, True),
+    "graphs-torch-ops": (True, "torch", True, True, True),
+    "graphs-cublas-linears": (True, "auto", False, True, True),
+    "graphs-no-pdl": (True, "auto", True, False, True),
+    "graphs-by-parts": (True, "auto", True, True, False),
+    "graphs": (True, "auto", True, True, True),
 }
 
 
@@ -101,6 +107,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results/decode-8b.json")
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--shape", choices=["8b", "smollm2"], default="8b",
+                    help="smollm2: SmolLM2-135M's shape instead (where the host, not the GPU, sets a step's pace)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--hf-new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=32)
@@ -120,10 +128,11 @@ def main() -> None:
                 kernels.LINEAR_CONFIGS[(r["n"], r["k"], 2)] = tuple(r["sweep_best"]["config"])
 
     bw = copy_bandwidth()
-    model = random_model(llama31_8b_config(args.layers))
+    model = random_model(llama31_8b_config(args.layers) if args.shape == "8b" else smollm2_135m_config())
     read = read_bytes_per_token(model)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    prompt = torch.randint(0, 128000, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(0, model.config.vocab_size - 256, (args.prompt_tokens,),
+                           generator=torch.Generator().manual_seed(0)).tolist()
     limit = bw["bytes_per_s"] / read
     print(f"copy bandwidth {bw['bytes_per_s'] / 1e12:.2f} TB/s; weights read per token {read / 1e9:.2f} GB; "
           f"limit {limit:.1f} tok/s")
@@ -137,9 +146,9 @@ def main() -> None:
     from eyas.models.kernels import TritonOps
 
     for name in args.rows.split(","):
-        graphs, ops_mode, fused, pdl = ROWS[name]
+        graphs, ops_mode, fused, pdl, whole = ROWS[name]
         os.environ["EYAS_KERNELS"] = ops_mode
-        TritonOps.fused_linears, TritonOps.pdl = fused, pdl
+        TritonOps.fused_linears, TritonOps.pdl, Engine.plain_step_graphs = fused, pdl, whole
         engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs)
         tps, tokens[name] = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
         tps = runs.get(name, {}).get("tok_s", []) + [round(x, 2) for x in tps]  # a row named again: interleaved
@@ -153,7 +162,7 @@ def main() -> None:
               f"{runs[name].get('graph_replay_ms_by_window')} ms by window")
         del engine
     os.environ.pop("EYAS_KERNELS")
-    TritonOps.fused_linears = TritonOps.pdl = True
+    TritonOps.fused_linears = TritonOps.pdl = Engine.plain_step_graphs = True
     for name in runs:
         if "graphs" in tokens:
             runs[name]["tokens_equal_graphs"] = tokens[name] == tokens["graphs"]

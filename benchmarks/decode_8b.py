@@ -115,9 +115,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--context-length", type=int, default=4096)
     ap.add_argument("--linear-configs", help="a linear_cost.py --sweep JSON: its best configs replace linear_config's")
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"which eyas rows, in order (of {','.join(ROWS)}); a row named twice runs twice, interleaved")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help=f"which eyas rows, in order (of {','.join(ROWS)}); a row named twice runs twice, interleaved")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
     args = ap.parse_args()
+    unknown = [r for r in args.rows.split(",") if r not in ROWS]
+    if unknown:
+        ap.error(f"--rows: no row {', '.join(unknown)} (rows: {', '.join(ROWS)})")
     if args.linear_configs:
         import json
 

@@ -117,8 +117,8 @@ def main() -> None:
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
                  if not s]
         r.update(speedup=round(r["tok_s"] / base["tok_s"], 3),
-                 speedup_over_step_by_parts=round(r["tok_s"] / parts["tok_s"], 3), bf16_match_share=round(sum(same) / len(same), 3),
-                 bf16_first_differences=diffs)
+                 speedup_over_step_by_parts=round(r["tok_s"] / parts["tok_s"], 3),
+                 bf16_match_share=round(sum(same) / len(same), 3), bf16_first_differences=diffs)
         print(f"EAGLE3 {text}: {r['tok_s']} tok/s, tau {r['tau']}, {r['speedup']}x, bf16 match {r['bf16_match_share']}")
         results[text] = {k: v for k, v in r.items() if k != "outputs"}
     fp32 = None
@@ -140,17 +140,8 @@ def main() -> None:
         "baseline_outputs_equal_by_parts": base["outputs"] == parts["outputs"],
         "baseline_generic_hf_path": hf and {k: v for k, v in hf.items() if k != "outputs"},
         "eagle3": results, "best_speedup": best["speedup"], "fp32_lossless": fp32,
-        "kernel_failures": kernel_failures(),
+        "kernel_failures": TritonOps.failures(),  # any kernel that fell back in this process
     })
-
-
-def kernel_failures() -> dict:
-    """Any Triton kernel that fell back to torch in this process (empty when none did, or no Triton)."""
-    try:
-        from eyas.models.kernels import TritonOps
-    except ImportError:
-        return {}
-    return TritonOps.failures()
 
 
 if __name__ == "__main__":

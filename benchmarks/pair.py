@@ -31,20 +31,32 @@ from eyas.models.target import Target
 
 
 def run_all(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    """End-to-end tok/s over every prompt (prefill included, as ``Engine.generate`` runs a request), and
+    the decode share alone (the steps after prefill's first token), timed apart in the same run."""
     params = SamplingParams(max_new_tokens=new_tokens)
     engine.warm_up(progress=False)  # every graph captured first, as eyas serve does: no capture in the timing
     engine.generate([prompts[0]], params)  # and every kernel compiled
-    outs, secs = [], []
+    outs, secs, prefill, decode = [], [], [], []
     for p in prompts:
+        seq = engine.new_sequence(p, params)
         sync()
         t0 = time.perf_counter()
-        o = engine.generate([p], params)[0]
+        batch = engine.prefill([seq])
         sync()
-        secs.append(time.perf_counter() - t0)
-        outs.append(o)
+        t1 = time.perf_counter()
+        while not seq.finished:
+            engine.step(batch)
+        sync()
+        t2 = time.perf_counter()
+        secs.append(t2 - t0)
+        prefill.append(t1 - t0)
+        decode.append(t2 - t1)
+        outs.append(seq)
     tokens = sum(len(o.output_ids) for o in outs)
     row = {"tok_s": round(tokens / sum(secs), 2), "tokens": tokens, "seconds": round(sum(secs), 3),
-           "per_prompt_tok_s_median": round(statistics.median(len(o.output_ids) / s for o, s in zip(outs, secs)), 2)}
+           "per_prompt_tok_s_median": round(statistics.median(len(o.output_ids) / s for o, s in zip(outs, secs)), 2),
+           "decode_tok_s": round((tokens - len(outs)) / sum(decode), 2),
+           "prefill_ms_median": round(1e3 * statistics.median(prefill), 3)}
     if engine.spec.speculative:
         drafts = sum(o.stats.drafts for o in outs)
         acc = [0] * engine.spec.num_steps
@@ -53,6 +65,9 @@ def run_all(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
                 acc[i] += a
         row["tau"] = round(1 + sum(acc) / drafts, 3)
         row["per_position"] = [round(a / drafts, 3) for a in acc]
+        row["step_ms"] = round(1e3 * sum(decode) / drafts, 4)  # every decode step drafts once at batch 1
+    else:
+        row["step_ms"] = round(1e3 * sum(decode) / (tokens - len(outs)), 4)
     row["outputs"] = [o.output_ids for o in outs]
     return row
 
@@ -87,6 +102,9 @@ def main() -> None:
     ap.add_argument("--specs", nargs="+", default=["5,1,6", "6,4,16", "6,8,32", "6,8,48"])
     ap.add_argument("--hf-prompts", type=int, default=4, help="prompts for the HF-path reference baseline (0: none)")
     ap.add_argument("--fp32-prompts", type=int, default=8)
+    ap.add_argument("--by-parts-specs", nargs="*", default=None,
+                    help="settings also run with the step by parts (drafter, verify, extend as three replays with "
+                         "acceptance and commit launched between them); default: the last of --specs")
     ap.add_argument("--cublas-linears", action="store_true",
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
     ap.add_argument("--no-pdl", action="store_true",
@@ -98,28 +116,34 @@ def main() -> None:
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
-    Engine.plain_step_graphs = False  # the step by parts (the baseline before engine/decode.py), side by side
+    Engine.whole_step_graphs = False  # the step by parts (the baseline before engine/decode.py), side by side
     parts = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
-    Engine.plain_step_graphs = True
+    Engine.whole_step_graphs = True
     base = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
-    print(f"baseline (native, graphs): {base['tok_s']} tok/s; step by parts: {parts['tok_s']} tok/s")
+    print(f"baseline (native, graphs): {base['tok_s']} tok/s (decode {base['decode_tok_s']}, prefill "
+          f"{base['prefill_ms_median']} ms); step by parts: {parts['tok_s']} tok/s (decode {parts['decode_tok_s']})")
     hf = None
     if args.hf_prompts:
         generic = Target(target.model, target.tokenizer, target.name, target.aux_layer_ids)
         hf = run_all(Engine(generic, None, SpecConfig("NONE")), prompts[: args.hf_prompts], args.new_tokens)
         print(f"baseline (generic HF path): {hf['tok_s']} tok/s")
     results = {}
-    for text in args.specs:
-        steps, topk, tokens = (int(x) for x in text.split(","))
+    by_parts = args.specs[-1:] if args.by_parts_specs is None else args.by_parts_specs
+    for text in args.specs + [f"{t} by parts" for t in by_parts]:
+        steps, topk, tokens = (int(x) for x in text.split()[0].split(","))
+        Engine.whole_step_graphs = not text.endswith("by parts")
         r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), prompts,
                     args.new_tokens)
+        Engine.whole_step_graphs = True
         same = [o == b for o, b in zip(r["outputs"], base["outputs"])]
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
                  if not s]
         r.update(speedup=round(r["tok_s"] / base["tok_s"], 3),
+                 decode_speedup=round(r["decode_tok_s"] / base["decode_tok_s"], 3),
                  speedup_over_step_by_parts=round(r["tok_s"] / parts["tok_s"], 3),
                  bf16_match_share=round(sum(same) / len(same), 3), bf16_first_differences=diffs)
-        print(f"EAGLE3 {text}: {r['tok_s']} tok/s, tau {r['tau']}, {r['speedup']}x, bf16 match {r['bf16_match_share']}")
+        print(f"EAGLE3 {text}: {r['tok_s']} tok/s, tau {r['tau']}, {r['speedup']}x (decode {r['decode_speedup']}x, "
+              f"step {r['step_ms']} ms against {base['step_ms']}), bf16 match {r['bf16_match_share']}")
         results[text] = {k: v for k, v in r.items() if k != "outputs"}
     fp32 = None
     if args.fp32_prompts:

@@ -66,12 +66,13 @@ def host_reads(monkeypatch):
     return mode
 
 
-@pytest.mark.parametrize("path", ["generic", "native-eager", "native-graph-buckets"])
+@pytest.mark.parametrize("path", ["generic", "native-eager", "native-graph-buckets", "native-graph-buckets-by-parts"])
 @pytest.mark.parametrize("spec", [SpecConfig("EAGLE3", 4, 2, 6), SpecConfig("NONE")], ids=["tree", "no-spec"])
-def test_a_greedy_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec, path):
+def test_a_greedy_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec, path, monkeypatch):
     model = target if path == "generic" else NativeTarget.from_target(target)
+    monkeypatch.setattr(Engine, "whole_step_graphs", not path.endswith("by-parts"))
     engine = Engine(model, draft if spec.speculative else None, spec, max_batch=4,
-                    cuda_graphs=path == "native-graph-buckets")
+                    cuda_graphs=path.startswith("native-graph"))
     params = SamplingParams(max_new_tokens=64, ignore_eos=True)
     batch = engine.prefill([engine.new_sequence(p, params) for p in ([72, 101, 108], [7] * 9, [200, 13])])
     engine.step(batch)  # the first step on the native path moves the rows into the engine's cache
@@ -79,7 +80,6 @@ def test_a_greedy_step_reads_the_device_once_at_the_end(target, draft, host_read
         host_reads.reads.clear()
         with host_reads:
             emitted = engine.step(batch)
-        whole = path == "native-graph-buckets" and not spec.speculative  # the plain step replayed whole
-        assert host_reads.reads == [("tolist", "_plain_emit" if whole else "step")]
+        assert host_reads.reads == [("tolist", "_finish")]  # by parts, or replayed whole (graph buckets)
         assert host_reads.kernels_after_last_read == 0  # the device has nothing left once the host reads
         assert all(emitted)

@@ -87,7 +87,7 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     outs = engine.generate(prompts, params)
     assert [o.output_ids for o in outs] == [refs[0], refs[1], refs[2][:12]]
     assert engine.decoder.steps == 39  # every step after prefill's token, the batch filtered as rows finish
-    monkeypatch.setattr(Engine, "plain_step_graphs", False)
+    monkeypatch.setattr(Engine, "whole_step_graphs", False)
     parts = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True)
     assert parts.decoder is None and [o.output_ids for o in parts.generate(prompts, params)] == [o.output_ids for o in outs]
     mixed = [params[0], SamplingParams(max_new_tokens=8, temperature=0.7, seed=1), params[2]]
@@ -105,10 +105,14 @@ SPECS = {"none": SpecConfig("NONE"), "chain-5": SpecConfig("EAGLE3", 5, 1, 6),
          "tree-4x3-8": SpecConfig("EAGLE3", 4, 3, 8), "tree-3x4-16": SpecConfig("EAGLE3", 3, 4, 16)}
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+@pytest.mark.parametrize("path", ["eager", "graph-buffers", "graph-buffers-by-parts"])
 @pytest.mark.parametrize("name", SPECS)
-def test_native_engine_is_lossless(target, draft, references, name, graphs):
-    spec = SPECS[name]
+def test_native_engine_is_lossless(target, draft, references, name, path, monkeypatch):
+    """Eagerly, through the graph path's buckets with the whole greedy step as one (here emulated)
+    replay, and through the same buckets step by parts (drafter, target and draft extend replayed
+    one after the other, acceptance and commit between them, as batches with a sampled row run)."""
+    spec, graphs = SPECS[name], path != "eager"
+    monkeypatch.setattr(Engine, "whole_step_graphs", path != "graph-buffers-by-parts")
     native = NativeTarget.from_target(target)
     engine = Engine(native, draft if spec.speculative else None, spec, max_batch=8, cuda_graphs=graphs)
     assert engine.static and "static KV cache 8 x" in engine.layout
@@ -118,12 +122,18 @@ def test_native_engine_is_lossless(target, draft, references, name, graphs):
         accepted = sum(o.stats.accepted for o in outs)
         assert 0 < accepted < sum(o.stats.draft_tokens for o in outs)
     runner = engine.target_pool.runner
-    if spec.speculative:
-        assert (len(runner.graphs) > 0) == graphs and (runner.eager_calls > 0) != graphs
-    else:  # the whole step is one (here emulated) replay, the per-forward runner never used
-        assert (engine.decoder.steps > 0) == graphs and (runner.eager_calls > 0) != graphs
-    if spec.speculative:  # with graphs, a whole tree is drafted by one (here emulated) replay
-        assert (len(engine.drafters[spec].graph.graphs) > 0) == graphs
+    whole = engine.decoder if not spec.speculative else engine.speculators.get(spec)
+    if path == "graph-buffers":  # every step one replay: the per-forward runners never used
+        assert whole.steps > 0
+        assert runner.eager_calls == 0 and not runner.graphs
+        if spec.speculative:
+            assert not engine.drafters[spec].graph.graphs and not engine.extenders[spec.path_width].graph.graphs
+    elif path == "graph-buffers-by-parts":  # a tree drafted by one replay, the target's forward by another
+        assert whole is None and runner.graphs and runner.eager_calls == 0
+        if spec.speculative:
+            assert engine.drafters[spec].graph.graphs and engine.extenders[spec.path_width].graph.graphs
+    else:
+        assert runner.eager_calls > 0 and not runner.graphs and (whole is None or whole.steps == 0)
 
 
 @pytest.mark.parametrize("spec", [SpecConfig("EAGLE3", 4, 3, 8),
@@ -185,7 +195,7 @@ def test_long_context_crosses_window_buckets(target, draft):
     engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 5, 1, 6), max_batch=2)
     out = engine.generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
     assert out.output_ids == ref
-    assert {key[2] for key in engine.target_pool.runner.graphs} == {256, 1024}
+    assert {key[1] for key in engine.speculators[engine.spec].graph.graphs} == {256, 1024}
 
 
 def test_static_cache_operations_match_the_dynamic_cache():
@@ -283,18 +293,21 @@ def test_build_engine_takes_the_native_path_when_asked(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["chain-5", "tree-4x3-8"])
-def test_graph_paths_draft_what_the_eager_path_drafts(target, draft, name):
-    """The whole-function graphs (tree drafting, draft extend) propose the same tokens as the eager
-    reference: the acceptance of every sequence is the same, step for step, not only the output."""
+def test_graph_paths_draft_what_the_eager_path_drafts(target, draft, name, monkeypatch):
+    """The whole-function graphs (the whole greedy step; tree drafting and draft extend by parts)
+    propose the same tokens as the eager reference: the acceptance of every sequence is the same,
+    step for step, not only the output."""
     spec = SPECS[name]
     params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
     runs = {}
-    for graphs in (False, True):
+    for graphs, whole in ((False, True), (True, True), (True, False)):
+        monkeypatch.setattr(Engine, "whole_step_graphs", whole)
         engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, cuda_graphs=graphs)
-        runs[graphs] = [o.stats.as_dict() for o in engine.generate(PROMPTS, params)]
+        runs[graphs, whole] = [o.stats.as_dict() for o in engine.generate(PROMPTS, params)]
         if graphs:
-            assert all(len(e.graph.graphs) > 0 for e in engine.extenders.values())
-    assert runs[True] == runs[False]
+            parts = [engine.drafters[spec], *engine.extenders.values()]
+            assert all(len(e.graph.graphs) > 0 for e in parts) != whole
+    assert runs[True, True] == runs[False, True] == runs[True, False]
 
 
 def test_fused_draft_forward_matches_the_drafts_own(target):

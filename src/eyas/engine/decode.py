@@ -1,27 +1,37 @@
-"""A plain decode step (no draft) on the native path's static cache as one CUDA graph.
+"""A greedy step on the native path's static caches as one CUDA graph: plain decoding, and speculation.
 
 ``Engine.step`` builds a step from parts: the mask, the target's graph replay, the argmax, the
 commit and the gathers around it, each a launch from the host, which then waits for the one
 readback. On the H200 at batch 1 that host work left the GPU idle for ~0.45 ms of a 4.3 ms
 Llama-3.1-8B step (``benchmarks/decode_8b.py``: the one-token graph alone replays in 3.9 ms). For a
-greedy batch without speculation the whole step is a function of three tensors (each row's length
-and last token, and the slot the new keys go to), so it is captured whole, like the draft's tree
-and extend (``drafter.py``): a step is a few input copies, one replay and the readback.
+greedy batch the whole step is a function of a few tensors (each row's length and last token, the
+draft's last output, and the slots the new keys go to), so it is captured whole: a step is a few
+input copies, one replay and the readback.
+
+- ``decode_static`` / ``StaticDecoder``: without a draft (mask, forward, argmax, commit).
+- ``speculate_static`` / ``StaticSpeculator``: with one (the tree drafting of ``drafter.py``, the
+  verify mask, the target's forward over the tree, greedy acceptance, the commit, and the draft
+  extend that leaves the draft's output for the next step): about 60 launches around three graph
+  replays became one replay.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..config import SpecConfig
 from ..models import kv_cache
 from ..models.graphs import BatchGraph, window_buckets
+from .drafter import draft_extend_static, draft_tree_static
+from .tree import Tree
+from .verify import accept_greedy_batch
 
 
 def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live: torch.Tensor, prefix: torch.Tensor,
                   window: int):
     """Feed each row's last token ``root`` [B] at position ``lengths[b]``, its keys at slot ``prefix``
-    (a 1-element tensor), keep them at ``lengths[b]``; return (the greedy next token [B], the new
-    lengths [B]). The mask is ``window`` wide: the whole function is one graph per (rows, window).
+    (a 1-element tensor), keep them at ``lengths[b]``; return ``host`` [B, 4] as ``speculate_static``
+    shapes it for a path of width 1: the greedy next token, 1, the new length, the token again. The mask is ``window`` wide: the whole function is one graph per (rows, window).
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
     slot = torch.arange(window, device=root.device)[None, :]
@@ -31,7 +41,8 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     logits, _ = native(root[:, None], lengths[:, None], mask, pool, ())
     src = prefix.expand(len(root), 1)
     pool.commit(torch.where(live > 0, lengths, prefix), src, live)
-    return logits[:, -1].argmax(dim=-1), lengths + 1
+    token = logits[:, -1].argmax(dim=-1)
+    return (torch.stack([token, torch.ones_like(token), lengths + 1, token], dim=1),)
 
 
 class StaticDecoder:
@@ -54,13 +65,94 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def __call__(self, lengths: torch.Tensor, root: torch.Tensor):
-        """(next tokens [B], new lengths [B]), or None past the last bucket (run the step by parts)."""
+        """``host`` [B, 4] (see ``decode_static``), or None past the last bucket (run the step by parts)."""
         prefix = self.pool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
         out = self.graph({"lengths": lengths, "root": root, "live": self._live},
                          {"prefix": torch.full((1,), prefix, dtype=torch.long, device=root.device)}, prefix + 1)
-        if out is not None:
-            self.pool.advance(1)
-            self.steps += 1
+        if out is None:
+            return None
+        self.pool.advance(1)
+        self.steps += 1
+        return out[0]
+
+
+def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: SpecConfig, lengths, root, logits0,
+                     hidden0, live, tprefix: torch.Tensor, dprefix: torch.Tensor, window: int):
+    """One greedy speculative step on the static caches with only tensors varying between calls, so it
+    is one graph per (rows, window): draft a tree (``spec``'s settings; the root alone when it drafts
+    nothing) from the draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it
+    with the target (its keys at slots ``tprefix..``), accept greedily, commit the accepted path, and feed
+    it to the draft (keys at ``dprefix..``). Returns (``host`` [B, width + 3]: the emitted tokens padded
+    to the path width, their count, the new length, the next root; the draft's logits [B, draft_vocab]
+    and hidden state [B, H] after the last kept token). Rows with ``live`` 0 (a bucket's padding, or
+    the zeros a graph is warmed up with) keep their keys where they were written."""
+    bsz, dev = root.shape[0], root.device
+    if spec.speculative:
+        tree = draft_tree_static(draft, dpool, lengths, root, logits0, hidden0, spec, dprefix, window)
+    else:
+        tree = Tree.root_only(root)
+    size, width = tree.size, spec.path_width
+    column = torch.arange(window, device=dev)
+    rel = column - tprefix  # [window]: a slot's column in the tree
+    in_tree = (rel >= 0) & (rel < size)
+    nodes = tree.mask.gather(2, rel.clamp(0, size - 1).expand(bsz, size, window)) & in_tree  # [B, T, window]
+    allowed = (column[None, None, :] < lengths[:, None, None]) | nodes
+    tpool.window, tpool.write_slots = window, tprefix + torch.arange(size, device=dev)
+    logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, kv_cache.additive(allowed, tpool.buf.dtype),
+                         tpool, aux_ids)
+    cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)
+    kept = live > 0
+    new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
+    path = tree.tokens.gather(1, cols)
+    new = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], dim=1)  # [B, width]
+    new.scatter_(1, (counts - 1)[:, None], bonus[:, None])  # row b emits new[b, :counts[b]]
+    path_aux = aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
+    logits1, hidden1 = draft_extend_static(draft, dpool, lengths, new, path_aux, torch.where(kept, counts, 0), dprefix,
+                                           window)
+    host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None]], dim=1)
+    return host, logits1, hidden1
+
+
+class StaticSpeculator:
+    """``speculate_static`` for one setting of the schedule, as one graph replay per (rows, window)."""
+
+    def __init__(self, native, tpool, aux_ids, draft, dpool, spec: SpecConfig, rows: list[int], enabled: bool):
+        self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec = native, tpool, aux_ids, draft, dpool, spec
+        self.steps = 0  # steps run whole (the rest ran by parts)
+        self._live = None
+        # the most slots past a prefix any part writes: the tree's levels, the verified tree, the extend
+        self.span = max(spec.num_steps * spec.eagle_topk if spec.speculative else 0, max(spec.verify_sizes),
+                        spec.path_width)
+        setting = f"{spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}" if spec.speculative else "0"
+        self.graph = BatchGraph(self._fn, tpool, rows, window_buckets(tpool.capacity_slots), enabled,
+                                name=f"speculative step {setting}", example=self._example, top_slots=self.span)
+
+    def _fn(self, inputs, window):
+        return speculate_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
+                                inputs["lengths"], inputs["root"], inputs["logits0"], inputs["hidden0"], inputs["live"],
+                                inputs["tprefix"], inputs["dprefix"], window)
+
+    def _example(self, rows: int):
+        w = self.draft.fc.weight
+        ids = torch.zeros(rows, dtype=torch.long, device=w.device)
+        logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
+        hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
+        return ({"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden, "live": ids},
+                {"tprefix": ids[:1], "dprefix": ids[:1]})
+
+    @torch.inference_mode()
+    def __call__(self, lengths, root, logits0, hidden0):
+        """(host [B, width + 3], draft logits, draft hidden) as ``speculate_static`` returns them, or None
+        past the last bucket (run the step by parts)."""
+        tused, dused = self.tpool.used, self.dpool.used
+        if self._live is None or len(self._live) != len(root):
+            self._live = torch.ones_like(root)
+        dev = root.device
+        out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0, "live": self._live},
+                         {"tprefix": torch.full((1,), tused, dtype=torch.long, device=dev),
+                          "dprefix": torch.full((1,), dused, dtype=torch.long, device=dev)},
+                         max(tused, dused) + self.span)
+        self.steps += out is not None
         return out

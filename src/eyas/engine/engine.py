@@ -34,7 +34,7 @@ from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from ..models.ops import ops_for
-from .decode import StaticDecoder
+from .decode import StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
@@ -94,7 +94,7 @@ class Engine:
     ``NativeTarget``): they size the preallocated KV caches, say whether forwards replay CUDA graphs,
     and cap the batch sizes that have graphs (larger batches run eagerly)."""
 
-    plain_step_graphs = True  # a greedy step without speculation as one graph (``decode.py``); False: by parts
+    whole_step_graphs = True  # a greedy step as one graph (``decode.py``), with a draft or without; False: by parts
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None,
                  max_batch: int = 64, cuda_graphs: bool = True, graph_max_batch: int | None = None):
@@ -111,6 +111,8 @@ class Engine:
         self.max_context = target.info.max_context or 1 << 30
         self.draft_steps = DraftSteps(draft) if draft is not None else None
         self.decoder = None
+        self.speculators = {}
+        self._eos = frozenset(target.eos_token_ids)
         self.static = isinstance(target, NativeTarget)
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
@@ -137,7 +139,7 @@ class Engine:
         like = torch.zeros(1, dtype=self.target.dtype, device=self.device)
         self.target_pool = self.target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
                                                 capture_aux=spec.speculative)
-        if not spec.speculative and self.plain_step_graphs:
+        if not spec.speculative and self.whole_step_graphs:
             self.decoder = StaticDecoder(self.target.native, self.target_pool, rows, cuda_graphs)
         if spec.speculative:
             pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
@@ -145,21 +147,27 @@ class Engine:
                              for s in drafting}
             widths = sorted({s.path_width for s in spec.options})
             self.extenders = {w: StaticExtender(self.draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
+            if self.whole_step_graphs:
+                aux = tuple(self.target.aux_layer_ids)
+                self.speculators = {s: StaticSpeculator(self.target.native, self.target_pool, aux, self.draft_steps.net,
+                                                        pool, s, rows, cuda_graphs) for s in spec.options}
         kernels = ops_for(self.target_pool, like, self.target.native.rope).name
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}, "
                        f"{kernels} kernels")
 
     def graph_runners(self) -> list:
-        """The native path's graph runners: target forward, the whole plain step (without a draft),
-        one tree drafter per setting, one draft extend per path width."""
+        """The native path's graph runners: target forward, the whole greedy step (one per setting with a
+        draft, one without), one tree drafter per setting, one draft extend per path width (the parts
+        serve batches with a sampled row)."""
         if not self.static:
             return []
         # The draft's own per-forward runner only serves the fallbacks past the last window bucket
         # (level-by-level drafting, eager extend): captured when first used, not at startup.
         extra = ([d.graph for d in self.drafters.values()]
                  + [e.graph for e in self.extenders.values()]) if self.spec.speculative else []
-        return [self.target_pool.runner] + ([self.decoder.graph] if self.decoder else []) + extra
+        whole = [self.decoder.graph] if self.decoder else [s.graph for s in self.speculators.values()]
+        return [self.target_pool.runner] + whole + extra
 
     @torch.inference_mode()
     def warm_up(self, progress: bool = True, on_cpu: bool = False) -> str:
@@ -287,11 +295,17 @@ class Engine:
     def step(self, batch: Batch) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted."""
         self._own(batch)
-        if self.decoder is not None and all(s.params.greedy for s in batch.seqs):
-            out = self.decoder(batch.lengths, batch.root)
-            if out is not None:
-                return self._plain_emit(batch, *out)
         spec = self.spec.for_batch(len(batch))
+        if all(s.params.greedy for s in batch.seqs):  # the whole step in one graph replay, where one fits
+            if self.decoder is not None:
+                host = self.decoder(batch.lengths, batch.root)
+                if host is not None:
+                    return self._finish(batch, spec, host)
+            elif spec in self.speculators:
+                out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
+                if out is not None:
+                    host, batch.draft_logits, batch.draft_hidden = out
+                    return self._finish(batch, spec, host)
         if spec.speculative and self.static:
             tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
         elif spec.speculative:
@@ -308,34 +322,33 @@ class Engine:
         width = spec.path_width  # static, so no shape waits on the device
         cols, counts, bonus = self._accept(batch, tree, logits, width)  # [B, width], [B], [B]
         old = batch.lengths
-        batch.lengths = kv_cache.commit(cache, old, slots + cols, counts)
+        lengths = kv_cache.commit(cache, old, slots + cols, counts)
         path = tree.tokens.gather(1, cols)
         new = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], dim=1)  # [B, width]
         new.scatter_(1, (counts - 1)[:, None], bonus[:, None])  # row b emits new[b, :counts[b]]
         if self.spec.speculative:
             path_aux = aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
             batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, new, path_aux, counts)
-        batch.root = bonus
-        # The step's one device-to-host copy, queued behind all of the above; then the host's share.
-        host = torch.cat([new, counts[:, None], batch.lengths[:, None]], dim=1).tolist()
-        used = max((h[-1] for h in host), default=0)
-        kv_cache.crop(cache, used)
+        return self._finish(batch, spec, torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None]], dim=1))
+
+    def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor) -> list[list[int]]:
+        """The host's share of a step: ``host`` [B, width + 3] holds each row's emitted tokens (padded to
+        the path width), their count, the new length and the next root. The step's one device-to-host
+        copy, queued behind everything the step launched; then the caches' slot count and the tokens."""
+        width = spec.path_width
+        batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
+        rows = host.tolist()
+        used = max((h[width + 1] for h in rows), default=0)
+        kv_cache.crop(batch.target_cache, used)
         if batch.draft_cache is not None:
             kv_cache.crop(batch.draft_cache, used)
         emitted = []
-        for s, h in zip(batch.seqs, host):
-            n, length = h[-2], h[-1]
+        for s, h in zip(batch.seqs, rows):
+            n, length = h[width], h[width + 1]
             if not s.finished and spec.speculative:
                 s.stats.record(spec.num_draft_tokens - 1, n - 1)
             emitted.append(self._emit(s, h[:n], length))
         return emitted
-
-    def _plain_emit(self, batch: Batch, tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
-        """The host's share of a plain step replayed whole: one readback, then each row's token."""
-        batch.root, batch.lengths = tokens, lengths
-        host = torch.stack([tokens, lengths], dim=1).tolist()
-        kv_cache.crop(batch.target_cache, max((h[1] for h in host), default=0))
-        return [self._emit(s, [t], length) for s, (t, length) in zip(batch.seqs, host)]
 
     def _draft_extend(self, cache, base, tokens, aux, counts):
         """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]."""
@@ -379,7 +392,7 @@ class Engine:
         if seq.finished:
             return []
         p = seq.params
-        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.target.eos_token_ids))
+        stops = set(p.stop_token_ids) | (frozenset() if p.ignore_eos else self._eos)
         out = []
         for t in tokens:
             out.append(t)

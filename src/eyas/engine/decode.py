@@ -61,7 +61,7 @@ class StaticDecoder:
 
     def _example(self, rows: int):
         ids = torch.zeros(rows, dtype=torch.long, device=self.pool.buf.device)
-        return {"lengths": ids, "root": ids, "live": ids}, {"prefix": ids[:1]}
+        return {"lengths": ids, "root": ids, "live": ids}, {"prefix": 0}
 
     @torch.inference_mode()
     def __call__(self, lengths: torch.Tensor, root: torch.Tensor):
@@ -70,7 +70,7 @@ class StaticDecoder:
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
         out = self.graph({"lengths": lengths, "root": root, "live": self._live},
-                         {"prefix": torch.full((1,), prefix, dtype=torch.long, device=root.device)}, prefix + 1)
+                         {"prefix": prefix}, prefix + 1)
         if out is None:
             return None
         self.pool.advance(1)
@@ -140,7 +140,7 @@ class StaticSpeculator:
         logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
         hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
         return ({"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden, "live": ids},
-                {"tprefix": ids[:1], "dprefix": ids[:1]})
+                {"tprefix": 0, "dprefix": 0})
 
     @torch.inference_mode()
     def __call__(self, lengths, root, logits0, hidden0):
@@ -149,10 +149,7 @@ class StaticSpeculator:
         tused, dused = self.tpool.used, self.dpool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
-        dev = root.device
         out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0, "live": self._live},
-                         {"tprefix": torch.full((1,), tused, dtype=torch.long, device=dev),
-                          "dprefix": torch.full((1,), dused, dtype=torch.long, device=dev)},
-                         max(tused, dused) + self.span)
+                         {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span)
         self.steps += out is not None
         return out

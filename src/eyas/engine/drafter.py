@@ -213,13 +213,13 @@ class StaticDrafter:
         ids = torch.zeros(rows, dtype=torch.long, device=w.device)
         logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
         hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
-        return {"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden}, {"prefix": ids[:1]}
+        return {"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden}, {"prefix": 0}
 
     @torch.inference_mode()
     def __call__(self, lengths, root, logits0, hidden0) -> Tree:
         prefix = self.pool.used
         out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0},
-                         {"prefix": torch.full((1,), prefix, device=root.device)}, prefix + self.span)
+                         {"prefix": prefix}, prefix + self.span)
         if out is None:  # past the last window bucket: the level-by-level path
             return draft_tree(self.draft, self.pool, lengths, root, logits0, hidden0, self.spec, self.steps_fn)
         return Tree(*out)
@@ -268,14 +268,14 @@ class StaticExtender:
         w = self.draft.fc.weight
         ids = torch.zeros((rows, self.width), dtype=torch.long, device=w.device)
         aux = torch.zeros((rows, self.width, w.shape[1]), dtype=w.dtype, device=w.device)
-        return {"base": ids[:, 0], "tokens": ids, "aux": aux, "counts": ids[:, 0]}, {"prefix": ids[0, :1]}
+        return {"base": ids[:, 0], "tokens": ids, "aux": aux, "counts": ids[:, 0]}, {"prefix": 0}
 
     @torch.inference_mode()
     def __call__(self, base, tokens, aux, counts):
         """(logits [B, draft_vocab], hidden [B, H]), or None past the last bucket (run the eager path)."""
         prefix = self.pool.used
         out = self.graph({"base": base, "tokens": tokens, "aux": aux, "counts": counts},
-                         {"prefix": torch.full((1,), prefix, device=tokens.device)}, prefix + self.width)
+                         {"prefix": prefix}, prefix + self.width)
         if out is not None:
             self.pool.advance(self.width)
         return out

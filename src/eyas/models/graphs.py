@@ -174,7 +174,8 @@ class GraphRunner:
 
 
 class BatchGraph:
-    """A whole function of per-row inputs ``[B, ...]`` (plus a few fixed-size tensors) as one graph
+    """A whole function of per-row inputs ``[B, ...]`` (plus a few slot numbers, each a 1-element
+    tensor inside the graph, ``fixed``) as one graph
     per (rows, window) bucket: how the engine drafts a tree in one replay. ``__call__`` returns
     None when no bucket fits (the caller then runs its eager path)."""
 
@@ -194,7 +195,7 @@ class BatchGraph:
         if key not in self.graphs:
             self._build(key, *self.example(key[0]))
 
-    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, torch.Tensor], need: int) -> tuple | None:
+    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, int], need: int) -> tuple | None:
         b = next(iter(inputs.values())).shape[0]
         key = (_pick(self.rows, b), _pick(self.windows, need))
         if not self.enabled or None in key or need > self.cache.capacity_slots:
@@ -204,8 +205,8 @@ class BatchGraph:
             g.inputs[name][:b].copy_(x)
             if b < key[0]:
                 g.inputs[name][b:].zero_()
-        for name, x in fixed.items():
-            g.inputs[name].copy_(x)
+        for name, value in fixed.items():
+            g.inputs[name].fill_(value)  # one kernel; a tensor made on the host and copied took two
         if g.graph is not None:
             g.graph.replay()
             outputs = g.outputs
@@ -217,7 +218,7 @@ class BatchGraph:
         rows, window = key
         dev = self.cache.buf.device
         bufs = {n: torch.zeros((rows,) + x.shape[1:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
-        bufs.update({n: x.clone() for n, x in fixed.items()})
+        bufs.update({n: torch.zeros(1, dtype=torch.long, device=dev) for n in fixed})
         g = _Graph(bufs, None, None)
         # Warm-up (and capture) write their keys to the window's last slots, past every row's
         # committed ones (a bucket is only chosen when used + top_slots fits the window). Without

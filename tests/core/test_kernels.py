@@ -105,12 +105,51 @@ def test_linear_silu_matches_torch(dtype, inter, k, norm, bias):
     torch.testing.assert_close(TRITON.linear_silu(more, w, b, nrm), exact.expand(1, 3, inter), **_tol(dtype))
 
 
-def test_linear_kernel_takes_one_row_only(monkeypatch):
-    """More rows (a tree's verify, a draft level, prefill) and a wide head over short rows keep
-    cuBLAS; the kernel is for a decode step at batch 1."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [(2,), (1, 7), (3, 16), (1, 64)])  # a pair of rows; an extend; a verify of 48; 64
+@pytest.mark.parametrize("kind", ["norm", "norm-bias", "residual", "silu-norm", "silu-bias"])
+def test_linear_rows_match_torch(dtype, rows, kind):
+    """A few rows at once (a tree's verify, a draft level, the draft extend) through
+    ``_linear_rows_kernel``: the norm, the bias, the residual or silu(gate) * up inside, ragged blocks
+    of rows, columns and K (SmolLM2's 576)."""
+    torch.manual_seed(8)
+    silu = kind.startswith("silu")
+    n, k = (40, 576) if silu else (72, 200)
+    x = torch.randn(*rows, k, dtype=dtype, device=DEVICE) * 2
+    w = (torch.randn(2 * n if silu else n, k, device=DEVICE) / k ** 0.5).to(dtype)
+    b = torch.randn(w.shape[0], dtype=dtype, device=DEVICE) if "bias" in kind else None
+    nrm = (torch.rand(k, device=DEVICE).to(dtype) + 0.5, 1e-5) if "norm" in kind else None
+    launched = []
+    kernel = kernels._linear_rows_kernel
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "_linear_rows_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+            launched.append(grid), kernel[grid])[1]})())
+        if kind == "residual":
+            res = torch.randn(*rows, n, dtype=dtype, device=DEVICE) * 4
+            got, want = TRITON.linear_add(res, x, w), TORCH.linear_add(res, x, w)
+        elif silu:
+            got = TRITON.linear_silu(x, w, b, nrm)
+            want = TORCH.linear_silu(x.float(), w.float(), None if b is None else b.float(),
+                                     nrm and (nrm[0].float(), nrm[1])).to(dtype)  # see test_linear_silu_matches_torch
+        else:
+            got, want = TRITON.linear(x, w, b, nrm), TORCH.linear(x, w, b, nrm)
+    assert launched and got.shape == want.shape == (*rows, n) and got.dtype == dtype
+    loose = silu and dtype == torch.bfloat16  # the normed row, gate and up each rounded: a few ulps of 576 terms
+    torch.testing.assert_close(got, want, **(dict(rtol=0.04, atol=0.1) if loose else _tol(dtype)))
+
+
+def test_linear_kernels_take_up_to_64_rows(monkeypatch):
+    """More rows than ``ROWS_MAX`` (prefill, large batches) and a wide head over short rows keep
+    cuBLAS; one row is ``_linear_kernel``'s, 2 to 64 ``_linear_rows_kernel``'s."""
     monkeypatch.setattr(kernels, "_linear_kernel", CannotCompile())
+    monkeypatch.setattr(kernels, "_linear_rows_kernel", CannotCompile())
     monkeypatch.setenv("EYAS_KERNELS", "triton")  # a launch would raise
     x, w = torch.randn(2, 32, device=DEVICE), torch.randn(24, 32, device=DEVICE)
+    with pytest.raises(RuntimeError, match="no kernel for this GPU"):
+        TRITON.linear(x, w)
+    many = torch.randn(kernels.ROWS_MAX + 1, 32, device=DEVICE)
+    assert torch.equal(TRITON.linear(many, w), TORCH.linear(many, w))
+    monkeypatch.setattr(kernels.TritonOps, "row_linears", False)
     assert torch.equal(TRITON.linear(x, w), TORCH.linear(x, w))
     head = torch.randn(16384, 32, device=DEVICE)
     assert kernels.linear_config(16384, 32, 4) is None
@@ -144,6 +183,20 @@ for norm, silu, has_bias, has_res, row_p2, pdl in [(False, False, False, True, 0
                        options={"num_warps": 8, "num_stages": 3})
     assert ("griddepcontrol.wait" in ptx) == const["PDL"], const  # the dependent launch's wait, only with PDL
     assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
+from eyas.models.kernels import _linear_rows_kernel
+for dt, norm, silu, has_bias, has_res, block_m, exact in [("bf16", True, False, False, False, 64, False),
+                                                          ("bf16", True, True, False, False, 16, False),
+                                                          ("bf16", False, False, True, True, 32, False),
+                                                          ("fp32", True, True, True, False, 64, True),
+                                                          ("fp32", False, False, False, True, 16, True)]:
+    sig = {"x": f"*{dt}", "s_x": "i32", "w": f"*{dt}", "s_w": "i32", "bias": f"*{dt}", "res": f"*{dt}", "s_r": "i32",
+           "nw": f"*{dt}", "out": f"*{dt}", "s_o": "i32", "M": "i32", "N": "i32", "K": "i32", "eps": "fp32"}
+    const = dict(NORM=norm, SILU=silu, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_M=block_m, BLOCK_N=32,
+                 BLOCK_K=128 if dt == "bf16" else 64, EXACT=exact, UPCAST=False, PDL=True)
+    ptx = triton.compile(triton.compiler.ASTSource(fn=_linear_rows_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                                                   constexprs=const), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
+    assert ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
 print("compiled")
 """
 
@@ -405,3 +458,27 @@ def test_batch_one_decode_through_the_linear_kernel_is_hugging_faces(name, monke
     outs = [engine.generate([p], SamplingParams(max_new_tokens=8, ignore_eos=True))[0].output_ids for p in PROMPTS[:2]]
     assert outs == refs
     assert launched.count(kernels._linear_kernel) >= 7 * model.config.num_hidden_layers * 4  # 4 a layer, 7 steps
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE == "cuda", reason="the CPU fixtures' check; on a GPU the benchmarks' fp32 pair checks it")
+def test_speculation_through_the_rows_kernel_is_hugging_faces(monkeypatch):
+    """A float32 speculative engine: the verify's, the draft levels' and the draft extend's projections
+    run as ``_linear_rows_kernel`` (no TF32), batch 1's plain steps as ``_linear_kernel``, and the
+    greedy tokens are still HF's."""
+    from eyas.models.draft import Eagle3Draft
+
+    model = family_model("qwen2-bias").float()
+    refs = [reference_greedy(model, p, 10) for p in PROMPTS[:2]]
+    target = NativeTarget(model)
+    torch.manual_seed(3)
+    draft = Eagle3Draft.for_target(target, draft_vocab_size=120).float()
+    rows = []
+    linear_rows = kernels.TritonOps._linear_rows
+    monkeypatch.setattr(kernels.TritonOps, "_linear_rows", lambda self, x, *a: (rows.append(x.numel() // x.shape[-1]),
+                                                                                linear_rows(self, x, *a))[1])
+    monkeypatch.setenv("EYAS_KERNELS", "triton")
+    engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 6), max_batch=2, cuda_graphs=True)
+    outs = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=10, ignore_eos=True))
+    assert [o.output_ids for o in outs] == refs
+    assert {12, 4, 8} <= set(rows)  # the verify (2 rows x 6 tokens), a draft level (2 x 2), the extend (2 x 4)

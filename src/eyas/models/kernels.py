@@ -288,6 +288,73 @@ def _linear_kernel(x, w, s_w, bias, res, nw, out, N, K, eps, NORM: tl.constexpr,
             y += tl.load(res + n, mask=nv, other=0.0).to(tl.float32)
         tl.store(out + n, y.to(out.dtype.element_ty), mask=nv)
 
+@triton.jit
+def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, eps, NORM: tl.constexpr,
+                        SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr,
+                        PDL: tl.constexpr):
+    """``_linear_kernel`` for a few rows (a tree's verify, a draft level, the draft extend: 2 to 64):
+    ``out[m, n] = res[m, n] + bias[n] + x[m] . w[n]`` for this program's ``BLOCK_M`` rows and
+    ``BLOCK_N`` columns, on the tensor cores (``tl.dot``). ``NORM``: each row RMS-normed with ``nw`` on
+    the way in (a first pass over the row sums its squares), rounded to the model's dtype as the norm
+    kernel does. ``SILU``: the weight is ``[gate; up]`` (``2N`` rows): gate's and up's columns ``n``
+    accumulate side by side and the program writes ``silu(gate) * up`` (each rounded first, as the
+    GEMM's output is). ``EXACT``: no TF32 (float32 models); ``UPCAST``: 16-bit operands taken to
+    float32 first (the interpreter's bfloat16 ``dot`` is wrong)."""
+    _after_previous_kernel(PDL)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mv = m < M
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nv = n < N
+    xrow = x + m[:, None].to(tl.int64) * s_x
+    if NORM:
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for r0 in range(0, K, BLOCK_K):
+            kr = r0 + tl.arange(0, BLOCK_K)
+            xr = tl.load(xrow + kr[None, :], mask=mv[:, None] & (kr < K)[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(xr * xr, axis=1)
+        rstd = tl.rsqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    wrow = w + n[:, None].to(tl.int64) * s_w
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kv = kk < K
+        xv = tl.load(xrow + kk[None, :], mask=mv[:, None] & kv[None, :], other=0.0)
+        if NORM:
+            wn = tl.load(nw + kk, mask=kv, other=0.0).to(tl.float32)
+            xv = (xv.to(tl.float32) * rstd[:, None] * wn[None, :]).to(x.dtype.element_ty)
+        wv = tl.load(wrow + kk[None, :], mask=nv[:, None] & kv[None, :], other=0.0)
+        if UPCAST:
+            xv = xv.to(tl.float32)
+            wv = wv.to(tl.float32)
+        if EXACT:
+            acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xv, tl.trans(wv), acc)
+        if SILU:
+            uv = tl.load(wrow + N * s_w + kk[None, :], mask=nv[:, None] & kv[None, :], other=0.0)
+            if UPCAST:
+                uv = uv.to(tl.float32)
+            if EXACT:
+                acc_up = tl.dot(xv, tl.trans(uv), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(xv, tl.trans(uv), acc_up)
+    if HAS_BIAS:
+        acc += tl.load(bias + n, mask=nv, other=0.0).to(tl.float32)[None, :]
+        if SILU:
+            acc_up += tl.load(bias + N + n, mask=nv, other=0.0).to(tl.float32)[None, :]
+    if SILU:
+        g = acc.to(out.dtype.element_ty).to(tl.float32)
+        u = acc_up.to(out.dtype.element_ty).to(tl.float32)
+        acc = g * tl.sigmoid(g) * u
+    if HAS_RES:
+        acc += tl.load(res + m[:, None].to(tl.int64) * s_r + n[None, :], mask=mv[:, None] & nv[None, :],
+                       other=0.0).to(tl.float32)
+    tl.store(out + m[:, None].to(tl.int64) * s_o + n[None, :], acc.to(out.dtype.element_ty),
+             mask=mv[:, None] & nv[None, :])
+
+
 _INTERPRETED = type(_rms_norm_kernel).__name__ == "InterpretedFunction"  # defined under TRITON_INTERPRET=1
 
 
@@ -389,6 +456,7 @@ class TritonOps(TorchOps):
     top_children_failed: str | None = None
     linear_failed: str | None = None
     fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
+    row_linears = True  # and projections of 2..ROWS_MAX rows as ``_linear_rows_kernel`` (False: cuBLAS)
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
     pdl_failed: str | None = None
 
@@ -446,12 +514,15 @@ class TritonOps(TorchOps):
 
     def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path):
         """``kernel_path(config)`` where ``x`` is one row of ``width`` for ``weight`` (a decode step at
-        batch 1, which ``_linear_kernel`` runs with its norm, activation and residual inside), else
-        ``cublas_path()``: more rows (a tree's verify, a draft level, prefill), and shapes where cuBLAS
-        measured faster, stay cuBLAS's (and a mismatched input meets torch's shape error)."""
-        fits = (self.fused_linears and x.numel() == x.shape[-1] == width and weight.dtype == x.dtype
-                and weight.stride(-1) == 1 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-                and (residual is None or residual.numel() == weight.shape[0]))
+        batch 1, which ``_linear_kernel`` runs with its norm, activation and residual inside) or a few
+        rows (up to ``ROWS_MAX``: a tree's verify, a draft level; ``_linear_rows_kernel``), else
+        ``cublas_path()``: more rows (prefill, large batches), and shapes where cuBLAS measured faster,
+        stay cuBLAS's (and a mismatched input meets torch's shape error)."""
+        rows = x.numel() // max(1, x.shape[-1])
+        fits = (self.fused_linears and x.shape[-1] == width and (rows == 1 or 1 < rows <= ROWS_MAX and self.row_linears)
+                and weight.dtype == x.dtype and weight.stride(-1) == 1
+                and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+                and (residual is None or residual.numel() == rows * weight.shape[0]))
         cfg = linear_config(*weight.shape, x.dtype.itemsize) if fits else None
         if cfg is None:
             return cublas_path()
@@ -507,6 +578,8 @@ class TritonOps(TorchOps):
     def _linear(self, x, weight, bias, norm, cfg, residual=None, silu: bool = False) -> torch.Tensor:
         n, k = weight.shape
         n = n // 2 if silu else n  # gate/up: the kernel writes silu(gate) * up
+        if x.numel() != k:
+            return self._linear_rows(x, weight, bias, norm, n, residual, silu)
         out = torch.empty(n, dtype=x.dtype, device=x.device)
         res = out if residual is None else _rows(residual)
         block_n, block_k, warps, stages = cfg
@@ -518,6 +591,21 @@ class TritonOps(TorchOps):
                 HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k,
                 ROW_P2=triton.next_power_of_2(k) if norm is not None and k <= 16384 else 0,
                 num_warps=warps, num_stages=stages)
+        return out.view(*x.shape[:-1], n)
+
+    def _linear_rows(self, x, weight, bias, norm, n, residual, silu) -> torch.Tensor:
+        k = weight.shape[1]
+        xr = _rows(x)
+        m = xr.shape[0]
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        res = out if residual is None else _rows(residual)
+        block_m, block_n, block_k, warps, stages = linear_rows_config(m, n, k, x.dtype.itemsize)
+        _launch(_linear_rows_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, block_m)), xr, xr.stride(0), weight,
+                weight.stride(0), out if bias is None else bias, res, res.stride(0), out if norm is None else norm[0],
+                out, out.stride(0), m, n, k, float(norm[1]) if norm else 0.0, NORM=norm is not None, SILU=silu,
+                HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                BLOCK_K=block_k, EXACT=x.dtype.itemsize > 2 or not x.is_cuda,
+                UPCAST=x.dtype.itemsize == 2 and not x.is_cuda, num_warps=warps, num_stages=stages)
         return out.view(*x.shape[:-1], n)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -615,6 +703,20 @@ def linear_config(n: int, k: int, itemsize: int) -> tuple[int, int, int, int] | 
     if k >= 8192:
         return 16, 1024 // scale, 8, 3
     return (16, 1024 // scale, 8, 1) if n <= k else (8, 512 // scale, 4, 1)
+
+
+ROWS_MAX = 64
+"""Most rows ``_linear_rows_kernel`` takes: a verify of 64 tokens at batch 1, a draft level of 8 x 8."""
+
+
+def linear_rows_config(m: int, n: int, k: int, itemsize: int) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of ``_linear_rows_kernel``: every row in
+    one block (16 to 64, the tensor cores' smallest), 32 output columns a program so that a small
+    model's projections still spread over the GPU (SmolLM2's q/k/v: 30 programs of 960 columns), 64
+    for wide ones; half the K step for float32 (the same bytes). Not swept yet."""
+    block_m = max(16, triton.next_power_of_2(m))
+    block_n = 32 if n <= 4096 else 64
+    return block_m, block_n, (128 if itemsize <= 2 else 64), 4, 2
 
 
 TRITON = TritonOps()

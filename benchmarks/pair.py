@@ -6,7 +6,11 @@
 Greedy (temperature 0), one prompt at a time, the chat prompt set, up to ``--new-tokens`` each
 (ending at end-of-turn as a user would see it). Baseline = eyas's own fast path (native forward,
 static cache, CUDA graphs) without speculation; the HF-path baseline is recorded for reference.
-For each tree setting: tokens/s, tau, per-position acceptance, speedup.
+For each tree setting: tokens/s end to end and for decoding alone (prefill timed apart), the step's
+milliseconds, tau, per-position acceptance, speedup. Side by side in the same run: the baseline
+with its step by parts (``Engine.whole_step_graphs = False``), and the last setting by parts and
+with its several-row projections on cuBLAS (``TritonOps.row_linears = False``); ``--by-parts-specs``
+and ``--cublas-rows-specs`` pick other settings (none: nothing).
 
 Lossless check: in bf16, the share of prompts whose speculative output equals the baseline's,
 and for each that differs, the target's two best logits at the first difference (a near-tie
@@ -105,6 +109,9 @@ def main() -> None:
     ap.add_argument("--by-parts-specs", nargs="*", default=None,
                     help="settings also run with the step by parts (drafter, verify, extend as three replays with "
                          "acceptance and commit launched between them); default: the last of --specs")
+    ap.add_argument("--cublas-rows-specs", nargs="*", default=None,
+                    help="settings also run with the projections of several rows (verify, draft levels, extend) on "
+                         "cuBLAS instead of _linear_rows_kernel; default: the last of --specs")
     ap.add_argument("--cublas-linears", action="store_true",
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
     ap.add_argument("--no-pdl", action="store_true",
@@ -113,6 +120,7 @@ def main() -> None:
     from eyas.models.kernels import TritonOps
 
     TritonOps.fused_linears, TritonOps.pdl = not args.cublas_linears, not args.no_pdl
+    TritonOps.row_linears = not args.cublas_linears
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
@@ -129,12 +137,14 @@ def main() -> None:
         print(f"baseline (generic HF path): {hf['tok_s']} tok/s")
     results = {}
     by_parts = args.specs[-1:] if args.by_parts_specs is None else args.by_parts_specs
-    for text in args.specs + [f"{t} by parts" for t in by_parts]:
+    cublas_rows = args.specs[-1:] if args.cublas_rows_specs is None else args.cublas_rows_specs
+    for text in args.specs + [f"{t} by parts" for t in by_parts] + [f"{t} cublas rows" for t in cublas_rows]:
         steps, topk, tokens = (int(x) for x in text.split()[0].split(","))
         Engine.whole_step_graphs = not text.endswith("by parts")
+        TritonOps.row_linears = not text.endswith("cublas rows") and not args.cublas_linears
         r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), prompts,
                     args.new_tokens)
-        Engine.whole_step_graphs = True
+        Engine.whole_step_graphs, TritonOps.row_linears = True, not args.cublas_linears
         same = [o == b for o, b in zip(r["outputs"], base["outputs"])]
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
                  if not s]

@@ -36,11 +36,11 @@ SHAPES = {
 }
 
 
-def case(n, k, kind, copies, dtype=torch.bfloat16):
+def case(n, k, kind, copies, dtype=torch.bfloat16, rows=1):
     g = torch.Generator(device="cuda").manual_seed(0)
     ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) / k ** 0.5 for _ in range(copies)]
-    x = torch.randn(1, k, device="cuda", dtype=dtype, generator=g)
-    res = torch.randn(1, n, device="cuda", dtype=dtype, generator=g)
+    x = torch.randn(rows, k, device="cuda", dtype=dtype, generator=g)
+    res = torch.randn(rows, n, device="cuda", dtype=dtype, generator=g)
     norm = (torch.rand(k, device="cuda", dtype=dtype, generator=g) + 0.5, 1e-5)
 
     def call(ops, w):
@@ -89,7 +89,15 @@ def main() -> None:
     ap.add_argument("--grid", default="8,16;256,512,1024;4,8;1,2",
                     help="the sweep's BLOCK_N; BLOCK_K; num_warps; num_stages values")
     ap.add_argument("--names", default=None, help="only these cases (e.g. qkv,o,down)")
+    ap.add_argument("--rows", type=int, default=1,
+                    help="rows per call: 1 times _linear_kernel; 2-64 _linear_rows_kernel (a verify, a draft level), "
+                         "whose sweep grid is then BLOCK_N 16,32,64; BLOCK_K 64,128,256; warps 2,4; stages 1,3 "
+                         "unless --grid is given")
     args = ap.parse_args()
+    rows_kernel = args.rows > 1
+    configs = kernels.LINEAR_ROWS_CONFIGS if rows_kernel else kernels.LINEAR_CONFIGS
+    if rows_kernel and args.grid == ap.get_default("grid"):
+        args.grid = "16,32,64;64,128,256;2,4;1,3"
     results = []
     for model in args.models.split(","):
         for name, n, k, kind in SHAPES[model]:
@@ -97,10 +105,12 @@ def main() -> None:
                 continue
             # enough copies for 400 MB of weights (8x the L2), at least --calls, at most 2 GB
             copies = max(2, min(max(args.calls, -(-400_000_000 // (n * k * 2))), int(2e9 // (n * k * 2))))
-            ws, call = case(n, k, kind, copies)
+            ws, call = case(n, k, kind, copies, rows=args.rows)
             key = (n, k, 2)
             default = kernels.linear_config(*key)
-            kernels.LINEAR_CONFIGS[key] = default or (16, 256, 4, 2)  # timed even where the default is cuBLAS
+            if rows_kernel:
+                default = default and kernels.linear_rows_config(args.rows, *key)[1:]
+            configs[key] = default or (16, 256, 4, 2)  # timed even where the default is cuBLAS
             with torch.no_grad():
                 TritonOps.fused_linears = False
                 base = graph_us(lambda w: call(TRITON, w), ws, args.reps)  # norm/silu kernels + cuBLAS
@@ -113,7 +123,7 @@ def main() -> None:
                 want, got = call(TORCH, ws[0]), call(TRITON, ws[0])
                 err = (got.float() - want.float()).abs().max().item()
                 row = {"model": model, "name": name, "n": n, "k": k, "kind": kind, "default_config": default,
-                       "config": kernels.LINEAR_CONFIGS[key], "cublas_us": round(base, 2), "fused_no_pdl_us": round(plain, 2),
+                       "rows": args.rows, "config": configs[key], "cublas_us": round(base, 2), "fused_no_pdl_us": round(plain, 2),
                        "fused_us": round(fused, 2),
                        "fused_over_cublas": round(fused / base, 3), "max_abs_diff": err,
                        "fused_weight_TBps": round(n * k * 2 / fused / 1e6, 3)}
@@ -123,7 +133,7 @@ def main() -> None:
                     for cfg in grid:
                         if cfg[1] > 2 * k and cfg[1] > 256:  # a block much wider than the row
                             continue
-                        kernels.LINEAR_CONFIGS[key] = cfg
+                        configs[key] = cfg
                         try:
                             us = graph_us(lambda w: call(TRITON, w), ws, max(5, args.reps // 4))
                         except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
@@ -137,7 +147,7 @@ def main() -> None:
                     if best is not None:
                         row["sweep_best"] = {"config": best[0], "us": round(best[1], 2),
                                              "over_cublas": round(best[1] / base, 3)}
-            kernels.LINEAR_CONFIGS.pop(key, None)
+            configs.pop(key, None)
             print(row, flush=True)
             results.append(row)
             del ws

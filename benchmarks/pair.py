@@ -21,6 +21,7 @@ In fp32 (``--fp32-prompts``), speculative output must equal the baseline token f
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -116,8 +117,18 @@ def main() -> None:
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
     ap.add_argument("--no-pdl", action="store_true",
                     help="kernels launched the plain way (no programmatic dependent launch), for a side-by-side run")
+    ap.add_argument("--linear-configs", nargs="*", default=[],
+                    help="linear_cost.py --sweep JSONs: their best block shapes replace the defaults (one row, or "
+                         "several with --rows)")
     args = ap.parse_args()
+    from eyas.models import kernels
     from eyas.models.kernels import TritonOps
+
+    for path in args.linear_configs:
+        for r in json.loads(open(path).read())["results"]:
+            if "sweep_best" in r:
+                table = kernels.LINEAR_ROWS_CONFIGS if r.get("rows", 1) > 1 else kernels.LINEAR_CONFIGS
+                table[(r["n"], r["k"], 2)] = tuple(r["sweep_best"]["config"])
 
     TritonOps.fused_linears, TritonOps.pdl = not args.cublas_linears, not args.no_pdl
     TritonOps.row_linears = not args.cublas_linears

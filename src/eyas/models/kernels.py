@@ -709,12 +709,19 @@ ROWS_MAX = 64
 """Most rows ``_linear_rows_kernel`` takes: a verify of 64 tokens at batch 1, a draft level of 8 x 8."""
 
 
+LINEAR_ROWS_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}
+"""Overrides of ``linear_rows_config``'s (BLOCK_N, BLOCK_K, num_warps, num_stages) by (N, K, bytes per
+element); ``benchmarks/linear_cost.py --rows M --sweep`` sweeps them."""
+
+
 def linear_rows_config(m: int, n: int, k: int, itemsize: int) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of ``_linear_rows_kernel``: every row in
     one block (16 to 64, the tensor cores' smallest), 32 output columns a program so that a small
     model's projections still spread over the GPU (SmolLM2's q/k/v: 30 programs of 960 columns), 64
-    for wide ones; half the K step for float32 (the same bytes). Not swept yet."""
+    for wide ones; half the K step for float32 (the same bytes)."""
     block_m = max(16, triton.next_power_of_2(m))
+    if (n, k, itemsize) in LINEAR_ROWS_CONFIGS:
+        return (block_m, *LINEAR_ROWS_CONFIGS[n, k, itemsize])
     block_n = 32 if n <= 4096 else 64
     return block_m, block_n, (128 if itemsize <= 2 else 64), 4, 2
 

@@ -95,6 +95,7 @@ def main() -> None:
                          "unless --grid is given")
     args = ap.parse_args()
     rows_kernel = args.rows > 1
+    TritonOps.row_prologues = True  # time the norm and silu inside the rows kernel too (the engine leaves them out)
     configs = kernels.LINEAR_ROWS_CONFIGS if rows_kernel else kernels.LINEAR_CONFIGS
     if rows_kernel and args.grid == ap.get_default("grid"):
         args.grid = "16,32,64;64,128,256;2,4;1,3"

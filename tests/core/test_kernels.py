@@ -108,10 +108,12 @@ def test_linear_silu_matches_torch(dtype, inter, k, norm, bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [(2,), (1, 7), (3, 16), (1, 64)])  # a pair of rows; an extend; a verify of 48; 64
 @pytest.mark.parametrize("kind", ["norm", "norm-bias", "residual", "silu-norm", "silu-bias"])
-def test_linear_rows_match_torch(dtype, rows, kind):
+def test_linear_rows_match_torch(dtype, rows, kind, monkeypatch):
     """A few rows at once (a tree's verify, a draft level, the draft extend) through
-    ``_linear_rows_kernel``: the norm, the bias, the residual or silu(gate) * up inside, ragged blocks
-    of rows, columns and K (SmolLM2's 576)."""
+    ``_linear_rows_kernel``: the norm, the bias, the residual or silu(gate) * up inside (the norm and
+    silu only with ``row_prologues``, as the benchmarks time them), ragged blocks of rows, columns
+    and K (SmolLM2's 576)."""
+    monkeypatch.setattr(kernels.TritonOps, "row_prologues", True)
     torch.manual_seed(8)
     silu = kind.startswith("silu")
     n, k = (40, 576) if silu else (72, 200)
@@ -149,6 +151,9 @@ def test_linear_kernels_take_up_to_64_rows(monkeypatch):
         TRITON.linear(x, w)
     many = torch.randn(kernels.ROWS_MAX + 1, 32, device=DEVICE)
     assert torch.equal(TRITON.linear(many, w), TORCH.linear(many, w))
+    norm = (torch.rand(32, device=DEVICE) + 0.5, 1e-5)  # a norm or silu inside: measured slower, cuBLAS's
+    assert torch.equal(TRITON.linear(x, w, None, norm), TORCH.linear(x, w, None, norm))
+    torch.testing.assert_close(TRITON.linear_silu(x, w, None, norm), TORCH.linear_silu(x, w, None, norm))  # silu kernel
     monkeypatch.setattr(kernels.TritonOps, "row_linears", False)
     assert torch.equal(TRITON.linear(x, w), TORCH.linear(x, w))
     head = torch.randn(16384, 32, device=DEVICE)

@@ -457,6 +457,9 @@ class TritonOps(TorchOps):
     linear_failed: str | None = None
     fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
     row_linears = True  # and projections of 2..ROWS_MAX rows as ``_linear_rows_kernel`` (False: cuBLAS)
+    # ... also those with a norm or silu(gate) * up inside. Off: measured slower than the norm kernel +
+    # cuBLAS on the H200 (SmolLM2, 32 rows: q/k/v 5.4 vs 4.9 us, gate/up 11.0 vs 7.3; linear_cost.py --rows)
+    row_prologues = False
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
     pdl_failed: str | None = None
 
@@ -498,13 +501,13 @@ class TritonOps(TorchOps):
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg),
-                                     lambda: TorchOps.linear(self, x, weight, bias, norm))
+                                     lambda: TorchOps.linear(self, x, weight, bias, norm), prologue=norm is not None)
 
     def linear_silu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg, silu=True),
-                                     lambda: TorchOps.linear_silu(self, x, weight, bias, norm))
+                                     lambda: TorchOps.linear_silu(self, x, weight, bias, norm), prologue=True)
 
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -512,14 +515,17 @@ class TritonOps(TorchOps):
                                      lambda cfg: self._linear(x, weight, bias, None, cfg, residual=residual),
                                      lambda: TorchOps.linear_add(self, residual, x, weight, bias))
 
-    def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path):
+    def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path,
+                         prologue: bool = False):
         """``kernel_path(config)`` where ``x`` is one row of ``width`` for ``weight`` (a decode step at
         batch 1, which ``_linear_kernel`` runs with its norm, activation and residual inside) or a few
-        rows (up to ``ROWS_MAX``: a tree's verify, a draft level; ``_linear_rows_kernel``), else
-        ``cublas_path()``: more rows (prefill, large batches), and shapes where cuBLAS measured faster,
-        stay cuBLAS's (and a mismatched input meets torch's shape error)."""
+        rows (up to ``ROWS_MAX``: a tree's verify, a draft level; ``_linear_rows_kernel``, without a norm
+        or activation inside unless ``row_prologues``), else ``cublas_path()``: more rows (prefill, large
+        batches), and shapes where cuBLAS measured faster, stay cuBLAS's (and a mismatched input meets
+        torch's shape error)."""
         rows = x.numel() // max(1, x.shape[-1])
-        fits = (self.fused_linears and x.shape[-1] == width and (rows == 1 or 1 < rows <= ROWS_MAX and self.row_linears)
+        several = 1 < rows <= ROWS_MAX and self.row_linears and (self.row_prologues or not prologue)
+        fits = (self.fused_linears and x.shape[-1] == width and (rows == 1 or several)
                 and weight.dtype == x.dtype and weight.stride(-1) == 1
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
                 and (residual is None or residual.numel() == rows * weight.shape[0]))
@@ -716,14 +722,15 @@ element); ``benchmarks/linear_cost.py --rows M --sweep`` sweeps them."""
 
 def linear_rows_config(m: int, n: int, k: int, itemsize: int) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of ``_linear_rows_kernel``: every row in
-    one block (16 to 64, the tensor cores' smallest), 32 output columns a program so that a small
-    model's projections still spread over the GPU (SmolLM2's q/k/v: 30 programs of 960 columns), 64
-    for wide ones; half the K step for float32 (the same bytes)."""
+    one block (16 to 64, the tensor cores' smallest), 16 output columns and 256 of K a step, three
+    stages: the best of the H200 sweep at 32 rows for SmolLM2's o (3.2 us against cuBLAS's 4.9), down
+    (4.7 vs 6.4) and its draft's q/k/v (3.9 vs 4.6), whose configuration of 32 columns and 128 of K
+    had taken 5.6-11.6 us (``benchmarks/results/linear-rows-sweep-smollm2-h200.json``). Half the K step
+    for float32 (the same bytes). Not swept for the 8B shape."""
     block_m = max(16, triton.next_power_of_2(m))
     if (n, k, itemsize) in LINEAR_ROWS_CONFIGS:
         return (block_m, *LINEAR_ROWS_CONFIGS[n, k, itemsize])
-    block_n = 32 if n <= 4096 else 64
-    return block_m, block_n, (128 if itemsize <= 2 else 64), 4, 2
+    return block_m, 16, 256 // max(1, itemsize // 2), 4, 3
 
 
 TRITON = TritonOps()

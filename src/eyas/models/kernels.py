@@ -289,6 +289,19 @@ def _linear_kernel(x, w, s_w, bias, res, nw, out, N, K, eps, NORM: tl.constexpr,
         tl.store(out + n, y.to(out.dtype.element_ty), mask=nv)
 
 @triton.jit
+def _dot_weights(acc, xv, w_ptrs, w_mask, EXACT: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + xv @ w.T`` for a tile of weight rows ``w`` loaded at ``w_ptrs``."""
+    wv = tl.load(w_ptrs, mask=w_mask, other=0.0)
+    if UPCAST:
+        wv = wv.to(tl.float32)
+    if EXACT:
+        acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(xv, tl.trans(wv), acc)
+    return acc
+
+
+@triton.jit
 def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, eps, NORM: tl.constexpr,
                         SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr,
@@ -324,22 +337,12 @@ def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, e
         if NORM:
             wn = tl.load(nw + kk, mask=kv, other=0.0).to(tl.float32)
             xv = (xv.to(tl.float32) * rstd[:, None] * wn[None, :]).to(x.dtype.element_ty)
-        wv = tl.load(wrow + kk[None, :], mask=nv[:, None] & kv[None, :], other=0.0)
         if UPCAST:
             xv = xv.to(tl.float32)
-            wv = wv.to(tl.float32)
-        if EXACT:
-            acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xv, tl.trans(wv), acc)
+        wmask = nv[:, None] & kv[None, :]
+        acc = _dot_weights(acc, xv, wrow + kk[None, :], wmask, EXACT, UPCAST)
         if SILU:
-            uv = tl.load(wrow + N * s_w + kk[None, :], mask=nv[:, None] & kv[None, :], other=0.0)
-            if UPCAST:
-                uv = uv.to(tl.float32)
-            if EXACT:
-                acc_up = tl.dot(xv, tl.trans(uv), acc_up, input_precision="ieee")
-            else:
-                acc_up = tl.dot(xv, tl.trans(uv), acc_up)
+            acc_up = _dot_weights(acc_up, xv, wrow + N * s_w + kk[None, :], wmask, EXACT, UPCAST)
     if HAS_BIAS:
         acc += tl.load(bias + n, mask=nv, other=0.0).to(tl.float32)[None, :]
         if SILU:

@@ -22,11 +22,15 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def commit() -> str:
+    """``COMMIT`` from the environment, else git's HEAD, with ``+wip`` where the tree differs from it (a
+    GPU machine's copy of the tree can carry an older .git: its HEAD alone named the wrong commit)."""
     if os.environ.get("COMMIT"):
         return os.environ["COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,  # noqa: E731
+                                        check=True).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+wip" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -24,14 +24,15 @@ from ..models import kv_cache
 from ..models.graphs import BatchGraph, window_buckets
 from .drafter import draft_extend_static, draft_tree_static
 from .tree import Tree
-from .verify import accept_greedy_batch
+from .verify import accept_greedy_batch, accepted_path
 
 
 def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live: torch.Tensor, prefix: torch.Tensor,
                   window: int):
     """Feed each row's last token ``root`` [B] at position ``lengths[b]``, its keys at slot ``prefix``
     (a 1-element tensor), keep them at ``lengths[b]``; return ``host`` [B, 4] as ``speculate_static``
-    shapes it for a path of width 1: the greedy next token, 1, the new length, the token again. The mask is ``window`` wide: the whole function is one graph per (rows, window).
+    shapes it for a path of width 1: the greedy next token, 1, the new length, the token again. The
+    mask is ``window`` wide: the whole function is one graph per (rows, window).
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
     slot = torch.arange(window, device=root.device)[None, :]
@@ -105,10 +106,7 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)
     kept = live > 0
     new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
-    path = tree.tokens.gather(1, cols)
-    new = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], dim=1)  # [B, width]
-    new.scatter_(1, (counts - 1)[:, None], bonus[:, None])  # row b emits new[b, :counts[b]]
-    path_aux = aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
+    new, path_aux = accepted_path(tree, aux, cols, counts, bonus)
     logits1, hidden1 = draft_extend_static(draft, dpool, lengths, new, path_aux, torch.where(kept, counts, 0), dprefix,
                                            window)
     host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None]], dim=1)
@@ -122,9 +120,9 @@ class StaticSpeculator:
         self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec = native, tpool, aux_ids, draft, dpool, spec
         self.steps = 0  # steps run whole (the rest ran by parts)
         self._live = None
-        # the most slots past a prefix any part writes: the tree's levels, the verified tree, the extend
-        self.span = max(spec.num_steps * spec.eagle_topk if spec.speculative else 0, max(spec.verify_sizes),
-                        spec.path_width)
+        # the most slots past a prefix any part writes: the tree's levels or the verified tree (the extend's
+        # path is never longer than the tree)
+        self.span = max(spec.num_steps * spec.eagle_topk, spec.num_draft_tokens) if spec.speculative else 1
         setting = f"{spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}" if spec.speculative else "0"
         self.graph = BatchGraph(self._fn, tpool, rows, window_buckets(tpool.capacity_slots), enabled,
                                 name=f"speculative step {setting}", example=self._example, top_slots=self.span)

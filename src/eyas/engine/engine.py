@@ -39,7 +39,7 @@ from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
 from .tree import Tree
-from .verify import accept_greedy_batch, accept_sampling
+from .verify import accept_greedy_batch, accept_sampling, accepted_path
 
 _ids = itertools.count()
 
@@ -323,11 +323,8 @@ class Engine:
         cols, counts, bonus = self._accept(batch, tree, logits, width)  # [B, width], [B], [B]
         old = batch.lengths
         lengths = kv_cache.commit(cache, old, slots + cols, counts)
-        path = tree.tokens.gather(1, cols)
-        new = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], dim=1)  # [B, width]
-        new.scatter_(1, (counts - 1)[:, None], bonus[:, None])  # row b emits new[b, :counts[b]]
+        new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
         if self.spec.speculative:
-            path_aux = aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
             batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, new, path_aux, counts)
         return self._finish(batch, spec, torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None]], dim=1))
 

@@ -60,6 +60,17 @@ def accept_greedy_batch(
     return cols, tree.depth[rows, end] + 1, argmax[rows, end]
 
 
+def accepted_path(tree: Tree, aux: torch.Tensor | None, cols: torch.Tensor, counts: torch.Tensor,
+                  bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What an acceptance emits and feeds to the draft: ``new`` [B, width], row b's accepted tokens past
+    the root then its bonus token in ``new[b, :counts[b]]``, and the aux states of the accepted nodes
+    (root first) [B, width, n * H] (None without ``aux``)."""
+    path = tree.tokens.gather(1, cols)
+    new = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], dim=1)
+    new.scatter_(1, (counts - 1)[:, None], bonus[:, None])
+    return new, None if aux is None else aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
+
+
 def accept_sampling(
     tree: Tree, logits: torch.Tensor, row: int, params: SamplingParams, generator: torch.Generator
 ) -> tuple[list[int], int]:

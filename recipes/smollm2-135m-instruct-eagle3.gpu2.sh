@@ -18,6 +18,7 @@
 #              (`eyas prepare --regenerate --keep-answers --temperature 0`; DATA_FROM needs train.jsonl
 #              and heldout.jsonl) and train on both answers; GREEDY_MAX new tokens at most (256)
 #   TREES      eval trees as steps,topk,tokens                                         default "6,8,48"
+#   EVAL=0     skip those evals (the pair benchmarks measure the draft on chat prompts instead)
 #   PAIR=1     then benchmarks/pair.py: the new draft on the chat and the held-out prompt sets, the shipped
 #              draft on the chat prompts (PAIR_ARGS: more pair.py arguments)
 #   BATCH=1    then benchmarks/batch_throughput.py with the new draft (BATCH_ARGS: more of its arguments)
@@ -134,13 +135,15 @@ $PY -m torch.distributed.run --standalone --nproc-per-node $NG -m eyas train $T 
 D=$J/run/draft
 E="--model-path $M --speculative-draft-model-path $D --data $DATA --num-prompts 64 --max-new-tokens 128 --batch-size 16 --device $DEV --temperature 0 $EVAL_DRY"
 CHAIN="--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6 --baseline --json-out $J/eval-chain.json"
-stamp "eval chain 5/1/6 and trees ${TREES:-6,8,48}"
-$PY -m eyas eval $E $CHAIN || finish 1 "eval chain failed"
-for t in ${TREES:-6,8,48}; do
-  IFS=, read -r S K N <<< "$t"
-  $PY -m eyas eval $E --speculative-num-steps $S --speculative-eagle-topk $K --speculative-num-draft-tokens $N \
-    --json-out $J/eval-tree-$S-$K-$N.json || finish 1 "eval tree $t failed"
-done
+if [ "${EVAL:-1}" != 0 ]; then
+  stamp "eval chain 5/1/6 and trees ${TREES:-6,8,48}"
+  $PY -m eyas eval $E $CHAIN || finish 1 "eval chain failed"
+  for t in ${TREES:-6,8,48}; do
+    IFS=, read -r S K N <<< "$t"
+    $PY -m eyas eval $E --speculative-num-steps $S --speculative-eagle-topk $K --speculative-num-draft-tokens $N \
+      --json-out $J/eval-tree-$S-$K-$N.json || finish 1 "eval tree $t failed"
+  done
+fi
 $PY - "$J" <<'PYEOF'
 import json, sys, pathlib
 j = pathlib.Path(sys.argv[1])

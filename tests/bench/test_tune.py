@@ -12,12 +12,23 @@ from eyas.cli import main
 from eyas.errors import EyasError
 
 
-def test_sweep_measures_every_candidate_at_every_batch_size(target, draft):
-    prompts = [[65, 66, 67], [70, 71], [80, 81, 82, 83]]
+def test_sweep_measures_every_candidate_at_every_batch_size(target, draft, monkeypatch):
+    """Every batch size runs the same prompts (repeated to a multiple of the largest batch), that
+    many at a time, twice (the first pass captures the graphs)."""
+    from eyas.engine.engine import Engine
+
+    batches = []
+    generate = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, ps, params=None: (
+        batches.append((self.sizing["max_batch"], len(ps), self.spec.speculative)), generate(self, ps, params))[1])
+    prompts = [[65, 66, 67], [70, 71], [80, 81, 82, 83], [90, 91]]
     cands = [parse_candidate("3,1,4"), parse_candidate("2,2,4")]
     rows = sweep(target, draft, prompts, [1, 3], cands, new_tokens=8, log=lambda s: None)
     assert [r["batch"] for r in rows] == [1, 3]
+    # 4 prompts repeated to 6 (a multiple of 3); one at a time, then three: twice each (the first pass warms)
+    assert batches == ([(1, 1, False)] * 12 + [(1, 1, True)] * 24 + [(3, 3, False)] * 4 + [(3, 3, True)] * 8)
     for r in rows:
+        assert r["baseline"]["prompts"] == 6 and all(c["prompts"] == 6 for c in r["candidates"])
         assert r["baseline"]["tok_s"] > 0 and [c["spec"] for c in r["candidates"]] == ["3,1,4", "2,2,4"]
         assert all(c["tau"] >= 1.0 and c["speedup"] == pytest.approx(c["tok_s"] / r["baseline"]["tok_s"], rel=1e-2)
                    for c in r["candidates"])
@@ -29,7 +40,8 @@ def test_cli_prints_flags_per_batch_size_and_writes_json(folders, tmp_path, caps
     t, d = folders
     out = tmp_path / "tune.json"
     rc = main(["tune", "--model-path", t, "--speculative-draft-model-path", d, "--dtype", "float64",
-               "--batch-sizes", "1,2", "--candidates", "3,1,4", "--max-new-tokens", "6", "--json-out", str(out)])
+               "--batch-sizes", "1,2", "--candidates", "3,1,4", "--num-prompts", "3", "--max-new-tokens", "6",
+               "--json-out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "batch   1: --speculative-" in text and "batch   2: --speculative-" in text
@@ -56,3 +68,8 @@ def test_bad_candidates_are_refused(folders, capsys):
     assert main(["tune", "--model-path", t, "--speculative-draft-model-path", d, "--dtype", "float64",
                  "--candidates", "2,1,9"]) == 2
     assert "--speculative-num-draft-tokens 9 is larger than the tree can hold" in capsys.readouterr().err
+
+
+def test_no_prompts_is_refused_before_loading(capsys):
+    assert main(["tune", "--model-path", "/nonexistent", "--num-prompts", "0"]) == 2
+    assert "--num-prompts must be at least 1, got 0" in capsys.readouterr().err

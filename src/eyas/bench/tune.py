@@ -3,8 +3,8 @@
     eyas tune --device cuda --batch-sizes 1,4,16,64
     eyas tune --model-path ./t --speculative-draft-model-path ./d --candidates 3,1,4 5,1,6 5,4,16
 
-For every batch size it runs the same prompts without speculation and with each candidate
-``num_steps,eagle_topk,num_draft_tokens``, end to end through the engine (graphs, drafting,
+For every batch size it runs the same prompts, that many at a time, without speculation and with
+each candidate ``num_steps,eagle_topk,num_draft_tokens``, end to end through the engine (graphs, drafting,
 verification, acceptance: everything a server pays), and recommends the fastest, or no
 speculation where none beats it. Verification gets dearer as batch x tree grows while acceptance
 stays the same, so the best tree shrinks as the batch grows; how fast it shrinks depends on the
@@ -37,21 +37,27 @@ def parse_candidate(text: str) -> SpecConfig:
     return SpecConfig(Algorithm.EAGLE3, steps, topk, tokens)
 
 
-def measure(engine, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Tokens/s of one batch of all ``prompts`` (same length outputs), timed on the second of two
-    identical runs: the first captures every graph bucket the run reaches (a longer prompt crossing
-    an attention-window bucket mid-run would otherwise put captures inside the timing)."""
+def measure(engine, prompts: list[list[int]], new_tokens: int, batch: int) -> dict:
+    """Tokens/s over all ``prompts``, run ``batch`` at a time (same length outputs), timed on the
+    second of two identical passes: the first captures every graph bucket the run reaches (a longer
+    prompt crossing an attention-window bucket mid-run would otherwise put captures inside the
+    timing). Every batch size sees the same prompts, so acceptance is compared like for like: one
+    prompt alone at batch 1 says little about a draft's acceptance on the rest."""
     from ..engine.sampling import SamplingParams
     from ..engine.stats import SpecStats
 
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    engine.generate(prompts, params)
-    outs = engine.generate(prompts, params)
-    tokens = sum(len(o.output_ids) for o in outs)
-    stats = SpecStats()
-    for o in outs:
-        stats.add(o.stats)
-    row = {"tok_s": round(tokens / outs[0].seconds, 2), "seconds": round(outs[0].seconds, 4)}
+    chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+    for chunk in chunks:
+        engine.generate(chunk, params)
+    tokens, seconds, stats = 0, 0.0, SpecStats()
+    for chunk in chunks:
+        outs = engine.generate(chunk, params)
+        tokens += sum(len(o.output_ids) for o in outs)
+        seconds += outs[0].seconds
+        for o in outs:
+            stats.add(o.stats)
+    row = {"tok_s": round(tokens / seconds, 2), "seconds": round(seconds, 4), "prompts": len(prompts)}
     if engine.spec.speculative:
         row["tau"] = round(stats.accept_length, 3)
     return row
@@ -59,18 +65,22 @@ def measure(engine, prompts: list[list[int]], new_tokens: int) -> dict:
 
 def sweep(target, draft, prompts: list[list[int]], batch_sizes: list[int], candidates: list[SpecConfig],
           new_tokens: int, cuda_graphs: bool = True, log=print) -> list[dict]:
+    """Every batch size runs the same prompts in batches of its size: the set, repeated to a
+    multiple of the largest batch size (so that no batch runs short)."""
     from ..engine.engine import Engine
 
+    most = max(batch_sizes)
+    total = -(-max(len(prompts), most) // most) * most
+    chunk = [prompts[i % len(prompts)] for i in range(total)]
     rows = []
     for b in batch_sizes:
-        chunk = [prompts[i % len(prompts)] for i in range(b)]
         base = _run(lambda b=b: Engine(target, None, SpecConfig(Algorithm.NONE), max_batch=b,
-                                       cuda_graphs=cuda_graphs), chunk, new_tokens)
+                                       cuda_graphs=cuda_graphs), chunk, new_tokens, b)
         log(f"batch {b:>3}  baseline        {base['tok_s']:>9.1f} tok/s")
         cands = []
         for spec in candidates:
             r = _run(lambda b=b, spec=spec: Engine(target, draft, spec, max_batch=b, cuda_graphs=cuda_graphs),
-                     chunk, new_tokens)
+                     chunk, new_tokens, b)
             r.update(spec=_label(spec), speedup=round(r["tok_s"] / base["tok_s"], 3))
             cands.append(r)
             log(f"batch {b:>3}  {_label(spec):<15} {r['tok_s']:>9.1f} tok/s  tau {r['tau']:.2f}  {r['speedup']:.2f}x")
@@ -81,10 +91,10 @@ def sweep(target, draft, prompts: list[list[int]], batch_sizes: list[int], candi
     return rows
 
 
-def _run(make, prompts, new_tokens) -> dict:
+def _run(make, prompts, new_tokens, batch) -> dict:
     engine = make()
     try:
-        return measure(engine, prompts, new_tokens)
+        return measure(engine, prompts, new_tokens, batch)
     finally:
         del engine
         gc.collect()  # the caches and their graphs hold device memory until collected
@@ -101,6 +111,8 @@ def register(sub) -> None:
     g.add_argument("--candidates", nargs="+", default=CANDIDATES,
                    help=f"num_steps,eagle_topk,num_draft_tokens settings to try (default {' '.join(CANDIDATES)})")
     g.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a .jsonl file (default chat)")
+    g.add_argument("--num-prompts", type=int, default=None,
+                   help="the first N prompts of the set (default all); every batch size runs the same ones")
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens per request (default 64)")
     g.add_argument("--json-out", default=None, help="write the measurements as JSON here")
     p.set_defaults(func=run)
@@ -113,6 +125,8 @@ def run(args) -> int:
     from .prompts import prompt_set
 
     sizes = parse_levels(args.batch_sizes)
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise EyasError(f"--num-prompts must be at least 1, got {args.num_prompts}", "e.g. --num-prompts 16")
     candidates = [parse_candidate(c) for c in args.candidates]
     ns = engine_args_from(args)
     ns.max_batch = max(sizes)
@@ -125,7 +139,7 @@ def run(args) -> int:
         check_spec(spec, engine.target.info, engine.draft, engine.draft_path, engine.target.aux_layer_ids)
     target, draft = engine.target, engine.draft
     del engine
-    ids = [chat_ids(target.tokenizer, p) for p in prompt_set(args.prompts)]
+    ids = [chat_ids(target.tokenizer, p) for p in prompt_set(args.prompts)[:args.num_prompts]]
     rows = sweep(target, draft, ids, sizes, candidates, args.max_new_tokens, ns.cuda_graphs,
                  log=lambda s: print(s, file=sys.stderr, flush=True))
     print()

@@ -308,25 +308,22 @@ def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, e
                         PDL: tl.constexpr):
     """``_linear_kernel`` for a few rows (a tree's verify, a draft level, the draft extend: 2 to 64):
     ``out[m, n] = res[m, n] + bias[n] + x[m] . w[n]`` for this program's ``BLOCK_M`` rows and
-    ``BLOCK_N`` columns, on the tensor cores (``tl.dot``). ``NORM``: each row RMS-normed with ``nw`` on
-    the way in (a first pass over the row sums its squares), rounded to the model's dtype as the norm
-    kernel does. ``SILU``: the weight is ``[gate; up]`` (``2N`` rows): gate's and up's columns ``n``
-    accumulate side by side and the program writes ``silu(gate) * up`` (each rounded first, as the
-    GEMM's output is). ``EXACT``: no TF32 (float32 models); ``UPCAST``: 16-bit operands taken to
-    float32 first (the interpreter's bfloat16 ``dot`` is wrong)."""
+    ``BLOCK_N`` columns, on the tensor cores (``tl.dot``). ``NORM``: each row RMS-normed with ``nw``
+    on the way in, in one pass: the row's scale ``rstd`` is one number per row, so it leaves the dot
+    (``(x * rstd * nw) . w = rstd * ((x * nw) . w)``); the squares are summed from the same tiles
+    the dot reads and the scale applied to the accumulator at the end. ``x * nw`` is rounded to the
+    model's dtype for the tensor cores, as the norm kernel rounds its output. ``SILU``: the weight
+    is ``[gate; up]`` (``2N`` rows): gate's and up's columns ``n`` accumulate side by side and the
+    program writes ``silu(gate) * up`` (each rounded first, as the GEMM's output is). ``EXACT``: no
+    TF32 (float32 models); ``UPCAST``: 16-bit operands taken to float32 first (the interpreter's
+    bfloat16 ``dot`` is wrong)."""
     _after_previous_kernel(PDL)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mv = m < M
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nv = n < N
     xrow = x + m[:, None].to(tl.int64) * s_x
-    if NORM:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for r0 in range(0, K, BLOCK_K):
-            kr = r0 + tl.arange(0, BLOCK_K)
-            xr = tl.load(xrow + kr[None, :], mask=mv[:, None] & (kr < K)[None, :], other=0.0).to(tl.float32)
-            ss += tl.sum(xr * xr, axis=1)
-        rstd = tl.rsqrt(ss / K + eps)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     wrow = w + n[:, None].to(tl.int64) * s_w
@@ -335,14 +332,19 @@ def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, e
         kv = kk < K
         xv = tl.load(xrow + kk[None, :], mask=mv[:, None] & kv[None, :], other=0.0)
         if NORM:
-            wn = tl.load(nw + kk, mask=kv, other=0.0).to(tl.float32)
-            xv = (xv.to(tl.float32) * rstd[:, None] * wn[None, :]).to(x.dtype.element_ty)
+            xf = xv.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+            xv = (xf * tl.load(nw + kk, mask=kv, other=0.0).to(tl.float32)[None, :]).to(x.dtype.element_ty)
         if UPCAST:
             xv = xv.to(tl.float32)
         wmask = nv[:, None] & kv[None, :]
         acc = _dot_weights(acc, xv, wrow + kk[None, :], wmask, EXACT, UPCAST)
         if SILU:
             acc_up = _dot_weights(acc_up, xv, wrow + N * s_w + kk[None, :], wmask, EXACT, UPCAST)
+    if NORM:
+        rstd = tl.rsqrt(ss / K + eps)[:, None]
+        acc *= rstd
+        acc_up *= rstd
     if HAS_BIAS:
         acc += tl.load(bias + n, mask=nv, other=0.0).to(tl.float32)[None, :]
         if SILU:

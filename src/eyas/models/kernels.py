@@ -466,6 +466,9 @@ class TritonOps(TorchOps):
     # cuBLAS on the H200 (SmolLM2, 32 rows: q/k/v 5.4 vs 4.9 us, gate/up 11.0 vs 7.3; linear_cost.py --rows)
     row_prologues = False
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
+    # ``attend`` over a window of at most this many blocks of keys (64 each) runs as one split, whatever
+    # the parallelism: the combine kernel's launch costs more than the splits save there. 0: split always
+    attend_one_split = 0
     pdl_failed: str | None = None
 
     @classmethod
@@ -669,7 +672,10 @@ class TritonOps(TorchOps):
         m_blocks = triton.cdiv(rows, block_m)
         block_n = 64 if d <= 128 else 32
         chunks = triton.cdiv(w, block_n)
-        splits = max(1, min(chunks, triton.cdiv(256, bsz * hkv * m_blocks)))
+        if chunks <= self.attend_one_split:  # a short window: one program's loop, no combine kernel
+            splits = 1
+        else:
+            splits = max(1, min(chunks, triton.cdiv(256, bsz * hkv * m_blocks)))
         per_split = triton.cdiv(chunks, splits) * block_n
         splits = triton.cdiv(w, per_split)
         d_p2 = max(16, triton.next_power_of_2(d))

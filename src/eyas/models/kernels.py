@@ -463,11 +463,13 @@ class TritonOps(TorchOps):
     fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
     row_linears = True  # and projections of 2..ROWS_MAX rows as ``_linear_rows_kernel`` (False: cuBLAS)
     # ... also those with a norm or silu(gate) * up inside. Off: measured slower than the norm kernel +
-    # cuBLAS on the H200 (SmolLM2, 32 rows: q/k/v 5.4 vs 4.9 us, gate/up 11.0 vs 7.3; linear_cost.py --rows)
+    # cuBLAS on the H200 (SmolLM2, 32 rows, the norm in one pass, best of a sweep: q/k/v 5.9 vs 4.9 us,
+    # gate/up 9.9 vs 7.2, linear-rows-norm-one-pass-smollm2-h200.json; a 4/4/16 step 1.556 vs 1.451 ms)
     row_prologues = False
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
-    # ``attend`` over a window of at most this many blocks of keys (64 each) runs as one split, whatever
-    # the parallelism: the combine kernel's launch costs more than the splits save there. 0: split always
+    # ``attend`` over a window of at most this many blocks of keys (64 each) as one split, no combine
+    # kernel. 0 (split always): 8 measured slower on the H200 (SmolLM2 plain step 0.642 vs 0.605 ms,
+    # 4/4/16 step 1.506 vs 1.434; pair-smollm2-v6-chat-attend-*-h200.json); kept for other GPUs to try
     attend_one_split = 0
     pdl_failed: str | None = None
 

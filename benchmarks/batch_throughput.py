@@ -30,13 +30,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=32,
                     help="prompts run at every batch size, evenly spread over the chat, code and reasoning sets "
                          "(repeated up to the largest batch size)")
-    ap.add_argument("--attend-one-split", type=int, default=None,
-                    help="TritonOps.attend_one_split for the whole run (see pair.py)")
     args = ap.parse_args()
-    if args.attend_one_split is not None:
-        from eyas.models.kernels import TritonOps
-
-        TritonOps.attend_one_split = args.attend_one_split
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, "all")
     prompts = [prompts[i * len(prompts) // args.num_prompts] for i in range(min(args.num_prompts, len(prompts)))]

@@ -117,9 +117,6 @@ def main() -> None:
     ap.add_argument("--flip-prologues-specs", nargs="*", default=[],
                     help="settings also run with TritonOps.row_prologues flipped from its default (the RMSNorm and "
                          "silu(gate) * up inside _linear_rows_kernel, or as their own kernels around cuBLAS)")
-    ap.add_argument("--attend-one-split", type=int, default=None,
-                    help="TritonOps.attend_one_split for the whole run: windows of up to N key blocks attended "
-                         "by one program, without the combine kernel (0: always split)")
     ap.add_argument("--cublas-linears", action="store_true",
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
     ap.add_argument("--no-pdl", action="store_true",
@@ -139,8 +136,6 @@ def main() -> None:
 
     TritonOps.fused_linears, TritonOps.pdl = not args.cublas_linears, not args.no_pdl
     TritonOps.row_linears = not args.cublas_linears
-    if args.attend_one_split is not None:
-        TritonOps.attend_one_split = args.attend_one_split
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)

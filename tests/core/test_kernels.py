@@ -287,23 +287,6 @@ def test_attend_matches_sdpa(head_dim, hq, hkv, t, window, dtype):
     torch.testing.assert_close(got, want, **_tol(dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attend_over_a_short_window_in_one_split(dtype, monkeypatch):
-    """``attend_one_split``: a window of up to that many key blocks runs as one program's loop (no
-    combine kernel), with ragged masks and the last block partial."""
-    monkeypatch.setattr(kernels.TritonOps, "attend_one_split", 8)
-    launched = []
-    kernel = kernels._attend_combine_kernel
-    monkeypatch.setattr(kernels, "_attend_combine_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
-        launched.append(grid), kernel[grid])[1]})())
-    test_attend_matches_sdpa(64, 3, 3, 20, 300, dtype)  # 5 blocks of 64
-    assert not launched
-    monkeypatch.setattr(kernels.TritonOps, "attend_one_split", 0)
-    test_attend_matches_sdpa(64, 3, 3, 20, 300, dtype)
-    assert launched
-
-
-
 @pytest.mark.parametrize("shape,k,dtype", [((3, 8, 16384), 8, torch.bfloat16), ((5, 300), 4, torch.float32),
                                            ((2, 3, 1000), 1, torch.float32), ((2, 4, 2048), 8, torch.float32),
                                            ((1, 10), 10, torch.float32)],

@@ -71,16 +71,16 @@ def sweep(target, draft, prompts: list[list[int]], batch_sizes: list[int], candi
 
     most = max(batch_sizes)
     total = -(-max(len(prompts), most) // most) * most
-    chunk = [prompts[i % len(prompts)] for i in range(total)]
+    work = [prompts[i % len(prompts)] for i in range(total)]
     rows = []
     for b in batch_sizes:
         base = _run(lambda b=b: Engine(target, None, SpecConfig(Algorithm.NONE), max_batch=b,
-                                       cuda_graphs=cuda_graphs), chunk, new_tokens, b)
+                                       cuda_graphs=cuda_graphs), work, new_tokens, b)
         log(f"batch {b:>3}  baseline        {base['tok_s']:>9.1f} tok/s")
         cands = []
         for spec in candidates:
             r = _run(lambda b=b, spec=spec: Engine(target, draft, spec, max_batch=b, cuda_graphs=cuda_graphs),
-                     chunk, new_tokens, b)
+                     work, new_tokens, b)
             r.update(spec=_label(spec), speedup=round(r["tok_s"] / base["tok_s"], 3))
             cands.append(r)
             log(f"batch {b:>3}  {_label(spec):<15} {r['tok_s']:>9.1f} tok/s  tau {r['tau']:.2f}  {r['speedup']:.2f}x")

@@ -344,7 +344,8 @@ def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, e
     if NORM:
         rstd = tl.rsqrt(ss / K + eps)[:, None]
         acc *= rstd
-        acc_up *= rstd
+        if SILU:
+            acc_up *= rstd
     if HAS_BIAS:
         acc += tl.load(bias + n, mask=nv, other=0.0).to(tl.float32)[None, :]
         if SILU:
@@ -467,10 +468,6 @@ class TritonOps(TorchOps):
     # gate/up 9.9 vs 7.2, linear-rows-norm-one-pass-smollm2-h200.json; a 4/4/16 step 1.556 vs 1.451 ms)
     row_prologues = False
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
-    # ``attend`` over a window of at most this many blocks of keys (64 each) as one split, no combine
-    # kernel. 0 (split always): 8 measured slower on the H200 (SmolLM2 plain step 0.642 vs 0.605 ms,
-    # 4/4/16 step 1.506 vs 1.434; pair-smollm2-v6-chat-attend-*-h200.json); kept for other GPUs to try
-    attend_one_split = 0
     pdl_failed: str | None = None
 
     @classmethod
@@ -674,10 +671,7 @@ class TritonOps(TorchOps):
         m_blocks = triton.cdiv(rows, block_m)
         block_n = 64 if d <= 128 else 32
         chunks = triton.cdiv(w, block_n)
-        if chunks <= self.attend_one_split:  # a short window: one program's loop, no combine kernel
-            splits = 1
-        else:
-            splits = max(1, min(chunks, triton.cdiv(256, bsz * hkv * m_blocks)))
+        splits = max(1, min(chunks, triton.cdiv(256, bsz * hkv * m_blocks)))
         per_split = triton.cdiv(chunks, splits) * block_n
         splits = triton.cdiv(w, per_split)
         d_p2 = max(16, triton.next_power_of_2(d))

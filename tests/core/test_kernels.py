@@ -45,6 +45,22 @@ def test_rms_norm_matches_torch(dtype, width):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_cat_matches_torch(dtype):
+    """An EAGLE-3 draft's input: the embedding and the hidden state (broadcast over a tree's frontier),
+    each normed, side by side in one tensor, with no cat kernel."""
+    torch.manual_seed(1)
+    emb = torch.randn(3, 4, 64, dtype=dtype, device=DEVICE) * 2
+    hidden = torch.randn(3, 1, 64, dtype=dtype, device=DEVICE).expand(3, 4, 64)
+    parts = [(emb, torch.rand(64, dtype=dtype, device=DEVICE) + 0.5, 1e-6),
+             (hidden, torch.rand(64, dtype=dtype, device=DEVICE) + 0.5, 1e-5)]
+    got, want = TRITON.rms_norm_cat(parts), TORCH.rms_norm_cat(parts)
+    assert got.shape == (3, 4, 128) and got.dtype == dtype
+    torch.testing.assert_close(got, want, **_tol(dtype))
+    with pytest.raises(ValueError, match="leading shape"):
+        TRITON._rms_norm_cat([parts[0], (hidden[:, :2], *parts[1][1:])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [96, 1536, 2500])  # one block, two, a ragged last block
 def test_silu_mul_matches_torch(dtype, width):
     torch.manual_seed(0)
@@ -108,12 +124,13 @@ def test_linear_silu_matches_torch(dtype, inter, k, norm, bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [(2,), (1, 7), (3, 16), (1, 64)])  # a pair of rows; an extend; a verify of 48; 64
 @pytest.mark.parametrize("kind", ["norm", "norm-bias", "residual", "silu-norm", "silu-bias"])
-def test_linear_rows_match_torch(dtype, rows, kind, monkeypatch):
+@pytest.mark.parametrize("norm_inside", [False, True])
+def test_linear_rows_match_torch(dtype, rows, kind, norm_inside, monkeypatch):
     """A few rows at once (a tree's verify, a draft level, the draft extend) through
-    ``_linear_rows_kernel``: the norm, the bias, the residual or silu(gate) * up inside (the norm and
-    silu only with ``row_prologues``, as the benchmarks time them), ragged blocks of rows, columns
-    and K (SmolLM2's 576)."""
-    monkeypatch.setattr(kernels.TritonOps, "row_prologues", True)
+    ``_linear_rows_kernel``: the bias, the residual or silu(gate) * up inside, the norm as its own
+    kernel before it (the default, ``row_norm_apart``) or inside (``row_prologues``, as the benchmarks
+    time it), ragged blocks of rows, columns and K (SmolLM2's 576)."""
+    monkeypatch.setattr(kernels.TritonOps, "row_prologues", norm_inside)
     torch.manual_seed(8)
     silu = kind.startswith("silu")
     n, k = (40, 576) if silu else (72, 200)
@@ -151,7 +168,12 @@ def test_linear_kernels_take_up_to_64_rows(monkeypatch):
         TRITON.linear(x, w)
     many = torch.randn(kernels.ROWS_MAX + 1, 32, device=DEVICE)
     assert torch.equal(TRITON.linear(many, w), TORCH.linear(many, w))
-    norm = (torch.rand(32, device=DEVICE) + 0.5, 1e-5)  # a norm or silu inside: measured slower, cuBLAS's
+    norm = (torch.rand(32, device=DEVICE) + 0.5, 1e-5)  # the norm apart (its kernel), then the rows kernel
+    with pytest.raises(RuntimeError, match="no kernel for this GPU"):
+        TRITON.linear(x, w, None, norm)
+    with pytest.raises(RuntimeError, match="no kernel for this GPU"):
+        TRITON.linear_silu(x, w, None, norm)
+    monkeypatch.setattr(kernels.TritonOps, "row_norm_apart", False)  # the path before: norm kernel + cuBLAS (+ silu)
     assert torch.equal(TRITON.linear(x, w, None, norm), TORCH.linear(x, w, None, norm))
     torch.testing.assert_close(TRITON.linear_silu(x, w, None, norm), TORCH.linear_silu(x, w, None, norm))  # silu kernel
     monkeypatch.setattr(kernels.TritonOps, "row_linears", False)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SpecConfig
-from ..models import kv_cache
+from ..models import consts, kv_cache
 from ..models.graphs import BatchGraph, window_buckets
 from .drafter import draft_extend_static, draft_tree_static
 from .tree import Tree
@@ -35,7 +35,7 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     mask is ``window`` wide: the whole function is one graph per (rows, window).
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
-    slot = torch.arange(window, device=root.device)[None, :]
+    slot = consts.arange(window, root.device)[None, :]
     allowed = (slot < lengths[:, None]) | (slot == prefix)  # [B, window]: the committed slots and its own
     mask = kv_cache.additive(allowed[:, None, :], pool.buf.dtype)  # [B, 1, 1, window]
     pool.window, pool.write_slots = window, prefix
@@ -43,7 +43,7 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     src = prefix.expand(len(root), 1)
     pool.commit(torch.where(live > 0, lengths, prefix), src, live)
     token = logits[:, -1].argmax(dim=-1)
-    return (torch.stack([token, torch.ones_like(token), lengths + 1, token], dim=1),)
+    return (torch.stack([token, consts.full(token.shape, 1, token.dtype, token.device), lengths + 1, token], dim=1),)
 
 
 class StaticDecoder:
@@ -95,12 +95,12 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     else:
         tree = Tree.root_only(root)
     size, width = tree.size, spec.path_width
-    column = torch.arange(window, device=dev)
+    column = consts.arange(window, dev)
     rel = column - tprefix  # [window]: a slot's column in the tree
     in_tree = (rel >= 0) & (rel < size)
     nodes = tree.mask.gather(2, rel.clamp(0, size - 1).expand(bsz, size, window)) & in_tree  # [B, T, window]
     allowed = (column[None, None, :] < lengths[:, None, None]) | nodes
-    tpool.window, tpool.write_slots = window, tprefix + torch.arange(size, device=dev)
+    tpool.window, tpool.write_slots = window, tprefix + consts.arange(size, dev)
     logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, kv_cache.additive(allowed, tpool.buf.dtype),
                          tpool, aux_ids)
     cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SpecConfig
-from ..models import kv_cache
+from ..models import consts, kv_cache
 from ..models.ops import TORCH, ops_for
 from .tree import Tree
 
@@ -76,9 +76,9 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
     k, steps = spec.eagle_topk, spec.num_steps
     bsz, dev = root.shape[0], root.device
     c = _constants(spec, dev)
-    rows = torch.arange(bsz, device=dev)[:, None]
+    rows = consts.arange(bsz, dev)[:, None]
     slots = prefix + c.level_slots  # [(steps - 1) k]: where each level's keys go
-    column = torch.arange(window, device=dev)
+    column = consts.arange(window, dev)
     own = kv_cache.additive(column[None, :] == slots[:, None], pool.buf.dtype)[:, 0]  # [(steps - 1) k, W]
     committed = kv_cache.additive(column[None, :] < lengths[:, None], pool.buf.dtype)  # [B, 1, W]
     positions = (lengths - 1)[:, None] + c.levels  # [B, steps - 1]: level s is fed at position P + s - 1
@@ -142,7 +142,7 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed, ops=TORCH) -> T
     to_target = getattr(draft, "to_target", None)
     if to_target is None:
         to_target = draft.d2t + torch.arange(len(draft.d2t), device=draft.d2t.device)
-    rows = torch.arange(bsz, device=dev)
+    rows = consts.arange(bsz, dev)
 
     scores, tokens = ops.top_children(logits0, k, to_target)  # [B, k]
     cand_tokens, cand_scores, bests = [tokens], [scores], []
@@ -163,7 +163,7 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed, ops=TORCH) -> T
         hidden = out[rows[:, None], parent]
 
     # Each fed level's frontier (candidate indices); a candidate's parent is its frontier node.
-    parts = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
+    parts = [consts.full((bsz, k), -1, torch.long, dev)]
     if steps > 1:
         frontiers = c.frontier0.expand(bsz, 1, k)
         if bests:
@@ -181,7 +181,7 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed, ops=TORCH) -> T
         if bool(((cand_parent >= 0) & ~found).any()):
             raise RuntimeError("draft tree lost a parent: scores were not monotone along a path")
     tree_tokens = torch.cat([root[:, None], all_tokens.gather(1, keep)], dim=1)
-    parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), parent_col], dim=1)
+    parents = torch.cat([consts.full((bsz, 1), -1, torch.long, dev), parent_col], dim=1)
     return Tree.from_parents(tree_tokens, parents, max_depth=steps)
 
 
@@ -233,11 +233,11 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     so the whole function is one CUDA graph per (rows, window)."""
     bsz, width = tokens.shape
     dev = tokens.device
-    i = torch.arange(width, device=dev)
-    rel = torch.arange(window, device=dev)[None, :] - prefix  # [1, window]: index into the new block
+    i = consts.arange(width, dev)
+    rel = consts.arange(window, dev)[None, :] - prefix  # [1, window]: index into the new block
     block = (rel >= 0) & (rel < width) & (rel <= i[:, None])  # [W, window] causal inside the block
     valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # padding sees only itself
-    committed = torch.arange(window, device=dev)[None, None, :] < base[:, None, None]  # [B, 1, window]
+    committed = consts.arange(window, dev)[None, None, :] < base[:, None, None]  # [B, 1, window]
     allowed = committed | (block[None] & valid)  # [B, W, window]
     mask = kv_cache.additive(allowed, pool.buf.dtype)
     new = prefix + i
@@ -246,7 +246,7 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     # A row with nothing to keep (padding, or the zeros a graph is warmed up with) moves its block
     # onto itself, never over committed slots.
     pool.commit(torch.where(counts > 0, base, prefix), new.expand(bsz, width), counts)
-    last = h[torch.arange(bsz, device=dev), (counts - 1).clamp(min=0)]  # [B, H]
+    last = h[consts.arange(bsz, dev), (counts - 1).clamp(min=0)]  # [B, H]
     return draft.logits(last, pool), last
 
 

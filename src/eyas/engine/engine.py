@@ -375,7 +375,8 @@ class Engine:
         a sampled row draws on the host (its generator lives there) and its result is written back."""
         cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)
         sampled = [i for i, s in enumerate(batch.seqs) if not s.params.greedy]
-        if sampled:
+        if sampled:  # written in place below: copies (a plain step's cols and counts are shared constants)
+            cols, counts, bonus = cols.clone(), counts.clone(), bonus.clone()
             cpu_tree = Tree(tree.tokens.cpu(), tree.parents.cpu(), tree.depth, tree.mask)
             for i in sampled:
                 s = batch.seqs[i]

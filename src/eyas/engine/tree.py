@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models import consts
+
 
 @dataclass
 class Tree:
@@ -30,9 +32,9 @@ class Tree:
         dev = root.device
         return cls(
             tokens=root[:, None],
-            parents=torch.full((b, 1), -1, dtype=torch.long, device=dev),
-            depth=torch.zeros((b, 1), dtype=torch.long, device=dev),
-            mask=torch.ones((b, 1, 1), dtype=torch.bool, device=dev),
+            parents=consts.full((b, 1), -1, torch.long, dev),
+            depth=consts.full((b, 1), 0, torch.long, dev),
+            mask=consts.full((b, 1, 1), True, torch.bool, dev),
         )
 
     @classmethod
@@ -46,7 +48,7 @@ class Tree:
         b, t = tokens.shape
         dev = tokens.device
         live = (parents >= 0)[..., None].float()
-        reach = torch.eye(t, device=dev).expand(b, t, t).clone()  # float: bmm on every device
+        reach = consts.eye(t, torch.float32, dev).expand(b, t, t).clone()  # float: bmm on every device
         reach.scatter_add_(2, parents.clamp(min=0)[..., None], live)  # self + parent
         rounds = math.ceil(math.log2((t if max_depth is None else max_depth) + 1))
         for _ in range(rounds):  # paths of <= 2^r hops; counts of paths, clamped back to 0 / 1

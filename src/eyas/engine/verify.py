@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models import consts
 from .sampling import SamplingParams, probs, sample
 from .tree import Tree
 
@@ -46,16 +47,16 @@ def accept_greedy_batch(
     Siblings carry distinct tokens, so the accepted nodes form one path; its deepest node (the
     first column on a tie, as the walk finds it) ends it. ``cols[b, :counts[b]]`` is that path
     root first; the rest is 0, the root's column, which the commit and gathers read harmlessly."""
-    if tree.size == 1:  # plain decoding: the root alone, the bonus its argmax (3 kernels, not about 15)
+    if tree.size == 1:  # plain decoding: the root alone, the bonus its argmax (1 kernel, not about 15)
         b = argmax.shape[0]
-        zeros = torch.zeros((b, width), dtype=torch.long, device=argmax.device)
-        return zeros, torch.ones(b, dtype=torch.long, device=argmax.device), argmax[:, 0].clone()
-    rows = torch.arange(tree.tokens.shape[0], device=argmax.device)
+        return (consts.full((b, width), 0, torch.long, argmax.device), consts.full((b,), 1, torch.long, argmax.device),
+                argmax[:, 0])
+    rows = consts.arange(tree.tokens.shape[0], argmax.device)
     correct = (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0))) | (tree.parents < 0)  # [B, T]
     accepted = ~(tree.mask & ~correct[:, None, :]).any(dim=-1)  # [B, T] self and every ancestor correct
     end = torch.where(accepted, tree.depth, -1).argmax(dim=1)  # [B] deepest; argmax takes the first
     on_path = tree.mask[rows, end]  # [B, T] the end node's ancestors and itself
-    level = torch.arange(width, device=argmax.device)
+    level = consts.arange(width, argmax.device)
     cols = (on_path[:, None, :] & (tree.depth[:, None, :] == level[None, :, None])).long().argmax(dim=-1)
     return cols, tree.depth[rows, end] + 1, argmax[rows, end]
 
@@ -66,7 +67,7 @@ def accepted_path(tree: Tree, aux: torch.Tensor | None, cols: torch.Tensor, coun
     the root then its bonus token in ``new[b, :counts[b]]``, and the aux states of the accepted nodes
     (root first) [B, width, n * H] (None without ``aux``)."""
     path = tree.tokens.gather(1, cols)
-    new = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], dim=1)
+    new = torch.cat([path[:, 1:], consts.full((path.shape[0], 1), 0, path.dtype, path.device)], dim=1)
     new.scatter_(1, (counts - 1)[:, None], bonus[:, None])
     return new, None if aux is None else aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
 

@@ -467,6 +467,10 @@ class TritonOps(TorchOps):
     # cuBLAS on the H200 (SmolLM2, 32 rows, the norm in one pass, best of a sweep: q/k/v 5.9 vs 4.9 us,
     # gate/up 9.9 vs 7.2, linear-rows-norm-one-pass-smollm2-h200.json; a 4/4/16 step 1.556 vs 1.451 ms)
     row_prologues = False
+    # With row_prologues off, a norm before a projection of 2..ROWS_MAX rows runs as the norm kernel and
+    # the projection as _linear_rows_kernel (silu(gate) * up in its epilogue: no silu kernel); off: the
+    # norm kernel, cuBLAS, and the silu kernel (the path before; benchmarks flip it side by side).
+    row_norm_apart = True
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
     pdl_failed: str | None = None
 
@@ -501,20 +505,36 @@ class TritonOps(TorchOps):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self._or_torch(lambda: self._rms_norm(x, weight, eps), lambda: TorchOps.rms_norm(self, x, weight, eps))
 
+    def rms_norm_cat(self, parts: list[tuple[torch.Tensor, torch.Tensor, float]]) -> torch.Tensor:
+        return self._or_torch(lambda: self._rms_norm_cat(parts), lambda: TorchOps.rms_norm_cat(self, parts))
+
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self._or_torch(lambda: self._silu_mul(x), lambda: TorchOps.silu_mul(self, x))
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        x, norm = self._norm_apart(x, norm)
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg),
                                      lambda: TorchOps.linear(self, x, weight, bias, norm), prologue=norm is not None)
 
     def linear_silu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        x, norm = self._norm_apart(x, norm)
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg, silu=True),
-                                     lambda: TorchOps.linear_silu(self, x, weight, bias, norm), prologue=True)
+                                     lambda: TorchOps.linear_silu(self, x, weight, bias, norm),
+                                     prologue=norm is not None or not self.row_norm_apart)
+
+    def _norm_apart(self, x: torch.Tensor, norm):
+        """``(x, norm)`` as the projection takes them: for 2 to ``ROWS_MAX`` rows with ``row_norm_apart``
+        (and not ``row_prologues``), ``x`` normed by the norm kernel and no norm left, so that the
+        projection runs as ``_linear_rows_kernel`` instead of cuBLAS."""
+        rows = x.numel() // max(1, x.shape[-1])
+        if (norm is None or not 1 < rows <= ROWS_MAX or self.row_prologues or not self.row_norm_apart
+                or not (self.row_linears and self.fused_linears)):
+            return x, norm
+        return self.rms_norm(x, *norm), None
 
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -621,14 +641,31 @@ class TritonOps(TorchOps):
                 UPCAST=x.dtype.itemsize == 2 and not x.is_cuda, num_warps=warps, num_stages=stages)
         return out.view(*x.shape[:-1], n)
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """The norm of ``x``'s rows, written to ``out`` when given (``[rows, n]``, unit last stride: a
+        slice of a wider tensor, as ``_rms_norm_cat`` passes it)."""
         n = x.shape[-1]
         rows = _rows(x)
-        out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+        dest = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out is None else out
         block = triton.next_power_of_2(n)
-        _launch(_rms_norm_kernel, (rows.shape[0],), rows, rows.stride(0), weight, out, out.stride(0), n, float(eps),
+        _launch(_rms_norm_kernel, (rows.shape[0],), rows, rows.stride(0), weight, dest, dest.stride(0), n, float(eps),
                 BLOCK=block, num_warps=min(16, max(1, block // 256)))
-        return out.view(x.shape)
+        return dest.view(x.shape) if out is None else out
+
+    def _rms_norm_cat(self, parts) -> torch.Tensor:
+        """Each part's norm written into its columns of one output: no ``cat`` kernel."""
+        first = parts[0][0]
+        total = sum(x.shape[-1] for x, _, _ in parts)
+        out = torch.empty((*first.shape[:-1], total), dtype=first.dtype, device=first.device)
+        flat, start = out.view(-1, total), 0
+        for x, weight, eps in parts:
+            if x.shape[:-1] != first.shape[:-1] or x.dtype != first.dtype:
+                raise ValueError(f"rms_norm_cat: parts of shapes {[tuple(p[0].shape) for p in parts]}, dtypes "
+                                 f"{[p[0].dtype for p in parts]} (the leading shape and dtype must match)")
+            self._rms_norm(x, weight, eps, out=flat[:, start : start + x.shape[-1]])
+            start += x.shape[-1]
+        return out
 
     def _silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[-1] // 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from . import consts
 from .static_cache import StaticKV, move_slots
 
 
@@ -111,6 +112,5 @@ def attention_mask(
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[B, T, S]`` bool visibility -> the additive float mask ``[B, 1, T, S]`` SDPA takes (0 visible,
-    the dtype's min hidden; two kernels)."""
-    mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(allowed, 0.0)[:, None]
+    the dtype's min hidden; one kernel)."""
+    return torch.where(allowed, consts.full((), 0.0, dtype, allowed.device), torch.finfo(dtype).min)[:, None]

@@ -145,7 +145,7 @@ class NativeEagle3:
         layer = self.draft.midlayer
         ops = ops_for(cache, hidden, self.rope)
         rot = ops.rotation(self.rope, hidden, position_ids)
-        x = torch.cat([_rms(ops, layer.input_layernorm, embeds), _rms(ops, layer.hidden_norm, hidden)], dim=-1)
+        x = ops.rms_norm_cat([(embeds, *_norm(layer.input_layernorm)), (hidden, *_norm(layer.hidden_norm))])
         mask = ops.fold_mask(mask, self.heads[0] // self.heads[1])
         h = attention(ops, x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling, rot, cache, 0,
                       mask)
@@ -201,10 +201,6 @@ def mlp(ops: TorchOps, h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, 
 def _norm(norm: nn.Module) -> tuple[torch.Tensor, float]:
     """An HF RMSNorm (``weight * x / rms(x)``, the family's only norm) as the pair ``ops`` takes."""
     return norm.weight, norm.variance_epsilon
-
-
-def _rms(ops: TorchOps, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return ops.rms_norm(x, *_norm(norm))
 
 
 def _fuse(linears: list[nn.Linear], name: str = "weight") -> torch.Tensor | None:

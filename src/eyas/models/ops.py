@@ -8,6 +8,7 @@ float32 and round once or twice to the model's dtype, so they agree to a roundin
 
     rotation(rope, x, positions)   -> what ``qkv_to_cache`` needs to rotate q and k at ``positions``
     rms_norm(x, weight, eps)       -> weight * x / rms(x)
+    rms_norm_cat(parts)            -> the rms_norm of each (x, weight, eps), concatenated (last axis)
     linear(x, w, b, norm)          -> F.linear of x, RMS-normed first when norm = (weight, eps)
     linear_silu(x, w, b, norm)     -> silu_mul(linear(x, w, b, norm)), w = the MLP's [gate; up]
     linear_add(res, x, w, b)       -> res + F.linear(x, w, b)
@@ -43,6 +44,11 @@ class TorchOps:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    def rms_norm_cat(self, parts: list[tuple[torch.Tensor, torch.Tensor, float]]) -> torch.Tensor:
+        """``cat([rms_norm(x, weight, eps) for each part], -1)``: an EAGLE-3 draft's input (the token's
+        embedding and the hidden state, each normed)."""
+        return torch.cat([self.rms_norm(*part) for part in parts], dim=-1)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)

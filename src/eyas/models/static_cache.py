@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import EyasError
+from . import consts
 
 
 def move_slots(t: torch.Tensor, lengths: torch.Tensor, src: torch.Tensor) -> None:
@@ -31,8 +32,8 @@ def move_slots(t: torch.Tensor, lengths: torch.Tensor, src: torch.Tensor) -> Non
     110-150 ms a step for SmolLM2's static cache). Columns past a row's kept count land past its new
     length, where nothing reads them."""
     b, k = src.shape
-    dst = lengths[:, None] + torch.arange(k, device=src.device)[None, :]
-    rows = torch.arange(b, device=src.device)[:, None].expand(b, k)
+    dst = lengths[:, None] + consts.arange(k, src.device)[None, :]
+    rows = consts.arange(b, src.device)[:, None].expand(b, k)
     t[..., rows, :, dst, :] = t[..., rows, :, src, :]
 
 

@@ -348,6 +348,57 @@ class CannotCompile:
         return launch
 
 
+def _random_trees(bsz: int, size: int, seed: int):
+    """Random trees (parents before children, several branches) with target choices that follow some
+    branches and leave others, as a verify sees them."""
+    from eyas.engine.tree import Tree
+
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((bsz, size), -1, dtype=torch.long)
+    for j in range(1, size):
+        parents[:, j] = torch.randint(0, j, (bsz,), generator=g)
+    tokens = torch.zeros((bsz, size), dtype=torch.long)  # siblings distinct (as a draft's top-k), few: often chosen
+    for j in range(1, size):
+        tokens[:, j] = (parents[:, 1:j] == parents[:, j : j + 1]).sum(dim=1)
+    tree = Tree.from_parents(tokens.to(DEVICE), parents.to(DEVICE))
+    choice = torch.randint(0, 3, (bsz, size), generator=g).to(DEVICE)
+    return tree, choice
+
+
+@pytest.mark.parametrize("bsz,size,width", [(1, 2, 2), (3, 16, 5), (4, 32, 7), (2, 33, 33), (5, 64, 9)])
+def test_accept_greedy_kernel_matches_torch(bsz, size, width):
+    """Greedy acceptance of a tree in one kernel: the same path, count and bonus token as the torch
+    reference (and as the host's walk), ragged tree sizes included."""
+    from eyas.engine.verify import accept_greedy
+
+    for seed in range(4):
+        tree, choice = _random_trees(bsz, size, seed)
+        width = max(width, int(tree.depth.max()) + 1)
+        args = (tree.tokens, tree.parents, tree.depth, tree.mask, choice, width)
+        got, want = TRITON.accept_greedy(*args), TORCH.accept_greedy(*args)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype == torch.long and torch.equal(g, w)
+        for b in range(bsz):
+            path, bonus = accept_greedy(tree, choice[b], b)
+            assert got[0][b, : len(path)].tolist() == path and int(got[1][b]) == len(path) and int(got[2][b]) == bonus
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size,window,prefix", [(1, 256, 7), (16, 256, 40), (48, 1030, 1000), (8, 64, 56)])
+def test_tree_mask_kernel_matches_torch(dtype, size, window, prefix):
+    """The verify's additive mask in one kernel: committed slots, the node and its ancestors at the
+    tree's slots, and nothing else (padding past each row's length hidden), over windows that span
+    several blocks."""
+    tree, _ = _random_trees(3, size, 1)
+    lengths = torch.tensor([0, prefix // 2, prefix], device=DEVICE)
+    at = torch.tensor([prefix], device=DEVICE)
+    got = TRITON.tree_mask(lengths, tree.mask, at, window, dtype)
+    want = TORCH.tree_mask(lengths, tree.mask, at, window, dtype)
+    assert got.shape == want.shape == (3, 1, size, window) and got.dtype == dtype
+    assert torch.equal(got, want)
+    assert bool((got[1, 0, :, : prefix // 2] == 0).all()) and bool((got[1, 0, :, prefix // 2 : prefix] < 0).all())
+
+
 def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     """The drafter's kernel failing leaves the forward's kernels on."""
     monkeypatch.setattr(kernels.TritonOps, "failed", None)

@@ -22,6 +22,7 @@ import torch
 from ..config import SpecConfig
 from ..models import consts, kv_cache
 from ..models.graphs import BatchGraph, window_buckets
+from ..models.ops import ops_for
 from .drafter import draft_extend_static, draft_tree_static
 from .tree import Tree
 from .verify import accept_greedy_batch, accepted_path
@@ -89,21 +90,17 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     to the path width, their count, the new length, the next root; the draft's logits [B, draft_vocab]
     and hidden state [B, H] after the last kept token). Rows with ``live`` 0 (a bucket's padding, or
     the zeros a graph is warmed up with) keep their keys where they were written."""
-    bsz, dev = root.shape[0], root.device
+    dev = root.device
     if spec.speculative:
         tree = draft_tree_static(draft, dpool, lengths, root, logits0, hidden0, spec, dprefix, window)
     else:
         tree = Tree.root_only(root)
     size, width = tree.size, spec.path_width
-    column = consts.arange(window, dev)
-    rel = column - tprefix  # [window]: a slot's column in the tree
-    in_tree = (rel >= 0) & (rel < size)
-    nodes = tree.mask.gather(2, rel.clamp(0, size - 1).expand(bsz, size, window)) & in_tree  # [B, T, window]
-    allowed = (column[None, None, :] < lengths[:, None, None]) | nodes
+    ops = ops_for(tpool, hidden0, native.rope)
+    mask = ops.tree_mask(lengths, tree.mask, tprefix, window, tpool.buf.dtype)  # [B, 1, T, window]
     tpool.window, tpool.write_slots = window, tprefix + consts.arange(size, dev)
-    logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, kv_cache.additive(allowed, tpool.buf.dtype),
-                         tpool, aux_ids)
-    cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)
+    logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, mask, tpool, aux_ids)
+    cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width, ops)
     kept = live > 0
     new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
     new, path_aux = accepted_path(tree, aux, cols, counts, bonus)

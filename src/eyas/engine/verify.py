@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..models import consts
+from ..models.ops import TORCH
 from .sampling import SamplingParams, probs, sample
 from .tree import Tree
 
@@ -40,25 +41,20 @@ def accept_greedy_batch(
     tree: Tree,
     argmax: torch.Tensor,  # [B, T] the target's choice after each node
     width: int,  # >= the tree's depth + 1 (num_steps + 1): the static width of the result
+    ops=TORCH,  # ``ops_for`` the target's forward: on a GPU's static cache one Triton kernel
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(cols [B, width], counts [B], bonus [B]): ``accept_greedy`` for every row, on the device.
 
     A node is accepted when it and all its ancestors carry the target's choice at their parent.
     Siblings carry distinct tokens, so the accepted nodes form one path; its deepest node (the
     first column on a tie, as the walk finds it) ends it. ``cols[b, :counts[b]]`` is that path
-    root first; the rest is 0, the root's column, which the commit and gathers read harmlessly."""
-    if tree.size == 1:  # plain decoding: the root alone, the bonus its argmax (1 kernel, not about 15)
+    root first; the rest is 0, the root's column, which the commit and gathers read harmlessly.
+    ``ops.accept_greedy`` computes it: about 15 torch kernels, or one Triton kernel."""
+    if tree.size == 1:  # plain decoding: the root alone, the bonus its argmax (no kernel but a view)
         b = argmax.shape[0]
         return (consts.full((b, width), 0, torch.long, argmax.device), consts.full((b,), 1, torch.long, argmax.device),
                 argmax[:, 0])
-    rows = consts.arange(tree.tokens.shape[0], argmax.device)
-    correct = (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0))) | (tree.parents < 0)  # [B, T]
-    accepted = ~(tree.mask & ~correct[:, None, :]).any(dim=-1)  # [B, T] self and every ancestor correct
-    end = torch.where(accepted, tree.depth, -1).argmax(dim=1)  # [B] deepest; argmax takes the first
-    on_path = tree.mask[rows, end]  # [B, T] the end node's ancestors and itself
-    level = consts.arange(width, argmax.device)
-    cols = (on_path[:, None, :] & (tree.depth[:, None, :] == level[None, :, None])).long().argmax(dim=-1)
-    return cols, tree.depth[rows, end] + 1, argmax[rows, end]
+    return ops.accept_greedy(tree.tokens, tree.parents, tree.depth, tree.mask, argmax, width)
 
 
 def accepted_path(tree: Tree, aux: torch.Tensor | None, cols: torch.Tensor, counts: torch.Tensor,

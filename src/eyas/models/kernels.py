@@ -411,6 +411,49 @@ def _top_children_combine_kernel(part_v, part_i, part_ml, base, to_target, score
         v = tl.where(ci == pick, float("-inf"), v)
 
 
+@triton.jit
+def _accept_greedy_kernel(tokens, parents, depth, mask, choice, cols, counts, bonus, T, WIDTH,
+                          T_P2: tl.constexpr, W_P2: tl.constexpr, PDL: tl.constexpr):
+    """``TorchOps.accept_greedy`` for one row of trees (program ``b``): node ``i`` is accepted when it and
+    every ancestor (``mask[b, i, :]``) carry the target's ``choice`` at their parent; the deepest
+    accepted node (the first on a tie) ends the path, whose node at each depth goes to ``cols``."""
+    _after_previous_kernel(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, T_P2)
+    live = i < T
+    tok = tl.load(tokens + b * T + i, mask=live, other=-1)
+    par = tl.load(parents + b * T + i, mask=live, other=-1)
+    dep = tl.load(depth + b * T + i, mask=live, other=0)
+    want = tl.load(choice + b * T + tl.maximum(par, 0), mask=live, other=-1)
+    correct = (tok == want) | (par < 0)
+    anc = tl.load(mask + (b * T + i[:, None]) * T + i[None, :], mask=live[:, None] & live[None, :], other=0) != 0
+    wrong = tl.sum((anc & (correct == 0)[None, :]).to(tl.int32), axis=1)  # [T]: ancestors (or self) not correct
+    score = tl.where(live & (wrong == 0), dep, -1)
+    end = tl.min(tl.where(score == tl.max(score, axis=0), i, T_P2), axis=0)  # the deepest, the first on a tie
+    path = tl.sum(tl.where(i[:, None] == end, anc.to(tl.int32), 0), axis=0) != 0  # [T] end's ancestors and itself
+    level = tl.arange(0, W_P2)
+    at = tl.sum(tl.where(path[None, :] & (dep[None, :] == level[:, None]), i[None, :], 0), axis=1)  # [W]
+    tl.store(cols + b * WIDTH + level, at.to(tl.int64), mask=level < WIDTH)
+    tl.store(counts + b, (tl.sum(tl.where(i == end, dep, 0), axis=0) + 1).to(tl.int64))
+    tl.store(bonus + b, tl.load(choice + b * T + end).to(tl.int64))
+
+
+@triton.jit
+def _tree_mask_kernel(lengths, tree, prefix, out, T, W, low, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """``TorchOps.tree_mask`` for row ``b`` and tree node ``t`` (program ``b * T + t``), ``BLOCK`` columns
+    of the window per program: 0 where the node sees the slot (committed, or itself or an ancestor in
+    the tree written at ``prefix..``), ``low`` (the dtype's min) elsewhere."""
+    _after_previous_kernel(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    b = r // T
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    rel = c - tl.load(prefix)
+    inside = (rel >= 0) & (rel < T) & (c < W)
+    seen = tl.load(tree + r * T + rel, mask=inside, other=0) != 0
+    visible = (c < tl.load(lengths + b)) | seen
+    tl.store(out + r * W + c, tl.where(visible, 0.0, low).to(out.dtype.element_ty), mask=c < W)
+
+
 def _launch(kernel, grid, x: torch.Tensor, *args, **kwargs) -> None:
     """``kernel[grid](x, *args)``; off the GPU only in Triton's interpreter. On Hopper and later
     with programmatic dependent launch (``_after_previous_kernel``) unless ``TritonOps.pdl`` is off;
@@ -584,6 +627,34 @@ class TritonOps(TorchOps):
         return self._or_torch(lambda: self._top_children(logits, k, to_target, base),
                               lambda: TorchOps.top_children(self, logits, k, to_target, base), "top_children_failed",
                               "tree levels use log_softmax + topk")
+
+    def accept_greedy(self, tokens, parents, depth, mask, choice, width: int):
+        return self._or_torch(lambda: self._accept_greedy(tokens, parents, depth, mask, choice, width),
+                              lambda: TorchOps.accept_greedy(self, tokens, parents, depth, mask, choice, width))
+
+    def tree_mask(self, lengths, tree_mask, prefix, window: int, dtype: torch.dtype):
+        return self._or_torch(lambda: self._tree_mask(lengths, tree_mask, prefix, window, dtype),
+                              lambda: TorchOps.tree_mask(self, lengths, tree_mask, prefix, window, dtype))
+
+    def _accept_greedy(self, tokens, parents, depth, mask, choice, width):
+        bsz, t = tokens.shape
+        dev = tokens.device
+        cols = torch.empty((bsz, width), dtype=torch.long, device=dev)
+        counts = torch.empty(bsz, dtype=torch.long, device=dev)
+        bonus = torch.empty(bsz, dtype=torch.long, device=dev)
+        _launch(_accept_greedy_kernel, (bsz,), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
+                mask.contiguous().view(torch.uint8), choice.contiguous(), cols, counts, bonus, t, width,
+                T_P2=max(2, triton.next_power_of_2(t)), W_P2=max(2, triton.next_power_of_2(width)), num_warps=4)
+        return cols, counts, bonus
+
+    def _tree_mask(self, lengths, tree_mask, prefix, window, dtype):
+        bsz, t, _ = tree_mask.shape
+        out = torch.empty((bsz, 1, t, window), dtype=dtype, device=tree_mask.device)
+        block = min(1024, triton.next_power_of_2(window))
+        _launch(_tree_mask_kernel, (bsz * t, triton.cdiv(window, block)), lengths.contiguous(),
+                tree_mask.contiguous().view(torch.uint8), prefix.reshape(1), out, t, window,
+                torch.finfo(dtype).min, BLOCK=block, num_warps=4)
+        return out
 
     def _top_children(self, logits, k, to_target, base):
         n = logits.shape[-1]

@@ -18,6 +18,10 @@ float32 and round once or twice to the model's dtype, so they agree to a roundin
     fold_mask(mask, rep)           -> the additive mask as ``attend`` takes it
     attend(q, keys, values, mask, scale, heads)
                                    -> attention output [B, T, Hq * D]
+    accept_greedy(tokens, parents, depth, mask, choice, width)
+                                   -> greedy acceptance of a token tree: (cols, counts, bonus)
+    tree_mask(lengths, tree_mask, prefix, window, dtype)
+                                   -> the additive mask of a tree's verify over a cache window
     top_children(logits, k, to_target, base)
                                    -> a draft tree level's k best children of each row: their
                                       log-probabilities (+ the parent's score) and target ids
@@ -32,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import EyasError
+from . import consts, kv_cache
 from .static_cache import StaticKV
 
 
@@ -117,6 +122,35 @@ class TorchOps:
         their target ids, ``to_target[draft id]``), each ``[..., k]``."""
         scores, ids = topk(torch.log_softmax(logits, dim=-1, dtype=torch.float32), k)
         return (scores if base is None else scores + base[..., None]), to_target[ids]
+
+
+    def accept_greedy(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
+                      choice: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Greedy acceptance of a token tree per row (``engine.verify.accept_greedy_batch`` says what it
+        means): ``tokens``, ``parents``, ``depth`` ``[B, T]``, ``mask`` ``[B, T, T]`` ancestor-or-self,
+        ``choice`` ``[B, T]`` the target's greedy token after each node. Returns (cols ``[B, width]``,
+        counts ``[B]``, bonus ``[B]``)."""
+        correct = (tokens == choice.gather(1, parents.clamp(min=0))) | (parents < 0)  # [B, T]
+        accepted = ~(mask & ~correct[:, None, :]).any(dim=-1)  # [B, T] self and every ancestor correct
+        end = torch.where(accepted, depth, -1).argmax(dim=1)  # [B] deepest; argmax takes the first
+        rows = consts.arange(tokens.shape[0], tokens.device)
+        on_path = mask[rows, end]  # [B, T] the end node's ancestors and itself
+        level = consts.arange(width, tokens.device)
+        cols = (on_path[:, None, :] & (depth[:, None, :] == level[None, :, None])).long().argmax(dim=-1)
+        return cols, depth[rows, end] + 1, choice[rows, end]
+
+    def tree_mask(self, lengths: torch.Tensor, tree_mask: torch.Tensor, prefix: torch.Tensor, window: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask ``[B, 1, T, window]`` of a tree's verify: node ``t`` of row ``b`` sees the
+        committed slots (``< lengths[b]``) and, of the tree written at slots ``prefix..`` (a 1-element
+        tensor), itself and its ancestors (``tree_mask`` ``[B, T, T]``)."""
+        size = tree_mask.shape[1]
+        column = consts.arange(window, tree_mask.device)
+        rel = column - prefix  # [window]: a slot's column in the tree
+        in_tree = (rel >= 0) & (rel < size)
+        bsz = tree_mask.shape[0]
+        nodes = tree_mask.gather(2, rel.clamp(0, size - 1).expand(bsz, size, window)) & in_tree  # [B, T, window]
+        return kv_cache.additive((column[None, None, :] < lengths[:, None, None]) | nodes, dtype)
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

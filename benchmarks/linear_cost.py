@@ -93,9 +93,14 @@ def main() -> None:
                     help="rows per call: 1 times _linear_kernel; 2-64 _linear_rows_kernel (a verify, a draft level), "
                          "whose sweep grid is then BLOCK_N 16,32,64; BLOCK_K 64,128,256; warps 2,4; stages 1,3 "
                          "unless --grid is given")
+    ap.add_argument("--norm-apart", action="store_true",
+                    help="with --rows: time q/k/v and gate/up as the engine runs them (the norm kernel, then the rows "
+                         "kernel with silu(gate) * up inside) instead of with the norm inside the rows kernel")
     args = ap.parse_args()
     rows_kernel = args.rows > 1
-    TritonOps.row_prologues = True  # time the norm and silu inside the rows kernel too (the engine leaves them out)
+    # the rows kernel with the norm and silu inside, or (--norm-apart, what the engine runs) the norm kernel
+    # before it and silu inside
+    TritonOps.row_prologues = not args.norm_apart
     configs = kernels.LINEAR_ROWS_CONFIGS if rows_kernel else kernels.LINEAR_CONFIGS
     if rows_kernel and args.grid == ap.get_default("grid"):
         args.grid = "16,32,64;64,128,256;2,4;1,3"

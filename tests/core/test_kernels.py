@@ -399,6 +399,22 @@ def test_tree_mask_kernel_matches_torch(dtype, size, window, prefix):
     assert bool((got[1, 0, :, : prefix // 2] == 0).all()) and bool((got[1, 0, :, prefix // 2 : prefix] < 0).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width,window,prefix", [(1, 256, 7), (7, 256, 40), (33, 1030, 990)])
+def test_block_mask_kernel_matches_torch(dtype, width, window, prefix):
+    """The draft extend's mask in one kernel: committed slots, then the kept new tokens causally; a
+    token past a row's kept count (padding) sees only itself; a row keeping nothing too."""
+    lengths = torch.tensor([0, prefix // 2, prefix, 3], device=DEVICE)
+    counts = torch.tensor([width, 1, max(1, width - 2), 0], device=DEVICE)
+    at = torch.tensor([prefix], device=DEVICE)
+    got = TRITON.block_mask(lengths, counts, at, width, window, dtype)
+    want = TORCH.block_mask(lengths, counts, at, width, window, dtype)
+    assert got.shape == want.shape == (4, 1, width, window) and got.dtype == dtype
+    assert torch.equal(got, want)
+    last = width - 1  # row 1 keeps one token: its last (padding past it) sees the prefix, the kept one and itself
+    assert int((got[1, 0, last] == 0).sum()) == prefix // 2 + min(1, last) + 1 and got[1, 0, last, prefix + last] == 0
+
+
 def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     """The drafter's kernel failing leaves the forward's kernels on."""
     monkeypatch.setattr(kernels.TritonOps, "failed", None)

@@ -234,12 +234,7 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     bsz, width = tokens.shape
     dev = tokens.device
     i = consts.arange(width, dev)
-    rel = consts.arange(window, dev)[None, :] - prefix  # [1, window]: index into the new block
-    block = (rel >= 0) & (rel < width) & (rel <= i[:, None])  # [W, window] causal inside the block
-    valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # padding sees only itself
-    committed = consts.arange(window, dev)[None, None, :] < base[:, None, None]  # [B, 1, window]
-    allowed = committed | (block[None] & valid)  # [B, W, window]
-    mask = kv_cache.additive(allowed, pool.buf.dtype)
+    mask = ops_for(pool, aux, draft.rope).block_mask(base, counts, prefix, width, window, pool.buf.dtype)
     new = prefix + i
     pool.window, pool.write_slots = window, new
     h = draft.backbone(draft.embed(tokens), draft.project(aux), base[:, None] + i[None, :], pool, mask)

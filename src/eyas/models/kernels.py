@@ -439,17 +439,24 @@ def _accept_greedy_kernel(tokens, parents, depth, mask, choice, cols, counts, bo
 
 
 @triton.jit
-def _tree_mask_kernel(lengths, tree, prefix, out, T, W, low, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``TorchOps.tree_mask`` for row ``b`` and tree node ``t`` (program ``b * T + t``), ``BLOCK`` columns
-    of the window per program: 0 where the node sees the slot (committed, or itself or an ancestor in
-    the tree written at ``prefix..``), ``low`` (the dtype's min) elsewhere."""
+def _new_block_mask_kernel(lengths, tree, counts, prefix, out, T, W, low, TREE: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
+    """``TorchOps.tree_mask`` (``TREE``) or ``block_mask`` for row ``b`` and new token ``t`` (program
+    ``b * T + t``), ``BLOCK`` columns of the window per program: 0 where the token sees the slot, ``low``
+    (the dtype's min) elsewhere. It sees the row's committed slots and, of the ``T`` new ones written at
+    ``prefix..``, with ``TREE`` itself and its ancestors (``tree[b, t]``), else the first ``counts[b]``
+    up to itself (a token past them, padding, sees those and itself)."""
     _after_previous_kernel(PDL)
     r = tl.program_id(0).to(tl.int64)
     b = r // T
+    t = r % T
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     rel = c - tl.load(prefix)
     inside = (rel >= 0) & (rel < T) & (c < W)
-    seen = tl.load(tree + r * T + rel, mask=inside, other=0) != 0
+    if TREE:
+        seen = tl.load(tree + r * T + rel, mask=inside, other=0) != 0
+    else:
+        seen = inside & (rel <= t) & ((rel < tl.load(counts + b)) | (rel == t))
     visible = (c < tl.load(lengths + b)) | seen
     tl.store(out + r * W + c, tl.where(visible, 0.0, low).to(out.dtype.element_ty), mask=c < W)
 
@@ -636,6 +643,10 @@ class TritonOps(TorchOps):
         return self._or_torch(lambda: self._tree_mask(lengths, tree_mask, prefix, window, dtype),
                               lambda: TorchOps.tree_mask(self, lengths, tree_mask, prefix, window, dtype))
 
+    def block_mask(self, lengths, counts, prefix, width: int, window: int, dtype: torch.dtype):
+        return self._or_torch(lambda: self._block_mask(lengths, counts, prefix, width, window, dtype),
+                              lambda: TorchOps.block_mask(self, lengths, counts, prefix, width, window, dtype))
+
     def _accept_greedy(self, tokens, parents, depth, mask, choice, width):
         bsz, t = tokens.shape
         dev = tokens.device
@@ -648,12 +659,19 @@ class TritonOps(TorchOps):
         return cols, counts, bonus
 
     def _tree_mask(self, lengths, tree_mask, prefix, window, dtype):
-        bsz, t, _ = tree_mask.shape
-        out = torch.empty((bsz, 1, t, window), dtype=dtype, device=tree_mask.device)
+        return self._new_block_mask(lengths, tree_mask.contiguous().view(torch.uint8), lengths, prefix,
+                                    tree_mask.shape[1], window, dtype)
+
+    def _block_mask(self, lengths, counts, prefix, width, window, dtype):
+        return self._new_block_mask(lengths, None, counts, prefix, width, window, dtype)
+
+    def _new_block_mask(self, lengths, tree, counts, prefix, t, window, dtype):
+        bsz = lengths.shape[0]
+        out = torch.empty((bsz, 1, t, window), dtype=dtype, device=lengths.device)
         block = min(1024, triton.next_power_of_2(window))
-        _launch(_tree_mask_kernel, (bsz * t, triton.cdiv(window, block)), lengths.contiguous(),
-                tree_mask.contiguous().view(torch.uint8), prefix.reshape(1), out, t, window,
-                torch.finfo(dtype).min, BLOCK=block, num_warps=4)
+        _launch(_new_block_mask_kernel, (bsz * t, triton.cdiv(window, block)), lengths.contiguous(),
+                lengths if tree is None else tree, counts.contiguous(), prefix.reshape(1), out, t, window,
+                torch.finfo(dtype).min, TREE=tree is not None, BLOCK=block, num_warps=4)
         return out
 
     def _top_children(self, logits, k, to_target, base):

@@ -22,6 +22,8 @@ float32 and round once or twice to the model's dtype, so they agree to a roundin
                                    -> greedy acceptance of a token tree: (cols, counts, bonus)
     tree_mask(lengths, tree_mask, prefix, window, dtype)
                                    -> the additive mask of a tree's verify over a cache window
+    block_mask(lengths, counts, prefix, width, window, dtype)
+                                   -> the same for a causal block of new tokens (the draft extend)
     top_children(logits, k, to_target, base)
                                    -> a draft tree level's k best children of each row: their
                                       log-probabilities (+ the parent's score) and target ids
@@ -151,6 +153,20 @@ class TorchOps:
         bsz = tree_mask.shape[0]
         nodes = tree_mask.gather(2, rel.clamp(0, size - 1).expand(bsz, size, window)) & in_tree  # [B, T, window]
         return kv_cache.additive((column[None, None, :] < lengths[:, None, None]) | nodes, dtype)
+
+
+    def block_mask(self, lengths: torch.Tensor, counts: torch.Tensor, prefix: torch.Tensor, width: int, window: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask ``[B, 1, width, window]`` of ``width`` new tokens a row written at slots
+        ``prefix..`` (a 1-element tensor) of which row ``b`` keeps the first ``counts[b]``: token ``i``
+        sees the committed slots (``< lengths[b]``) and the kept new ones up to itself, causally; a
+        token past the kept ones (padding) sees them and itself, nothing between. (The draft extend's.)"""
+        i = consts.arange(width, lengths.device)
+        rel = consts.arange(window, lengths.device)[None, :] - prefix  # [1, window]: index into the new block
+        block = (rel >= 0) & (rel < width) & (rel <= i[:, None])  # [W, window] causal inside the block
+        valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # padding sees only itself
+        committed = consts.arange(window, lengths.device)[None, None, :] < lengths[:, None, None]  # [B, 1, window]
+        return kv_cache.additive(committed | (block[None] & valid), dtype)
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -518,8 +518,9 @@ class TritonOps(TorchOps):
     # gate/up 9.9 vs 7.2, linear-rows-norm-one-pass-smollm2-h200.json; a 4/4/16 step 1.556 vs 1.451 ms)
     row_prologues = False
     # With row_prologues off, a norm before a projection of 2..ROWS_MAX rows runs as the norm kernel and
-    # the projection as _linear_rows_kernel (silu(gate) * up in its epilogue: no silu kernel); off: the
-    # norm kernel, cuBLAS, and the silu kernel (the path before; benchmarks flip it side by side).
+    # the projection as _linear_rows_kernel (silu(gate) * up in its epilogue: no silu kernel). Off: the
+    # norm kernel, cuBLAS, and the silu kernel, measured slower on the H200 (SmolLM2, 16 rows: q/k/v 4.8
+    # vs 3.9 us, gate/up 7.2 vs 5.5; linear-rows-norm-apart-sweep-smollm2-h200.json); pair.py flips it.
     row_norm_apart = True
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
     pdl_failed: str | None = None

@@ -117,7 +117,7 @@ class _Constants:
     shift: torch.Tensor  # [C]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # never evicted: captured graphs read these by address (see models/consts.py)
 def _constants(spec: SpecConfig, device: torch.device) -> _Constants:
     k, steps = spec.eagle_topk, spec.num_steps
     with torch.inference_mode(False):  # kept across calls (and graph captures): plain tensors

@@ -125,7 +125,6 @@ class TorchOps:
         scores, ids = topk(torch.log_softmax(logits, dim=-1, dtype=torch.float32), k)
         return (scores if base is None else scores + base[..., None]), to_target[ids]
 
-
     def accept_greedy(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
                       choice: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Greedy acceptance of a token tree per row (``engine.verify.accept_greedy_batch`` says what it
@@ -146,14 +145,12 @@ class TorchOps:
         """The additive mask ``[B, 1, T, window]`` of a tree's verify: node ``t`` of row ``b`` sees the
         committed slots (``< lengths[b]``) and, of the tree written at slots ``prefix..`` (a 1-element
         tensor), itself and its ancestors (``tree_mask`` ``[B, T, T]``)."""
-        size = tree_mask.shape[1]
+        bsz, size = tree_mask.shape[:2]
         column = consts.arange(window, tree_mask.device)
         rel = column - prefix  # [window]: a slot's column in the tree
         in_tree = (rel >= 0) & (rel < size)
-        bsz = tree_mask.shape[0]
         nodes = tree_mask.gather(2, rel.clamp(0, size - 1).expand(bsz, size, window)) & in_tree  # [B, T, window]
         return kv_cache.additive((column[None, None, :] < lengths[:, None, None]) | nodes, dtype)
-
 
     def block_mask(self, lengths: torch.Tensor, counts: torch.Tensor, prefix: torch.Tensor, width: int, window: int,
                    dtype: torch.dtype) -> torch.Tensor:
@@ -162,10 +159,11 @@ class TorchOps:
         sees the committed slots (``< lengths[b]``) and the kept new ones up to itself, causally; a
         token past the kept ones (padding) sees them and itself, nothing between. (The draft extend's.)"""
         i = consts.arange(width, lengths.device)
-        rel = consts.arange(window, lengths.device)[None, :] - prefix  # [1, window]: index into the new block
+        column = consts.arange(window, lengths.device)
+        rel = column[None, :] - prefix  # [1, window]: index into the new block
         block = (rel >= 0) & (rel < width) & (rel <= i[:, None])  # [W, window] causal inside the block
-        valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # padding sees only itself
-        committed = consts.arange(window, lengths.device)[None, None, :] < lengths[:, None, None]  # [B, 1, window]
+        valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # the kept ones, and itself
+        committed = column[None, None, :] < lengths[:, None, None]  # [B, 1, window]
         return kv_cache.additive(committed | (block[None] & valid), dtype)
 
 
@@ -189,7 +187,7 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, (part_ids + _slice_starts(v, slices, x.device)).flatten(-2).gather(-1, at)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.cache  # never evicted: captured graphs read these by address (see consts.py)
 def _slice_starts(v: int, slices: int, device: torch.device) -> torch.Tensor:
     """``[slices, 1]``: the first index of each slice (made once, not in every graph replay)."""
     with torch.inference_mode(False):

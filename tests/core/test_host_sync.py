@@ -22,8 +22,8 @@ aten = torch.ops.aten
 READS = (aten.item, aten._local_scalar_dense, aten.is_nonzero, aten.equal,
          aten.lift_fresh)  # torch.tensor(host data): a blocking copy to the GPU waits for its stream
 SOURCE = str(Path(eyas.__file__).parent)
-# The drafter checks an invariant on CPU tensors only (``not parent_col.is_cuda``): no GPU wait.
-CPU_ONLY = {"_grow"}
+# The drafter checks an invariant on CPU tensors only (``not keep.is_cuda``, ``TorchOps.select_tree``): no GPU wait.
+CPU_ONLY = {"select_tree"}
 
 
 class HostReads(TorchDispatchMode):

@@ -31,6 +31,15 @@ TRITON = kernels.TRITON
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: Triton's interpreter
 
 
+
+@pytest.fixture(autouse=True)
+def no_kernel_fell_back():
+    """A kernel that raised falls back to the torch op it replaces (``TritonOps._or_torch``), which
+    would make its comparison here pass without it: every test must end with no family fallen back
+    (the tests that make one fail on purpose restore the flags through ``monkeypatch`` first)."""
+    yield
+    assert kernels.TritonOps.failures() == {}
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [64, 576, 100])
 def test_rms_norm_matches_torch(dtype, width):
@@ -337,6 +346,85 @@ def test_top_children_matches_log_softmax_and_topk(shape, k, dtype):
     later = x.gather(-1, ids)
     assert bool(((later[..., 1:] < later[..., :-1]) | (ids[..., 1:] > ids[..., :-1])).all())  # ties: lower id first
 
+
+
+def test_top_children_writes_into_a_trees_candidate_buffers():
+    """Into ``out`` views of ``[B, C]`` buffers (a level's ``[B, k, k]`` block, the first level's
+    ``[B, k]``), with the parents' scores read from such a view too: the same numbers as the torch op."""
+    gen = torch.Generator().manual_seed(3)
+    bsz, k, v, c = 3, 4, 700, 4 + 16 + 5
+    to_target = torch.randperm(2 * v, generator=gen)[:v].to(DEVICE)
+    logits0, logits = torch.randn(bsz, v, generator=gen).to(DEVICE), torch.randn(bsz, k, v, generator=gen).to(DEVICE)
+    got, want = [(torch.full((bsz, c), -7.0, device=DEVICE), torch.full((bsz, c), -7, device=DEVICE)) for _ in range(2)]
+    for ops, (scores, tokens) in ((TRITON, got), (TORCH, want)):
+        base, _ = ops.top_children(logits0, k, to_target, out=(scores[:, :k], tokens[:, :k]))
+        assert base.data_ptr() == scores.data_ptr()
+        ops.top_children(logits, k, to_target, base, out=(scores[:, k : k + 16].view(bsz, k, k),
+                                                          tokens[:, k : k + 16].view(bsz, k, k)))
+    torch.testing.assert_close(got[0], want[0], atol=2e-6, rtol=1e-6)
+    assert torch.equal(got[1], want[1]) and bool((got[0][:, k + 16 :] == -7).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bsz,k,window", [(1, 4, 40), (3, 2, 1030), (2, 8, 300), (2, 1, 20)])
+def test_next_frontier_kernel_matches_torch(dtype, bsz, k, window):
+    """A tree level's k best of k * k candidates (read from a strided slice of the candidate buffers),
+    their parents, tokens, parents' hidden rows and mask rows with their own slots opened, and their
+    candidate numbers written into a strided slice: all as the torch op makes them."""
+    gen = torch.Generator().manual_seed(bsz * k)
+    c, h = 7 + k * k * 2, 72
+    scores = torch.randn(bsz, c, generator=gen).to(DEVICE)
+    tokens = torch.randint(0, 10_000, (bsz, c), generator=gen).to(DEVICE)
+    hidden = torch.randn(bsz, k, h, generator=gen).to(dtype).to(DEVICE)
+    allowed = torch.rand(bsz, k, window, generator=gen) < 0.5
+    mask = kv_cache.additive(allowed, dtype)[:, 0].to(DEVICE)
+    slots = (torch.randperm(window, generator=gen)[:k]).to(DEVICE)
+    lo = 7
+    outs, frontiers = [], []
+    for ops in (TRITON, TORCH):
+        frontier = torch.full((bsz, 3, k), -1, dtype=torch.long, device=DEVICE)
+        for m, s in ((mask, slots), (None, None)):
+            outs.append(ops.next_frontier(scores[:, lo : lo + k * k], tokens[:, lo : lo + k * k], hidden, k, lo,
+                                          frontier[:, 1], m, s))
+        frontiers.append(frontier)
+    assert torch.equal(frontiers[0], frontiers[1]) and bool((frontiers[0][:, 1] >= lo).all())
+    for got, want in zip(outs[:2], outs[2:]):
+        assert got[4] is None if want[4] is None else torch.equal(got[4], want[4])
+        for g, w in zip(got[:4], want[:4]):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+    opened = outs[0][4][torch.arange(bsz)[:, None], torch.arange(k)[None, :], slots.cpu()[None, :].expand(bsz, k)]
+    assert bool((opened == 0).all())
+
+
+@pytest.mark.parametrize("steps,k,total", [(4, 4, 16), (6, 8, 32), (5, 1, 6), (1, 4, 4), (2, 3, 12), (3, 2, 7)])
+def test_a_tree_drafted_through_the_kernels_is_the_torch_ops_tree(steps, k, total):
+    """``drafter._grow`` (top children, next frontier, the selection at the end) on the kernels and on
+    the torch ops, fed the same draft logits: the same tree, token for token, parent for parent, with
+    depths and ancestor masks that a walk up the parents confirms."""
+    from eyas.engine.drafter import _grow
+    from eyas.engine.tree import Tree
+
+    gen = torch.Generator().manual_seed(steps * 31 + k)
+    v, bsz = 300, 3
+    table = (torch.randn(steps + 1, 4 * v, v, generator=gen) * 2).to(DEVICE)  # logits by (level, token)
+
+    class Draft:
+        d2t = torch.randint(0, 3, (v,), generator=gen).to(DEVICE)
+
+    def feed(step, tokens, hidden, parent, mask):
+        return hidden, table[step][tokens]
+
+    trees = []
+    for ops in (TRITON, TORCH):
+        logits0 = table[0][torch.tensor([5, 17, 200], device=DEVICE)]
+        trees.append(_grow(Draft, torch.tensor([1, 2, 3], device=DEVICE), logits0, torch.zeros(bsz, 8, device=DEVICE),
+                           SpecConfig("EAGLE3", steps, k, total), feed, ops))
+    got, want = trees
+    for name in ("tokens", "parents", "depth", "mask"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    walked = Tree.from_parents(got.tokens, got.parents)
+    assert torch.equal(walked.mask, got.mask) and torch.equal(walked.depth, got.depth)
+    assert int(got.depth.max()) <= steps and got.tokens.shape == (bsz, total)
 
 
 class CannotCompile:

@@ -120,7 +120,7 @@ def test_a_certain_draft_still_keeps_every_parent():
     class Certain:
         d2t = torch.zeros(64, dtype=torch.long)
 
-    def feed(step, tokens, hidden, seen):
+    def feed(step, tokens, hidden, parent, mask):
         logits = torch.full(tokens.shape + (64,), -1e4)
         logits[..., 3] = 1e4  # log_softmax: exactly 0 for token 3, -2e4 for the rest
         logits[..., 5] = 1e4 - 1e-3

@@ -48,7 +48,7 @@ def draft_tree(
     eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
     seen = torch.zeros((bsz, k, 0), dtype=torch.bool, device=dev)  # frontier -> earlier fed slots
 
-    def feed(step, tokens, hidden, parent):
+    def feed(step, tokens, hidden, parent, _mask):
         nonlocal seen
         if parent is not None:  # each new frontier node sees what its parent saw, and its parent
             seen = torch.cat([seen[rows, parent], eye[rows, parent]], dim=-1)
@@ -69,31 +69,25 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
     can be captured as one CUDA graph per (rows, window): level ``s`` writes its ``k`` keys at slots
     ``prefix + (s - 1) k ..`` (``prefix`` a 1-element tensor) and every mask is ``window`` wide.
 
-    Each level costs two kernels of bookkeeping beside the draft's forward: the slots, positions and
-    masks every level needs are made once, before the first. A frontier node's additive mask is its
-    parent's row (gathered) with its own slot opened (``maximum`` with that slot's one-hot row: 0 is
-    visible, the dtype's min hidden)."""
-    k, steps = spec.eagle_topk, spec.num_steps
+    The first level's mask is ``ops.tree_mask`` of a tree of ``k`` roots (the committed slots and each
+    node's own); each later node's is its parent's row with its own slot opened, made by
+    ``ops.next_frontier`` with the frontier itself."""
+    k = spec.eagle_topk
     bsz, dev = root.shape[0], root.device
     c = _constants(spec, dev)
-    rows = consts.arange(bsz, dev)[:, None]
+    ops = ops_for(pool, hidden0, draft.rope)
     slots = prefix + c.level_slots  # [(steps - 1) k]: where each level's keys go
-    column = consts.arange(window, dev)
-    own = kv_cache.additive(column[None, :] == slots[:, None], pool.buf.dtype)[:, 0]  # [(steps - 1) k, W]
-    committed = kv_cache.additive(column[None, :] < lengths[:, None], pool.buf.dtype)  # [B, 1, W]
     positions = (lengths - 1)[:, None] + c.levels  # [B, steps - 1]: level s is fed at position P + s - 1
-    mask = committed
+    first = ops.tree_mask(lengths, consts.eye(k, torch.bool, dev).expand(bsz, k, k), prefix, window,
+                          pool.buf.dtype)[:, 0]  # [B, k, W]
 
-    def feed(step, tokens, hidden, parent):
-        nonlocal mask
-        level = slice((step - 1) * k, step * k)
-        pool.window, pool.write_slots = window, slots[level]
-        mask = torch.maximum(mask if parent is None else mask[rows, parent], own[level])  # [B, k, W]
+    def feed(step, tokens, hidden, parent, mask):
+        pool.window, pool.write_slots = window, slots[(step - 1) * k : step * k]
         out = draft.backbone(draft.embed(tokens), hidden, positions[:, step - 1 : step].expand(bsz, k), pool,
                              mask[:, None])
         return out, draft.logits(out, pool)
 
-    return _grow(draft, root, logits0, hidden0, spec, feed, ops_for(pool, hidden0, draft.rope))
+    return _grow(draft, root, logits0, hidden0, spec, feed, ops, first, slots)
 
 
 def _deeper(scores: torch.Tensor, depth) -> torch.Tensor:
@@ -111,8 +105,6 @@ class _Constants:
 
     levels: torch.Tensor  # [steps - 1]: 1, 2, .. (the depth each fed level drafts from)
     level_slots: torch.Tensor  # [(steps - 1) k]: 0, 1, ..: a fed node's slot past the prefix
-    frontier0: torch.Tensor  # [k]: the first frontier's candidate indices
-    offsets: torch.Tensor  # [steps - 2, 1]: the candidate index of each later level's first node
     scale: torch.Tensor  # [C]: ``_deeper`` of every candidate, by its depth
     shift: torch.Tensor  # [C]
 
@@ -122,72 +114,47 @@ def _constants(spec: SpecConfig, device: torch.device) -> _Constants:
     k, steps = spec.eagle_topk, spec.num_steps
     with torch.inference_mode(False):  # kept across calls (and graph captures): plain tensors
         depth = torch.cat([torch.zeros(k), torch.arange(1, steps).repeat_interleave(k * k)]).double()
-        made = _Constants(
-            levels=torch.arange(1, steps), level_slots=torch.arange((steps - 1) * k), frontier0=torch.arange(k),
-            offsets=(k + torch.arange(max(steps - 2, 0)) * k * k)[:, None],
-            scale=(1 + depth * 2.0 ** -20).float(), shift=(depth * 1e-30).float())
+        made = _Constants(levels=torch.arange(1, steps), level_slots=torch.arange((steps - 1) * k),
+                          scale=(1 + depth * 2.0 ** -20).float(), shift=(depth * 1e-30).float())
         return _Constants(*(t.to(device) for t in dataclasses.astuple(made)))
 
 
-def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed, ops=TORCH) -> Tree:
-    """EAGLE-2 expansion and selection; ``feed(step, tokens, hidden, parent)`` runs one draft level
+def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed, ops=TORCH, mask=None, slots=None) -> Tree:
+    """EAGLE-2 expansion and selection; ``feed(step, tokens, hidden, parent, mask)`` runs one draft level
     (``parent``: each frontier node's slot among the previous level's fed nodes, None at the first).
+    ``mask`` is the static path's: the first level's additive mask ``[B, k, W]``; each later level's
+    comes from ``ops.next_frontier``, which opens node ``j``'s slot ``slots[level k + j]``. (None on the
+    eager path, whose ``feed`` builds its masks from ``parent``.)
 
     Candidates are numbered level by level: the first ``k`` (depth 1), then ``k * k`` per level, the
-    children of frontier node ``i`` at ``i * k ..``. Their parents and depth-ranked scores are put
-    together once, at the end; the last level only scores its children."""
+    children of frontier node ``i`` at ``i * k ..``; each level's scores and tokens are written into
+    two ``[B, C]`` buffers as they are made, and ``ops.select_tree`` picks the tree from them at the
+    end. The last level only scores its children."""
     k, steps, total = spec.eagle_topk, spec.num_steps, spec.num_draft_tokens
     bsz, dev = root.shape[0], root.device
     c = _constants(spec, dev)
     to_target = getattr(draft, "to_target", None)
     if to_target is None:
         to_target = draft.d2t + torch.arange(len(draft.d2t), device=draft.d2t.device)
-    rows = consts.arange(bsz, dev)
+    size = k + (steps - 1) * k * k
+    cand_scores = torch.empty((bsz, size), dtype=torch.float32, device=dev)
+    cand_tokens = torch.empty((bsz, size), dtype=torch.long, device=dev)
+    frontiers = torch.empty((bsz, max(steps - 2, 0), k), dtype=torch.long, device=dev)  # levels 2..: candidates
 
-    scores, tokens = ops.top_children(logits0, k, to_target)  # [B, k]
-    cand_tokens, cand_scores, bests = [tokens], [scores], []
+    scores, tokens = ops.top_children(logits0, k, to_target, out=(cand_scores[:, :k], cand_tokens[:, :k]))
     hidden = hidden0[:, None, :].expand(bsz, k, hidden0.shape[-1])
     parent = None
     for step in range(1, steps):
-        out, logits = feed(step, tokens, hidden, parent)  # [B, k, H], [B, k, draft_vocab]
-        child_scores, child_tokens = ops.top_children(logits, k, to_target, scores)  # [B, k, k]
-        flat_scores, flat_tokens = child_scores.reshape(bsz, k * k), child_tokens.reshape(bsz, k * k)
-        cand_tokens.append(flat_tokens)
-        cand_scores.append(flat_scores)
+        out, logits = feed(step, tokens, hidden, parent, mask)  # [B, k, H], [B, k, draft_vocab]
+        lo = k + (step - 1) * k * k
+        level_scores, level_tokens = cand_scores[:, lo : lo + k * k], cand_tokens[:, lo : lo + k * k]
+        ops.top_children(logits, k, to_target, scores, out=(level_scores.view(bsz, k, k), level_tokens.view(bsz, k, k)))
         if step == steps - 1:
             break
-        scores, best = flat_scores.topk(k, dim=-1)  # [B, k]: the next frontier (any order)
-        bests.append(best)
-        parent = best // k  # frontier slot of each new frontier node's parent
-        tokens = flat_tokens.gather(1, best)
-        hidden = out[rows[:, None], parent]
-
-    # Each fed level's frontier (candidate indices); a candidate's parent is its frontier node.
-    parts = [consts.full((bsz, k), -1, torch.long, dev)]
-    if steps > 1:
-        frontiers = c.frontier0.expand(bsz, 1, k)
-        if bests:
-            frontiers = torch.cat([frontiers, torch.stack(bests, dim=1) + c.offsets], dim=1)  # [B, steps - 1, k]
-        parts.append(frontiers[..., None].expand(-1, -1, -1, k).reshape(bsz, -1))
-    all_parents = torch.cat(parts, dim=1)  # [B, C]
-    all_tokens = torch.cat(cand_tokens, dim=1)  # [B, C]
-    ranked = _deeper_by(torch.cat(cand_scores, dim=1), c)
-    keep = ranked.topk(total - 1, dim=-1).indices.sort(dim=-1).values  # the chosen, in candidate order: parents first
-    cand_parent = all_parents.gather(1, keep)
-    at = torch.searchsorted(keep, cand_parent)  # each chosen node's parent among the chosen
-    parent_col = torch.where(cand_parent < 0, 0, at + 1)
-    if not keep.is_cuda:  # an invariant; not worth a GPU sync
-        found = keep.gather(1, at.clamp(max=total - 2)) == cand_parent
-        if bool(((cand_parent >= 0) & ~found).any()):
-            raise RuntimeError("draft tree lost a parent: scores were not monotone along a path")
-    tree_tokens = torch.cat([root[:, None], all_tokens.gather(1, keep)], dim=1)
-    parents = torch.cat([consts.full((bsz, 1), -1, torch.long, dev), parent_col], dim=1)
-    return Tree.from_parents(tree_tokens, parents, max_depth=steps)
-
-
-def _deeper_by(scores: torch.Tensor, c: _Constants) -> torch.Tensor:
-    """``_deeper`` of every candidate at once, from the precomputed per-depth factors."""
-    return scores * c.scale - c.shift
+        opened = None if slots is None else slots[step * k : (step + 1) * k]
+        scores, parent, tokens, hidden, mask = ops.next_frontier(level_scores, level_tokens, out, k, lo,
+                                                                 frontiers[:, step - 1], mask, opened)
+    return Tree(*ops.select_tree(cand_scores, cand_tokens, frontiers, root, c.scale, c.shift, total, k))
 
 
 class StaticDrafter:

@@ -7,12 +7,12 @@ is a draft token whose parent comes before it. ``mask[b, i, j]`` is true when no
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ..models import consts
+from ..models.ops import ancestors
 
 
 @dataclass
@@ -39,22 +39,8 @@ class Tree:
 
     @classmethod
     def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> "Tree":
-        """Build depth and ancestor mask from parent pointers (parents precede children).
-
-        The ancestor-or-self relation is the transitive closure of "is my parent", taken by squaring
-        the one-hop matrix: ``ceil(log2(max_depth + 1))`` batched matmuls (3 for a 6-level tree), a
-        fixed count that never asks the device anything (a walk up one level per round cost the
-        drafting graph about 12 kernels a level)."""
-        b, t = tokens.shape
-        dev = tokens.device
-        live = (parents >= 0)[..., None].float()
-        reach = consts.eye(t, torch.float32, dev).expand(b, t, t).clone()  # float: bmm on every device
-        reach.scatter_add_(2, parents.clamp(min=0)[..., None], live)  # self + parent
-        rounds = math.ceil(math.log2((t if max_depth is None else max_depth) + 1))
-        for _ in range(rounds):  # paths of <= 2^r hops; counts of paths, clamped back to 0 / 1
-            reach = torch.bmm(reach, reach).clamp_(max=1)
-        mask = reach > 0
-        depth = (reach.sum(-1) - 1).long()
+        """Depth and ancestor mask from parent pointers (parents precede children): ``ops.ancestors``."""
+        depth, mask = ancestors(parents, max_depth)
         return cls(tokens=tokens, parents=parents, depth=depth, mask=mask)
 
     def children(self, row: int) -> list[list[int]]:

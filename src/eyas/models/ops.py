@@ -24,14 +24,20 @@ float32 and round once or twice to the model's dtype, so they agree to a roundin
                                    -> the additive mask of a tree's verify over a cache window
     block_mask(lengths, counts, prefix, width, window, dtype)
                                    -> the same for a causal block of new tokens (the draft extend)
-    top_children(logits, k, to_target, base)
+    top_children(logits, k, to_target, base, out)
                                    -> a draft tree level's k best children of each row: their
                                       log-probabilities (+ the parent's score) and target ids
+    next_frontier(scores, tokens, hidden, k, offset, frontier, mask, slots)
+                                   -> a tree level's k best candidates, the next level's input
+    select_tree(scores, tokens, frontiers, root, scale, shift, size, k)
+                                   -> the drafted tree: the best candidates, their parents, depths
+                                      and ancestor mask
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -118,12 +124,67 @@ class TorchOps:
 
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
-                     base: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     base: torch.Tensor | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` likeliest draft tokens of each row of ``logits`` ``[..., draft_vocab]``, best first:
         (their log-probabilities in float32, plus ``base[...]`` (the parent's score) when given, and
-        their target ids, ``to_target[draft id]``), each ``[..., k]``."""
+        their target ids, ``to_target[draft id]``), each ``[..., k]``; written into ``out`` (float32 and
+        int64 views of that shape, such as slices of a tree's candidate buffers) when given."""
         scores, ids = topk(torch.log_softmax(logits, dim=-1, dtype=torch.float32), k)
-        return (scores if base is None else scores + base[..., None]), to_target[ids]
+        scores, tokens = (scores if base is None else scores + base[..., None]), to_target[ids]
+        if out is None:
+            return scores, tokens
+        out[0].copy_(scores)
+        out[1].copy_(tokens)
+        return out
+
+    def next_frontier(self, scores: torch.Tensor, tokens: torch.Tensor, hidden: torch.Tensor, k: int, offset: int,
+                      frontier: torch.Tensor, mask: torch.Tensor | None = None, slots: torch.Tensor | None = None):
+        """One step of a draft tree's growth: of a level's ``k * k`` candidates (``scores``, ``tokens``
+        ``[B, k * k]``, the children of frontier node ``i`` at ``i * k ..``), the ``k`` best become the
+        next frontier, best first. Writes their candidate numbers (``offset`` + index) into
+        ``frontier`` ``[B, k]`` and returns (their scores ``[B, k]`` float32, their parents' frontier
+        slots ``[B, k]``, their tokens, their parents' rows of ``hidden`` ``[B, k, H]``, and with
+        ``mask`` ``[B, k, W]`` (additive) their parents' mask rows with column ``slots[j]`` opened for
+        node ``j``, else None)."""
+        best_scores, best = scores.topk(k, dim=-1)
+        parent = best // k
+        rows = consts.arange(scores.shape[0], scores.device)[:, None]
+        frontier.copy_(best + offset)
+        if mask is not None:
+            column = consts.arange(mask.shape[-1], mask.device)
+            mask = torch.where(column[None, None, :] == slots[None, :, None], 0.0, mask[rows, parent])
+        return best_scores, parent, tokens.gather(1, best), hidden[rows, parent], mask
+
+    def select_tree(self, scores: torch.Tensor, tokens: torch.Tensor, frontiers: torch.Tensor, root: torch.Tensor,
+                    scale: torch.Tensor, shift: torch.Tensor, size: int, k: int):
+        """A drafted tree of ``size`` nodes from its candidates (``engine.drafter`` numbers them): the
+        root, then the ``size - 1`` best by ``scores * scale - shift`` (``[B, C]``: the cumulative
+        log-probabilities ranked deeper-below-shallower), in candidate order, so parents come first.
+        Candidate ``c < k`` hangs off the root; one of the first fed level (``c < k + k * k``) off
+        candidate ``(c - k) // k``; one of a later fed level ``l`` off ``frontiers[b, l - 1, f]``
+        (``[B, L, k]``, the candidate numbers of each later level's frontier), ``f = (c - k) % (k * k)
+        // k``. Returns (tokens, parents, depth ``[B, size]``, ancestor-or-self mask ``[B, size, size]``)."""
+        bsz, dev = scores.shape[0], scores.device
+        parts = [consts.full((bsz, k), -1, torch.long, dev)]
+        if scores.shape[1] > k:
+            levels = torch.cat([consts.arange(k, dev).expand(bsz, 1, k), frontiers], dim=1)  # [B, L + 1, k]
+            parts.append(levels[..., None].expand(-1, -1, -1, k).reshape(bsz, -1))
+        all_parents = torch.cat(parts, dim=1)  # [B, C]
+        ranked = scores * scale - shift
+        keep = ranked.topk(size - 1, dim=-1).indices.sort(dim=-1).values  # the chosen, in candidate order
+        cand_parent = all_parents.gather(1, keep)
+        at = torch.searchsorted(keep, cand_parent)  # each chosen node's parent among the chosen
+        parent_col = torch.where(cand_parent < 0, 0, at + 1)
+        if not keep.is_cuda:  # an invariant; not worth a GPU sync
+            found = keep.gather(1, at.clamp(max=size - 2)) == cand_parent
+            if bool(((cand_parent >= 0) & ~found).any()):
+                raise RuntimeError("draft tree lost a parent: scores were not monotone along a path")
+        tree_tokens = torch.cat([root[:, None], tokens.gather(1, keep)], dim=1)
+        parents = torch.cat([consts.full((bsz, 1), -1, torch.long, dev), parent_col], dim=1)
+        steps = 1 + (scores.shape[1] - k) // (k * k)
+        depth, mask = ancestors(parents, steps)
+        return tree_tokens, parents, depth, mask
 
     def accept_greedy(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
                       choice: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -192,6 +253,23 @@ def _slice_starts(v: int, slices: int, device: torch.device) -> torch.Tensor:
     """``[slices, 1]``: the first index of each slice (made once, not in every graph replay)."""
     with torch.inference_mode(False):
         return torch.arange(0, v, v // slices, device=device)[:, None]
+
+
+def ancestors(parents: torch.Tensor, max_depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth ``[B, T]``, ancestor-or-self mask ``[B, T, T]`` bool) of trees given by parent columns
+    (``[B, T]``, -1 for the root; parents before children; at most ``max_depth`` deep when given).
+
+    The closure of "is my parent" by squaring the one-hop matrix: ``ceil(log2(max_depth + 1))``
+    batched matmuls (3 for a 6-level tree), a fixed count that never asks the device anything."""
+    b, t = parents.shape
+    dev = parents.device
+    live = (parents >= 0)[..., None].float()
+    reach = consts.eye(t, torch.float32, dev).expand(b, t, t).clone()  # float: bmm on every device
+    reach.scatter_add_(2, parents.clamp(min=0)[..., None], live)  # self + parent
+    rounds = math.ceil(math.log2((t if max_depth is None else max_depth) + 1))
+    for _ in range(rounds):  # paths of <= 2^r hops; counts of paths, clamped back to 0 / 1
+        reach = torch.bmm(reach, reach).clamp_(max=1)
+    return (reach.sum(-1) - 1).long(), reach > 0
 
 
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,7 @@ with its step by parts (``Engine.whole_step_graphs = False``), and the last sett
 with its several-row projections on cuBLAS (``TritonOps.row_linears = False``); ``--by-parts-specs``
 and ``--cublas-rows-specs`` pick other settings (none: nothing); ``--flip-prologues-specs`` runs
 settings with the norm and activation inside the several-row kernel flipped from the default,
-``--flip-norm-apart-specs`` with the norm apart and silu inside it (or cuBLAS between the two) flipped,
-``--flip-norm-in-add-specs`` with the norm after a residual add written by the add's kernel (or its own) flipped.
+``--flip-norm-apart-specs`` with the norm apart and silu inside it (or cuBLAS between the two) flipped.
 
 Lossless check: in bf16, the share of prompts whose speculative output equals the baseline's,
 and for each that differs, the target's two best logits at the first difference (a near-tie
@@ -123,9 +122,6 @@ def main() -> None:
                     help="settings also run with TritonOps.row_norm_apart flipped from its default (a norm before a "
                          "projection of several rows as its own kernel, then _linear_rows_kernel with silu(gate) * up "
                          "inside; or the norm kernel, cuBLAS and the silu kernel)")
-    ap.add_argument("--flip-norm-in-add-specs", nargs="*", default=[],
-                    help="settings also run with TritonOps.norm_in_add flipped from its default (the norm after o's "
-                         "and down's residual add written by that projection's rows kernel, or the norm kernel)")
     ap.add_argument("--cublas-linears", action="store_true",
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
     ap.add_argument("--no-pdl", action="store_true",
@@ -166,22 +162,18 @@ def main() -> None:
     flipped = f"row prologues {'off' if prologues else 'on'}"
     apart = TritonOps.row_norm_apart
     flipped_apart = f"norm apart {'off' if apart else 'on'}"
-    in_add = TritonOps.norm_in_add
-    flipped_in_add = f"norm in add {'off' if in_add else 'on'}"
     for text in (args.specs + [f"{t} by parts" for t in by_parts] + [f"{t} cublas rows" for t in cublas_rows]
                  + [f"{t} {flipped}" for t in args.flip_prologues_specs]
-                 + [f"{t} {flipped_apart}" for t in args.flip_norm_apart_specs]
-                 + [f"{t} {flipped_in_add}" for t in args.flip_norm_in_add_specs]):
+                 + [f"{t} {flipped_apart}" for t in args.flip_norm_apart_specs]):
         steps, topk, tokens = (int(x) for x in text.split()[0].split(","))
         Engine.whole_step_graphs = not text.endswith("by parts")
         TritonOps.row_linears = not text.endswith("cublas rows") and not args.cublas_linears
         TritonOps.row_prologues = prologues != text.endswith(flipped)
         TritonOps.row_norm_apart = apart != text.endswith(flipped_apart)
-        TritonOps.norm_in_add = in_add != text.endswith(flipped_in_add)
         r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), prompts,
                     args.new_tokens)
         Engine.whole_step_graphs, TritonOps.row_linears = True, not args.cublas_linears
-        TritonOps.row_prologues, TritonOps.row_norm_apart, TritonOps.norm_in_add = prologues, apart, in_add
+        TritonOps.row_prologues, TritonOps.row_norm_apart = prologues, apart
         same = [o == b for o, b in zip(r["outputs"], base["outputs"])]
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
                  if not s]

@@ -166,30 +166,6 @@ def test_linear_rows_match_torch(dtype, rows, kind, norm_inside, monkeypatch):
     torch.testing.assert_close(got, want, **(dict(rtol=0.04, atol=0.1) if loose else _tol(dtype)))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,n,k", [((2,), 64, 48), ((1, 16), 576, 64), ((4, 16), 100, 32)])
-def test_a_residual_add_writes_the_next_norm_too(dtype, rows, n, k, monkeypatch):
-    """``linear_add_norm`` on 2-64 rows: one rows kernel writes ``h = residual + x . w`` and, by its last
-    program, ``h`` RMS-normed for the next projection, as the norm kernel norms it; its done-count is
-    back at 0 after every launch. One row, or the norm in the projection, keeps the norm for later."""
-    monkeypatch.setenv("EYAS_KERNELS", "triton")
-    gen = torch.Generator().manual_seed(n)
-    x = torch.randn(*rows, k, generator=gen).to(dtype).to(DEVICE)
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype).to(DEVICE)
-    res = torch.randn(*rows, n, generator=gen).to(dtype).to(DEVICE)
-    nrm = ((torch.rand(n, generator=gen) + 0.5).to(dtype).to(DEVICE), 1e-5)
-    for _ in range(2):
-        h, normed, left = TRITON.linear_add_norm(res, x, w, None, nrm)
-        assert left is None and h.shape == normed.shape == (*rows, n)
-        assert int(kernels._done_counter(torch.device(DEVICE))) == 0
-        torch.testing.assert_close(h, TORCH.linear_add(res, x, w), **_tol(dtype))
-        torch.testing.assert_close(normed, TRITON.rms_norm(h, *nrm), atol=0, rtol=0)
-    one = TRITON.linear_add_norm(res.reshape(-1, n)[:1], x.reshape(-1, k)[:1], w, None, nrm)
-    assert one[1] is one[0] and one[2] is nrm  # the one-row kernel norms its input itself
-    monkeypatch.setattr(kernels.TritonOps, "norm_in_add", False)
-    h, same, left = TRITON.linear_add_norm(res, x, w, None, nrm)
-    assert same is h and left is nrm
-
 def test_linear_kernels_take_up_to_64_rows(monkeypatch):
     """More rows than ``ROWS_MAX`` (prefill, large batches) and a wide head over short rows keep
     cuBLAS; one row is ``_linear_kernel``'s, 2 to 64 ``_linear_rows_kernel``'s."""
@@ -696,8 +672,8 @@ def test_speculation_through_the_rows_kernel_is_hugging_faces(monkeypatch):
     draft = Eagle3Draft.for_target(target, draft_vocab_size=120).float()
     rows = []
     linear_rows = kernels.TritonOps._linear_rows
-    monkeypatch.setattr(kernels.TritonOps, "_linear_rows", lambda self, x, *a, **kw: (
-        rows.append(x.numel() // x.shape[-1]), linear_rows(self, x, *a, **kw))[1])
+    monkeypatch.setattr(kernels.TritonOps, "_linear_rows", lambda self, x, *a: (rows.append(x.numel() // x.shape[-1]),
+                                                                                linear_rows(self, x, *a))[1])
     monkeypatch.setenv("EYAS_KERNELS", "triton")
     engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 6), max_batch=2, cuda_graphs=True)
     outs = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=10, ignore_eos=True))

@@ -42,7 +42,6 @@ GPU, the same kernels run in Triton's interpreter, which is how the CPU tests ch
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 
@@ -310,10 +309,10 @@ def _dot_weights(acc, xv, w_ptrs, w_mask, EXACT: tl.constexpr, UPCAST: tl.conste
 
 
 @triton.jit
-def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, eps, nw_out, eps_out, normed, done,
-                        NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT: tl.constexpr,
-                        UPCAST: tl.constexpr, NORM_OUT: tl.constexpr, N_P2: tl.constexpr, PDL: tl.constexpr):
+def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, eps, NORM: tl.constexpr,
+                        SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr,
+                        PDL: tl.constexpr):
     """``_linear_kernel`` for a few rows (a tree's verify, a draft level, the draft extend: 2 to 64):
     ``out[m, n] = res[m, n] + bias[n] + x[m] . w[n]`` for this program's ``BLOCK_M`` rows and
     ``BLOCK_N`` columns, on the tensor cores (``tl.dot``). ``NORM``: each row RMS-normed with ``nw``
@@ -324,11 +323,7 @@ def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, e
     is ``[gate; up]`` (``2N`` rows): gate's and up's columns ``n`` accumulate side by side and the
     program writes ``silu(gate) * up`` (each rounded first, as the GEMM's output is). ``EXACT``: no
     TF32 (float32 models); ``UPCAST``: 16-bit operands taken to float32 first (the interpreter's
-    bfloat16 ``dot`` is wrong). ``NORM_OUT``: the rows written are also RMS-normed with ``nw_out``
-    into ``normed`` (the next projection's input: the residual stream's norm after o or down), as the
-    norm kernel would. A norm needs whole rows, which no program has, so the last program to finish
-    does it: each counts itself done on ``done`` (its stores before; acquire-release); the one that
-    counts last reads the rows back, norms them, and sets ``done`` back to 0 for the next launch."""
+    bfloat16 ``dot`` is wrong)."""
     _after_previous_kernel(PDL)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mv = m < M
@@ -371,17 +366,6 @@ def _linear_rows_kernel(x, s_x, w, s_w, bias, res, s_r, nw, out, s_o, M, N, K, e
                        other=0.0).to(tl.float32)
     tl.store(out + m[:, None].to(tl.int64) * s_o + n[None, :], acc.to(out.dtype.element_ty),
              mask=mv[:, None] & nv[None, :])
-    if NORM_OUT:
-        tl.debug_barrier()  # every thread's stores issued before the count
-        if tl.atomic_add(done, 1, sem="acq_rel") == tl.num_programs(0) * tl.num_programs(1) - 1:
-            c = tl.arange(0, N_P2)
-            cv = c < N
-            wn = tl.load(nw_out + c, mask=cv, other=0.0).to(tl.float32)
-            for r in range(0, M):
-                v = tl.load(out + r * s_o + c, mask=cv, other=0.0, cache_modifier=".cg").to(tl.float32)
-                scale = tl.rsqrt(tl.sum(v * v, axis=0) / N + eps_out)
-                tl.store(normed + r * N + c, (v * scale * wn).to(normed.dtype.element_ty), mask=cv)
-            tl.atomic_xchg(done, 0)
 
 
 _INTERPRETED = type(_rms_norm_kernel).__name__ == "InterpretedFunction"  # defined under TRITON_INTERPRET=1
@@ -604,15 +588,6 @@ def _pdl(device: torch.device) -> bool:
     return _PDL_DEVICES[i]
 
 
-@functools.cache  # never evicted: captured graphs read it by address
-def _done_counter(device: torch.device) -> torch.Tensor:
-    """The count ``_linear_rows_kernel``'s programs keep with ``NORM_OUT``: 0 between launches (its last
-    program sets it back), one per device, shared by the launches of a stream, which run one after
-    another (with PDL too: a kernel's programs wait for the previous kernel to finish)."""
-    with torch.inference_mode(False):
-        return torch.zeros(1, dtype=torch.int32, device=device)
-
-
 def _forced() -> bool:
     return os.environ.get("EYAS_KERNELS", "auto").lower() == "triton"
 
@@ -652,9 +627,6 @@ class TritonOps(TorchOps):
     # norm kernel, cuBLAS, and the silu kernel, measured slower on the H200 (SmolLM2, 16 rows: q/k/v 4.8
     # vs 3.9 us, gate/up 7.2 vs 5.5; linear-rows-norm-apart-sweep-smollm2-h200.json); pair.py flips it.
     row_norm_apart = True
-    # With the norm apart, a norm after a residual add (o, down: the next layer's input, the MLP's, the
-    # final one) runs in the add's rows kernel, its last program norming the rows (``NORM_OUT``).
-    norm_in_add = True
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
     pdl_failed: str | None = None
 
@@ -714,42 +686,17 @@ class TritonOps(TorchOps):
         """``(x, norm)`` as the projection takes them: for 2 to ``ROWS_MAX`` rows with ``row_norm_apart``
         (and not ``row_prologues``), ``x`` normed by the norm kernel and no norm left, so that the
         projection runs as ``_linear_rows_kernel`` instead of cuBLAS."""
-        if norm is None or not self._norms_apart(x):
+        rows = x.numel() // max(1, x.shape[-1])
+        if (norm is None or not 1 < rows <= ROWS_MAX or self.row_prologues or not self.row_norm_apart
+                or not (self.row_linears and self.fused_linears)):
             return x, norm
         return self.rms_norm(x, *norm), None
-
-    def _norms_apart(self, x: torch.Tensor) -> bool:
-        """Whether a norm before a projection of ``x`` runs as its own kernel (``_norm_apart``)."""
-        rows = x.numel() // max(1, x.shape[-1])
-        return (1 < rows <= ROWS_MAX and not self.row_prologues and self.row_norm_apart and self.row_linears
-                and self.fused_linears)
 
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._fused_or_cublas(x, weight, weight.shape[1], residual,
                                      lambda cfg: self._linear(x, weight, bias, None, cfg, residual=residual),
                                      lambda: TorchOps.linear_add(self, residual, x, weight, bias))
-
-    def linear_add_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                        bias: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None):
-        """For 2 to ``ROWS_MAX`` rows with ``norm_in_add`` (and the norm apart, where it would be its own
-        kernel): one rows kernel writes ``h`` and its norm, and the next projection takes the normed rows
-        with no norm. Otherwise as ``TorchOps``."""
-        rows = x.numel() // max(1, x.shape[-1])
-        n = weight.shape[0]
-        if (norm is None or not self.norm_in_add or not self._norms_apart(x) or residual.numel() != rows * n
-                or n > 16384 or x.shape[:-1] != residual.shape[:-1] or x.shape[-1] != weight.shape[1]
-                or bias is not None):
-            return TorchOps.linear_add_norm(self, residual, x, weight, bias, norm)
-
-        def kernel_path(cfg):
-            return (*self._linear_rows(x, weight, None, None, n, residual, False, norm_out=norm), None)
-
-        def apart_path():
-            h = TorchOps.linear_add(self, residual, x, weight, None)
-            return h, self.rms_norm(h, *norm), None
-
-        return self._fused_or_cublas(x, weight, weight.shape[1], residual, kernel_path, apart_path)
 
     def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path,
                          prologue: bool = False):
@@ -951,27 +898,20 @@ class TritonOps(TorchOps):
                 num_warps=warps, num_stages=stages)
         return out.view(*x.shape[:-1], n)
 
-    def _linear_rows(self, x, weight, bias, norm, n, residual, silu, norm_out=None):
-        """The rows kernel's output ``[..., n]``; with ``norm_out`` (weight, eps) the pair (output, its
-        rows RMS-normed)."""
+    def _linear_rows(self, x, weight, bias, norm, n, residual, silu) -> torch.Tensor:
         k = weight.shape[1]
         xr = _rows(x)
         m = xr.shape[0]
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        normed = out if norm_out is None else torch.empty((m, n), dtype=x.dtype, device=x.device)
         res = out if residual is None else _rows(residual)
         block_m, block_n, block_k, warps, stages = linear_rows_config(m, n, k, x.dtype.itemsize)
         _launch(_linear_rows_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, block_m)), xr, xr.stride(0), weight,
                 weight.stride(0), out if bias is None else bias, res, res.stride(0), out if norm is None else norm[0],
-                out, out.stride(0), m, n, k, float(norm[1]) if norm else 0.0,
-                out if norm_out is None else norm_out[0], float(norm_out[1]) if norm_out else 0.0, normed,
-                _done_counter(x.device), NORM=norm is not None, SILU=silu, HAS_BIAS=bias is not None,
-                HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                EXACT=x.dtype.itemsize > 2 or not x.is_cuda, UPCAST=x.dtype.itemsize == 2 and not x.is_cuda,
-                NORM_OUT=norm_out is not None, N_P2=triton.next_power_of_2(n) if norm_out else 1,
-                num_warps=warps, num_stages=stages)
-        shaped = out.view(*x.shape[:-1], n)
-        return shaped if norm_out is None else (shaped, normed.view(*x.shape[:-1], n))
+                out, out.stride(0), m, n, k, float(norm[1]) if norm else 0.0, NORM=norm is not None, SILU=silu,
+                HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                BLOCK_K=block_k, EXACT=x.dtype.itemsize > 2 or not x.is_cuda,
+                UPCAST=x.dtype.itemsize == 2 and not x.is_cuda, num_warps=warps, num_stages=stages)
+        return out.view(*x.shape[:-1], n)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
                   ) -> torch.Tensor:

@@ -102,19 +102,17 @@ class NativeLlama(nn.Module):
         rot = ops.rotation(self.rope, h, position_ids)
         mask = ops.fold_mask(mask, self.num_heads // self.num_kv_heads)
         aux = {}
-        x, norm = h, _norm(self.layers[0].input_layernorm)  # the next projection's input, and its norm if not normed
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
                 aux[i] = h
             a = layer.self_attn
             norms = (a.q_norm, a.k_norm) if self.qk_norm else None
-            h, x, norm = attention(ops, x, h, self.qkv[i], self.qkv_bias[i], a.o_proj, self.heads, self.scaling, rot,
-                                   cache, i, mask, norms, norm, _norm(layer.post_attention_layernorm))
-            after = self.layers[i + 1].input_layernorm if i + 1 < self.num_layers else self.norm
-            h, x, norm = mlp(ops, h, x, norm, self.gate_up[i], layer.mlp.down_proj, _norm(after))
+            h = attention(ops, h, h, self.qkv[i], self.qkv_bias[i], a.o_proj, self.heads, self.scaling, rot, cache, i,
+                          mask, norms, _norm(layer.input_layernorm))
+            h = mlp(ops, h, layer.post_attention_layernorm, self.gate_up[i], layer.mlp.down_proj)
         aux[self.num_layers] = h
         head = self.lm_head
-        logits = ops.linear(x if logits_at is None else x[:, logits_at], head.weight, head.bias, norm)
+        logits = ops.linear(h if logits_at is None else h[:, logits_at], head.weight, head.bias, _norm(self.norm))
         return logits, (torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None)
 
 
@@ -149,9 +147,9 @@ class NativeEagle3:
         rot = ops.rotation(self.rope, hidden, position_ids)
         x = ops.rms_norm_cat([(embeds, *_norm(layer.input_layernorm)), (hidden, *_norm(layer.hidden_norm))])
         mask = ops.fold_mask(mask, self.heads[0] // self.heads[1])
-        h, x, norm = attention(ops, x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling, rot,
-                               cache, 0, mask, None, None, _norm(layer.post_attention_layernorm))
-        return mlp(ops, h, x, norm, self.gate_up, layer.mlp.down_proj)[0]
+        h = attention(ops, x, hidden, self.qkv, None, layer.self_attn.o_proj, self.heads, self.scaling, rot, cache, 0,
+                      mask)
+        return mlp(ops, h, layer.post_attention_layernorm, self.gate_up, layer.mlp.down_proj)
 
     def logits(self, hidden: torch.Tensor, cache=None) -> torch.Tensor:
         """The draft's logits of ``hidden``; its norm as a kernel where ``cache`` is a GPU's static one."""
@@ -186,21 +184,18 @@ class RopeTable:
 
 
 def attention(ops: TorchOps, x, residual, qkv_w, qkv_b, o_proj, heads: tuple[int, int, int], scaling: float, rot,
-              cache, layer: int, mask, qk_norms=None, norm=None, next_norm=None):
-    """``h = residual + o_proj(attn(x))`` for ``x`` ``[B, T, in]`` (RMS-normed by ``norm``, a pair (weight,
+              cache, layer: int, mask, qk_norms=None, norm=None) -> torch.Tensor:
+    """``residual + o_proj(attn(x))`` for ``x`` ``[B, T, in]`` (RMS-normed by ``norm``, a pair (weight,
     eps), when given): fused q/k/v, then ``ops`` rotates q and k (after Qwen3's per-head norms) and
-    writes k/v to the cache; grouped-query attention with the query heads folded onto the query
-    axis (``mask`` already folded by ``ops.fold_mask``). Returns ``ops.linear_add_norm``'s triple:
-    ``h``, and the next projection's input and norm (``h`` normed by ``next_norm``, or not yet)."""
+    stores keys and values in ``cache`` as ``layer``; grouped-query attention is folded into the query
+    axis (``mask`` already folded by ``ops.fold_mask``)."""
     q, keys, values = ops.qkv_to_cache(ops.linear(x, qkv_w, qkv_b, norm), heads, rot, cache, layer, qk_norms)
-    return ops.linear_add_norm(residual, ops.attend(q, keys, values, mask, scaling, heads), o_proj.weight, o_proj.bias,
-                               next_norm)
+    return ops.linear_add(residual, ops.attend(q, keys, values, mask, scaling, heads), o_proj.weight, o_proj.bias)
 
 
-def mlp(ops: TorchOps, h: torch.Tensor, x: torch.Tensor, norm, gate_up: torch.Tensor, down: nn.Linear, next_norm=None):
-    """``h + down(silu(gate) * up)`` of ``x`` (``h``, or ``h`` already normed when ``norm`` is None),
-    gate and up in one GEMM; the same triple as ``attention``."""
-    return ops.linear_add_norm(h, ops.linear_silu(x, gate_up, None, norm), down.weight, down.bias, next_norm)
+def mlp(ops: TorchOps, h: torch.Tensor, norm: nn.Module, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
+    """``h + down(silu(gate) * up)`` of ``norm(h)``, gate and up in one GEMM."""
+    return ops.linear_add(h, ops.linear_silu(h, gate_up, None, _norm(norm)), down.weight, down.bias)
 
 
 def _norm(norm: nn.Module) -> tuple[torch.Tensor, float]:

@@ -12,8 +12,6 @@ float32 and round once or twice to the model's dtype, so they agree to a roundin
     linear(x, w, b, norm)          -> F.linear of x, RMS-normed first when norm = (weight, eps)
     linear_silu(x, w, b, norm)     -> silu_mul(linear(x, w, b, norm)), w = the MLP's [gate; up]
     linear_add(res, x, w, b)       -> res + F.linear(x, w, b)
-    linear_add_norm(res, x, w, b, norm)
-                                   -> that, and the next projection's input and norm (h normed or not)
     silu_mul(x)                    -> silu(gate) * up, for x = [gate | up]
     qkv_to_cache(qkv, heads, rot, cache, layer, norms)
                                    -> (q folded for GQA, the cache's keys, its values)
@@ -87,15 +85,6 @@ class TorchOps:
             return residual + F.linear(x, weight, bias)
         shape = residual.shape
         return torch.addmm(residual.reshape(-1, shape[-1]), x.reshape(-1, x.shape[-1]), weight.t()).view(shape)
-
-    def linear_add_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                        bias: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None):
-        """``h = linear_add(residual, x, weight, bias)`` and what the next projection, of ``rms_norm(h,
-        *norm)``, takes: ``(h, input, norm)``. Here ``(h, h, norm)``: the projection norms ``h`` itself
-        (``linear``'s ``norm``); ``TritonOps`` may write the normed rows with ``h`` and return ``(h,
-        normed, None)``."""
-        h = self.linear_add(residual, x, weight, bias)
-        return h, h, norm
 
     def qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
         """From the fused projection ``[B, T, (Hq + 2 Hkv) D]``: Qwen3's per-head norms (``norms``, a

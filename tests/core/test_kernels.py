@@ -573,8 +573,9 @@ def test_a_dependent_launch_that_fails_falls_back_to_the_plain_launch(monkeypatc
     if DEVICE == "cpu":
         assert "programmatic dependent launch failed" in caplog.text
         assert "pdl_failed" in kernels.TritonOps.failures() and kernels.TritonOps.failed is None
-    torch.testing.assert_close(TRITON.rms_norm(x, w, 1e-6), got, atol=0, rtol=0)  # plain from now on
-    assert not real(torch.device(DEVICE))
+    torch.testing.assert_close(TRITON.rms_norm(x, w, 1e-6), got, atol=0, rtol=0)  # plain from now on (CPU)
+    if DEVICE == "cpu":  # on a GPU whose PDL works nothing failed, and it stays on
+        assert not real(torch.device(DEVICE))
 
 
 def test_a_kernel_that_cannot_run_leaves_dependent_launch_on(monkeypatch, caplog):

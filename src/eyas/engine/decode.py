@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SpecConfig
-from ..models import consts, kv_cache
+from ..models import consts
 from ..models.graphs import BatchGraph, window_buckets
 from ..models.ops import ops_for
 from .drafter import draft_extend_static, draft_tree_static
@@ -36,9 +36,9 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     mask is ``window`` wide: the whole function is one graph per (rows, window).
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
-    slot = consts.arange(window, root.device)[None, :]
-    allowed = (slot < lengths[:, None]) | (slot == prefix)  # [B, window]: the committed slots and its own
-    mask = kv_cache.additive(allowed[:, None, :], pool.buf.dtype)  # [B, 1, 1, window]
+    # [B, 1, 1, window]: the committed slots and its own (the verify's mask of a tree of the root alone)
+    mask = ops_for(pool, lengths, native.rope).tree_mask(lengths, Tree.root_only(root).mask, prefix, window,
+                                                         pool.buf.dtype)
     pool.window, pool.write_slots = window, prefix
     logits, _ = native(root[:, None], lengths[:, None], mask, pool, ())
     src = prefix.expand(len(root), 1)

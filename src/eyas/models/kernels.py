@@ -592,13 +592,10 @@ def _forced() -> bool:
     return os.environ.get("EYAS_KERNELS", "auto").lower() == "triton"
 
 
-def _batch_rows(t: torch.Tensor, per: int, k: int) -> bool:
-    """Whether ``t`` (``[B, k]`` or ``[B, per, k]``) is laid out as the top-children kernels address it:
-    a unit last stride, a batch row's ``per`` rows of ``k`` back to back, any batch stride."""
-    if t.dim() == 0 or t.stride(-1) != 1 and t.shape[-1] > 1:
-        return False
-    inner = t.shape[1:].numel()
-    return inner == per * k and (t.dim() <= 2 and k == inner or t[0].is_contiguous())
+def _batch_rows(t: torch.Tensor) -> bool:
+    """Whether the top-children kernels can address ``t`` in place: batch row ``b`` at ``b *
+    t.stride(0)``, its entries back to back (any batch stride: slices of a tree's candidate buffers)."""
+    return t.dim() <= 1 or t[0].is_contiguous()
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -809,13 +806,13 @@ class TritonOps(TorchOps):
         part_v = torch.empty((rows, splits, k), dtype=torch.float32, device=dev)
         part_i = torch.empty((rows, splits, k), dtype=torch.int32, device=dev)
         part_ml = torch.empty((rows, splits, 2), dtype=torch.float32, device=dev)
-        if out is not None and _batch_rows(out[0], per, k) and _batch_rows(out[1], per, k):
+        if out is not None and _batch_rows(out[0]) and _batch_rows(out[1]):
             scores, tokens = out
         else:
             scores = torch.empty((*lead, k), dtype=torch.float32, device=dev)
             tokens = torch.empty((*lead, k), dtype=torch.long, device=dev)
         if base is not None:
-            base = base if base.dtype == torch.float32 and _batch_rows(base, per, 1) else base.float().contiguous()
+            base = base if base.dtype == torch.float32 and _batch_rows(base) else base.float().contiguous()
         flat_base = scores if base is None else base
         _launch(_top_children_kernel, (rows, splits), x, x.stride(0), n, part_v, part_i, part_ml, SPLITS=splits, K=k,
                 BLOCK=block, num_warps=4)

@@ -112,6 +112,9 @@ def main() -> None:
     ap.add_argument("--by-parts-specs", nargs="*", default=None,
                     help="settings also run with the step by parts (drafter, verify, extend as three replays with "
                          "acceptance and commit launched between them); default: the last of --specs")
+    ap.add_argument("--eager-prefill-specs", nargs="*", default=[],
+                    help="settings also run with the eager prefill (Engine.prefill_graphs off), side by side; the "
+                         "baseline always is")
     ap.add_argument("--cublas-rows-specs", nargs="*", default=None,
                     help="settings also run with the projections of several rows (verify, draft levels, extend) on "
                          "cuBLAS instead of _linear_rows_kernel; default: the last of --specs")
@@ -146,10 +149,13 @@ def main() -> None:
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
     Engine.whole_step_graphs = False  # the step by parts (the baseline before engine/decode.py), side by side
     parts = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
-    Engine.whole_step_graphs = True
+    Engine.whole_step_graphs, Engine.prefill_graphs = True, False  # the prefill before engine/prefill.py
+    eager_prefill = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
+    Engine.prefill_graphs = True
     base = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
     print(f"baseline (native, graphs): {base['tok_s']} tok/s (decode {base['decode_tok_s']}, prefill "
-          f"{base['prefill_ms_median']} ms); step by parts: {parts['tok_s']} tok/s (decode {parts['decode_tok_s']})")
+          f"{base['prefill_ms_median']} ms); step by parts: {parts['tok_s']} tok/s (decode {parts['decode_tok_s']}); "
+          f"eager prefill: {eager_prefill['tok_s']} tok/s (prefill {eager_prefill['prefill_ms_median']} ms)")
     hf = None
     if args.hf_prompts:
         generic = Target(target.model, target.tokenizer, target.name, target.aux_layer_ids)
@@ -163,16 +169,18 @@ def main() -> None:
     apart = TritonOps.row_norm_apart
     flipped_apart = f"norm apart {'off' if apart else 'on'}"
     for text in (args.specs + [f"{t} by parts" for t in by_parts] + [f"{t} cublas rows" for t in cublas_rows]
+                 + [f"{t} eager prefill" for t in args.eager_prefill_specs]
                  + [f"{t} {flipped}" for t in args.flip_prologues_specs]
                  + [f"{t} {flipped_apart}" for t in args.flip_norm_apart_specs]):
         steps, topk, tokens = (int(x) for x in text.split()[0].split(","))
         Engine.whole_step_graphs = not text.endswith("by parts")
+        Engine.prefill_graphs = not text.endswith("eager prefill")
         TritonOps.row_linears = not text.endswith("cublas rows") and not args.cublas_linears
         TritonOps.row_prologues = prologues != text.endswith(flipped)
         TritonOps.row_norm_apart = apart != text.endswith(flipped_apart)
         r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), prompts,
                     args.new_tokens)
-        Engine.whole_step_graphs, TritonOps.row_linears = True, not args.cublas_linears
+        Engine.whole_step_graphs, Engine.prefill_graphs, TritonOps.row_linears = True, True, not args.cublas_linears
         TritonOps.row_prologues, TritonOps.row_norm_apart = prologues, apart
         same = [o == b for o, b in zip(r["outputs"], base["outputs"])]
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
@@ -191,15 +199,22 @@ def main() -> None:
         b32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1), few, 128)
         steps, topk, tokens = (int(x) for x in args.specs[-1].split(","))
         s32 = run_all(Engine(t32, d32, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), few, 128)
+        Engine.prefill_graphs = False
+        e32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1), few, 128)
+        Engine.prefill_graphs = True
         fp32 = {"spec": args.specs[-1], "prompts": len(few),
                 "identical": sum(a == b for a, b in zip(b32["outputs"], s32["outputs"])),
+                "baseline_identical_with_eager_prefill": sum(a == b for a, b in zip(b32["outputs"], e32["outputs"])),
                 "first_differences": [first_difference(t32, p, a, b) for p, a, b in
                                       zip(few, b32["outputs"], s32["outputs"]) if a != b]}
-        print(f"fp32: {fp32['identical']}/{fp32['prompts']} identical")
+        print(f"fp32: {fp32['identical']}/{fp32['prompts']} identical; the baseline with the eager prefill: "
+              f"{fp32['baseline_identical_with_eager_prefill']}/{fp32['prompts']} identical")
     best = max(results.values(), key=lambda r: r["tok_s"])
     write(args.out, "SmolLM2-135M-Instruct + EAGLE-3 draft at batch 1, temperature 0, chat prompts", {
         "settings": vars(args), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
         "baseline_step_by_parts": {k: v for k, v in parts.items() if k != "outputs"},
+        "baseline_eager_prefill": {k: v for k, v in eager_prefill.items() if k != "outputs"},
+        "baseline_outputs_equal_eager_prefill": base["outputs"] == eager_prefill["outputs"],
         "baseline_outputs_equal_by_parts": base["outputs"] == parts["outputs"],
         "baseline_generic_hf_path": hf and {k: v for k, v in hf.items() if k != "outputs"},
         "eagle3": results, "best_speedup": best["speedup"], "fp32_lossless": fp32,

@@ -20,7 +20,8 @@
 #   TREES      eval trees as steps,topk,tokens                                         default "6,8,48"
 #   EVAL=0     skip those evals (the pair benchmarks measure the draft on chat prompts instead)
 #   PAIR=1     then benchmarks/pair.py: the new draft on the chat and the held-out prompt sets, the shipped
-#              draft on the chat prompts (PAIR_ARGS: more pair.py arguments)
+#              draft on the chat prompts (PAIR_ARGS: more pair.py arguments; PAIR_SETS: some of
+#              "chat heldout chat-shipped", default all three)
 #   BATCH=1    then benchmarks/batch_throughput.py with the new draft (BATCH_ARGS: more of its arguments)
 #   DRY=1      a CPU dry run of the same command lines: 2 steps, 2 prompts x 8 tokens (DEVICE=cpu)
 # Usage:
@@ -156,6 +157,7 @@ PYEOF
 if [ -n "${PAIR:-}" ]; then  # the new draft on chat and held-out prompts, then the shipped one on chat, side by side
   for run in "chat chat $D" "heldout $REPO/benchmarks/heldout-prompts-smollm2.jsonl $D" "chat-shipped chat shipped"; do
     read -r name set draft <<< "$run"
+    [[ " ${PAIR_SETS:-chat heldout chat-shipped} " == *" $name "* ]] || continue
     stamp "pair benchmark: $name"
     $PY "$REPO/benchmarks/pair.py" --model-path $M $([ "$draft" = shipped ] || echo --draft $draft) --prompts "$set" \
       --num-prompts 20 --hf-prompts 0 --out $J/pair-$name.json ${PAIR_ARGS:-} || finish 1 "pair $name failed"

@@ -624,6 +624,7 @@ def test_engine_with_kernels_is_lossless(target, draft, monkeypatch):
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True))
     assert [o.output_ids for o in outs] == refs
     assert sum(o.stats.accepted for o in outs) > 0
+    assert engine.prefiller.targets[32].graphs and engine.prefiller.drafts[32].graph.graphs  # prefilled from them
 
 
 @pytest.mark.slow

@@ -215,12 +215,14 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
 class StaticExtender:
     """Feeds accepted tokens to the draft on the native path's static draft cache: one graph replay."""
 
-    def __init__(self, draft, pool, width: int, rows: list[int], enabled: bool):
+    def __init__(self, draft, pool, width: int, rows: list[int], enabled: bool, windows: list[int] | None = None,
+                 name: str = "draft extend"):
         from ..models.graphs import BatchGraph, window_buckets
 
         self.draft, self.pool, self.width = draft, pool, width
-        self.graph = BatchGraph(self._fn, pool, rows, window_buckets(pool.capacity_slots), enabled,
-                                name=f"draft extend {width}", example=self._example, top_slots=width)
+        windows = window_buckets(pool.capacity_slots) if windows is None else windows
+        self.graph = BatchGraph(self._fn, pool, rows, windows, enabled, name=f"{name} {width}", example=self._example,
+                                top_slots=width)
 
     def _fn(self, inputs, window):
         return draft_extend_static(self.draft, self.pool, inputs["base"], inputs["tokens"], inputs["aux"],

@@ -36,6 +36,7 @@ from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from ..models.ops import ops_for
 from .decode import StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
+from .prefill import StaticPrefill
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
 from .tree import Tree
@@ -95,6 +96,7 @@ class Engine:
     and cap the batch sizes that have graphs (larger batches run eagerly)."""
 
     whole_step_graphs = True  # a greedy step as one graph (``decode.py``), with a draft or without; False: by parts
+    prefill_graphs = True  # short prompts prefilled from graphs (``prefill.py``); False: eagerly
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None,
                  max_batch: int = 64, cuda_graphs: bool = True, graph_max_batch: int | None = None):
@@ -112,6 +114,7 @@ class Engine:
         self.draft_steps = DraftSteps(draft) if draft is not None else None
         self.decoder = None
         self.speculators = {}
+        self.prefiller = None
         self._eos = frozenset(target.eos_token_ids)
         self.static = isinstance(target, NativeTarget)
         self.layout = "generic Hugging Face forward, growing KV cache"
@@ -151,6 +154,10 @@ class Engine:
                 aux = tuple(self.target.aux_layer_ids)
                 self.speculators = {s: StaticSpeculator(self.target.native, self.target_pool, aux, self.draft_steps.net,
                                                         pool, s, rows, cuda_graphs) for s in spec.options}
+        if cuda_graphs and self.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
+            aux = tuple(self.target.aux_layer_ids) if spec.speculative else ()
+            self.prefiller = StaticPrefill(self.target, self.draft_steps if spec.speculative else None, max_batch,
+                                           self.max_context, aux, cuda_graphs)
         kernels = ops_for(self.target_pool, like, self.target.native.rope).name
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}, "
@@ -167,7 +174,8 @@ class Engine:
         extra = ([d.graph for d in self.drafters.values()]
                  + [e.graph for e in self.extenders.values()]) if self.spec.speculative else []
         whole = [self.decoder.graph] if self.decoder else [s.graph for s in self.speculators.values()]
-        return [self.target_pool.runner] + whole + extra
+        prefill = self.prefiller.graphs() if self.prefiller else []
+        return [self.target_pool.runner] + whole + extra + prefill
 
     @torch.inference_mode()
     def warm_up(self, progress: bool = True, on_cpu: bool = False) -> str:
@@ -197,6 +205,8 @@ class Engine:
         self.target_pool.reset()
         if self.spec.speculative:
             self.draft_steps.pool.reset()
+        if self.prefiller:
+            self.prefiller.reset()
         seconds = time.perf_counter() - start
         if not cuda:
             return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"
@@ -237,8 +247,11 @@ class Engine:
         if batch.draft_cache is not None:
             kv_cache.select_rows(batch.draft_cache, rows, slots)
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
-        return Batch([batch.seqs[i] for i in keep], batch.target_cache, batch.draft_cache, lengths,
-                      batch.root[rows], pick(batch.draft_logits), pick(batch.draft_hidden))
+        kept = Batch([batch.seqs[i] for i in keep], batch.target_cache, batch.draft_cache, lengths,
+                     batch.root[rows], pick(batch.draft_logits), pick(batch.draft_hidden))
+        if self.prefiller and batch.target_cache is self.prefiller.target_cache:
+            self.prefiller.lend(kept)  # still the prefill's caches: lent to the kept rows now
+        return kept
 
     def merge(self, a: Batch | None, b: Batch) -> Batch:
         if a is None or len(a) == 0:
@@ -264,6 +277,29 @@ class Engine:
             return self._prefill(seqs)
 
     def _prefill(self, seqs: list[Sequence]) -> Batch:
+        firsts = []  # each row's first token, on the host
+
+        def first_of(logits: torch.Tensor) -> list[int]:
+            """Each row's first token from its logits [B, vocab] (one readback for the greedy rows)."""
+            greedy = logits.argmax(dim=-1).tolist()
+            firsts.extend(g if s.params.greedy else sample(probs(logits[i], s.params), s.generator)
+                          for i, (s, g) in enumerate(zip(seqs, greedy)))
+            return firsts
+
+        p = self.prefiller
+        out = p([s.prompt_ids for s in seqs], first_of) if p else None
+        if out is not None:
+            lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
+            batch = Batch(seqs, p.target_cache, p.draft_cache, lens, *out)
+            p.lend(batch)
+        else:
+            firsts.clear()
+            batch = self._prefill_eagerly(seqs, first_of)
+        for s, t in zip(seqs, firsts):
+            self._emit(s, [t], len(s.prompt_ids))
+        return batch
+
+    def _prefill_eagerly(self, seqs: list[Sequence], first_of) -> Batch:
         dev = self.device
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=dev)
         width = int(lens.max())
@@ -278,8 +314,7 @@ class Engine:
         cache = kv_cache.new_cache()
         logits, aux = self.target.forward(ids, positions, mask, cache, capture=self.spec.speculative, logits_at=keep)
         logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
-        firsts = [self._sample(s, logits[i]) for i, s in enumerate(seqs)]
-        first = torch.tensor(firsts, device=dev)
+        first = torch.tensor(first_of(logits), device=dev)
         batch = Batch(seqs, cache, None, lens.clone(), first)
         if self.spec.speculative:
             batch.draft_cache = kv_cache.new_cache()
@@ -287,8 +322,6 @@ class Engine:
             shifted[torch.arange(len(seqs), device=dev), last] = first
             batch.draft_logits, batch.draft_hidden = self._draft_extend(
                 batch.draft_cache, torch.zeros_like(lens), shifted, aux, lens)
-        for s, t in zip(seqs, firsts):
-            self._emit(s, [t], len(s.prompt_ids))
         return batch
 
     @torch.inference_mode()
@@ -365,11 +398,6 @@ class Engine:
         return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
 
     # -- tokens ---------------------------------------------------------------------------------
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
-        if seq.params.greedy:
-            return int(logits.argmax())
-        return sample(probs(logits, seq.params), seq.generator)
-
     def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor, width: int):
         """(cols [B, width], counts [B], bonus [B]) on the device. Greedy rows never wait on the host;
         a sampled row draws on the host (its generator lives there) and its result is written back."""

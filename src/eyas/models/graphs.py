@@ -189,7 +189,7 @@ class BatchGraph:
         self.pool = None
 
     def plan(self) -> list[tuple[int, int]]:
-        return [(b, w) for b in self.rows for w in self.windows if self.top_slots < w]
+        return [(b, w) for b in self.rows for w in self.windows if self.top_slots <= w]
 
     def warm(self, key: tuple[int, int]) -> None:
         if key not in self.graphs:

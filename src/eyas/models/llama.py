@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import consts
 from .ops import TorchOps, ops_for
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
@@ -95,8 +96,9 @@ class NativeLlama(nn.Module):
         cache,  # DynamicCache or StaticKV (anything with update(k, v, layer) -> (keys, values))
         aux_layer_ids: tuple[int, ...] = (),
         logits_at: torch.Tensor | None = None,  # [K] token indices whose logits are needed
+        last: torch.Tensor | None = None,  # [B] or one token index per row (a ragged prefill's last)
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits ``[B, T or K, vocab]`` and the aux states ``[B, T, n * hidden]`` (None if no ids)."""
+        """Logits ``[B, T or K or 1, vocab]`` and the aux states ``[B, T, n * hidden]`` (None if no ids)."""
         h = self.embed_tokens(input_ids)
         ops = ops_for(cache, h, self.rope)
         rot = ops.rotation(self.rope, h, position_ids)
@@ -111,8 +113,12 @@ class NativeLlama(nn.Module):
                           mask, norms, _norm(layer.input_layernorm))
             h = mlp(ops, h, layer.post_attention_layernorm, self.gate_up[i], layer.mlp.down_proj)
         aux[self.num_layers] = h
+        if last is not None:
+            h = h[consts.arange(h.shape[0], h.device), last][:, None]
+        elif logits_at is not None:
+            h = h[:, logits_at]
         head = self.lm_head
-        logits = ops.linear(h if logits_at is None else h[:, logits_at], head.weight, head.bias, _norm(self.norm))
+        logits = ops.linear(h, head.weight, head.bias, _norm(self.norm))
         return logits, (torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None)
 
 

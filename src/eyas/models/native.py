@@ -60,12 +60,19 @@ class NativeTarget(Target):
         n = self.native
         return n.num_layers * 2 * n.num_kv_heads * n.head_dim * self.dtype.itemsize
 
+    def static_cache(self, rows: int, slots: int) -> StaticKV:
+        """A preallocated cache of ``rows`` x ``slots``, the rope table covering every slot (built before
+        any graph captures against it)."""
+        n = self.native
+        cache = StaticKV(n.num_layers, rows, n.num_kv_heads, slots, n.head_dim, self.dtype, self.device)
+        n.rope.extend(slots, cache.buf)
+        return cache
+
     def new_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool, capture_aux: bool) -> StaticKV:
         """A preallocated cache for one engine, with its graph runner (buckets ``rows`` x ``tokens`` x
         windows) as ``pool.runner``."""
         n = self.native
-        pool = StaticKV(n.num_layers, plan.rows, n.num_kv_heads, plan.slots, n.head_dim, self.dtype, self.device)
-        n.rope.extend(plan.slots, pool.buf)  # every position the pool holds, before graphs capture against it
+        pool = self.static_cache(plan.rows, plan.slots)
         aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
 
         def fn(inputs, mask):
@@ -102,10 +109,7 @@ class DraftSteps:
 
     def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool) -> StaticKV:
         d = self.net
-        attn = d.midlayer.self_attn
-        self.pool = StaticKV(1, plan.rows, attn.num_kv_heads, plan.slots, attn.head_dim, d.fc.weight.dtype,
-                             d.fc.weight.device)
-        d.rope.extend(plan.slots, self.pool.buf)
+        self.pool = self.static_cache(plan.rows, plan.slots)
 
         def fn(inputs, mask):
             h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)
@@ -119,6 +123,14 @@ class DraftSteps:
         self.pool.runner = GraphRunner(fn, self.pool, rows, tokens, window_buckets(plan.slots), graphs,
                                        name="draft", example=example)
         return self.pool
+
+    def static_cache(self, rows: int, slots: int) -> StaticKV:
+        """The draft's ``NativeTarget.static_cache``: one layer."""
+        d = self.net
+        attn = d.midlayer.self_attn
+        cache = StaticKV(1, rows, attn.num_kv_heads, slots, attn.head_dim, d.fc.weight.dtype, d.fc.weight.device)
+        d.rope.extend(slots, cache.buf)
+        return cache
 
     def bytes_per_slot(self) -> int:
         attn = self.draft.midlayer.self_attn

@@ -106,13 +106,17 @@ class StaticKV:
 
     def append_rows(self, cache) -> None:
         """Copy the rows of ``cache`` (a DynamicCache or StaticKV) after the live rows."""
-        layers = _layers_of(cache)
-        rows, slots = layers[0][0].shape[0], layers[0][0].shape[2]
+        same = isinstance(cache, StaticKV) and cache.buf.shape[:2] + cache.buf.shape[3:4] + cache.buf.shape[5:] == (
+            self.buf.shape[:2] + self.buf.shape[3:4] + self.buf.shape[5:])
+        layers = None if same else _layers_of(cache)
+        rows, slots = (cache.n, cache.used) if same else (layers[0][0].shape[0], layers[0][0].shape[2])
         if self.n + rows > self.capacity_rows:
             raise EyasError(f"the batch would hold {self.n + rows} sequences; the KV cache was sized for "
                             f"{self.capacity_rows}", "raise --max-running-requests or send fewer at once")
         self._check_room(slots)
-        for i, (k, v) in enumerate(layers):
+        if same:  # another static cache of this model (a graphed prefill's): one copy for every layer
+            self.buf[:, :, self.n : self.n + rows, :, :slots] = cache.buf[:, :, :rows, :, :slots]
+        for i, (k, v) in enumerate(layers or []):
             self.buf[i, 0, self.n : self.n + rows, :, :slots] = k
             self.buf[i, 1, self.n : self.n + rows, :, :slots] = v
         self.n += rows

@@ -1,0 +1,135 @@
+"""Prefill on the native path from CUDA graphs: a few prompts of up to ``PREFILL_TOKENS`` tokens at once.
+
+The eager prefill (``Engine._prefill`` on a growing cache) launches every op of every layer from the
+host, so its time is the host's, not the GPU's. Here a prefill of at most 4 prompts, padded to a
+token bucket T (32, 64, ... ``PREFILL_TOKENS``), runs on preallocated caches of its own in two graph
+replays around the one readback a prefill needs anyway:
+
+1. ``prefill_static``: the target over the right-padded prompts: each row's causal mask
+   (``ops.block_mask``), the forward, the logits at each row's last token, and the aux states (one
+   graph per (rows, T));
+2. the first token, on the host: argmax, or a draw for a sampling row (its generator lives there);
+3. the draft over the prompt shifted by one with the first token last (``draft_extend_static``, one
+   graph per (rows, T)), which leaves the draft's output for the first tree.
+
+The batch then holds these caches until it joins the running batch (``Engine.merge``, or its first
+step: ``StaticKV.append_rows``, one copy); a second prefill before that runs eagerly, as do longer
+prompts and larger prefill batches. Without a draft only the target's graph runs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from bisect import bisect_left
+
+import torch
+
+from ..models import consts
+from ..models.graphs import BatchGraph, buckets
+from ..models.ops import ops_for
+from .drafter import StaticExtender
+
+PREFILL_TOKENS = 1024  # the longest prompt a graph prefills
+PREFILL_ROWS = 4  # the most prompts one graph prefills
+PREFILL_CELLS = 2048  # rows x T of the largest bucket (the 1024-token bucket has 2 rows)
+
+
+def prefill_static(native, pool, ids: torch.Tensor, lens: torch.Tensor, aux_ids: tuple[int, ...], window: int):
+    """The target over prompts ``ids`` [B, T] (row b's first ``lens[b]`` tokens are real) at positions
+    ``0..T-1`` of an empty ``pool`` (T == ``window``): ``(logits [B, vocab] at each row's last token,)``
+    plus the aux states [B, T, n * hidden] when ``aux_ids`` names layers. One graph per (rows, T)."""
+    bsz, t = ids.shape
+    dev = ids.device
+    i = consts.arange(t, dev)
+    start = consts.full((1,), 0, torch.long, dev)
+    none = consts.full((bsz,), 0, torch.long, dev)  # no committed slots before the prompt
+    mask = ops_for(pool, lens, native.rope).block_mask(none, lens, start, t, window, pool.buf.dtype)
+    pool.window, pool.write_slots = window, i
+    logits, aux = native(ids, i.expand(bsz, t), mask, pool, aux_ids, last=(lens - 1).clamp(min=0))
+    return (logits[:, 0],) if aux is None else (logits[:, 0], aux)
+
+
+class StaticPrefill:
+    """Graph-replayed prefill for the native path (see the module's doc). ``__call__`` returns None
+    where it does not apply; the engine then prefills eagerly."""
+
+    def __init__(self, target, draft_steps, max_batch: int, max_context: int, aux_ids: tuple[int, ...],
+                 enabled: bool):
+        self.native, self.aux_ids = target.native, aux_ids
+        self.tokens = buckets(max(1, min(PREFILL_TOKENS, max_context)), 32)
+        self.rows = buckets(max(1, min(PREFILL_ROWS, max_batch)))
+        self.target_cache = target.static_cache(self.rows[-1], self.tokens[-1])
+        self.draft_cache = draft_steps.static_cache(self.rows[-1], self.tokens[-1]) if draft_steps else None
+        self.targets, self.drafts = {}, {}
+        for t in self.tokens:
+            rows = [r for r in self.rows if r * t <= PREFILL_CELLS] or [1]
+            self.targets[t] = BatchGraph(self._target_fn(t), self.target_cache, rows, [t], enabled,
+                                         name=f"prefill {t}", example=self._example(t), top_slots=t)
+            if draft_steps is not None:
+                self.drafts[t] = StaticExtender(draft_steps.net, self.draft_cache, t, rows, enabled, windows=[t],
+                                                name="prefill draft")
+        if self.target_cache.buf.is_cuda:  # one memory pool for all of them: they never run at the same time,
+            pool = torch.cuda.graph_pool_handle()  # and each one's outputs are copied out before the next runs
+            for g in self.graphs():
+                g.pool = pool
+        self._holder = None  # the batch the caches are lent to, until it joins the running batch
+
+    def _target_fn(self, t: int):
+        return lambda inputs, window: prefill_static(self.native, self.target_cache, inputs["ids"], inputs["lens"],
+                                                     self.aux_ids, window)
+
+    def _example(self, t: int):
+        def example(rows: int):
+            ids = torch.zeros((rows, t), dtype=torch.long, device=self.target_cache.buf.device)
+            return {"ids": ids, "lens": ids[:, 0]}, {}
+        return example
+
+    def graphs(self) -> list:
+        return list(self.targets.values()) + [d.graph for d in self.drafts.values()]
+
+    def reset(self) -> None:
+        for cache in (self.target_cache, self.draft_cache):
+            if cache is not None:
+                cache.reset()
+        self._holder = None
+
+    def lend(self, batch) -> None:
+        """``batch`` now holds the prefill caches (the prefill's own batch, or ``Engine.filter``'s of it)."""
+        self._holder = weakref.ref(batch)
+
+    def lent(self) -> bool:
+        batch = self._holder() if self._holder is not None else None
+        return batch is not None and batch.target_cache is self.target_cache
+
+    @torch.inference_mode()
+    def __call__(self, prompts: list[list[int]], first_of):
+        """``(first [B], draft_logits, draft_hidden)`` for ``prompts``, their keys in ``target_cache`` (and
+        ``draft_cache``); ``first_of(logits [B, vocab])`` picks each row's first token (a host list).
+        None when the prompts do not fit a bucket or the caches are still lent."""
+        b, width = len(prompts), max(len(p) for p in prompts)
+        i = bisect_left(self.tokens, width)
+        if i == len(self.tokens) or self.lent():
+            return None
+        t = self.tokens[i]
+        if b > self.targets[t].rows[-1]:
+            return None
+        host = torch.zeros((b, t + 1), dtype=torch.long)  # one column more: the draft's input, shifted by one
+        for r, p in enumerate(prompts):
+            host[r, : len(p)] = torch.tensor(p)
+        dev = self.target_cache.buf.device
+        ids, lens = host[:, :t].to(dev), torch.tensor([len(p) for p in prompts], device=dev)
+        self.target_cache.n = self.target_cache.used = 0
+        out = self.targets[t]({"ids": ids, "lens": lens}, {}, t)
+        if out is None:
+            return None
+        firsts = first_of(out[0])
+        self.target_cache.n, self.target_cache.used = b, width
+        first = torch.tensor(firsts, device=dev)
+        if self.draft_cache is None:
+            return first, None, None
+        for r, p in enumerate(prompts):
+            host[r, len(p)] = firsts[r]
+        self.draft_cache.n = self.draft_cache.used = 0
+        logits, hidden = self.drafts[t](consts.full((b,), 0, torch.long, dev), host[:, 1:].to(dev), out[1], lens)
+        self.draft_cache.n, self.draft_cache.used = b, width
+        return first, logits, hidden

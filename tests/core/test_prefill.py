@@ -75,16 +75,12 @@ def test_prefill_falls_back_to_eager_where_no_bucket_fits(target, draft, monkeyp
     monkeypatch.setattr(prefill_mod, "PREFILL_TOKENS", 32)
     capped, _ = engines(target, draft, spec)
     assert capped.prefiller.tokens == [32]
-    refs = {}
-    for prompts in ([PROMPTS[3]], PROMPTS + [[5, 6]]):  # 41 tokens > 32; five rows > 4
-        for engine in (capped, fast):
-            if engine is fast and len(prompts) == 1:
-                continue
-            outs = engine.generate(prompts, GREEDY)
-            key = tuple(map(tuple, prompts))
-            refs.setdefault(key, [o.output_ids for o in outs])
-            assert [o.output_ids for o in outs] == refs[key]
-    assert not built(capped) and not built(fast)
+    long = capped.generate([PROMPTS[3]], GREEDY)  # 41 tokens > 32
+    assert [o.output_ids for o in long] == [o.output_ids for o in fast.generate([PROMPTS[3]], GREEDY)]
+    assert not built(capped)
+    five = fast.prefill([fast.new_sequence(p, GREEDY) for p in PROMPTS + [[5, 6]]])  # five rows > 4
+    assert five.target_cache is not fast.prefiller.target_cache and five.draft_cache is not fast.prefiller.draft_cache
+    fast.step(five)
 
     first = fast.prefill([fast.new_sequence(PROMPTS[0], GREEDY)])  # lent to `first` until it joins
     second = fast.prefill([fast.new_sequence(PROMPTS[2], GREEDY)])
@@ -121,3 +117,23 @@ def test_sampled_first_tokens_follow_the_seed(target, draft):
     outs = [e.generate(PROMPTS[:3], params) for e in (fast, slow)]
     assert [o.output_ids for o in outs[0]] == [o.output_ids for o in outs[1]]
     assert built(fast)
+
+
+def test_prompts_arriving_together_are_prefilled_in_graph_sized_groups(target, draft, references, monkeypatch):
+    """By length, each group within its bucket's rows; prompts past the longest bucket in one eager
+    prefill after them; past PREFILL_GROUPS groups, everything in one eager prefill."""
+    spec = SpecConfig("EAGLE3", 4, 3, 8)
+    engine, _ = engines(target, draft, spec)
+    groups = engine.prefiller.groups
+    assert groups([5, 23, 2, 41]) == [[2, 0, 1, 3]]
+    assert groups([5, 23, 2, 41, 7, 600]) == [[2, 0, 4, 1], [3, 5]]  # 600 tokens: the 1024 bucket, 2 rows
+    assert groups([5, 2000, 3]) == [[2, 0], [1]]  # 2000 tokens fit no bucket
+    assert groups([10] * 17) == [list(range(17))]  # five groups of 4: one eager prefill
+    assert engine.prefill_groups([]) == [] and engine.generate([]) == []
+    prompts = PROMPTS + [[9, 8, 7], [300 - i for i in range(60)]]  # six prompts: groups of 4 and 2
+    refs = references + [reference_greedy(target.model, p, NEW) for p in prompts[4:]]
+    outs = engine.generate(prompts, GREEDY)
+    assert [o.output_ids for o in outs] == refs
+    assert built(engine) == {32: [(4, 32)], 64: [(2, 64)]}
+    eager = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, cuda_graphs=False)
+    assert eager.prefill_groups([eager.new_sequence(p, GREEDY) for p in prompts]) == [list(range(6))]

@@ -79,3 +79,32 @@ def test_prefill_budget_admits_in_waves_and_stays_lossless(inprocess, engine, re
         with ThreadPoolExecutor(6) as pool:
             texts = list(pool.map(call, range(6)))
     assert texts == [tok.decode(w, skip_special_tokens=True) for w in want]
+
+
+def test_native_engine_serves_bursts_through_graph_prefill_groups(models, reference):
+    """The native path's prefill (graph-sized groups, caches lent until each group joins) behind the
+    real scheduler: ten clients at once, every answer the target's own greedy one."""
+    from eyas.pipeline import EngineArgs, build_engine
+    from eyas.serve.app import ServeOptions, create_app
+    from serve_helpers import InProcessServer
+
+    tiny, draft = models
+    native = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(draft), dtype="float64",
+                                     engine="native", speculative_num_steps=3, speculative_eagle_topk=2,
+                                     speculative_num_draft_tokens=6, max_batch=16))
+    assert native.prefiller is not None
+    tok = native.target.tokenizer
+    ids = [tok(f"burst {i}: " + "xyz" * (i % 4)).input_ids for i in range(10)]
+    want = reference(ids, 12)
+
+    def call(url: str, i: int) -> list[int]:
+        r = httpx.post(url + "/generate", json={"input_ids": ids[i], "sampling_params": {"max_new_tokens": 12,
+                                                                                         "temperature": 0}}, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()["output_ids"]
+
+    with InProcessServer(create_app(native, ServeOptions(served_model_name="tiny", log_interval=0))) as srv:
+        with ThreadPoolExecutor(10) as pool:
+            got = list(pool.map(lambda i: call(srv.url, i), range(10)))
+    assert got == want
+    assert any(g.graphs for g in native.prefiller.targets.values())  # prefilled from the graph buckets

@@ -36,7 +36,7 @@ def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurr
         chunk = prompts[lo: lo + concurrency]
         seqs = [engine.new_sequence(p, params) for p in chunk]
         t0 = time.perf_counter()
-        batch = engine.prefill(seqs)
+        batch = engine.prefill_all(seqs)
         ttft = time.perf_counter() - t0
         done: dict[int, float] = {}
         while True:

@@ -268,6 +268,23 @@ class Engine:
         )
 
     # -- the two forward kinds ----------------------------------------------------------------
+    def prefill_groups(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Indices of ``seqs`` (prompts that arrive together) in the groups to prefill one after the
+        other, each then merged: graph-sized groups on the native path (``StaticPrefill.groups``), else
+        all of them at once."""
+        if not seqs:
+            return []
+        if self.prefiller is None:
+            return [list(range(len(seqs)))]
+        return self.prefiller.groups([len(s.prompt_ids) for s in seqs])
+
+    def prefill_all(self, seqs: list[Sequence]) -> Batch:
+        """``prefill`` of prompts that arrive together, group by group (``prefill_groups``), as one batch."""
+        batch = None
+        for group in self.prefill_groups(seqs):
+            batch = self.merge(batch, self.prefill([seqs[i] for i in group]))
+        return batch
+
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> Batch:
         """Run the prompts, emit each row's first token, and prime the draft."""
@@ -435,10 +452,12 @@ class Engine:
 
     # -- the simple static-batch loop ---------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Output]:
+        if not prompts:
+            return []
         params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         seqs = [self.new_sequence(p, sp) for p, sp in zip(prompts, params)]
         start = time.perf_counter()
-        batch = self.prefill(seqs)
+        batch = self.prefill_all(seqs)
         while True:
             alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
             if not alive:

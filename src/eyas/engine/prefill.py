@@ -32,6 +32,7 @@ from .drafter import StaticExtender
 PREFILL_TOKENS = 1024  # the longest prompt a graph prefills
 PREFILL_ROWS = 4  # the most prompts one graph prefills
 PREFILL_CELLS = 2048  # rows x T of the largest bucket (the 1024-token bucket has 2 rows)
+PREFILL_GROUPS = 4  # prompts arriving together take up to this many graph prefills in a row; more, one eager one
 
 
 def prefill_static(native, pool, ids: torch.Tensor, lens: torch.Tensor, aux_ids: tuple[int, ...], window: int):
@@ -83,6 +84,26 @@ class StaticPrefill:
             ids = torch.zeros((rows, t), dtype=torch.long, device=self.target_cache.buf.device)
             return {"ids": ids, "lens": ids[:, 0]}, {}
         return example
+
+    def groups(self, lengths: list[int]) -> list[list[int]]:
+        """How prompts of ``lengths`` that arrive together are prefilled: lists of their indices, each
+        list one prefill. Those that fit a bucket go in graph-sized groups (by length, each group within
+        its longest prompt's bucket's rows), then the rest in one eager prefill; past ``PREFILL_GROUPS``
+        groups all of them in one eager prefill (a 2 ms replay each then costs more than one batched
+        eager forward)."""
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        fit = [i for i in order if lengths[i] <= self.tokens[-1]]
+        groups, group = [], []
+        for i in fit:  # ascending: the prompt joining a group is its longest
+            if len(group) == self.targets[self.tokens[bisect_left(self.tokens, lengths[i])]].rows[-1]:
+                groups.append(group)
+                group = []
+            group.append(i)
+        groups += [group] if group else []
+        if len(groups) > PREFILL_GROUPS:
+            return [list(range(len(lengths)))]
+        rest = order[len(fit):]
+        return groups + ([rest] if rest else [])
 
     def graphs(self) -> list:
         return list(self.targets.values()) + [d.graph for d in self.drafts.values()]

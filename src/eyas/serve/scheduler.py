@@ -192,8 +192,8 @@ class Scheduler:
         for w in admit:
             if w.cancelled:
                 self._finish(w, "abort")
-        if live:
-            self._prefill(live)
+        for group in self.engine.prefill_groups([w.seq for w in live]):
+            self._prefill([live[i] for i in group])
         self._retire()
         if self._running:
             self._step()

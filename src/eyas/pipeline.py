@@ -36,7 +36,7 @@ class EngineArgs:
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int = 6
     speculative_batch_schedule: str | None = None  # "1:6,8,48;4:4,4,16;32:0": settings per batch size
-    device: str = "cpu"
+    device: str = "auto"  # auto: cuda when a GPU is visible, else cpu (as the CLI's --device)
     dtype: str = "auto"
     context_length: int | None = None
     trust_remote_code: bool = False
@@ -115,7 +115,8 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
         fc_in, n_aux = draft_fc_width(cfg)
         check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
                         ",".join(getattr(cfg, "architectures", None) or []))
-    target: Target = load_target(args.model_path, device=args.device, dtype=args.dtype,
+    device = resolve_device(args.device)
+    target: Target = load_target(args.model_path, device=device, dtype=args.dtype,
                                  trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.context_length:
         if target.info.max_context and args.context_length > target.info.max_context:
@@ -128,7 +129,7 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
     draft = None
     if resolved is not None:
         draft = formats.load_draft(resolved, embed_weight=target.embed_tokens.weight,
-                                   device=args.device, dtype=target.dtype, allow_pickle=args.allow_pickle)
+                                   device=device, dtype=target.dtype, allow_pickle=args.allow_pickle)
     engine = Engine(target, draft, spec, draft_path=str(resolved) if resolved else None,
                     max_batch=args.max_batch, cuda_graphs=args.cuda_graphs,
                     graph_max_batch=args.cuda_graph_max_bs)

@@ -594,6 +594,7 @@ def test_a_kernel_that_cannot_run_leaves_dependent_launch_on(monkeypatch, caplog
     assert kernels.TritonOps.pdl_failed is None and "top_children kernel failed" in caplog.text
     assert "programmatic dependent launch failed" not in caplog.text
 
+
 def test_ops_for_takes_the_kernels_only_where_asked(monkeypatch):
     qkv, rope, positions, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
     x = torch.zeros(2, 3, device=DEVICE)

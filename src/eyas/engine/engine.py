@@ -294,29 +294,22 @@ class Engine:
             return self._prefill(seqs)
 
     def _prefill(self, seqs: list[Sequence]) -> Batch:
-        firsts = []  # each row's first token, on the host
-
-        def first_of(logits: torch.Tensor) -> list[int]:
-            """Each row's first token from its logits [B, vocab] (one readback for the greedy rows)."""
-            greedy = logits.argmax(dim=-1).tolist()
-            firsts.extend(g if s.params.greedy else sample(probs(logits[i], s.params), s.generator)
-                          for i, (s, g) in enumerate(zip(seqs, greedy)))
-            return firsts
-
+        first_of = lambda logits: _first_tokens(seqs, logits)  # noqa: E731
         p = self.prefiller
         out = p([s.prompt_ids for s in seqs], first_of) if p else None
         if out is not None:
+            firsts, draft_logits, draft_hidden = out
             lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
-            batch = Batch(seqs, p.target_cache, p.draft_cache, lens, *out)
+            batch = Batch(seqs, p.target_cache, p.draft_cache, lens, torch.tensor(firsts, device=self.device),
+                          draft_logits, draft_hidden)
             p.lend(batch)
         else:
-            firsts.clear()
-            batch = self._prefill_eagerly(seqs, first_of)
+            batch, firsts = self._prefill_eagerly(seqs, first_of)
         for s, t in zip(seqs, firsts):
             self._emit(s, [t], len(s.prompt_ids))
         return batch
 
-    def _prefill_eagerly(self, seqs: list[Sequence], first_of) -> Batch:
+    def _prefill_eagerly(self, seqs: list[Sequence], first_of) -> tuple[Batch, list[int]]:
         dev = self.device
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=dev)
         width = int(lens.max())
@@ -331,7 +324,8 @@ class Engine:
         cache = kv_cache.new_cache()
         logits, aux = self.target.forward(ids, positions, mask, cache, capture=self.spec.speculative, logits_at=keep)
         logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
-        first = torch.tensor(first_of(logits), device=dev)
+        firsts = first_of(logits)
+        first = torch.tensor(firsts, device=dev)
         batch = Batch(seqs, cache, None, lens.clone(), first)
         if self.spec.speculative:
             batch.draft_cache = kv_cache.new_cache()
@@ -339,7 +333,7 @@ class Engine:
             shifted[torch.arange(len(seqs), device=dev), last] = first
             batch.draft_logits, batch.draft_hidden = self._draft_extend(
                 batch.draft_cache, torch.zeros_like(lens), shifted, aux, lens)
-        return batch
+        return batch, firsts
 
     @torch.inference_mode()
     def step(self, batch: Batch) -> list[list[int]]:
@@ -467,6 +461,14 @@ class Engine:
             self.step(batch)
         seconds = time.perf_counter() - start
         return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds) for s in seqs]
+
+
+def _first_tokens(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    """Each row's first token from its prefill logits [B, vocab]: argmax (one readback for every greedy
+    row), or a draw on the host for a sampling row (its generator lives there)."""
+    greedy = logits.argmax(dim=-1).tolist()
+    return [g if s.params.greedy else sample(probs(logits[i], s.params), s.generator)
+            for i, (s, g) in enumerate(zip(seqs, greedy))]
 
 
 def _causal(lengths: torch.Tensor, width: int) -> torch.Tensor:

@@ -124,8 +124,8 @@ class StaticPrefill:
 
     @torch.inference_mode()
     def __call__(self, prompts: list[list[int]], first_of):
-        """``(first [B], draft_logits, draft_hidden)`` for ``prompts``, their keys in ``target_cache`` (and
-        ``draft_cache``); ``first_of(logits [B, vocab])`` picks each row's first token (a host list).
+        """``(first tokens as a host list, draft_logits, draft_hidden)`` for ``prompts``, their keys in
+        ``target_cache`` (and ``draft_cache``); ``first_of(logits [B, vocab])`` picks each row's first token.
         None when the prompts do not fit a bucket or the caches are still lent."""
         b, width = len(prompts), max(len(p) for p in prompts)
         i = bisect_left(self.tokens, width)
@@ -145,12 +145,11 @@ class StaticPrefill:
             return None
         firsts = first_of(out[0])
         self.target_cache.n, self.target_cache.used = b, width
-        first = torch.tensor(firsts, device=dev)
         if self.draft_cache is None:
-            return first, None, None
+            return firsts, None, None
         for r, p in enumerate(prompts):
             host[r, len(p)] = firsts[r]
         self.draft_cache.n = self.draft_cache.used = 0
         logits, hidden = self.drafts[t](consts.full((b,), 0, torch.long, dev), host[:, 1:].to(dev), out[1], lens)
         self.draft_cache.n, self.draft_cache.used = b, width
-        return first, logits, hidden
+        return firsts, logits, hidden

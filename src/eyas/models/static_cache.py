@@ -106,17 +106,16 @@ class StaticKV:
 
     def append_rows(self, cache) -> None:
         """Copy the rows of ``cache`` (a DynamicCache or StaticKV) after the live rows."""
-        same = isinstance(cache, StaticKV) and cache.buf.shape[:2] + cache.buf.shape[3:4] + cache.buf.shape[5:] == (
-            self.buf.shape[:2] + self.buf.shape[3:4] + self.buf.shape[5:])
-        layers = None if same else _layers_of(cache)
-        rows, slots = (cache.n, cache.used) if same else (layers[0][0].shape[0], layers[0][0].shape[2])
+        static = isinstance(cache, StaticKV)  # another static cache of this model (a graphed prefill's)
+        layers = [] if static else _layers_of(cache)
+        rows, slots = (cache.n, cache.used) if static else (layers[0][0].shape[0], layers[0][0].shape[2])
         if self.n + rows > self.capacity_rows:
             raise EyasError(f"the batch would hold {self.n + rows} sequences; the KV cache was sized for "
                             f"{self.capacity_rows}", "raise --max-running-requests or send fewer at once")
         self._check_room(slots)
-        if same:  # another static cache of this model (a graphed prefill's): one copy for every layer
+        if static:  # one copy for every layer
             self.buf[:, :, self.n : self.n + rows, :, :slots] = cache.buf[:, :, :rows, :, :slots]
-        for i, (k, v) in enumerate(layers or []):
+        for i, (k, v) in enumerate(layers):
             self.buf[i, 0, self.n : self.n + rows, :, :slots] = k
             self.buf[i, 1, self.n : self.n + rows, :, :slots] = v
         self.n += rows
@@ -130,7 +129,5 @@ class StaticKV:
 
 
 def _layers_of(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if isinstance(cache, StaticKV):
-        return [(cache.buf[i, 0, : cache.n, :, : cache.used], cache.buf[i, 1, : cache.n, :, : cache.used])
-                for i in range(cache.buf.shape[0])]
+    """A ``DynamicCache``'s (keys, values) per layer."""
     return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "is_initialized", False)]

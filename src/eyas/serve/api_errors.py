@@ -38,7 +38,13 @@ def error_type(status: int) -> str:
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The error object; its text always encodes as UTF-8 (a lone surrogate is written as ``\\udXXX``)."""
+    return {"error": {"message": _text(message), "type": type, "param": None if param is None else _text(param),
+                      "code": code}}
+
+
+def _text(s: str) -> str:
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

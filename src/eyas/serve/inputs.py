@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from ..engine.sampling import SamplingParams
 from ..errors import EyasError
 from .api_errors import ApiError, bad_request
+from .json_body import INT64, load_object
 from .protocol import (
     EXPECTED,
     ChatCompletionRequest,
@@ -44,18 +45,7 @@ class Job:
 
 # -- bytes -> model ---------------------------------------------------------------------------------
 def parse_body(raw: bytes, model: type[BaseModel]):
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
-                          "send UTF-8 encoded JSON", code="invalid_encoding") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
-                          code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    data = load_object(raw)  # UTF-8, JSON, depth, 64-bit integers, finite numbers, no lone surrogates
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -66,7 +56,8 @@ def validation_error(e: ValidationError) -> ApiError:
     err = e.errors()[0]
     loc = [str(x) for x in err["loc"] if isinstance(x, int) or not _is_type_tag(str(x))]
     param = ".".join(loc) or None
-    field = next((str(x) for x in reversed(err["loc"]) if str(x) in EXPECTED), None)
+    names = [str(x) for x in err["loc"] if not isinstance(x, int) and not _is_type_tag(str(x))]
+    field = names[-1] if names and names[-1] in EXPECTED else None  # the innermost field, not its container
     if err["type"] == "extra_forbidden":
         msg = f"unknown field {param!r}: eyas does not implement it and will not ignore it silently"
     elif err["type"] == "missing":
@@ -95,7 +86,17 @@ def check_model(requested: str | None, served: list[str]) -> None:
 
 
 # -- prompts ----------------------------------------------------------------------------------------
-def chat_prompt(tokenizer, req: ChatCompletionRequest) -> list[int]:
+def encode(tokenizer, text: str, param: str, max_chars: int | None, **kw) -> list[int]:
+    """Token ids of ``text``; a text too long to fit is refused by its length, before tokenizing."""
+    if max_chars is not None and len(text) > max_chars:
+        raise bad_request(f"{param!r} has {len(text)} characters, more than the {max_chars} that the most prompt "
+                          "tokens this server accepts could hold (the context length, or --max-prompt-tokens, "
+                          "times the longest token's characters); shorten the prompt", param=param,
+                          code="context_length_exceeded")
+    return list(tokenizer(text, **kw).input_ids)
+
+
+def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = None) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model's tokenizer has no chat template, so chat messages cannot be rendered; "
                           "use /v1/completions with a prompt", param="messages")
@@ -110,10 +111,10 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest) -> list[int]:
                                              **(req.chat_template_kwargs or {}))
     except Exception as e:  # noqa: BLE001 - jinja raises its own types; the message is what matters
         raise bad_request(f"the chat template could not render these messages: {e}", param="messages") from None
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+    return encode(tokenizer, text, "messages", max_chars, add_special_tokens=False)
 
 
-def text_prompts(tokenizer, value, param: str) -> list[list[int]]:
+def text_prompts(tokenizer, value, param: str, max_chars: int | None = None) -> list[list[int]]:
     """str | list[str] | list[int] | list[list[int]] -> list of token-id prompts."""
     if isinstance(value, str) or value and isinstance(value[0], int):
         value = [value]
@@ -121,18 +122,18 @@ def text_prompts(tokenizer, value, param: str) -> list[list[int]]:
         raise bad_request(f"{param!r} is empty; send at least one prompt", param=param)
     prompts = []
     for p in value:
-        ids = list(tokenizer(p).input_ids) if isinstance(p, str) else list(p)
+        ids = encode(tokenizer, p, param, max_chars) if isinstance(p, str) else list(p)
         if not ids:
             raise bad_request(f"{param!r} holds an empty prompt; send at least one token", param=param)
         prompts.append(ids)
     return prompts
 
 
-def generate_prompts(tokenizer, req: GenerateRequest) -> list[list[int]]:
+def generate_prompts(tokenizer, req: GenerateRequest, max_chars: int | None = None) -> list[list[int]]:
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("send exactly one of 'text' or 'input_ids'", param="text")
     if req.text is not None:
-        return text_prompts(tokenizer, req.text, "text")
+        return text_prompts(tokenizer, req.text, "text", max_chars)
     return text_prompts(tokenizer, req.input_ids, "input_ids")
 
 
@@ -177,7 +178,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
     default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-    params = _params(max_tokens, param, default,
+    params = _params(max_tokens, param, default, req.n, "seed",
                      temperature=1.0 if req.temperature is None else req.temperature,
                      top_p=1.0 if req.top_p is None else req.top_p,
                      top_k=0 if req.top_k is None else req.top_k,
@@ -200,17 +201,23 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     if not 1 <= sp.n <= MAX_N:
         raise bad_request(f"sampling_params.n must be between 1 and {MAX_N}, got {sp.n}", param="sampling_params.n")
     param = "sampling_params.max_new_tokens"
-    params = _params(sp.max_new_tokens, param, None,
+    params = _params(sp.max_new_tokens, param, None, sp.n,
+                     "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param)
 
 
-def _params(max_tokens, param: str, default, **kw) -> SamplingParams:
+def _params(max_tokens, param: str, default, n: int, seed_param: str, **kw) -> SamplingParams:
     """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later)."""
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"{param} must be at least 1, got {max_tokens}", param=param)
+    seed = kw.get("seed")
+    if seed is not None and seed + n - 1 > INT64[1]:  # choice i samples with seed + i (sequences_for)
+        raise bad_request(f"{seed_param}={seed} leaves no room for n={n} choices: choice i uses seed + i, which must "
+                          f"fit in a signed 64-bit integer; send a seed of at most {INT64[1] - n + 1}",
+                          param=seed_param, code="invalid_value")
     chosen = max_tokens if max_tokens is not None else default
     try:
         params = SamplingParams(max_new_tokens=chosen or 1, **{k: v for k, v in kw.items() if v is not None})

@@ -9,12 +9,13 @@ Responses are plain dicts built in the route modules.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Stop = str | list[str] | None
 TokenIds = list[int]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class _Strict(BaseModel):
@@ -30,7 +31,7 @@ class Message(BaseModel):
     """A chat message; extra keys (name, tool_call_id, ...) pass through to the chat template."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Role
     content: str | list[TextPart] | None = None
 
 
@@ -133,4 +134,5 @@ EXPECTED = {
     "messages": "a non-empty list of {role, content} objects",
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
     "rid": "a string or a list of strings",
+    "role": "one of " + ", ".join(map(repr, get_args(Role))),
 }

@@ -35,7 +35,7 @@ def test_every_route_needs_the_key_but_health(inprocess, metrics_require_key):
             guarded = path != "/metrics" or metrics_require_key
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k3y"}):
                 r = httpx.request(method, srv.url + path, json=body, headers=headers, timeout=60)
-                if guarded and path not in ("/version", "/health_generate"):
+                if guarded:
                     assert r.status_code == 401, (path, headers, r.status_code)
                     assert r.json()["error"]["code"] == "invalid_api_key"
             r = httpx.request(method, srv.url + path, json=body, headers={"Authorization": "Bearer k3y"}, timeout=60)

@@ -24,7 +24,7 @@ from .banner import describe, info_labels, training_warnings
 from .generate_route import router as generate_router
 from .limits import BodySizeLimit, Limits, StreamSlots
 from .metrics import ServeMetrics
-from .middleware import ApiKey, RequestLog
+from .middleware import ApiKey, RequestLog, open_paths
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
 from .scheduler import Failed, Scheduler
@@ -43,7 +43,7 @@ class ServeOptions:
     max_prefill_tokens: int = 16384  # prompt tokens prefilled together in one engine turn
     log_requests: bool = False  # one log line per finished request, with its acceptance
     extra_model_names: list[str] = field(default_factory=list)
-    api_key: str | None = None  # when set, /v1/* and /generate need "Authorization: Bearer KEY"
+    api_key: str | None = None  # when set, every route but /health (and /metrics) needs "Authorization: Bearer KEY"
     metrics_require_key: bool = False  # with api_key: /metrics needs the key too
     limits: Limits = field(default_factory=Limits)
 
@@ -87,10 +87,10 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(generate_router)
     _add_error_handlers(app, metrics)
-    install_openapi(app)
+    unguarded = open_paths(options.metrics_require_key)  # the one place a route's auth is decided
+    install_openapi(app, unguarded)
     if options.api_key:
-        protected = PROTECTED + (("/metrics",) if options.metrics_require_key else ())
-        app.add_middleware(ApiKey, key=options.api_key, protected=protected)
+        app.add_middleware(ApiKey, key=options.api_key, open_paths=unguarded)
     app.add_middleware(BodySizeLimit, max_bytes=options.limits.max_request_bytes)
     app.add_middleware(RequestLog, with_text=options.log_requests)  # outermost: logs refusals too
 
@@ -146,9 +146,6 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
         }
 
     return app
-
-
-PROTECTED = ("/v1/", "/generate", "/server_info", "/get_server_info")  # /health and /metrics stay open
 
 
 def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:

@@ -25,16 +25,27 @@ async def send_json(send, status: int, body: dict, headers: list | None = None) 
     await send({"type": "http.response.body", "body": data})
 
 
-class ApiKey:
-    """401 unless ``Authorization: Bearer KEY`` on the protected path prefixes."""
+ALWAYS_OPEN = frozenset({"/health"})  # load balancers probe it without credentials
 
-    def __init__(self, app, key: str, protected: tuple[str, ...]):
+
+def open_paths(metrics_require_key: bool) -> frozenset[str]:
+    """The paths that answer without the API key; every other path, route or not, needs it."""
+    return ALWAYS_OPEN if metrics_require_key else ALWAYS_OPEN | {"/metrics"}
+
+
+class ApiKey:
+    """401 unless ``Authorization: Bearer KEY``, on every path but the exact ``open_paths``.
+
+    An allow-list rather than a list of guarded prefixes: a route added later is guarded
+    without anyone remembering to list it."""
+
+    def __init__(self, app, key: str, open_paths: frozenset[str]):
         self.app = app
         self.expected = f"Bearer {key}".encode()
-        self.protected = protected
+        self.open = open_paths
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith(self.protected):
+        if scope["type"] == "http" and scope["path"] not in self.open:
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 body = error_body("invalid or missing API key: send 'Authorization: Bearer <key>' with the key "

@@ -48,7 +48,10 @@ def _error_response(description: str) -> dict:
         model="ErrorResponse")}}}}
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, open_paths: frozenset[str]) -> None:
+    """``open_paths``: what answers without the API key (``middleware.open_paths``); 401 is documented
+    on every other path."""
+
     def openapi() -> dict:
         if app.openapi_schema:
             return app.openapi_schema
@@ -72,9 +75,8 @@ def install_openapi(app: FastAPI) -> None:
             if path in BODIES:
                 continue
             for op in item.values():
-                op.setdefault("responses", {}).update(
-                    {"401": _error_response(ERRORS["401"])} if path.startswith(("/v1/", "/server_info",
-                                                                                   "/get_server_info")) else {})
+                if path not in open_paths:
+                    op.setdefault("responses", {})["401"] = _error_response(ERRORS["401"])
                 if path == "/health":
                     op["responses"]["503"] = {"description": "the engine thread has stopped",
                                               "content": {"application/json": {"schema": {}}}}

@@ -1,10 +1,21 @@
-"""--resume continues exactly: a run interrupted after a checkpoint ends with the same weights."""
+"""--resume continues exactly (a run interrupted after a checkpoint ends with the same weights), reads
+checkpoints without unpickling, falls back past broken ones and refuses what does not match."""
 
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
 import torch
-
-from eyas.train.trainer import Trainer
-from helpers import tiny_target
+from helpers import save_tiny_model, tiny_target
 from train_fixtures import make_data, tiny_recipe
+
+from eyas.cli import main
+from eyas.errors import EyasError
+from eyas.models.safety import load_torch_file
+from eyas.train.trainer import Trainer
 
 
 def test_resume_matches_uninterrupted(tmp_path):
@@ -26,3 +37,135 @@ def test_resume_matches_uninterrupted(tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert resumed.scheduler.get_last_lr() == full.scheduler.get_last_lr()
+
+
+# -- checkpoints never run code; resume falls back, refuses mismatches, finds its recipe --------------------------
+SETS = {"train.max_steps": 8, "log.checkpoint_every": 2, "log.keep_checkpoints": 3}
+
+
+class Payload:
+    """Unpickling this writes a marker file: proof that a loader executed pickle code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory):
+    """A run from a saved target folder that died at step 7: checkpoints step-2, step-4, step-6."""
+    root = tmp_path_factory.mktemp("crashed")
+    save_tiny_model(root / "target")
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, root / "data", rows=24)
+    Trainer(tiny_recipe(data, root / "run", target=str(root / "target"), **SETS), target=target).fit(stop_after=7)
+    return root, target, data
+
+
+def copy_run(crashed, tmp_path):
+    root, target, data = crashed
+    shutil.copytree(root / "run", tmp_path / "run")
+    return tmp_path / "run", target, data
+
+
+def trainer_for(run, target, data, messages=None, **sets):
+    sets = {**SETS, "target": str(Path(data).parent / "target"), **sets}
+    return Trainer(tiny_recipe(data, run, **sets), target=target,
+                   log=(messages.append if messages is not None else print))
+
+
+def test_checkpoints_load_with_weights_only_and_the_recipe_is_written_at_the_start(crashed):
+    root = crashed[0]
+    state = load_torch_file(root / "run/checkpoints/step-6/state.pt")  # weights_only=True, no allowlist
+    assert set(state) == {"draft", "optimizer", "scheduler", "rng"}
+    assert json.loads((root / "run/checkpoints/step-6/checkpoint.json").read_text())["step"] == 6
+    assert (root / "run/recipe.yaml").is_file()  # the run died before completing
+
+
+def test_a_crafted_state_pt_is_never_unpickled(crashed, tmp_path):
+    run, target, data = copy_run(crashed, tmp_path)
+    marker = tmp_path / "pwned"
+    newest = run / "checkpoints/step-6"
+    pickle.loads(pickle.dumps(Payload(str(tmp_path / "proof"))))  # plain unpickling runs the payload
+    assert (tmp_path / "proof").exists()
+    with open(newest / "state.pt", "wb") as f:
+        pickle.dump({"draft": Payload(str(marker))}, f, protocol=2)
+    messages = []
+    t = trainer_for(run, target, data, messages)
+    t.resume(run)  # skipped with a warning naming it, the previous intact checkpoint taken
+    assert t.step == 4 and not marker.exists()
+    assert any("step-6" in m and "not loaded" in m for m in messages), messages
+    with pytest.raises(EyasError, match="holds objects other than tensors"):
+        t.resume(newest)  # named explicitly: no fallback
+    # Without checkpoint.json it reads as an older eyas's checkpoint: refused unless --allow-pickle ...
+    (newest / "checkpoint.json").unlink()
+    with pytest.raises(EyasError, match="older eyas") as e:
+        t.resume(newest)
+    assert "--allow-pickle" in e.value.fix
+    # ... and even allowed, it is read with weights_only=True: the payload is refused, not run.
+    with pytest.raises(EyasError, match="cannot be resumed from"):
+        t.resume(newest, allow_pickle=True)
+    assert not marker.exists()
+
+
+def test_an_older_checkpoint_resumes_only_with_allow_pickle(crashed, tmp_path):
+    run, target, data = copy_run(crashed, tmp_path)
+    step = run / "checkpoints/step-6"
+    state = load_torch_file(step / "state.pt")
+    meta = json.loads((step / "checkpoint.json").read_text())
+    state["rng"]["numpy"] = np.random.get_state()  # what eyas wrote before: a tuple holding an ndarray
+    torch.save({**state, "step": meta["step"], "position": meta["position"], "recipe": meta["recipe"]},
+               step / "state.pt")
+    (step / "checkpoint.json").unlink()
+    t = trainer_for(run, target, data)
+    with pytest.raises(EyasError, match="--allow-pickle"):
+        t.resume(step)
+    t.resume(step, allow_pickle=True)
+    assert t.step == 6
+
+
+def test_a_truncated_or_missing_state_falls_back_to_the_last_intact_checkpoint(crashed, tmp_path):
+    run, target, data = copy_run(crashed, tmp_path)
+    f = run / "checkpoints/step-6/state.pt"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    (run / "checkpoints/step-4/state.pt").unlink()
+    messages = []
+    t = trainer_for(run, target, data, messages)
+    t.resume(run)
+    assert t.step == 2
+    warning = " ".join(messages)
+    assert "step-6" in warning and "truncated" in warning and "step-4" in warning and "no state.pt" in warning
+    (run / "checkpoints/step-2/state.pt").unlink()
+    with pytest.raises(EyasError, match="no intact checkpoint under"):
+        t.resume(run)
+
+
+def test_a_changed_recipe_is_refused_naming_the_fields_unless_allowed(crashed, tmp_path):
+    run, target, data = copy_run(crashed, tmp_path)
+    t = trainer_for(run, target, data, **{"optim.lr": 1e-3, "train.seed": 5})
+    with pytest.raises(EyasError, match=r"optim.lr 0.003 -> 0.001.*train.seed 0 -> 5") as e:
+        t.resume(run)
+    assert "--allow-recipe-change" in e.value.fix
+    t.resume(run, allow_recipe_change=True)  # explicit: the new learning rate applies from here
+    assert t.step == 6 and t.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * t.scheduler.lr_lambdas[0](6))
+
+
+def test_another_vocabulary_size_names_both_sizes(crashed, tmp_path):
+    run, target, data = copy_run(crashed, tmp_path)
+    t = trainer_for(run, target, data, **{"draft.vocab_size": 200})
+    with pytest.raises(EyasError, match="draft vocabulary of 300 tokens over a target vocabulary of 320; this run's "
+                                        "draft has 200 tokens over 320"):
+        t.resume(run, allow_recipe_change=True)
+
+
+def test_cli_resume_with_the_run_folder_alone(crashed, tmp_path, capsys):
+    run, _, _ = copy_run(crashed, tmp_path)
+    assert main(["train", "--resume", str(run)]) == 0
+    assert "resumed at step 6" in capsys.readouterr().out
+    assert (run / "draft" / "config.json").is_file()
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints" / "step-3").mkdir(parents=True)
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "eyas: error: no intact checkpoint" in capsys.readouterr().err

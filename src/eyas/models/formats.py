@@ -27,7 +27,7 @@ from transformers import LlamaConfig
 from ..errors import EyasError
 from ..layers import from_sglang, from_speculators, to_sglang, to_speculators
 from .draft import ARCHITECTURE, HF_NOISE, Eagle3Draft
-from .safety import refuse_pickle
+from .safety import checked_file, load_torch_file, refuse_pickle
 
 EYAS, SGLANG, SPECULATORS, OFFICIAL = "eyas", "sglang", "speculators", "eagle3"
 FORMATS = (EYAS, SGLANG, SPECULATORS, OFFICIAL)
@@ -107,7 +107,7 @@ def _weight_files(path: Path, looks_like: str, allow_pickle: bool = False) -> li
         raise EyasError(f"{path} looks like {looks_like} but holds no weights (no *.safetensors, pytorch_model.bin)",
                         "copy the draft's weight files next to its config.json")
     refuse_pickle(files, allow_pickle)
-    return files
+    return [checked_file(f, "weight file") for f in files]
 
 
 def _read_tensors(path: Path, looks_like: str, shapes_only: bool = False, allow_pickle: bool = False) -> dict:
@@ -122,7 +122,7 @@ def _read_tensors(path: Path, looks_like: str, shapes_only: bool = False, allow_
                 else:
                     part = load_file(str(f))
             else:
-                part = torch.load(str(f), map_location="cpu", weights_only=True)
+                part = load_torch_file(f)
                 if shapes_only:
                     part = {k: tuple(v.shape) for k, v in part.items()}
         except Exception as e:  # safetensors and torch raise many types for a truncated file

@@ -2,11 +2,16 @@
 
 Unpickling a file can run arbitrary code, so a ``.bin``/``.pt``/``.pth`` checkpoint is refused
 *before it is opened*, with the command that converts it, unless ``--allow-pickle`` is given (and
-even then it is read with ``torch.load(weights_only=True)``).
+even then it is read with ``torch.load(weights_only=True)``). ``load_torch_file`` is the one place
+eyas calls ``torch.load``: draft weights and training checkpoints alike go through it, so nothing
+eyas reads can run code. ``checked_file`` resolves a file that is about to be opened, so a symlink
+loop, a dangling link or a directory in a file's place is an error naming the path.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 from ..errors import EyasError
@@ -36,6 +41,49 @@ def refuse_pickle(files, allow_pickle: bool) -> None:
         )
 
 
+def _numpy_globals() -> list:
+    """What ``np.random.get_state()`` pickles as (older eyas training checkpoints hold it), under
+    both module spellings numpy has written (``numpy.core`` before 2.0, ``numpy._core`` since)."""
+    import numpy as np
+
+    reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct")]
+
+
+def load_torch_file(path, numpy_arrays: bool = False):
+    """The one way eyas reads a ``torch.save`` file: on the CPU, with ``weights_only=True``, so only
+    tensors and plain Python values come back and a crafted file raises instead of running code.
+    ``numpy_arrays`` also admits plain numpy arrays (what older training checkpoints stored)."""
+    import torch
+
+    path = checked_file(path, "checkpoint file")
+    with torch.serialization.safe_globals(_numpy_globals() if numpy_arrays else []):
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
+def checked_file(path, what: str = "file") -> Path:
+    """``path`` when it names a regular file (links followed); else an error that names it and says why."""
+    p = Path(path)
+    fix = f"replace {p} with the real file (copy or download it again), or point at the right path"
+    try:
+        real = p.resolve(strict=True)
+    except RuntimeError:  # Python < 3.13 reports a symlink loop this way
+        raise EyasError(f"{what} {p} is a symbolic link that loops back on itself", fix) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise EyasError(f"{what} {p} is a symbolic link that loops back on itself", fix) from None
+        if p.is_symlink():
+            raise EyasError(f"{what} {p} is a symbolic link to {os.readlink(p)}, which does not exist", fix) from None
+        if e.errno == errno.ENOENT:
+            raise EyasError(f"{what} {p} does not exist", fix) from None
+        raise EyasError(f"{what} {p} cannot be opened: {e.strerror}", fix) from None
+    if real.is_dir():
+        raise EyasError(f"{what} {p} is a directory; a file was expected there", fix)
+    if not real.is_file():
+        raise EyasError(f"{what} {p} is not a regular file (a device, socket or pipe)", fix)
+    return p
+
+
 def check_safetensors(folder: Path, config) -> None:
     """Every ``*.safetensors`` file is complete and its tensors have the shapes the config implies.
 
@@ -50,6 +98,7 @@ def check_safetensors(folder: Path, config) -> None:
 
     headers: dict[str, tuple[tuple[int, ...], str, Path]] = {}
     for f in sorted(Path(folder).glob("*.safetensors")):
+        checked_file(f, "weight file")
         try:
             with safe_open(str(f), framework="pt") as st:
                 for k in st.keys():

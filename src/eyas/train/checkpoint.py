@@ -1,39 +1,76 @@
-"""Training checkpoints that resume exactly: weights, optimizer, scheduler, RNG and data position.
+"""Training checkpoints that resume exactly, and that never run code when they are read.
 
-    <output>/checkpoints/step-<n>/state.pt     {draft, optimizer, scheduler, rng, position, step}
-    <output>/checkpoints/step-<n>/draft/       the draft as a loadable EAGLE-3 folder
+    <output>/recipe.yaml                            the recipe, written when the run starts
+    <output>/checkpoints/step-<n>/checkpoint.json   {format, step, position, recipe}
+    <output>/checkpoints/step-<n>/state.pt          {draft, optimizer, scheduler, rng}
+    <output>/checkpoints/step-<n>/draft/            the draft as a loadable EAGLE-3 folder
 
-RNG covers Python, NumPy, torch's CPU and (if present) CUDA generators. The data position is the
-``(epoch, batch)`` of the next batch (see ``batches``); the order inside an epoch is a function of
-the seed, so nothing else about the data has to be saved. ``--resume`` takes a step folder or the
-output folder (its latest checkpoint).
+``state.pt`` holds tensors and plain Python values only, so it is read with
+``torch.load(weights_only=True)`` (``models.safety.load_torch_file``, the one loader): a crafted file
+raises instead of running code. RNG covers Python (its state is ints), NumPy (the MT19937 key as a
+tensor), torch's CPU and (if present) CUDA generators. The data position is the ``(epoch, batch)``
+of the next batch (see ``batches``); the order inside an epoch is a function of the seed, so nothing
+else about the data has to be saved.
+
+``--resume`` takes a step folder or the run's output folder. From a run folder the newest intact
+checkpoint is used: a step folder without ``state.pt``, or whose files cannot be read (truncated,
+crafted), is skipped with a warning naming it. Checkpoints of older eyas versions (``state.pt``
+without ``checkpoint.json``) stored NumPy objects: they load only with ``--allow-pickle`` (still
+``weights_only``, plain NumPy arrays admitted). A checkpoint resumes only into the run it came
+from: the draft's shapes must match (vocabulary sizes are named), and recipe fields that differ are
+refused unless ``--allow-recipe-change``, which resumes with the new values.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 import random
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import EyasError
+from ..models.safety import load_torch_file
+
+FORMAT = 2
+META, STATE = "checkpoint.json", "state.pt"
+STEP = re.compile(r"step-(\d+)")
+NOT_COMPARED = ("output", "log.", "train.device")  # where and how a run reports, not what it computes
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    np_state = np.random.get_state(legacy=False)
+    key = torch.from_numpy(np_state["state"]["key"].astype(np.int64))
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {**np_state, "state": {"key": key, "pos": int(np_state["state"]["pos"])}}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    if isinstance(np_state, dict):  # this format; older checkpoints hold NumPy's legacy tuple
+        key = np_state["state"]["key"].numpy().astype(np.uint32)
+        np_state = {**np_state, "state": {"key": key, "pos": np_state["state"]["pos"]}}
+    np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _steps(run: Path) -> list[Path]:
+    """The run's step folders, newest first (``.step-N.tmp`` folders of an interrupted save are not)."""
+    found = [(int(m.group(1)), q) for q in (run / "checkpoints").glob("step-*")
+             if (m := STEP.fullmatch(q.name)) and q.is_dir()]
+    return [q for _, q in sorted(found, reverse=True)]
 
 
 def save(folder, step: int, draft_state: dict, optimizer, scheduler, position: tuple[int, int], recipe: dict,
@@ -42,27 +79,159 @@ def save(folder, step: int, draft_state: dict, optimizer, scheduler, position: t
     path = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    torch.save({"step": step, "draft": draft_state, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": rng_state(), "position": list(position),
-                "recipe": recipe}, tmp / "state.pt")
+    torch.save({"draft": draft_state, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": rng_state()}, tmp / STATE)
+    meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
+    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)  # a checkpoint folder exists only once complete
-    for old in sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-keep or None]:
+    for old in _steps(Path(folder))[keep:] if keep else []:
         shutil.rmtree(old)
     return path
 
 
-def latest(path) -> Path:
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    position: tuple[int, int]
+    recipe: dict | None  # the recipe it was trained with (None: not recorded)
+    state: dict  # draft, optimizer, scheduler, rng
+
+
+class _Unreadable(Exception):
+    """A checkpoint folder that cannot be resumed from; the message says why."""
+
+
+def find(path, allow_pickle: bool = False, warn=print) -> Checkpoint:
+    """The checkpoint ``--resume PATH`` means: that step folder, or a run folder's newest intact one."""
     p = Path(path)
-    if (p / "state.pt").is_file():
-        return p
-    steps = sorted((p / "checkpoints").glob("step-*"), key=lambda q: int(q.name.split("-")[1]))
-    if not steps:
-        raise EyasError(f"no checkpoint under {p}", "pass a run's output folder or one of its checkpoints/step-N")
-    return steps[-1]
+    single = STEP.fullmatch(p.name) is not None or (p / STATE).exists() or (p / META).exists()
+    candidates = [p] if single else _steps(p)
+    if not candidates:
+        raise EyasError(f"no checkpoint under {p} (no checkpoints/step-N folder)",
+                        "pass a run's output folder or one of its checkpoints/step-N")
+    skipped = []
+    for c in candidates:
+        try:
+            ckpt = _read(c, allow_pickle)
+        except _Unreadable as e:
+            if single:
+                raise EyasError(f"checkpoint {c} cannot be resumed from: {e}",
+                                "pass the run folder to resume from its newest intact checkpoint, "
+                                "or another of its checkpoints/step-N") from None
+            skipped.append(f"{c} ({e})")
+            continue
+        if skipped:
+            warn(f"warning: skipped {len(skipped)} checkpoint(s) that cannot be resumed from: {'; '.join(skipped)}; "
+                 f"resuming from {c}")
+        return ckpt
+    raise EyasError(f"no intact checkpoint under {p}: " + "; ".join(skipped),
+                    "start the run again without --resume (or with another --output)")
 
 
-def load(path) -> dict:
-    ckpt = latest(path)
-    return torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
+def _read(c: Path, allow_pickle: bool) -> Checkpoint:
+    state_file, meta_file = c / STATE, c / META
+    if not state_file.exists() and not state_file.is_symlink():
+        raise _Unreadable(f"it has no {STATE}")
+    legacy = not meta_file.exists()
+    if legacy and not allow_pickle:
+        raise EyasError(f"checkpoint {c} was written by an older eyas: its {STATE} holds NumPy objects that only "
+                        "unpickling reads, and unpickling a file can run code",
+                        "if you trust it (you wrote it), resume with --allow-pickle: it is still read with "
+                        "torch.load(weights_only=True), plain NumPy arrays admitted; otherwise start a new run")
+    try:
+        meta = None if legacy else json.loads(meta_file.read_text())
+        state = load_torch_file(state_file, numpy_arrays=legacy)
+    except EyasError as e:
+        raise _Unreadable(e.problem) from None
+    except json.JSONDecodeError as e:
+        raise _Unreadable(f"{META} is not valid JSON ({e})") from None
+    except pickle.UnpicklingError as e:  # weights_only refused an object: a crafted or foreign file
+        first = str(e).strip().splitlines()[-1][:200]
+        raise _Unreadable(f"{STATE} holds objects other than tensors and plain values, so it was not loaded "
+                          f"({first})") from None
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError/EOFError/... for a truncated file
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise _Unreadable(f"{STATE} is truncated or not a checkpoint ({type(e).__name__}: {first})") from None
+    if legacy and isinstance(state, dict):
+        meta = {"step": state.get("step"), "position": state.get("position"), "recipe": state.get("recipe")}
+    missing = [k for k in ("draft", "optimizer", "scheduler", "rng") if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise _Unreadable(f"{STATE} is incomplete (no {', '.join(missing)})")
+    try:
+        step, position = int(meta["step"]), tuple(int(x) for x in meta["position"])
+    except (TypeError, ValueError, KeyError):
+        raise _Unreadable(f"{META if not legacy else STATE} records no valid step and data position") from None
+    return Checkpoint(c, step, position[:2], meta.get("recipe"), state)
+
+
+def check_compatible(ckpt: Checkpoint, draft_state: dict, recipe: dict, allow_changes: bool) -> list[str]:
+    """Refuse a checkpoint of another draft shape; return the recipe fields that differ (refused
+    unless ``allow_changes``)."""
+    saved = ckpt.state["draft"]
+
+    def vocab(sd):
+        return (sd["lm_head.weight"].shape[0] if "lm_head.weight" in sd else None,
+                sd["t2d"].numel() if "t2d" in sd else None)
+
+    (a, b), (c, d) = vocab(saved), vocab(draft_state)
+    if (a, b) != (c, d):
+        raise EyasError(f"checkpoint {ckpt.path} holds a draft vocabulary of {a} tokens over a target vocabulary of "
+                        f"{b}; this run's draft has {c} tokens over {d}",
+                        f"resume with the recipe it was trained with (draft.vocab_size {a}, the target it was "
+                        "trained for), or start a new run with another --output")
+    bad = [f"{k} {tuple(saved[k].shape) if k in saved else 'missing'} vs {tuple(v.shape)}"
+           for k, v in draft_state.items() if k not in saved or tuple(saved[k].shape) != tuple(v.shape)]
+    if bad:
+        raise EyasError(f"checkpoint {ckpt.path} holds another draft (checkpoint vs this run): " + "; ".join(bad),
+                        "resume with the recipe and target it was trained with, or start a new run with another "
+                        "--output")
+    changes = recipe_changes(ckpt.recipe, recipe)
+    if changes and not allow_changes:
+        raise EyasError(f"checkpoint {ckpt.path} was trained with another recipe (checkpoint -> now): "
+                        + ", ".join(changes),
+                        "resume with the checkpoint's values (drop those --set overrides), start a new run with "
+                        "another --output, or pass --allow-recipe-change to continue with the new values on purpose "
+                        "(the run then no longer matches an uninterrupted one)")
+    return changes
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def recipe_changes(saved: dict | None, now: dict) -> list[str]:
+    """``key old -> new`` for each recipe field that differs (none when the checkpoint has no recipe)."""
+    if saved is None:
+        return []
+    a, b = _flat(saved), _flat(now)
+    keys = list(b) + [k for k in a if k not in b]
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in keys if not k.startswith(NOT_COMPARED) and a.get(k) != b.get(k)]
+
+
+def apply_optim(optimizer, scheduler, optim: dict) -> None:
+    """After a resume with ``--allow-recipe-change``: the recipe's optimiser values replace the ones
+    the checkpoint restored (learning rate, betas, weight decay; the schedule is already this run's)."""
+    for g in optimizer.param_groups:
+        g.update(initial_lr=optim["lr"], betas=tuple(optim["betas"]), weight_decay=optim["weight_decay"])
+    scheduler.base_lrs = [optim["lr"]] * len(optimizer.param_groups)
+    for g, f in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        g["lr"] = optim["lr"] * f(scheduler.last_epoch)
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def run_recipe(path) -> Path | None:
+    """The ``recipe.yaml`` of the run ``--resume PATH`` belongs to (PATH or two folders up), if any."""
+    p = Path(path)
+    for folder in (p, p.parent.parent) if STEP.fullmatch(p.name) else (p,):
+        if (folder / "recipe.yaml").is_file():
+            return folder / "recipe.yaml"
+    return None

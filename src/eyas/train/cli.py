@@ -15,7 +15,13 @@ def register(sub) -> None:
     p.add_argument("--data", default=None, help="shortcut for --set data.path=...")
     p.add_argument("--output", default=None, help="shortcut for --set output=...")
     p.add_argument("--model-path", "--model", default=None, help="shortcut for --set target=...")
-    p.add_argument("--resume", default=None, help="a run folder or one of its checkpoints/step-N")
+    p.add_argument("--resume", default=None,
+                   help="a run folder (its newest intact checkpoint) or one of its checkpoints/step-N; without "
+                        "--recipe, the run's recipe.yaml")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="resume from a checkpoint of an older eyas (its state.pt needs NumPy objects unpickled)")
+    p.add_argument("--allow-recipe-change", action="store_true",
+                   help="resume although the recipe differs from the checkpoint's (the new values apply)")
     p.add_argument("--print-recipe", action="store_true", help="print the resolved recipe and exit")
     p.set_defaults(func=run)
 
@@ -27,7 +33,18 @@ def run(args) -> int:
     for key, value in (("data.path", args.data), ("output", args.output), ("target", args.model_path)):
         if value is not None:
             overrides.append(f"{key}={value}")
-    recipe = load_recipe(args.recipe, overrides)
+    recipe_file = args.recipe
+    if args.resume and recipe_file is None:
+        from .checkpoint import run_recipe
+
+        recipe_file = run_recipe(args.resume)
+        if recipe_file is None:
+            from ..errors import EyasError
+
+            raise EyasError(f"--resume {args.resume}: no recipe.yaml in that run folder to resume with",
+                            "pass the run's --recipe and the same --set overrides it was started with")
+        overrides.insert(0, f"output={recipe_file.parent}")  # the run continues where it is now
+    recipe = load_recipe(recipe_file, overrides)
     if args.print_recipe:
         import yaml
 
@@ -37,7 +54,7 @@ def run(args) -> int:
 
     trainer = Trainer(recipe)
     if args.resume:
-        trainer.resume(args.resume)
+        trainer.resume(args.resume, args.allow_pickle, args.allow_recipe_change)
     summary = trainer.fit()
     trainer.print(f"done: {summary['steps']} steps, {summary['tokens_per_s']:.0f} tokens/s on {summary['ranks']} rank(s); "
                   f"draft saved to {trainer.out / 'draft'}")

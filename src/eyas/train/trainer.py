@@ -261,13 +261,18 @@ class Trainer:
             self.log.write("checkpoint", step=self.step, path=str(path))
         self.ctx.barrier()
 
-    def resume(self, path) -> None:
-        state = checkpoint.load(path)
-        self.draft.load_state_dict(state["draft"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        checkpoint.set_rng_state(state["rng"])
-        self.step, self.position = int(state["step"]), tuple(state["position"])
+    def resume(self, path, allow_pickle: bool = False, allow_recipe_change: bool = False) -> None:
+        ckpt = checkpoint.find(path, allow_pickle, warn=self.print)
+        recipe = self.r.to_dict()
+        changes = checkpoint.check_compatible(ckpt, self.draft.state_dict(), recipe, allow_recipe_change)
+        self.draft.load_state_dict(ckpt.state["draft"])
+        self.optimizer.load_state_dict(ckpt.state["optimizer"])
+        self.scheduler.load_state_dict(ckpt.state["scheduler"])
+        if changes:
+            checkpoint.apply_optim(self.optimizer, self.scheduler, recipe["optim"])
+            self.print("warning: resuming with a changed recipe (checkpoint -> now): " + ", ".join(changes))
+        checkpoint.set_rng_state(ckpt.state["rng"])
+        self.step, self.position = ckpt.step, ckpt.position
         self.print(f"resumed at step {self.step} (epoch {self.position[0]}, batch {self.position[1]})")
 
     # -- the loop -------------------------------------------------------------------------------
@@ -312,6 +317,9 @@ class Trainer:
     def fit(self, stop_after: int | None = None) -> dict:
         """Train to ``total_steps``; ``stop_after`` ends early without the final save (tests a crash)."""
         r, ctx = self.r, self.ctx
+        if ctx.main:  # written first, so `eyas train --resume RUN` alone finds it after a crash
+            self.out.mkdir(parents=True, exist_ok=True)
+            r.dump(self.out / "recipe.yaml")
         self.module.train()
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not (r.log.progress and ctx.main), dynamic_ncols=True)

@@ -1,9 +1,12 @@
 """Sampling parameters and the target distribution they define.
 
-``temperature == 0`` is greedy. Otherwise logits are divided by the temperature, then top-k and
-top-p (nucleus) filters keep the smallest set of tokens, and the result is renormalised. The
-speculative verifier samples from exactly this distribution, so speculation is lossless for every
-setting here.
+A temperature below ``GREEDY_BELOW`` (1e-5, as vLLM and SGLang) is greedy: dividing float32 logits by
+a smaller one overflows (6e-39 turns every logit into an infinity and the softmax into NaN), and the
+distribution it approaches is the argmax anyway. Otherwise logits are divided by the temperature, then
+top-k and top-p (nucleus) filters keep the smallest set of tokens, and the result is renormalised. The
+nucleus always keeps the most probable token (as vLLM's), however small ``top_p`` is, so the filter
+never leaves an empty distribution. The speculative verifier samples from exactly this distribution,
+so speculation is lossless for every setting here.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import EyasError
+
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's and SGLang's _SAMPLING_EPS)
 
 
 @dataclass
@@ -38,7 +43,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return float(self.temperature) < GREEDY_BELOW
 
     def generator(self) -> torch.Generator:
         seed = self.seed if self.seed is not None else random.getrandbits(63)
@@ -46,7 +51,10 @@ class SamplingParams:
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``[..., vocab]`` logits -> float32 probabilities under ``params`` (temperature > 0)."""
+    """``[..., vocab]`` logits -> float32 probabilities under ``params``; greedy params: the argmax's point mass."""
+    if params.greedy:
+        x = logits.float()
+        return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
     x = logits.float() / params.temperature
     if params.top_k > 0 and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
@@ -56,6 +64,7 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_p, order = torch.sort(p, dim=-1, descending=True)
         before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly before each token
         drop_sorted = before >= params.top_p
+        drop_sorted[..., 0] = False  # the most probable token stays, whatever top_p rounds to in float32
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         p = p.masked_fill(drop, 0.0)
         p = p / p.sum(dim=-1, keepdim=True)

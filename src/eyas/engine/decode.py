@@ -25,14 +25,15 @@ from ..models.graphs import BatchGraph, window_buckets
 from ..models.ops import ops_for
 from .drafter import draft_extend_static, draft_tree_static
 from .tree import Tree
-from .verify import accept_greedy_batch, accepted_path
+from .verify import accept_greedy_batch, accepted_path, finite_rows
 
 
 def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live: torch.Tensor, prefix: torch.Tensor,
                   window: int):
     """Feed each row's last token ``root`` [B] at position ``lengths[b]``, its keys at slot ``prefix``
-    (a 1-element tensor), keep them at ``lengths[b]``; return ``host`` [B, 4] as ``speculate_static``
-    shapes it for a path of width 1: the greedy next token, 1, the new length, the token again. The
+    (a 1-element tensor), keep them at ``lengths[b]``; return ``host`` [B, 5] as ``speculate_static``
+    shapes it for a path of width 1: the greedy next token, 1, the new length, the token again, and
+    whether the row's logits were finite (``finite_rows``). The
     mask is ``window`` wide: the whole function is one graph per (rows, window).
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
@@ -44,7 +45,8 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     src = prefix.expand(len(root), 1)
     pool.commit(torch.where(live > 0, lengths, prefix), src, live)
     token = logits[:, -1].argmax(dim=-1)
-    return (torch.stack([token, consts.full(token.shape, 1, token.dtype, token.device), lengths + 1, token], dim=1),)
+    return (torch.stack([token, consts.full(token.shape, 1, token.dtype, token.device), lengths + 1, token,
+                         finite_rows(logits).long()], dim=1),)
 
 
 class StaticDecoder:
@@ -67,7 +69,7 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def __call__(self, lengths: torch.Tensor, root: torch.Tensor):
-        """``host`` [B, 4] (see ``decode_static``), or None past the last bucket (run the step by parts)."""
+        """``host`` [B, 5] (see ``decode_static``), or None past the last bucket (run the step by parts)."""
         prefix = self.pool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
@@ -86,8 +88,9 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     is one graph per (rows, window): draft a tree (``spec``'s settings; the root alone when it drafts
     nothing) from the draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it
     with the target (its keys at slots ``tprefix..``), accept greedily, commit the accepted path, and feed
-    it to the draft (keys at ``dprefix..``). Returns (``host`` [B, width + 3]: the emitted tokens padded
-    to the path width, their count, the new length, the next root; the draft's logits [B, draft_vocab]
+    it to the draft (keys at ``dprefix..``). Returns (``host`` [B, width + 4]: the emitted tokens padded
+    to the path width, their count, the new length, the next root, whether the target's logits over the
+    row's tree were finite (``finite_rows``: 0 ends that row alone); the draft's logits [B, draft_vocab]
     and hidden state [B, H] after the last kept token). Rows with ``live`` 0 (a bucket's padding, or
     the zeros a graph is warmed up with) keep their keys where they were written."""
     dev = root.device
@@ -106,7 +109,8 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     new, path_aux = accepted_path(tree, aux, cols, counts, bonus)
     logits1, hidden1 = draft_extend_static(draft, dpool, lengths, new, path_aux, torch.where(kept, counts, 0), dprefix,
                                            window)
-    host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None]], dim=1)
+    host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None], finite_rows(logits).long()[:, None]],
+                     dim=1)
     return host, logits1, hidden1
 
 
@@ -139,7 +143,7 @@ class StaticSpeculator:
 
     @torch.inference_mode()
     def __call__(self, lengths, root, logits0, hidden0):
-        """(host [B, width + 3], draft logits, draft hidden) as ``speculate_static`` returns them, or None
+        """(host [B, width + 4], draft logits, draft hidden) as ``speculate_static`` returns them, or None
         past the last bucket (run the step by parts)."""
         tused, dused = self.tpool.used, self.dpool.used
         if self._live is None or len(self._live) != len(root):

@@ -15,6 +15,12 @@ no-speculation entries verify the root alone but still feed the draft (draft ext
 draft again when the batch shrinks.
 Sequences join (``merge``) and leave (``filter``) between steps: that is all continuous batching
 needs from the engine.
+
+A fault confined to one row ends that row alone (``finish_reason`` "error", ``Sequence.error`` says
+why) and the batch goes on: logits that are not finite (``finite_rows``, read back with the step's
+tokens, no extra wait on the device) or a host-side sampling error. Such a row emits nothing more, and
+``filter`` zeroes its slots in the preallocated caches, where a later row in its place would
+otherwise attend over a NaN in a masked slot (0 x NaN is NaN).
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from ..models.ops import ops_for
+from ..models.static_cache import StaticKV
 from .decode import StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .prefill import StaticPrefill
 from .sampling import SamplingParams, sample, probs
 from .stats import SpecStats
 from .tree import Tree
-from .verify import accept_greedy_batch, accept_sampling, accepted_path
+from .verify import accept_greedy_batch, accept_sampling, accepted_path, finite_rows
 
 _ids = itertools.count()
 
@@ -55,8 +62,9 @@ class Sequence:
     rid: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     stats: SpecStats = field(default_factory=SpecStats)
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     generator: torch.Generator | None = None
+    error: str | None = None  # with "error": what went wrong for this row (the others go on)
 
     def __post_init__(self):
         if self.generator is None:
@@ -65,6 +73,11 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def fail(self, message: str) -> None:
+        """End this sequence alone with an error (a fault of its own row); a finished one stays as it is."""
+        if not self.finished:
+            self.finish_reason, self.error = "error", message
 
 
 @dataclass
@@ -240,6 +253,10 @@ class Engine:
         return Sequence(list(prompt_ids), params)
 
     def filter(self, batch: Batch, keep: list[int]) -> Batch:
+        kept_rows = set(keep)
+        failed = [i for i, s in enumerate(batch.seqs) if s.error is not None and i not in kept_rows]
+        if failed:
+            _scrub(batch, failed)
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         lengths = batch.lengths[rows]
         slots = int(lengths.max()) if keep else 0
@@ -364,21 +381,25 @@ class Engine:
         logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.spec.speculative)
 
         width = spec.path_width  # static, so no shape waits on the device
-        cols, counts, bonus = self._accept(batch, tree, logits, width)  # [B, width], [B], [B]
+        finite = finite_rows(logits)  # [B]: read back with the tokens
+        cols, counts, bonus = self._accept(batch, tree, logits, width, finite)  # [B, width], [B], [B]
         old = batch.lengths
         lengths = kv_cache.commit(cache, old, slots + cols, counts)
         new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
         if self.spec.speculative:
             batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, new, path_aux, counts)
-        return self._finish(batch, spec, torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None]], dim=1))
+        host = torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None], finite.long()[:, None]], dim=1)
+        return self._finish(batch, spec, host)
 
     def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor) -> list[list[int]]:
-        """The host's share of a step: ``host`` [B, width + 3] holds each row's emitted tokens (padded to
-        the path width), their count, the new length and the next root. The step's one device-to-host
-        copy, queued behind everything the step launched; then the caches' slot count and the tokens."""
+        """The host's share of a step: ``host`` [B, width + 4] holds each row's emitted tokens (padded to
+        the path width), their count, the new length, the next root and whether its logits were finite.
+        The step's one device-to-host copy, queued behind everything the step launched (the batch moves
+        on only once it has arrived); then the caches' slot count and the tokens. A row whose logits were
+        not finite emits nothing and ends with an error."""
         width = spec.path_width
-        batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
         rows = host.tolist()
+        batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
         used = max((h[width + 1] for h in rows), default=0)
         kv_cache.crop(batch.target_cache, used)
         if batch.draft_cache is not None:
@@ -386,6 +407,8 @@ class Engine:
         emitted = []
         for s, h in zip(batch.seqs, rows):
             n, length = h[width], h[width + 1]
+            if not h[width + 3]:
+                s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
             if not s.finished and spec.speculative:
                 s.stats.record(spec.num_draft_tokens - 1, n - 1)
             emitted.append(self._emit(s, h[:n], length))
@@ -409,17 +432,26 @@ class Engine:
         return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
 
     # -- tokens ---------------------------------------------------------------------------------
-    def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor, width: int):
+    def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor, width: int, finite: torch.Tensor):
         """(cols [B, width], counts [B], bonus [B]) on the device. Greedy rows never wait on the host;
-        a sampled row draws on the host (its generator lives there) and its result is written back."""
+        a sampled row draws on the host (its generator lives there) and its result is written back.
+        A sampled row whose logits are not finite keeps the greedy result (``_finish`` ends it), one
+        whose draw fails ends with that error: neither stops the others."""
         cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)
-        sampled = [i for i, s in enumerate(batch.seqs) if not s.params.greedy]
+        sampled = [i for i, s in enumerate(batch.seqs) if not s.params.greedy and not s.finished]
         if sampled:  # written in place below: copies (a plain step's cols and counts are shared constants)
             cols, counts, bonus = cols.clone(), counts.clone(), bonus.clone()
             cpu_tree = Tree(tree.tokens.cpu(), tree.parents.cpu(), tree.depth, tree.mask)
+            usable = finite.tolist()
             for i in sampled:
                 s = batch.seqs[i]
-                path, b = accept_sampling(cpu_tree, logits[i], i, s.params, s.generator)
+                if not usable[i]:
+                    continue
+                try:
+                    path, b = accept_sampling(cpu_tree, logits[i], i, s.params, s.generator)
+                except Exception as e:  # noqa: BLE001 - this row's own draw: it alone fails
+                    s.fail(f"internal engine error while sampling this request: {type(e).__name__}: {e}")
+                    continue
                 cols[i] = torch.tensor(path + [0] * (width - len(path)), device=self.device)
                 counts[i], bonus[i] = len(path), b
         return cols, counts, bonus
@@ -465,10 +497,34 @@ class Engine:
 
 def _first_tokens(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
     """Each row's first token from its prefill logits [B, vocab]: argmax (one readback for every greedy
-    row), or a draw on the host for a sampling row (its generator lives there)."""
-    greedy = logits.argmax(dim=-1).tolist()
-    return [g if s.params.greedy else sample(probs(logits[i], s.params), s.generator)
-            for i, (s, g) in enumerate(zip(seqs, greedy))]
+    row, with each row's ``finite_rows`` flag), or a draw on the host for a sampling row (its generator
+    lives there). A row whose logits are not finite, or whose draw fails, ends with an error (its token
+    is the argmax, a placeholder the batch carries until it is filtered out)."""
+    greedy, finite = torch.stack([logits.argmax(dim=-1), finite_rows(logits).long()]).tolist()
+    firsts = []
+    for i, (s, g, ok) in enumerate(zip(seqs, greedy, finite)):
+        if not ok:
+            s.fail(not_finite("after its prompt"))
+        elif not s.params.greedy:
+            try:
+                g = sample(probs(logits[i], s.params), s.generator)
+            except Exception as e:  # noqa: BLE001 - this row's own draw: it alone fails
+                s.fail(f"internal engine error while sampling this request: {type(e).__name__}: {e}")
+        firsts.append(g)
+    return firsts
+
+
+def not_finite(where: str) -> str:
+    return (f"internal engine error: the target's logits for this request are not finite (NaN or infinity) {where}, "
+            "a numerical fault of the model on this input; this request alone was ended, retry it or serve the "
+            "model in another --dtype (float16 overflows where bfloat16 and float32 do not)")
+
+
+def _scrub(batch: Batch, rows: list[int]) -> None:
+    """Zero ``rows`` of the batch's preallocated caches, every slot (a growing cache drops them instead)."""
+    for cache in (batch.target_cache, batch.draft_cache):
+        if isinstance(cache, StaticKV):
+            cache.buf[:, :, torch.tensor(rows, device=cache.buf.device)] = 0
 
 
 def _causal(lengths: torch.Tensor, width: int) -> torch.Tensor:

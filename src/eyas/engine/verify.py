@@ -11,6 +11,9 @@ Sampling (tree-aware multi-candidate rejection sampling with deterministic candi
 with probability ``p(c_i)``; on rejection set ``p(c_i) = 0`` and renormalise. If no child is
 accepted, the bonus token is drawn from the residual ``p``. Each candidate is a point mass, so
 ``P(emit x) = p(x)`` at every node: the output distribution is exactly the target's.
+
+``finite_rows`` is the guard around all of it: a row whose logits hold a NaN or an infinity (a
+numerical fault of the model on that row's input) is ended alone by the engine, never verified.
 """
 
 from __future__ import annotations
@@ -21,6 +24,15 @@ from ..models import consts
 from ..models.ops import TORCH
 from .sampling import SamplingParams, probs, sample
 from .tree import Tree
+
+
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """[B] bool on the device: row b's logits (``[B, vocab]`` or ``[B, T, vocab]``) are usable.
+
+    One reduction over what the forward wrote: each position's largest logit is finite. ``amax``
+    propagates NaN, so a NaN anywhere, a +inf anywhere, or a position of -inf alone clears the flag;
+    a -inf among finite logits (a masked token) is a valid distribution and keeps it."""
+    return torch.isfinite(logits.amax(dim=-1)).reshape(len(logits), -1).all(dim=1)
 
 
 def accept_greedy(tree: Tree, argmax: torch.Tensor, row: int) -> tuple[list[int], int]:

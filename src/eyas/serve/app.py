@@ -27,6 +27,7 @@ from .metrics import ServeMetrics
 from .middleware import ApiKey, RequestLog, open_paths
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
+from .prepare import Preparer
 from .scheduler import Failed, Scheduler
 
 log = logging.getLogger("eyas.serve")
@@ -56,6 +57,7 @@ class ServeState:
     options: ServeOptions
     served_names: list[str]
     streams: StreamSlots
+    prepare: Preparer  # request body -> job, on a worker thread
     started: float = field(default_factory=time.time)
 
 
@@ -69,7 +71,9 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     name = options.served_model_name or options.model_path or engine.target.name
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
-    state = ServeState(engine, scheduler, metrics, options, names, StreamSlots(options.limits.max_concurrent_streams))
+    preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests)
+    state = ServeState(engine, scheduler, metrics, options, names, StreamSlots(options.limits.max_concurrent_streams),
+                       preparer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -81,6 +85,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
             if running or queued:
                 log.info("shutting down: cancelling %d running and %d queued requests", running, queued)
             scheduler.stop()
+            preparer.close()
 
     app = FastAPI(title="eyas serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.eyas = state

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from .api_errors import ApiError, bad_request
 from .inputs import check_model, generate_job, generate_prompts, parse_body
 from .openai_routes import failed_error, log_prompt, spec_fields, sse, streaming
+from .prepare import Prepared, Preparer
 from .protocol import GenerateRequest
 from .runner import ClientGone, JobRun
 from .scheduler import Delta, Failed, Finished
@@ -27,17 +28,21 @@ from .scheduler import Delta, Failed, Finished
 router = APIRouter()
 
 
+def _prepare(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
+    req = parse_body(raw, GenerateRequest)
+    check_model(req.model, p.served_names)
+    return p.prepared(req, generate_job(req, generate_prompts(p.tokenizer, req, p.max_chars)))
+
+
 @router.post("/generate")
 async def generate(request: Request):
     state = request.app.state.eyas
-    req = parse_body(await request.body(), GenerateRequest)
-    check_model(req.model, state.served_names)
-    prompts = generate_prompts(state.engine.target.tokenizer, req)
-    job = generate_job(req, prompts)
-    rids = _rids(req.rid, len(prompts) * job.n)
+    prep = await state.prepare(_prepare, await request.body())
+    req, job = prep.req, prep.job
+    rids = _rids(req.rid, len(job.prompts) * job.n)
     run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
-    log_prompt(request, state, job)
+    log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _stream(state, run, rids, batched))
     results: list[dict | None] = [None] * len(run.works)

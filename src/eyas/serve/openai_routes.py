@@ -10,6 +10,7 @@ Each response carries its own acceptance in ``usage`` (SGLang's ``meta_info`` na
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 
@@ -20,11 +21,13 @@ from starlette.background import BackgroundTask
 from ..engine.stats import SpecStats
 from .api_errors import ApiError, error_body
 from .inputs import chat_prompt, check_model, openai_job, parse_body, text_prompts
+from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .runner import ClientGone, JobRun
 from .scheduler import Delta, Failed, Finished
 
 router = APIRouter()
+log = logging.getLogger("eyas.serve")
 
 
 def spec_fields(stats: SpecStats) -> dict:
@@ -57,15 +60,26 @@ def failed_error(event: Failed) -> ApiError:
     return ApiError(event.status, event.message, code="engine_error" if event.status == 500 else "out_of_memory")
 
 
+def _chat(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
+    req = parse_body(raw, ChatCompletionRequest)
+    check_model(req.model, p.served_names)
+    return p.prepared(req, openai_job(req, [chat_prompt(p.tokenizer, req, p.max_chars)], chat=True))
+
+
+def _completion(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
+    req = parse_body(raw, CompletionRequest)
+    check_model(req.model, p.served_names)
+    return p.prepared(req, openai_job(req, text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars), chat=False))
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     state = request.app.state.eyas
-    req = parse_body(await request.body(), ChatCompletionRequest)
-    check_model(req.model, state.served_names)
-    job = openai_job(req, [chat_prompt(state.engine.target.tokenizer, req)], chat=True)
+    prep = await state.prepare(_chat, await request.body())
+    req, job = prep.req, prep.job
     run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
-    log_prompt(request, state, job)
+    log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log))
     finished = await _collect(run, request)
@@ -81,12 +95,11 @@ async def chat_completions(request: Request):
 @router.post("/v1/completions")
 async def completions(request: Request):
     state = request.app.state.eyas
-    req = parse_body(await request.body(), CompletionRequest)
-    check_model(req.model, state.served_names)
-    job = openai_job(req, text_prompts(state.engine.target.tokenizer, req.prompt, "prompt"), chat=False)
+    prep = await state.prepare(_completion, await request.body())
+    req, job = prep.req, prep.job
     run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
-    log_prompt(request, state, job)
+    log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log))
     finished = await _collect(run, request)
@@ -100,7 +113,11 @@ async def completions(request: Request):
 
 
 def streaming(state, run: JobRun, lines) -> StreamingResponse:
-    """A server-sent-events response holding one of the --max-concurrent-streams slots."""
+    """A server-sent-events response holding one of the --max-concurrent-streams slots.
+
+    Lines are encoded here, so a failure anywhere in making or encoding one is caught: the stream
+    then ends as a failed stream should (vLLM and SGLang alike), with an error event and ``[DONE]``,
+    never a 200 body that just stops."""
     try:
         ticket = state.streams.acquire()
     except ApiError:
@@ -110,7 +127,13 @@ def streaming(state, run: JobRun, lines) -> StreamingResponse:
     async def guarded():
         try:
             async for line in lines:
-                yield line
+                yield line.encode("utf-8")
+        except Exception as e:  # whatever failed, the client gets an ending it can read
+            log.exception("a stream failed mid-way")
+            state.metrics.requests.labels(outcome="error").inc()
+            yield sse(error_body(f"internal server error while streaming: {type(e).__name__}: {e}",
+                                 "server_error", code="internal_error")).encode("utf-8")
+            yield b"data: [DONE]\n\n"
         finally:
             ticket.release()
 
@@ -122,10 +145,10 @@ def streaming(state, run: JobRun, lines) -> StreamingResponse:
                              background=BackgroundTask(done))
 
 
-def log_prompt(request: Request, state, job) -> None:
-    """Prompt text for the request's log line (kept only with --log-requests)."""
-    if state.options.log_requests:
-        request.state.log["prompt"] = state.engine.target.tokenizer.decode(job.prompts[0])
+def log_prompt(request: Request, prep: Prepared) -> None:
+    """Prompt text for the request's log line (decoded only with --log-requests)."""
+    if prep.prompt_text is not None:
+        request.state.log["prompt"] = prep.prompt_text
 
 
 def log_result(fields: dict, body_usage: dict, finished: list[Finished]) -> None:

@@ -1,0 +1,78 @@
+"""Request bodies become jobs off the event loop, and whatever goes wrong there is the client's 4xx.
+
+Decoding a few megabytes of JSON, rendering the chat template and tokenizing are CPU work; on the
+event loop they stall every other request and every running stream (a 3.9 MB chat body held
+``/health`` for 11 s). ``Preparer`` runs that work on one worker thread of its own, with its own
+tokenizer copy (Hugging Face fast tokenizers are not safe to share between threads; the engine
+thread decodes with a copy of its own too). The tokenizer releases the GIL while it encodes, so the
+event loop and the engine thread keep running meanwhile.
+
+A prompt that cannot fit is refused by its length in characters before it is tokenized: no token
+covers more characters than the longest entry of the vocabulary, so a text longer than
+``most prompt tokens x longest token`` is too long whatever it holds. (A tokenizer whose normalizer
+deletes characters could in theory fit more; a prompt padded that far is refused all the same.)
+
+Every exception raised while a request is parsed and checked becomes a 400 with the error's text,
+never a 500: what reaches this stage is the client's input, and the server has run nothing yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .api_errors import ApiError, bad_request
+from .inputs import Job
+
+log = logging.getLogger("eyas.serve")
+
+
+@dataclass
+class Prepared:
+    req: object  # the validated request model
+    job: Job
+    prompt_text: str | None = None  # the first prompt's text, for the request log (--log-requests only)
+
+
+class Preparer:
+    def __init__(self, engine, served_names: list[str], max_prompt_tokens: int | None, log_requests: bool):
+        tok = engine.target.tokenizer
+        try:
+            self.tokenizer = copy.deepcopy(tok)
+        except Exception:  # noqa: BLE001 - an uncopyable tokenizer: this thread is its only other user
+            self.tokenizer = tok
+        self.served_names = served_names
+        self.max_chars = prompt_char_bound(tok, max_prompt_tokens or engine.max_context)
+        self.log_requests = log_requests
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyas-prepare")
+
+    async def __call__(self, build, raw: bytes) -> Prepared:
+        """``build(preparer, raw) -> Prepared`` on the worker thread; any failure there is a 400."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, build, self, raw)
+        except ApiError:
+            raise
+        except Exception as e:  # the catch-all: a request that cannot be read is the client's 4xx
+            log.warning("request refused: reading it raised %s: %s", type(e).__name__, e, exc_info=True)
+            text = str(e) if len(str(e)) <= 200 else str(e)[:197] + "..."
+            raise bad_request(f"the request could not be read: {type(e).__name__}: {text}",
+                              code="invalid_request") from None
+
+    def prepared(self, req, job: Job) -> Prepared:
+        text = self.tokenizer.decode(job.prompts[0]) if self.log_requests else None
+        return Prepared(req, job, text)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def prompt_char_bound(tokenizer, max_tokens: int) -> int | None:
+    """Characters that ``max_tokens`` tokens can cover at most; None when the vocabulary is unknown."""
+    try:
+        longest = max(map(len, tokenizer.get_vocab()), default=0)
+    except Exception:  # noqa: BLE001 - a tokenizer without a readable vocabulary: no early bound
+        return None
+    return max_tokens * longest if longest else None

@@ -1,0 +1,206 @@
+"""Inputs at the edges of what JSON can carry: each is the client's 4xx (never a 500), refused before
+anything is generated, and the server carries on; a stream that fails mid-way still ends properly."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from serve_helpers import scrape
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+GEN = "/generate"
+MSG = [{"role": "user", "content": "hi"}]
+I64 = 2**63 - 1
+
+
+def raw(body: dict, **spliced: str) -> bytes:
+    """``body`` as JSON with each ``"@name"`` string value replaced by the raw JSON text ``spliced[name]``
+    (to send what ``json.dumps`` will not write, such as a lone ``\\ud800`` escape or 1e999)."""
+    text = json.dumps(body)
+    for name, value in spliced.items():
+        text = text.replace(json.dumps("@" + name), value)
+    return text.encode()
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+CASES = [
+    # (id, path, raw body, status, words the message must contain, param (or how it begins))
+    ("nesting past the recursion limit", CHAT, raw({"messages": MSG, "metadata": "@x"}, x=DEEP), 400,
+     "nested deeper than 64", None),
+    ("nesting past 64 levels", CHAT, raw({"messages": MSG, "chat_template_kwargs": {"a": "@x"}},
+                                          x="[" * 70 + "]" * 70), 400, "nested deeper than 64",
+     "chat_template_kwargs.a.0.0.0"),
+    ("seed past 2^63", CHAT, raw({"messages": MSG, "seed": "@x"}, x=str(2**63)), 400, "64-bit", "seed"),
+    ("seed below -2^63", COMP, raw({"prompt": "a", "seed": "@x"}, x=str(-(2**63) - 1)), 400, "64-bit", "seed"),
+    ("seed of 2^200", GEN, raw({"text": "a", "sampling_params": {"seed": "@x"}}, x=str(2**200)), 400, "64-bit",
+     "sampling_params.seed"),
+    ("seed + n overflows", COMP, raw({"prompt": "a", "seed": I64, "n": 3, "max_tokens": 2}), 400,
+     "no room for n=3", "seed"),
+    ("generate seed + n overflows", GEN, raw({"text": "a", "sampling_params": {"seed": I64 - 1, "n": 3}}), 400,
+     "no room for n=3", "sampling_params.seed"),
+    ("5000-digit integer", COMP, raw({"prompt": "a", "max_tokens": "@x"}, x="9" * 5000), 400, "not valid JSON",
+     None),
+    ("NaN temperature", CHAT, raw({"messages": MSG, "temperature": "@x"}, x="NaN"), 400, "finite",
+     "temperature"),
+    ("Infinity top_p", COMP, raw({"prompt": "a", "top_p": "@x"}, x="Infinity"), 400, "finite", "top_p"),
+    ("1e999 temperature", GEN, raw({"text": "a", "sampling_params": {"temperature": "@x"}}, x="-1e999"), 400,
+     "finite", "sampling_params.temperature"),
+    ("lone surrogate in chat content", CHAT, raw({"messages": [{"role": "user", "content": "@x"}]}, x='"a\\ud800"'),
+     400, "surrogate", "messages.0.content"),
+    ("lone surrogate in a content part", CHAT,
+     raw({"messages": [{"role": "user", "content": [{"type": "text", "text": "@x"}]}]}, x='"\\udfff"'), 400,
+     "surrogate", "messages.0.content.0.text"),
+    ("lone surrogate in a prompt", COMP, raw({"prompt": ["ok", "@x"]}, x='"\\udc00\\ud800"'), 400, "surrogate",
+     "prompt.1"),
+    ("lone surrogate in generate text", GEN, raw({"text": "@x"}, x='"x\\ud83d"'), 400, "surrogate", "text"),
+    ("lone surrogate in a rid", GEN, raw({"text": "a", "rid": "@x"}, x='"\\ud800"'), 400, "surrogate", "rid"),
+    ("lone surrogate in a streamed rid", GEN, raw({"text": "a", "rid": "@x", "stream": True}, x='"\\ud800"'), 400,
+     "surrogate", "rid"),
+    ("lone surrogate in a stop string", COMP, raw({"prompt": "a", "stop": ["@x"]}, x='"\\ud800"'), 400,
+     "surrogate", "stop.0"),
+    ("lone surrogate in a key", CHAT, raw({"messages": MSG, "metadata": {"@x": "v"}}, x='"\\ud800"'), 400,
+     "surrogate", "metadata"),
+    ("invalid role", CHAT, raw({"messages": [{"role": "wizard", "content": "hi"}]}), 400,
+     "'system', 'developer', 'user', 'assistant', 'tool', got \"wizard\"", "messages.0.role"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,words,param", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_edge_input_is_a_4xx_and_nothing_runs(server, path, body, status, words, param):
+    before = scrape(server.url)
+    r = httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text[:500]
+    err = r.json()["error"]
+    assert words in err["message"], err
+    assert err["param"] == param or param and err["param"].startswith(param), err["param"]
+    after = scrape(server.url)
+    for key in ('eyas:requests_total{outcome="error"}', "eyas:prompt_tokens_total"):  # no 5xx, nothing prefilled
+        assert after.get(key, 0) == before.get(key, 0), key
+    ok = httpx.post(server.url + COMP, json={"prompt": "hello", "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_values_at_the_edges_that_are_valid_are_served(server):
+    """The bounds are the engine's, not tighter: the extreme seeds, a surrogate pair (one real character)."""
+    for seed, n in ((I64, 1), (I64 - 1, 2), (-(2**63), 3)):
+        r = httpx.post(server.url + COMP, json={"prompt": "a", "seed": seed, "n": n, "max_tokens": 2,
+                                                "temperature": 1.0}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["choices"]) == n, r.text
+    body = raw({"messages": [{"role": "user", "content": "@x"}], "max_tokens": 2}, x='"smile \\ud83d\\ude00"')
+    r = httpx.post(server.url + CHAT, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 200, r.text
+    deep = {"a": {"b": [[[["nested, but well within the bound"]]]]}}
+    r = httpx.post(server.url + CHAT, json={"messages": MSG, "max_tokens": 2, "chat_template_kwargs": deep}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+class SurrogateOutput:
+    """The real engine, but its tokenizer decodes every output into text with a lone surrogate,
+    which cannot be written as UTF-8: the stream fails mid-way, after its first events were sent."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        tok = copy.deepcopy(engine.target.tokenizer)
+        base = type(tok)
+        tok.__class__ = type("SurrogateTokenizer", (base,), {
+            "decode": lambda self, ids, **kw: base.decode(self, ids, **kw) + ("\ud800" if len(ids) > 1 else "")})
+        self.target = copy.copy(engine.target)
+        self.target.tokenizer = tok
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.mark.parametrize("path,body", [
+    (CHAT, {"messages": MSG, "max_tokens": 12, "ignore_eos": True, "stream": True}),
+    (GEN, {"text": "abc", "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}, "stream": True}),
+])
+def test_a_stream_that_fails_mid_way_ends_with_an_error_and_done(inprocess, path, body):
+    with inprocess(wrap=SurrogateOutput) as srv:
+        with httpx.stream("POST", srv.url + path, json=body, timeout=60) as s:
+            assert s.status_code == 200
+            lines = [line for line in s.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        error = json.loads(lines[-2][6:])["error"]
+        assert error["code"] == "internal_error" and "UnicodeEncodeError" in error["message"]
+        assert scrape(srv.url)['eyas:requests_total{outcome="error"}'] == 1
+
+
+class SlowTemplate:
+    """The real engine, but rendering a chat holding "SLOW" takes ``delay`` seconds (a stand-in for a
+    big prompt's template and tokenizing), on whatever thread renders it."""
+
+    def __init__(self, engine, delay: float = 3.0):
+        self._engine = engine
+        tok = copy.deepcopy(engine.target.tokenizer)
+        base = type(tok)
+
+        def render(self, messages, *a, **kw):
+            if any("SLOW" in str(m.get("content")) for m in messages):
+                time.sleep(delay)
+            return base.apply_chat_template(self, messages, *a, **kw)
+
+        tok.__class__ = type("SlowTemplateTokenizer", (base,), {"apply_chat_template": render})
+        self.target = copy.copy(engine.target)
+        self.target.tokenizer = tok
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_parsing_runs_off_the_event_loop(inprocess):
+    """While one request's prompt is being prepared, /health answers at once and a running stream flows."""
+    with inprocess(step_delay=0.03, wrap=SlowTemplate) as srv:
+        stamps, slow = [], {}
+        body = {"messages": MSG, "max_tokens": 900, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.url + CHAT, json=body, timeout=60) as s:
+            lines = s.iter_lines()
+            next(lines)
+
+            def call():
+                slow["start"] = time.monotonic()
+                slow["r"] = httpx.post(srv.url + CHAT, json={"messages": [{"role": "user", "content": "SLOW"}],
+                                                             "max_tokens": 2}, timeout=60)
+                slow["end"] = time.monotonic()
+
+            t = threading.Thread(target=call)
+            t.start()
+            time.sleep(0.5)
+            start = time.monotonic()
+            health = httpx.get(srv.url + "/health", timeout=60)
+            health_s = time.monotonic() - start
+            for line in lines:
+                stamps.append(time.monotonic())
+                if "end" in slow:
+                    break
+            t.join(60)
+        assert slow["r"].status_code == 200 and slow["end"] - slow["start"] >= 3.0
+        assert health.status_code == 200 and health_s < 1.0, health_s
+        during = [b - a for a, b in itertools.pairwise(stamps) if slow["start"] < a < slow["end"]]
+        assert len(during) > 10 and max(during) < 1.0, (len(during), max(during, default=None))
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(server):
+    """A 3.9 MB chat body (under the 4 MiB limit): refused by its length at once, the server stays
+    responsive and keeps no memory from it."""
+    big = {"messages": [{"role": "user", "content": "word " * 780_000}], "max_tokens": 2}
+    rss = server.rss_kb()
+    for _ in range(4):
+        start = time.monotonic()
+        r = httpx.post(server.url + CHAT, json=big, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
+        assert "characters" in r.json()["error"]["message"]
+        assert time.monotonic() - start < 5.0
+    assert server.rss_kb() - rss < 100 * 1024
+    start = time.monotonic()
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert time.monotonic() - start < 1.0
+    ok = httpx.post(server.url + COMP, json={"prompt": "x" * 900, "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200  # a long prompt that fits is still served

@@ -23,7 +23,7 @@ def test_sharegpt_and_openai_shapes_agree():
     share = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
     openai = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
     assert normalize(share) == normalize(openai)
-    with pytest.raises(EyasError, match="neither 'messages' nor 'conversations'"):
+    with pytest.raises(EyasError, match="none of the known shapes"):
         normalize({"text": "x"})
     with pytest.raises(EyasError, match="unknown role"):
         normalize({"messages": [{"role": "robot", "content": "x"}]})

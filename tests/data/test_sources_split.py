@@ -5,7 +5,8 @@ import json
 import pytest
 
 from eyas.data import sources
-from eyas.data.split import dedup_split, is_held_out, prompt_key
+from eyas.data.files import read_records
+from eyas.data.split import dedup, is_held_out, prompt_key, split
 from eyas.errors import EyasError
 
 
@@ -22,12 +23,13 @@ def test_builtin_sources_give_user_prompts():
 def test_dedup_and_split_are_stable_and_disjoint():
     recs = [{"messages": [{"role": "user", "content": f"question {i % 50}"}]} for i in range(100)]
     recs.append({"messages": [{"role": "user", "content": "  QUESTION   3 "}]})  # same prompt, other spacing
-    train, held, dups = dedup_split(recs, 0.2)
-    assert dups == 51 and len(train) + len(held) == 50
+    kept, dups = dedup(recs)
+    train, held = split(kept, 0.2)
+    assert len(dups) == 51 and len(train) + len(held) == 50
     keys_t = {prompt_key(r["messages"]) for r in train}
     keys_h = {prompt_key(r["messages"]) for r in held}
     assert not keys_t & keys_h and 3 <= len(held) <= 20
-    again_t, again_h, _ = dedup_split(list(reversed(recs)), 0.2)
+    _, again_h = split(dedup(list(reversed(recs)))[0], 0.2)
     assert {prompt_key(r["messages"]) for r in again_h} == keys_h  # a prompt's split never changes
     assert all(is_held_out(k, 0.2) for k in keys_h)
 
@@ -36,6 +38,4 @@ def test_jsonl_errors_name_the_line(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n{broken\n")
     with pytest.raises(EyasError, match="d.jsonl:2"):
-        list(sources.read_jsonl(p))
-    with pytest.raises(EyasError, match="no such data file"):
-        list(sources.read_jsonl(tmp_path / "missing.jsonl"))
+        list(read_records(p))

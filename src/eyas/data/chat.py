@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import EyasError
-
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
+from .formats import normalize  # noqa: F401  (eyas eval reads held-out records through chat.normalize)
 
 
 @dataclass
@@ -30,28 +28,6 @@ class Rendered:
     def loss_mask(self) -> list[int]:
         """1 at t where token t+1 is an assistant token (what ``ttt_loss`` expects)."""
         return self.assistant[1:] + [0]
-
-
-def normalize(record: dict) -> list[dict]:
-    """ShareGPT ``conversations`` ({from, value}) or OpenAI ``messages`` ({role, content}) -> messages."""
-    turns = record.get("messages")
-    if turns is None:
-        turns = record.get("conversations")
-    if not isinstance(turns, list):
-        raise EyasError(f"a record has neither 'messages' nor 'conversations': keys {sorted(record)[:6]}",
-                        "each JSONL line must be {'messages': [{'role', 'content'}]} or "
-                        "{'conversations': [{'from', 'value'}]}")
-    out = []
-    for t in turns:
-        role = t.get("role", t.get("from"))
-        content = t.get("content", t.get("value"))
-        if role is None or content is None:
-            raise EyasError(f"a turn has no role/content: {str(t)[:80]}", "use {'role', 'content'} or {'from', 'value'}")
-        mapped = ROLES.get(str(role).lower())
-        if mapped is None:
-            raise EyasError(f"unknown role {role!r}", f"use one of {sorted(ROLES)}")
-        out.append({"role": mapped, "content": str(content)})
-    return out
 
 
 def prompt_messages(messages: list[dict]) -> list[dict]:

@@ -11,7 +11,10 @@ def register(sub) -> None:
     p = sub.add_parser("prepare", help="build training data: sources, regeneration, chat rendering, loss mask")
     p.add_argument("--model-path", "--model", default="smollm2-135m-instruct", help="the target model")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--input", action="append", default=[], help="JSONL of ShareGPT/OpenAI conversations (repeat)")
+    p.add_argument("--input", action="extend", nargs="+", default=[], metavar="PATH",
+                   help="conversations or prompts: a JSONL or JSON-array file (gzipped or not), a folder of them "
+                        "or a glob; ShareGPT, OpenAI messages (content parts too), SpecForge, UltraChat or "
+                        "{\"prompt\": ...} records (e.g. ../shared/data/chat-prompts); a file's stem names its source")
     p.add_argument("--source", action="append", default=[], choices=["chatterbot", "pydoc", "self", "magpie"],
                    help="built-in offline prompt source (repeat): chatterbot conversations, questions on Python's "
                         "own documentation, questions the target writes on a topic list (self), or user "
@@ -21,20 +24,36 @@ def register(sub) -> None:
     p.add_argument("--magpie-prompts", type=int, default=2000,
                    help="user turns the target is asked to write (source magpie); duplicates are dropped")
     p.add_argument("--exclude", action="append", default=[],
-                   help="drop every conversation whose user turn is in this prompt set: chat, code, reasoning, "
-                        "all, or a JSONL file (repeat); keeps benchmark prompts out of training")
-    p.add_argument("--held-out", type=float, default=0.02, help="fraction of prompts kept out of training")
+                   help="drop every conversation whose user turn is in this prompt set: bench (every built-in "
+                        "set), chat, code, reasoning, all, or a file, folder or glob of prompts such as an "
+                        "earlier holdout-prompts.jsonl (repeat); keeps evaluation prompts out of training")
+    p.add_argument("--source-weights", action="append", default=[], metavar="SPEC",
+                   help="the mix per source (a file stem or built-in source): NAME=W a relative weight (default 1, "
+                        "0 drops it), NAME:N at most N prompts, comma-separated (repeat), e.g. "
+                        "sharegpt-v3-pypi=3,math-test=0.2,gsm8k-train:2000; without --max-prompts the heaviest "
+                        "sources are kept whole and the rest in proportion")
+    p.add_argument("--max-prompts", type=int, default=None,
+                   help="total prompts the mix keeps, shared by the weights (default: as the weights give)")
+    p.add_argument("--holdout-prompts", type=int, default=0, metavar="N",
+                   help="set N single-turn prompts aside, spread over source categories, as a chat evaluation "
+                        "set no training sees: written to OUT/holdout-prompts.jsonl (pass it to --exclude later)")
+    p.add_argument("--holdout-sources", default=None, metavar="NAMES",
+                   help="comma-separated sources the holdout draws from (default: every source)")
+    p.add_argument("--holdout-seed", type=int, default=0,
+                   help="seed of the holdout's choice (kept apart from --seed so the set stays put across runs)")
+    p.add_argument("--held-out", type=float, default=0.02,
+                   help="fraction of prompts kept out of training as the held-out split (by a hash of the prompt)")
     p.add_argument("--max-length", type=int, default=None,
                    help="truncate rendered conversations to this many tokens (default: min(2048, target context))")
     p.add_argument("--regenerate", action="store_true", help="answer every prompt with the target itself")
     p.add_argument("--keep-answers", action="store_true",
                    help="with --regenerate: keep each conversation's own answer as well as the target's "
                         "(e.g. answers sampled at 0.8 from an earlier prepare, plus greedy ones)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=0.8, help="regeneration: sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="regeneration: nucleus sampling mass")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="regeneration: answer tokens at most")
     p.add_argument("--batch-size", type=int, default=256, help="prompts per generate call")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the mix's sampling and of regeneration")
     p.add_argument("--system-prompt", default=None, help="system turn to add (default: the template's own choice)")
     p.add_argument("--thinking", choices=["on", "off"], default=None,
                    help="pass enable_thinking to the chat template (Qwen3-style templates)")
@@ -42,14 +61,15 @@ def register(sub) -> None:
     p.add_argument("--regen-engine", choices=["auto", "native", "generic"], default="auto",
                    help="greedy answers (--temperature 0): auto runs eyas's engine where the native path "
                         "does (CUDA, Llama family), native forces it, generic uses HF generate")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when a GPU is visible)")
+    p.add_argument("--dtype", default="auto", help="the target's dtype: auto (bf16 on the GPU), float32, bfloat16")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..models.loading import load_target
     from ..train import dist
+    from . import mix
     from .prepare import PrepareConfig, prepare
     from .regenerate import RegenConfig
 
@@ -63,6 +83,10 @@ def run(args) -> int:
         raise EyasError("--keep-answers only means something with --regenerate", "add --regenerate or drop --keep-answers")
     if args.magpie_prompts < 1 and "magpie" in args.source:
         raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
+    if args.max_prompts is not None and args.max_prompts < 1:
+        raise EyasError(f"--max-prompts must be at least 1, got {args.max_prompts}", "e.g. --max-prompts 40000")
+    if args.holdout_prompts < 0:
+        raise EyasError(f"--holdout-prompts must be 0 or more, got {args.holdout_prompts}", "e.g. --holdout-prompts 400")
     if not 0.0 <= args.held_out < 1.0:
         raise EyasError(f"--held-out {args.held_out} must be in [0, 1)", "e.g. --held-out 0.02")
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
@@ -70,8 +94,12 @@ def run(args) -> int:
     regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, seed=args.seed + ctx.rank, system_prompt=args.system_prompt,
                         template_kwargs=kw, engine=args.regen_engine)
+    holdout_sources = [s.strip() for s in (args.holdout_sources or "").split(",") if s.strip()]
     cfg = PrepareConfig(inputs=args.input, sources=args.source, limit=args.limit, self_per_topic=args.self_per_topic,
                         magpie_prompts=args.magpie_prompts, exclude=args.exclude, held_out=args.held_out,
+                        source_weights=mix.parse(args.source_weights), max_prompts=args.max_prompts,
+                        mix_seed=args.seed, holdout_prompts=args.holdout_prompts, holdout_sources=holdout_sources,
+                        holdout_seed=args.holdout_seed,
                         max_length=args.max_length or min(2048, target.info.max_context or 2048), regenerate=args.regenerate,
                         keep_answers=args.keep_answers, regen=regen)
     prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))

@@ -1,11 +1,13 @@
-"""``eyas prepare`` as a function: sources -> dedup/split -> regeneration -> tokens + mask -> vocab counts.
+"""``eyas prepare`` as a function: sources -> exclusion -> dedup -> chat holdout -> mix -> split ->
+regeneration -> tokens + mask -> vocab counts.
 
 Output folder:
     train.jsonl, heldout.jsonl    the conversations (with regenerated answers)
+    holdout-prompts.jsonl         the chat evaluation set no training sees (with --holdout-prompts)
     <split>.{tokens,mask,offsets}.npy  see ``tokenized``
     vocab_counts.npy              int64 [vocab]: frequency of each learned target token (train only)
     meta.json                     target, chat settings (system prompt, thinking, template hash),
-                                  regeneration settings and throughput, counts
+                                  regeneration settings and throughput, counts per source (``ledger``)
 """
 
 from __future__ import annotations
@@ -18,21 +20,30 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EyasError
-from . import sources
+from . import holdout, mix, sources
 from .chat import render
+from .exclude import drop_excluded, excluded_prompts
+from .files import read_inputs
+from .ledger import Ledger
 from .regenerate import RegenConfig, RegenStats, magpie_prompts, regenerate, self_prompts, with_system
-from .split import dedup_split, drop_excluded
+from .split import dedup, split
 from .tokenized import vocab_counts, write_split
 
 
 @dataclass
 class PrepareConfig:
-    inputs: list[str] = field(default_factory=list)  # JSONL files
+    inputs: list[str] = field(default_factory=list)  # conversation files, folders or globs (``files``)
     sources: list[str] = field(default_factory=list)  # chatterbot, pydoc, self, magpie
     limit: int | None = None  # per source
     self_per_topic: int = 8
     magpie_prompts: int = 2000  # prompts the target is asked to write (source magpie), before dedup
-    exclude: list[str] = field(default_factory=list)  # prompt sets (names or JSONL) kept out of the data
+    exclude: list[str] = field(default_factory=list)  # prompt sets (names, files) kept out of the data
+    source_weights: str | list | dict = field(default_factory=dict)  # the mix (``mix.parse``)
+    max_prompts: int | None = None  # the mix's total
+    mix_seed: int = 0
+    holdout_prompts: int = 0  # the chat evaluation set (``holdout``)
+    holdout_sources: list[str] = field(default_factory=list)  # drawn from these sources (default: all)
+    holdout_seed: int = 0
     held_out: float = 0.02
     max_length: int = 2048
     regenerate: bool = False
@@ -49,9 +60,7 @@ def _sharded(fn, items: list, dist_ctx) -> list:
 
 
 def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
-    records: list[dict] = []
-    for path in cfg.inputs:
-        records.extend(sources.read_jsonl(path))
+    records: list[dict] = list(read_inputs(cfg.inputs))
     for name in cfg.sources:
         if name == "self":
             requests = sources.self_instruct_requests(cfg.self_per_topic)
@@ -71,6 +80,35 @@ def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
         raise EyasError("no conversations: every source was empty",
                         "pass --input FILE.jsonl and/or --source chatterbot/pydoc/self/magpie")
     return records
+
+
+def select(records: list[dict], cfg: PrepareConfig, ledger: Ledger, log=print):
+    """(train, held out, chat holdout): exclusion, dedup, the chat holdout, the mix and the split,
+    each step's drops counted per source in ``ledger``."""
+    weights = mix.parse(cfg.source_weights)
+    names = {mix.source_key(r) for r in records}
+    mix.check_names(weights, names)
+    mix.check_names(dict.fromkeys(cfg.holdout_sources), names, "--holdout-sources")
+    ledger.add("read", records)
+    if cfg.exclude:
+        records, dropped = drop_excluded(records, excluded_prompts(cfg.exclude))
+        ledger.add("excluded", dropped)
+        log(f"{len(dropped)} records dropped: their prompts are in {', '.join(cfg.exclude)}")
+    records, dups = dedup(records)
+    ledger.add("duplicate", dups)
+    records, chat_eval, leaked = holdout.pick(records, cfg.holdout_prompts, cfg.holdout_sources, cfg.holdout_seed)
+    ledger.add("holdout", chat_eval)
+    ledger.add("excluded", leaked)
+    records, left_out = mix.apply(records, weights, cfg.max_prompts, cfg.mix_seed)
+    ledger.add("mixed out", left_out)
+    ledger.add("kept", records)
+    if not records:
+        raise EyasError(f"no prompts left after exclusion, deduplication, the holdout and the mix:\n{ledger.table()}",
+                        "loosen --source-weights / --max-prompts / --exclude, or add sources")
+    train, held = split(records, cfg.held_out)
+    log(f"{len(records)} records, {len(dups)} duplicates dropped, {len(chat_eval)} set aside for the chat "
+        f"holdout: {len(train)} train, {len(held)} held out")
+    return train, held, chat_eval
 
 
 def template_hash(tokenizer) -> str:
@@ -100,15 +138,8 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
     if ctx and cfg.max_length > ctx:
         raise EyasError(f"--max-length {cfg.max_length} is longer than the target's context ({ctx})",
                         f"use --max-length {ctx} or less")
-    records = collect(target, cfg, dist_ctx, log)
-    excluded = 0
-    if cfg.exclude:
-        from ..bench.prompts import prompt_set
-
-        records, excluded = drop_excluded(records, [p for name in cfg.exclude for p in prompt_set(name)])
-        log(f"{excluded} records dropped: their prompts are in {', '.join(cfg.exclude)}")
-    train, held, dups = dedup_split(records, cfg.held_out)
-    log(f"{len(records)} records, {dups} duplicates dropped: {len(train)} train, {len(held)} held out")
+    ledger = Ledger()
+    train, held, chat_eval = select(collect(target, cfg, dist_ctx, log), cfg, ledger, log)
     stats = {}
     if cfg.regenerate:
         for name, split in (("train", train), ("heldout", held)):
@@ -131,6 +162,8 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
     if dist_ctx is not None and dist_ctx.rank != 0:
         return {}
     out.mkdir(parents=True, exist_ok=True)
+    if chat_eval:
+        holdout.write(out, chat_eval)
     summary = {}
     for name, split in (("train", train), ("heldout", held)):
         with (out / f"{name}.jsonl").open("w") as f:
@@ -146,6 +179,7 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
                          "no_assistant_turn": skipped}
         if name == "train":
             np.save(out / "vocab_counts.npy", vocab_counts(rows, target.info.vocab_size))
+    counts = {c: sum(d[c] for d in ledger.as_dict().values()) for c in ("excluded", "duplicate")}
     meta = {
         "target": {"name": target.info.name, "num_layers": target.info.num_layers,
                    "hidden_size": target.info.hidden_size, "vocab_size": target.info.vocab_size},
@@ -156,10 +190,15 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
                          "stats": stats},
         "sources": cfg.sources, "inputs": cfg.inputs, "held_out_fraction": cfg.held_out,
         "magpie_prompts": cfg.magpie_prompts if "magpie" in cfg.sources else None,
-        "excluded": {"sets": cfg.exclude, "records": excluded},
-        "max_length": cfg.max_length, "duplicates_dropped": dups, "splits": summary,
+        "excluded": {"sets": cfg.exclude, "records": counts["excluded"]},
+        "mix": {"source_weights": mix.parse(cfg.source_weights), "max_prompts": cfg.max_prompts, "seed": cfg.mix_seed},
+        "holdout": {"file": holdout.FILE if chat_eval else None, "prompts": len(chat_eval),
+                    "sources": cfg.holdout_sources, "seed": cfg.holdout_seed},
+        "per_source": ledger.as_dict(),
+        "max_length": cfg.max_length, "duplicates_dropped": counts["duplicate"], "splits": summary,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"prompts per source:\n{ledger.table()}")
     log(f"wrote {out}: train {summary['train']['rows']} rows / {summary['train']['loss_tokens']} loss tokens, "
         f"held out {summary['heldout']['rows']} rows")
     return meta

@@ -1,38 +1,21 @@
-"""Prompt sources that need no download: local JSONL, chatterbot-corpus, Python's own docs, and
-prompts the target writes itself from a topic list.
+"""Built-in prompt sources that need no download: chatterbot-corpus, Python's own docs, and
+prompts the target writes itself from a topic list (files of conversations are read by ``files``).
 
-Every source yields records ``{"messages": [...], "source": name}``. Built-in sources yield one
-user turn (answers come from regeneration); JSONL records keep their turns as given.
+Every source yields records ``{"messages": [...], "source": "name:detail"}`` of one user turn
+(answers come from regeneration); the part before ``:`` names the source in weights and summaries.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import EyasError
-from .chat import normalize
 
 BUILTIN = ("chatterbot", "pydoc", "self")
-
-
-def read_jsonl(path) -> Iterator[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise EyasError(f"no such data file: {p}", "pass a JSONL file of ShareGPT or OpenAI-style conversations")
-    with p.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EyasError(f"{p}:{n} is not valid JSON ({e.msg})", "one JSON object per line") from None
-            yield {"messages": normalize(rec), "source": f"jsonl:{p.name}"}
 
 
 def chatterbot(limit: int | None = None) -> Iterator[dict]:

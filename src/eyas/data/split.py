@@ -1,49 +1,58 @@
 """Deduplication and the held-out split.
 
 Records are keyed by their normalised prompt (every turn before the last assistant turn, with
-case and whitespace folded), so the same question from two sources counts once. The split is a
-function of that key alone (a hash), so it never changes when sources are added or reordered, and
-a prompt in the held-out split can never reach training, however the data is regenerated.
+case and whitespace folded), so the same question from two sources counts once: the first one read
+keeps it. The split is a function of that key alone (a hash), so it never changes when sources are
+added or reordered, and a prompt in the held-out split can never reach training, however the data
+is regenerated. ``rank`` orders prompts by a salted hash of the same key: what the per-source mix
+and the chat holdout sample by, so a choice depends on the seed and the prompt, never on file order.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 
 from .chat import prompt_messages
 
 
 def fold(text: str) -> str:
-    return re.sub(r"\s+", " ", text.strip().lower())
+    """Lowercased, whitespace runs collapsed to one space, ends stripped."""
+    return " ".join(text.lower().split())
 
 
 def prompt_key(messages: list[dict]) -> str:
     return "\x1e".join(f"{m['role']}:{fold(m['content'])}" for m in prompt_messages(messages))
 
 
+def _unit(text: str) -> float:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
 def is_held_out(key: str, fraction: float) -> bool:
-    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-    return h / 2**64 < fraction
+    return _unit(key) < fraction
 
 
-def drop_excluded(records, texts) -> tuple[list[dict], int]:
-    """(records none of whose user turns is one of ``texts``, how many were dropped), case and
-    whitespace folded: keeps benchmark prompts out of the data."""
-    banned = {fold(t) for t in texts}
-    kept = [r for r in records
-            if not any(m["role"] == "user" and fold(m["content"]) in banned for m in prompt_messages(r["messages"]))]
-    return kept, len(records) - len(kept)
+def rank(record: dict, salt: str) -> float:
+    """A number in [0, 1) fixed by ``salt`` and the record's prompt: sort by it to sample."""
+    return _unit(f"{salt}\x1f{prompt_key(record['messages'])}")
 
 
-def dedup_split(records, held_out: float) -> tuple[list[dict], list[dict], int]:
-    """(train, held_out, duplicates dropped)."""
-    seen, train, test, dups = set(), [], [], 0
+def dedup(records) -> tuple[list[dict], list[dict]]:
+    """(records with a prompt not seen before, the repeats and the empty ones)."""
+    seen, kept, dropped = set(), [], []
     for r in records:
         key = prompt_key(r["messages"])
         if not key or key in seen:
-            dups += 1
+            dropped.append(r)
             continue
         seen.add(key)
-        (test if is_held_out(key, held_out) else train).append(r)
-    return train, test, dups
+        kept.append(r)
+    return kept, dropped
+
+
+def split(records, held_out: float) -> tuple[list[dict], list[dict]]:
+    """(train, held out): a prompt is held out when its key hashes below ``held_out``."""
+    train, test = [], []
+    for r in records:
+        (test if is_held_out(prompt_key(r["messages"]), held_out) else train).append(r)
+    return train, test

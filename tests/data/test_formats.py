@@ -1,0 +1,123 @@
+"""Every published conversation format prepares to the same tokens and loss mask as its plain-text
+twin (OpenAI messages with string contents), read from JSONL, JSON arrays and gzip alike."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from helpers import byte_tokenizer
+
+from eyas.data.files import read_inputs, read_records
+from eyas.data.prepare import PrepareConfig, prepare
+from eyas.errors import EyasError
+
+CONVS = [  # (user, assistant, user, assistant); the second user turn has two lines
+    ("Hi there", "Hello! How can I help?", "Name a colour.\nJust one, please.", "Blue."),
+    ("What is 2+2?", "It is 4.", "And 3+3?\nShow it.", "3+3 = 6."),
+]
+ROLES = ("user", "assistant", "user", "assistant")
+
+
+def _twin(c):
+    return {"messages": [{"role": r, "content": t} for r, t in zip(ROLES, c)]}
+
+
+def _sharegpt(c):
+    return {"conversations": [{"from": {"user": "human", "assistant": "gpt"}[r], "value": t} for r, t in zip(ROLES, c)]}
+
+
+def _openai_parts(c):  # every turn as content parts; a two-line turn as two text parts
+    return {"messages": [{"role": r, "content": [{"type": "text", "text": line} for line in t.split("\n")]}
+                         for r, t in zip(ROLES, c)]}
+
+
+def _specforge(c):
+    return {"id": "x", "conversations": [{"role": r, "content": t} for r, t in zip(ROLES, c)]}
+
+
+def _ultrachat(c):
+    return {"id": "0", "data": list(c)}
+
+
+def _write(path, records, array=False):
+    text = json.dumps(records, indent=1) if array else "".join(json.dumps(r) + "\n\n" for r in records)
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+FORMATS = {  # name: (file name, record maker, one JSON array)
+    "sharegpt-jsonl": ("sharegpt.jsonl", _sharegpt, False),
+    "sharegpt-array": ("sharegpt.json", _sharegpt, True),
+    "sharegpt-array-gz": ("sharegpt.json.gz", _sharegpt, True),
+    "openai-parts": ("openai.jsonl", _openai_parts, False),
+    "openai-parts-gz": ("openai.jsonl.gz", _openai_parts, False),
+    "specforge": ("specforge.jsonl", _specforge, False),
+    "ultrachat": ("ultrachat.jsonl", _ultrachat, False),
+}
+
+
+def _prepared(target, path, out):
+    prepare(target, PrepareConfig(inputs=[str(path)], held_out=0.0, max_length=256), out, log=lambda *a: None)
+    return [np.load(out / f"train.{k}.npy") for k in ("tokens", "mask", "offsets")]
+
+
+@pytest.fixture(scope="module")
+def twin(target, tmp_path_factory):
+    d = tmp_path_factory.mktemp("twin")
+    return _prepared(target, _write(d / "twin.jsonl", [_twin(c) for c in CONVS]), d / "out")
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_each_format_prepares_like_its_plain_text_twin(fmt, target, twin, tmp_path):
+    name, make, array = FORMATS[fmt]
+    got = _prepared(target, _write(tmp_path / name, [make(c) for c in CONVS], array), tmp_path / "out")
+    for a, b in zip(got, twin):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_content_parts_become_their_text_not_their_repr(target, tmp_path):
+    _prepared(target, _write(tmp_path / "p.jsonl", [_openai_parts(CONVS[0])]), tmp_path / "out")
+    text = byte_tokenizer().decode(np.load(tmp_path / "out" / "train.tokens.npy"))
+    assert "Name a colour.\nJust one, please." in text and "'type'" not in text and "[{" not in text
+
+
+def test_media_parts_are_refused_naming_the_record(tmp_path):
+    bad = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                     {"type": "image_url", "image_url": {"url": "x.png"}}]}]}
+    p = _write(tmp_path / "mm.jsonl", [_twin(CONVS[0]), bad])
+    with pytest.raises(EyasError, match=r"mm\.jsonl:3: a turn holds a 'image_url' part; .* text only"):
+        list(read_records(p))
+    audio = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}
+    with pytest.raises(EyasError, match=r"mm\.json\[1\]: a turn holds a 'input_audio' part"):
+        list(read_records(_write(tmp_path / "mm.json", [_twin(CONVS[0]), audio], array=True)))
+
+
+def test_unreadable_files_say_where(tmp_path):
+    p = tmp_path / "broken.json"
+    p.write_text('[{"prompt": "a"},\n {"prompt": ')
+    with pytest.raises(EyasError, match="broken.json starts like a JSON array but is not valid JSON"):
+        list(read_records(p))
+    with pytest.raises(EyasError, match=r"odd.jsonl:1: a record in none of the known shapes: keys \['text'\]"):
+        list(read_records(_write(tmp_path / "odd.jsonl", [{"text": "x"}])))
+    with pytest.raises(EyasError, match="no such data file or folder"):
+        list(read_inputs([str(tmp_path / "missing.jsonl")]))
+    with pytest.raises(EyasError, match="no file matches"):
+        list(read_inputs([str(tmp_path / "nothing-*.jsonl.gz")]))
+
+
+def test_sources_are_file_stems_and_one_stem_twice_is_refused(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _write(tmp_path / "a" / "chat.jsonl.gz", [{"prompt": "p1", "source": "org/repo:file", "category": "chat"}])
+    (tmp_path / "a" / "stats.json").write_text('{"not": "records"}')  # a folder's .json files are not read
+    recs = list(read_inputs([str(tmp_path / "a")]))
+    assert recs == [{"messages": [{"role": "user", "content": "p1"}], "source": "chat", "category": "chat",
+                     "origin": "org/repo:file"}]
+    _write(tmp_path / "b" / "chat.jsonl", [{"prompt": "p2"}])
+    with pytest.raises(EyasError, match="two inputs have the source name 'chat'"):
+        list(read_inputs([str(tmp_path / "a"), str(tmp_path / "b" / "chat.jsonl")]))

@@ -28,9 +28,11 @@ def fake_server(owned_by: str, metrics: list[str] | None, completion_tokens: int
         if path == "/metrics":
             if metrics is None:
                 return httpx.Response(404, text="Not Found")
-            text = (RECORDED / metrics[min(calls["metrics"], len(metrics) - 1)]).read_text()
+            answer = metrics[min(calls["metrics"], len(metrics) - 1)]
             calls["metrics"] += 1
-            return httpx.Response(200, text=text)
+            if isinstance(answer, tuple):  # (status, body) as given
+                return httpx.Response(answer[0], text=answer[1])
+            return httpx.Response(200, text=(RECORDED / answer).read_text())
         if path == "/get_server_info" and server_info is not None:
             return httpx.Response(200, json=server_info)
         if path == "/v1/chat/completions":
@@ -170,3 +172,55 @@ def test_sglang_server_info_eagle3():
     report, _ = diagnose("sglang", ["sglang_rejected.prom"], server_info=info)
     assert next(c for c in report.checks if c.name == "configuration").status == "ok"
     assert report.figures["likely_causes"][0].startswith("not the flag")
+
+
+# -- figures no decoder can produce are never a pass; failures are reported as what they are ---------------------
+@pytest.mark.parametrize("recorded,reasons", [
+    ("sglang_nan.prom", ["tau nan is not a finite number"]),
+    ("sglang_inf.prom", ["tau inf is not a finite number", "acceptance rate 2.5 is outside [0, 1]"]),
+])
+def test_non_finite_or_out_of_range_gauges_are_impossible_figures(recorded, reasons):
+    report, _ = diagnose("sglang", [recorded])
+    assert report.exit_code == 1, report.verdict
+    assert report.verdict == f"IMPOSSIBLE FIGURES ({reasons[0]}): acceptance cannot be judged"
+    assert report.figures["impossible"] == reasons and "tau" not in report.figures
+    assert json.loads(report.to_json())["exit_code"] == 1  # strict JSON: no NaN or Infinity in it
+
+
+def test_tau_above_the_tokens_a_step_verifies_is_impossible():
+    info = {**SGLANG_ARGS, "speculative_algorithm": "EAGLE3", "speculative_num_draft_tokens": 2}
+    report, _ = diagnose("sglang", ["sglang_eagle3.prom"], server_info=info)  # tau 2.9, but at most 2 a step
+    assert report.exit_code == 1
+    assert report.figures["impossible"] == ["tau 2.9 is above 2 (the server verifies 2 tokens a step, root included)"]
+
+
+def test_counters_that_went_backwards_are_impossible_not_rejected():
+    report, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_impossible_after.prom"])
+    assert report.exit_code == 1 and report.verdict.startswith("IMPOSSIBLE FIGURES (tau -1 is below 1")
+    assert "likely_causes" not in report.figures
+    assert "restart" in next(c for c in report.checks if c.name == "acceptance").fix
+
+
+@pytest.mark.parametrize("answer,found", [
+    ((500, "Internal Server Error"), "GET /metrics answered HTTP 500: the server failed to produce its metrics"),
+    ((200, "<html><body>a login page</body></html>"), "answered 200 with text that is not Prometheus exposition"),
+])
+def test_metrics_that_fail_are_not_called_disabled(answer, found):
+    report, _ = diagnose("sglang", [answer])
+    row = next(c for c in report.checks if c.name == "metrics")
+    assert report.exit_code == 1 and found in row.message and found in report.verdict
+    assert "--enable-metrics" not in row.fix and "server's log" in row.fix
+
+
+def test_a_hung_server_is_reported_as_a_timeout():
+    import socket
+
+    with socket.socket() as hung:  # accepts connections (the kernel's backlog) and never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        report = diagnose_live(url, LiveOptions(probes=1, timeout=0.5))
+    assert report.exit_code == 1
+    assert report.verdict.startswith(f"TIMED OUT: GET {url}/v1/models timed out: no answer after 0.")
+    assert "(--timeout 0.5 s)" in report.verdict and "nothing answers" not in report.verdict
+    assert "raise --timeout" in report.checks[0].fix

@@ -1,13 +1,16 @@
 """The live verdict: from a server's acceptance figures and the probes to plain words and rows.
 
-Rules, first match wins: no metrics -> UNVERIFIED; probes all failed -> UNVERIFIED; speculation off
--> SPECULATION OFF; no verify step -> UNVERIFIED; tau < 1.1 -> NOT ACCEPTED with the likely causes
+Rules, first match wins: no metrics (missing, failing, not Prometheus) -> UNVERIFIED; probes all
+failed -> UNVERIFIED; speculation off -> SPECULATION OFF; no verify step -> UNVERIFIED; a figure no
+decoder can produce (NaN or infinite, tau < 1 or above the tokens a step verifies, a rate outside
+[0, 1]) -> IMPOSSIBLE FIGURES, never a pass; tau < 1.1 -> NOT ACCEPTED with the likely causes
 in order (the algorithm flag first); otherwise working, then DEGRADED against ``--expect-tau`` and
 SLOWER THAN BASELINE against ``--baseline-url``/``--baseline-tps`` as further problems.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from . import servers
@@ -19,14 +22,51 @@ if TYPE_CHECKING:
 
 NOT_ACCEPTED_TAU = 1.1  # below this nearly every proposal is rejected
 LOW_TAU = 1.5  # accepted, but too little to pay for drafting on most hardware
+MAX_DRAFT_TOKENS = 64  # when the server does not say: more than any EAGLE tree verifies in a step
 
 
 def _metrics_missing(report: Report, view: "ServerView") -> None:
+    status = view.metrics_status
+    if view.metrics_error or status not in (None, 404, 401, 403):  # there, but it failed or is not Prometheus
+        what = view.metrics_error or f"GET /metrics answered HTTP {status}: the server failed to produce its metrics"
+        report.add("metrics", PROBLEM, f"{what}; acceptance cannot be read",
+                   "check that --url is the server itself (not a proxy or another service) and read the server's "
+                   "log for the error behind /metrics")
+        report.verdict = f"UNVERIFIED: /metrics could not be read ({what})"
+        return
+    if status in (401, 403):
+        report.add("metrics", PROBLEM, f"GET /metrics answered HTTP {status}: acceptance cannot be read",
+                   "pass the server's key with --api-key")
+        report.verdict = "UNVERIFIED: /metrics refused the request"
+        return
     how = {SGLANG: "start SGLang with --enable-metrics", VLLM: "vLLM serves /metrics by default: check that "
            "nothing (a proxy, --disable-log-stats) hides it", EYAS: "eyas always serves /metrics: check the URL"}
-    report.add("metrics", PROBLEM, f"GET /metrics answered {view.metrics_status or 'nothing'}: acceptance cannot be "
+    report.add("metrics", PROBLEM, f"GET /metrics answered {status or 'nothing'}: acceptance cannot be "
                "read", how.get(view.kind, "enable the server's Prometheus endpoint (SGLang --enable-metrics)"))
     report.verdict = "UNVERIFIED: the server exposes no metrics, so acceptance cannot be measured"
+
+
+def impossible(acc: Acceptance, draft_tokens: int | None) -> list[str]:
+    """The figures no speculative decoder can produce, each named with its value: non-finite numbers,
+    tau below 1 or above what a step can accept, rates outside [0, 1]. Empty when all are plausible."""
+    out = []
+    if draft_tokens:  # the server's setting, counting the root: a step accepts at most this many tokens
+        ceiling, why = float(draft_tokens), f"the server verifies {draft_tokens} tokens a step, root included"
+    else:
+        ceiling, why = 1.0 + MAX_DRAFT_TOKENS, f"no known server drafts more than {MAX_DRAFT_TOKENS} tokens a step"
+    tau = acc.tau
+    if not math.isfinite(tau):
+        out.append(f"tau {tau} is not a finite number")
+    elif tau < 1:
+        out.append(f"tau {tau:.4g} is below 1 (every verify step emits at least one token)")
+    elif tau > ceiling:
+        out.append(f"tau {tau:.4g} is above {ceiling:g} ({why})")
+    if acc.rate is not None and not 0 <= acc.rate <= 1:  # NaN fails both comparisons
+        out.append(f"acceptance rate {acc.rate:.4g} is outside [0, 1]")
+    for i, p in enumerate(acc.per_position):
+        if not 0 <= p <= 1:
+            out.append(f"acceptance at position {i} {p:.4g} is outside [0, 1]")
+    return out
 
 
 def _causes(kind: str, configured: str | None = None) -> list[str]:
@@ -93,6 +133,15 @@ def judge(report: Report, view: "ServerView", before, after, result: "ProbeResul
         report.add("acceptance", PROBLEM, f"no verify step was recorded ({why}), although speculation metrics exist",
                    "send traffic (drop --no-probe) and check that requests reach this server")
         report.verdict = "UNVERIFIED: no speculative step was observed"
+        return
+    bad = impossible(acc, report.figures.get("server_num_draft_tokens"))
+    if bad:
+        report.figures.update(impossible=bad, source=acc.source)
+        report.add("acceptance", PROBLEM, f"the server reports figures no speculative decoder produces ({acc.source}): "
+                   + "; ".join(bad), "this is not a pass: the metrics are broken (a server bug, a proxy rewriting "
+                   "them, or counters reset by a restart between the two reads); check the server's version and log, "
+                   "then run the doctor again")
+        report.verdict = f"IMPOSSIBLE FIGURES ({bad[0]}): acceptance cannot be judged"
         return
     _acceptance_rows(report, kind, acc, result, opts, baseline)
 

@@ -25,6 +25,7 @@ from .judge import judge
 from .servers import LABEL
 from .verdict import OK, PROBLEM, Report
 
+
 @dataclass
 class ProbeResult:
     requests: int = 0
@@ -45,22 +46,29 @@ class ServerView:
     model: str | None = None
     owned_by: str | None = None
     metrics_status: int | None = None
+    metrics_error: str | None = None  # /metrics timed out, failed or answered text that is not Prometheus
     error: str | None = None
+    timed_out: bool = False
 
 
-def _get(client: httpx.Client, url: str) -> httpx.Response | None:
+def _get(client: httpx.Client, url: str) -> tuple[httpx.Response | None, str | None, bool]:
+    """(response, None, False), or (None, what went wrong, whether it was a timeout)."""
+    t = time.perf_counter()
     try:
-        return client.get(url)
-    except httpx.HTTPError:
-        return None
+        return client.get(url), None, False
+    except httpx.TimeoutException:
+        limit = client.timeout.read
+        return None, (f"GET {url} timed out: no answer after {time.perf_counter() - t:.1f} s"
+                      + (f" (--timeout {limit:g} s)" if limit is not None else "")), True
+    except httpx.HTTPError as e:
+        return None, f"nothing answers at {url} ({type(e).__name__}: {e})", False
 
 
 def look(client: httpx.Client, url: str) -> tuple[ServerView, dict | None]:
-    """What serves at ``url`` and its parsed metrics (None when /metrics is missing)."""
+    """What serves at ``url`` and its parsed metrics (None when /metrics is missing or unreadable)."""
     view = ServerView(url)
-    r = _get(client, url + "/v1/models")
+    r, view.error, view.timed_out = _get(client, url + "/v1/models")
     if r is None:
-        view.error = f"nothing answers at {url}"
         return view, None
     if r.status_code == 200:
         try:
@@ -68,14 +76,15 @@ def look(client: httpx.Client, url: str) -> tuple[ServerView, dict | None]:
             view.model, view.owned_by = data.get("id"), data.get("owned_by")
         except (ValueError, AttributeError, IndexError):
             pass
-    m = _get(client, url + "/metrics")
+    m, view.metrics_error, _ = _get(client, url + "/metrics")
     view.metrics_status = m.status_code if m is not None else None
     samples = None
     if m is not None and m.status_code == 200:
         try:
             samples = servers.parse(m.text)
-        except ValueError:
-            samples = None
+        except ValueError as e:
+            view.metrics_error = (f"GET {url}/metrics answered 200 with text that is not Prometheus exposition "
+                                  f"format ({str(e)[:200]})")
     view.kind = servers.detect(samples or {}, view.owned_by)
     return view, samples
 
@@ -95,12 +104,19 @@ def probe_one(client: httpx.Client, url: str, model: str | None, text: str, max_
     if r.status_code != 200:
         res.errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
         return
-    usage = r.json().get("usage") or {}
+    try:
+        usage = r.json().get("usage") or {}
+        tokens = int(usage.get("completion_tokens") or 0)
+        tau = usage.get("spec_accept_length")
+        tau = float(tau) if tau is not None else None
+    except (ValueError, TypeError, AttributeError):
+        res.errors.append(f"HTTP 200 without a readable chat completion: {r.text[:200]}")
+        return
     res.requests += 1
     res.seconds += dt
-    res.completion_tokens += int(usage.get("completion_tokens") or 0)
-    if usage.get("spec_accept_length") is not None:
-        res.per_request_tau.append(float(usage["spec_accept_length"]))
+    res.completion_tokens += tokens
+    if tau is not None:
+        res.per_request_tau.append(tau)
 
 
 def probe(client: httpx.Client, url: str, model: str | None, prompts: list[str], max_tokens: int,
@@ -162,15 +178,20 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
         view, samples = look(client, url)
         report = Report(f"{url}")
         if view.error:
-            report.add("server", PROBLEM, view.error, "start the server, or check --url (scheme, host, port)")
-            report.verdict = f"UNREACHABLE: {view.error}"
+            report.add("server", PROBLEM, view.error, "the server is up but does not answer: check its log and "
+                       "load, or raise --timeout" if view.timed_out else
+                       "start the server, or check --url (scheme, host, port)")
+            report.verdict = f"{'TIMED OUT' if view.timed_out else 'UNREACHABLE'}: {view.error}"
             return report
         report.subject = f"{url} ({LABEL[view.kind]}, model {view.model or '?'})"
         report.add("server", OK, f"{LABEL[view.kind]} serving {view.model or '?'}"
                    + (f" (owned_by {view.owned_by})" if view.owned_by else ""))
-        configured = server_config.add_rows(report, view.kind, server_config.fetch(client, url, view.kind))
+        info = server_config.fetch(client, url, view.kind)
+        configured = server_config.add_rows(report, view.kind, info)
         if configured:
             report.figures["server_algorithm"] = configured
+        if server_config.num_draft_tokens(view.kind, info):
+            report.figures["server_num_draft_tokens"] = server_config.num_draft_tokens(view.kind, info)
         before = servers.snapshot(samples, view.kind) if samples is not None else None
         prompts = prompt_set("chat")[: max(opts.probes, 0)]
         result, baseline = None, (opts.baseline_tps, "--baseline-tps") if opts.baseline_tps else (None, "")
@@ -182,8 +203,11 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                 result, base = probe(client, url, opts.model or view.model, prompts, opts.max_tokens, side)
                 if base is not None:
                     baseline = (base.tokens_per_s, f"{opts.baseline_url.rstrip('/')}, same probes interleaved")
-            _, samples_after = look(client, url)
+            view_after, samples_after = look(client, url)
             after = servers.snapshot(samples_after, view.kind) if samples_after is not None else None
+            if after is None:  # the second read failed: report how
+                view.metrics_status = view_after.metrics_status
+                view.metrics_error = view_after.metrics_error or view_after.error
         else:
             after, before = before, None
         judge(report, view, before, after, result, opts, baseline)

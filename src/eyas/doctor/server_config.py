@@ -48,6 +48,24 @@ def draft_is_eagle3(path: str | None) -> bool | None:
     return draft_kind(fc_in, fc_in // n_aux if fc_in else 0, n_aux, arch) == "eagle3"
 
 
+def num_draft_tokens(kind: str, info: dict | None) -> int | None:
+    """The most tokens a verify step checks, counting the root, as the server says (None: not told).
+    A step accepts at most this many tokens (the draft's plus the bonus), which bounds tau."""
+    if not info:
+        return None
+    key = "num_draft_tokens" if kind == EYAS else "speculative_num_draft_tokens"
+    found = [info.get(key)]
+    if kind == EYAS and info.get("batch_schedule"):
+        from ..config import parse_schedule
+
+        try:
+            found += [s.num_draft_tokens for _, s in parse_schedule(info["batch_schedule"]) if s.speculative]
+        except EyasError:
+            pass
+    found = [int(n) for n in found if isinstance(n, int) and not isinstance(n, bool) and n >= 2]
+    return max(found) if found else None
+
+
 def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
     """A 'configuration' row; returns the algorithm the server runs (None when not told)."""
     if not info:

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ..errors import EyasError
+from .kernel_choice import CHOICES, shape_key
 from .ops import TorchOps
 
 log = logging.getLogger("eyas.kernels")
@@ -669,7 +670,8 @@ class TritonOps(TorchOps):
         x, norm = self._norm_apart(x, norm)
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg),
-                                     lambda: TorchOps.linear(self, x, weight, bias, norm), prologue=norm is not None)
+                                     lambda: TorchOps.linear(self, x, weight, bias, norm), prologue=norm is not None,
+                                     variant=_variant("linear", bias, norm))
 
     def linear_silu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
@@ -677,7 +679,8 @@ class TritonOps(TorchOps):
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg, silu=True),
                                      lambda: TorchOps.linear_silu(self, x, weight, bias, norm),
-                                     prologue=norm is not None or not self.row_norm_apart)
+                                     prologue=norm is not None or not self.row_norm_apart,
+                                     variant=_variant("silu", bias, norm))
 
     def _norm_apart(self, x: torch.Tensor, norm):
         """``(x, norm)`` as the projection takes them: for 2 to ``ROWS_MAX`` rows with ``row_norm_apart``
@@ -693,26 +696,37 @@ class TritonOps(TorchOps):
                    bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._fused_or_cublas(x, weight, weight.shape[1], residual,
                                      lambda cfg: self._linear(x, weight, bias, None, cfg, residual=residual),
-                                     lambda: TorchOps.linear_add(self, residual, x, weight, bias))
+                                     lambda: TorchOps.linear_add(self, residual, x, weight, bias),
+                                     variant=_variant("add", bias, None))
 
     def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path,
-                         prologue: bool = False):
-        """``kernel_path(config)`` where ``x`` is one row of ``width`` for ``weight`` (a decode step at
-        batch 1, which ``_linear_kernel`` runs with its norm, activation and residual inside) or a few
-        rows (up to ``ROWS_MAX``: a tree's verify, a draft level; ``_linear_rows_kernel``, without a norm
-        or activation inside unless ``row_prologues``), else ``cublas_path()``: more rows (prefill, large
-        batches), and shapes where cuBLAS measured faster, stay cuBLAS's (and a mismatched input meets
-        torch's shape error)."""
+                         prologue: bool = False, variant: str = "linear"):
+        """``kernel_path(config)`` or ``cublas_path()``, whichever ``CHOICES`` measured faster for this
+        shape on this GPU (``kernel_choice``). The kernels take one row of ``width`` for ``weight`` (a
+        decode step at batch 1: ``_linear_kernel``, its norm, activation and residual inside) or a few
+        rows (up to ``ROWS_MAX``: a tree's verify, a draft level; ``_linear_rows_kernel`` in the tile
+        shapes of ``ROWS_TILES``, without a norm or activation inside unless ``row_prologues``). More
+        rows (prefill, large batches) stay cuBLAS's, and a mismatched input meets torch's shape error.
+        Without timing (the CPU, a capture) the first candidate runs: the kernel with its built-in
+        configuration, or cuBLAS where ``linear_config`` says so."""
         rows = x.numel() // max(1, x.shape[-1])
         several = 1 < rows <= ROWS_MAX and self.row_linears and (self.row_prologues or not prologue)
         fits = (self.fused_linears and x.shape[-1] == width and (rows == 1 or several)
                 and weight.dtype == x.dtype and weight.stride(-1) == 1
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
                 and (residual is None or residual.numel() == rows * weight.shape[0]))
-        cfg = linear_config(*weight.shape, x.dtype.itemsize) if fits else None
-        if cfg is None:
+        if not fits:
             return cublas_path()
-        return self._or_torch(lambda: kernel_path(cfg), cublas_path, "linear_failed", "projections use cuBLAS")
+        n, k = weight.shape
+        configs = linear_candidates(rows, n, k, x.dtype.itemsize)
+        if not configs:
+            return cublas_path()
+        runs = {name: (lambda cfg=cfg: kernel_path(cfg)) if cfg else cublas_path for name, cfg in configs.items()}
+        choice = CHOICES.pick(shape_key(rows, n, k, x.dtype, variant), runs, x.device)
+        if configs[choice] is None:
+            return cublas_path()
+        return self._or_torch(lambda: kernel_path(configs[choice]), cublas_path, "linear_failed",
+                              "projections use cuBLAS")
 
     def qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
         def torch_path():
@@ -881,7 +895,7 @@ class TritonOps(TorchOps):
         n, k = weight.shape
         n = n // 2 if silu else n  # gate/up: the kernel writes silu(gate) * up
         if x.numel() != k:
-            return self._linear_rows(x, weight, bias, norm, n, residual, silu)
+            return self._linear_rows(x, weight, bias, norm, n, residual, silu, cfg)
         out = torch.empty(n, dtype=x.dtype, device=x.device)
         res = out if residual is None else _rows(residual)
         block_n, block_k, warps, stages = cfg
@@ -895,13 +909,16 @@ class TritonOps(TorchOps):
                 num_warps=warps, num_stages=stages)
         return out.view(*x.shape[:-1], n)
 
-    def _linear_rows(self, x, weight, bias, norm, n, residual, silu) -> torch.Tensor:
+    def _linear_rows(self, x, weight, bias, norm, n, residual, silu, cfg=None) -> torch.Tensor:
+        """``cfg``: (BLOCK_N, BLOCK_K, num_warps, num_stages), else ``linear_rows_config``'s."""
         k = weight.shape[1]
         xr = _rows(x)
         m = xr.shape[0]
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         res = out if residual is None else _rows(residual)
         block_m, block_n, block_k, warps, stages = linear_rows_config(m, n, k, x.dtype.itemsize)
+        if cfg is not None:
+            block_n, block_k, warps, stages = cfg
         _launch(_linear_rows_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, block_m)), xr, xr.stride(0), weight,
                 weight.stride(0), out if bias is None else bias, res, res.stride(0), out if norm is None else norm[0],
                 out, out.stride(0), m, n, k, float(norm[1]) if norm else 0.0, NORM=norm is not None, SILU=silu,
@@ -1044,6 +1061,34 @@ def linear_rows_config(m: int, n: int, k: int, itemsize: int) -> tuple[int, int,
     if (n, k, itemsize) in LINEAR_ROWS_CONFIGS:
         return (block_m, *LINEAR_ROWS_CONFIGS[n, k, itemsize])
     return block_m, 16, 256 // max(1, itemsize // 2), 4, 3
+
+
+ROWS_TILES = ((32, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4))
+"""(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``_linear_rows_kernel`` timed beside ``linear_rows_config``'s
+and cuBLAS for each shape: wider tiles read the rows ``x`` fewer times, which a large ``K`` needs (Llama-3.1-8B's
+projections measured 1.5-2x slower than cuBLAS with the 16-column default); halved ``BLOCK_K`` for float32."""
+
+
+def linear_candidates(rows: int, n: int, k: int, itemsize: int) -> dict[str, tuple[int, int, int, int] | None]:
+    """The named configurations a projection of ``rows`` x ``k`` by an ``[n, k]`` weight may run, the
+    default first (None: cuBLAS). One row: ``_linear_kernel`` with ``linear_config``, or cuBLAS first where
+    that says so, with a generic configuration to time against it. 2 to ``ROWS_MAX`` rows: the rows kernel's
+    default tile, the tiles of ``ROWS_TILES``, and cuBLAS."""
+    scale = max(1, itemsize // 2)
+    if rows == 1:
+        cfg = linear_config(n, k, itemsize)
+        if cfg is None:
+            return {"cublas": None, "kernel:16x256": (16, 256 // scale, 4, 2)}
+        return {f"kernel:{cfg[0]}x{cfg[1]}": cfg, "cublas": None}
+    default = linear_rows_config(rows, n, k, itemsize)[1:]
+    tiles = [default] + [(bn, bk // scale, w, st) for bn, bk, w, st in ROWS_TILES]
+    out = {f"rows:{bn}x{bk}x{w}x{st}": (bn, bk, w, st) for bn, bk, w, st in dict.fromkeys(tiles)}
+    return {**out, "cublas": None}
+
+
+def _variant(op: str, bias, norm) -> str:
+    """What a projection does besides the product, for ``shape_key``: ``linear+norm+bias``, ``silu``, ``add``."""
+    return op + ("+norm" if norm is not None else "") + ("+bias" if bias is not None else "")
 
 
 TRITON = TritonOps()

@@ -10,6 +10,7 @@ import hashlib
 
 from ..config import format_schedule
 from ..layers import to_sglang
+from ..models.kernel_choice import CHOICES
 
 
 def template_sha(template: str | None) -> str:
@@ -120,6 +121,8 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
              f"tree per batch size: {i['batch_schedule']} (BOUND:num_steps,eagle_topk,num_draft_tokens for "
              "batches up to BOUND, the last entry also for larger ones; 0 = no speculation)"),
         ]
+    kernels = CHOICES.summary()  # after the warm-up, which times the projections' kernels on a GPU
+    lines += [kernels] if kernels else []
     lines += [
         f"chat template: sha256 {i['chat_template_sha256_16']}",
         f"context length: {i['context_length']}",

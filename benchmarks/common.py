@@ -104,6 +104,16 @@ def llama31_8b_config(layers: int = 32):
                                         "original_max_position_embeddings": 8192})
 
 
+def qwen3_8b_config(layers: int = 36):
+    """The Qwen3-8B shape (per-head q/k norms, 151,936 tokens, untied head)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=1000000.0, bos_token_id=151643,
+                       eos_token_id=151645)
+
+
 def smollm2_135m_config():
     """SmolLM2-135M-Instruct's shape (30 layers, hidden 576, 9 query / 3 KV heads, vocab 49152, tied head)."""
     from transformers import LlamaConfig
@@ -114,12 +124,12 @@ def smollm2_135m_config():
 
 
 def random_model(config, dtype=torch.bfloat16, device="cuda"):
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
     return model.eval()
 
 

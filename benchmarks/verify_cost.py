@@ -2,12 +2,15 @@
 """(b) The verify-cost curve: one target forward of k new tokens over a context, relative to k = 1.
 
     python benchmarks/verify_cost.py --out results/verify-cost-8b.json                # Llama-3.1-8B shape
+    python benchmarks/verify_cost.py --shape qwen3-8b --out ...                         # Qwen3-8B shape
     python benchmarks/verify_cost.py --model-path smollm2-135m-instruct --out ...     # a real model
 
 The forward is the one speculation verifies with: eyas's native path on its static KV cache, aux
 states captured, replayed from a CUDA graph (and eagerly, for comparison), milliseconds per call
 synchronised, median of ``--reps``. The mask lets every new token see the whole context (the
-cost of a tree mask is the same).
+cost of a tree mask is the same). ``--kernels default measured`` runs the curve twice, side by
+side: the projections' built-in kernel choice, then each shape's fastest as timed on this GPU
+(``eyas.models.kernel_choice``, what the engine runs).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import llama31_8b_config, random_model, summary, time_ms, write
+from common import llama31_8b_config, qwen3_8b_config, random_model, summary, time_ms, write
 
+from eyas.models.kernel_choice import CHOICES
 from eyas.models.native import NativeTarget, PoolPlan
 from eyas.models.target import Target
 
@@ -54,6 +58,10 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--shape", choices=["llama-3.1-8b", "qwen3-8b"], default="llama-3.1-8b",
+                    help="the random-weight target's shape (without --model-path)")
+    ap.add_argument("--kernels", nargs="+", choices=["default", "measured"], default=["measured"],
+                    help="the projections' kernels: built in, or chosen by timing on this GPU (both: side by side)")
     args = ap.parse_args()
 
     if args.model_path:
@@ -62,16 +70,23 @@ def main() -> None:
         base = load_target(args.model_path, device="cuda", dtype="bfloat16")
         name = args.model_path
     else:
-        base = Target(random_model(llama31_8b_config()), name="llama-3.1-8b-shape")
-        name = "Llama-3.1-8B shape, random bf16 weights"
+        config = llama31_8b_config() if args.shape == "llama-3.1-8b" else qwen3_8b_config()
+        base = Target(random_model(config), name=f"{args.shape}-shape")
+        name = f"{args.shape} shape, random bf16 weights"
     target = NativeTarget.from_target(base)
-    with torch.inference_mode():
-        results = {mode: curve(target, args.contexts, args.ks, args.reps, mode == "graphs")
-                   for mode in ("graphs", "eager")}
-    k16 = results["graphs"][str(args.contexts[0])].get("16", {}).get("relative")
+    results, k16 = {}, {}
+    for kernels in args.kernels:
+        print(f"projection kernels: {kernels}")
+        CHOICES.measure, CHOICES.picks = kernels == "measured", {}
+        with torch.inference_mode():
+            modes = ("graphs", "eager") if kernels == args.kernels[-1] else ("graphs",)
+            results[kernels] = {mode: curve(target, args.contexts, args.ks, args.reps, mode == "graphs")
+                                for mode in modes}
+        k16[kernels] = {ctx: results[kernels]["graphs"][str(ctx)].get("16", {}).get("relative")
+                        for ctx in args.contexts}
     write(args.out, f"verify cost of k new tokens, {name}, batch 1", {
-        "settings": vars(args), "ms": results,
-        "k16_over_k1_at_first_context_graphs": k16,
+        "settings": vars(args), "ms": results, "k16_over_k1_graphs": k16,
+        "kernel_choices": dict(CHOICES.picks), "kernel_timings_us": CHOICES.timings,
     })
 
 

@@ -27,3 +27,22 @@ def test_verify_cost_curve_runs_eager_and_on_graph_buffers():
             # the pool built the rope table, so on a GPU this forward takes the engine's kernels, not the
             # torch ops (verify_cost measured the torch ops until 2026-12-02: the engine built the table)
             assert target.native.rope.size >= 40 + 2 * 4
+
+
+def test_spec_step_8b_measures_every_setting_against_the_plain_step():
+    import argparse
+
+    import spec_step_8b
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=256)
+    args = argparse.Namespace(specs=["2,2,4", "3,1,4"], batches=[1, 2], context=12, context_limit=128, steps=3,
+                              draft_vocab=48, taus=[3.0])
+    rows = spec_step_8b.measure("tiny", LlamaForCausalLM(cfg).eval(), args)
+    assert {"none batch 1", "none batch 2", "2,2,4 batch 1", "3,1,4 batch 2", "3,1,4 build"} <= set(rows)
+    row = rows["2,2,4 batch 2"]
+    assert row["step_ms"] > 0 and row["tokens_per_row_per_step"] >= 1
+    assert row["plain_steps"] == round(row["step_ms"] / rows["none batch 2"]["step_ms"], 2) or abs(
+        row["plain_steps"] - row["step_ms"] / rows["none batch 2"]["step_ms"]) < 0.01  # rounded step times
+    assert abs(row["speedup_at_tau"]["3.0"] * row["plain_steps"] - 3.0) < 0.02  # speedup = tau x plain / spec

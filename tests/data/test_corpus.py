@@ -116,12 +116,21 @@ def test_prepare_cli_reads_the_corpus_and_regenerates_it(corpus, tmp_path, capsy
     """`eyas prepare --input FOLDER` end to end on the tiny target: greedy answers to corpus prompts,
     the holdout file in a form eyas eval and bench read, the summary printed and in meta.json."""
     model = save_tiny_model(tmp_path / "tiny")
-    out = tmp_path / "out"
-    rc = main(["prepare", "--model", str(model), "--out", str(out), "--device", "cpu", "--input", str(corpus),
-               "--source-weights", "math=0.1", "--holdout-prompts", "4", "--holdout-sources", "chat,roleplay",
-               "--exclude", "bench", "--regenerate", "--temperature", "0", "--max-new-tokens", "3",
-               "--held-out", "0"])
+    out, chosen = tmp_path / "out", tmp_path / "chosen"
+    flags = ["--input", str(corpus), "--source-weights", "math=0.1", "--holdout-prompts", "4",
+             "--holdout-sources", "chat,roleplay", "--exclude", "bench", "--held-out", "0"]
+    assert main(["prepare", "--out", str(chosen), "--select-only", *flags]) == 0  # no model: the default is not loaded
+    selected = capsys.readouterr().out
+    rc = main(["prepare", "--model", str(model), "--out", str(out), "--device", "cpu", *flags,
+               "--regenerate", "--temperature", "0", "--max-new-tokens", "3"])
     assert rc == 0
+    # the model-free selection chose what the full run chose, holdout file byte for byte
+    assert (chosen / "holdout-prompts.jsonl").read_bytes() == (out / "holdout-prompts.jsonl").read_bytes()
+    def users(f):
+        return sorted(json.loads(line)["messages"][0]["content"] for line in f.open())
+
+    assert users(chosen / "train.jsonl") == users(out / "train.jsonl")
+    assert "prompts per source:" in selected and json.loads((chosen / "selection.json").read_text())["per_source"]
     held = [json.loads(line) for line in (out / "holdout-prompts.jsonl").open()]
     assert len(held) == 4 and {h["source"] for h in held} == {"chat", "roleplay"} and all(h["category"] for h in held)
     rows = [json.loads(line) for line in (out / "train.jsonl").open()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ..errors import EyasError
 
@@ -41,6 +42,10 @@ def register(sub) -> None:
                    help="comma-separated sources the holdout draws from (default: every source)")
     p.add_argument("--holdout-seed", type=int, default=0,
                    help="seed of the holdout's choice (kept apart from --seed so the set stays put across runs)")
+    p.add_argument("--select-only", action="store_true",
+                   help="choose the prompts and stop, loading no model: train/heldout.jsonl (prompts only), "
+                        "holdout-prompts.jsonl and selection.json with the per-source summary; the same flags "
+                        "with a model and --regenerate choose the same prompts")
     p.add_argument("--held-out", type=float, default=0.02,
                    help="fraction of prompts kept out of training as the held-out split (by a hash of the prompt)")
     p.add_argument("--max-length", type=int, default=None,
@@ -70,7 +75,7 @@ def run(args) -> int:
     from ..models.loading import load_target
     from ..train import dist
     from . import mix
-    from .prepare import PrepareConfig, prepare
+    from .prepare import PrepareConfig, prepare, select_only
     from .regenerate import RegenConfig
 
     try:
@@ -89,19 +94,22 @@ def run(args) -> int:
         raise EyasError(f"--holdout-prompts must be 0 or more, got {args.holdout_prompts}", "e.g. --holdout-prompts 400")
     if not 0.0 <= args.held_out < 1.0:
         raise EyasError(f"--held-out {args.held_out} must be in [0, 1)", "e.g. --held-out 0.02")
-    ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
-    target = load_target(args.model_path, device=ctx.device, dtype=args.dtype)
-    regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                        batch_size=args.batch_size, seed=args.seed + ctx.rank, system_prompt=args.system_prompt,
-                        template_kwargs=kw, engine=args.regen_engine)
     holdout_sources = [s.strip() for s in (args.holdout_sources or "").split(",") if s.strip()]
     cfg = PrepareConfig(inputs=args.input, sources=args.source, limit=args.limit, self_per_topic=args.self_per_topic,
                         magpie_prompts=args.magpie_prompts, exclude=args.exclude, held_out=args.held_out,
                         source_weights=mix.parse(args.source_weights), max_prompts=args.max_prompts,
                         mix_seed=args.seed, holdout_prompts=args.holdout_prompts, holdout_sources=holdout_sources,
-                        holdout_seed=args.holdout_seed,
-                        max_length=args.max_length or min(2048, target.info.max_context or 2048), regenerate=args.regenerate,
-                        keep_answers=args.keep_answers, regen=regen)
+                        holdout_seed=args.holdout_seed, max_length=args.max_length or 2048,
+                        regenerate=args.regenerate, keep_answers=args.keep_answers)
+    if args.select_only:
+        select_only(cfg, args.out)
+        return 0
+    ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
+    target = load_target(args.model_path, device=ctx.device, dtype=args.dtype)
+    regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                        batch_size=args.batch_size, seed=args.seed + ctx.rank, system_prompt=args.system_prompt,
+                        template_kwargs=kw, engine=args.regen_engine)
+    cfg = replace(cfg, max_length=args.max_length or min(2048, target.info.max_context or 2048), regen=regen)
     prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))
     ctx.close()
     return 0

@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EyasError
-from . import holdout, mix, sources
+from . import holdout, sources
 from .chat import render
-from .exclude import drop_excluded, excluded_prompts
 from .files import read_inputs
 from .ledger import Ledger
 from .regenerate import RegenConfig, RegenStats, magpie_prompts, regenerate, self_prompts, with_system
-from .split import dedup, split
+from .selection import select, selection_meta, write_jsonl
 from .tokenized import vocab_counts, write_split
 
 
@@ -60,6 +59,7 @@ def _sharded(fn, items: list, dist_ctx) -> list:
 
 
 def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
+    """Every record of the inputs and built-in sources (``self`` and ``magpie`` need ``target``)."""
     records: list[dict] = list(read_inputs(cfg.inputs))
     for name in cfg.sources:
         if name == "self":
@@ -82,33 +82,27 @@ def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
     return records
 
 
-def select(records: list[dict], cfg: PrepareConfig, ledger: Ledger, log=print):
-    """(train, held out, chat holdout): exclusion, dedup, the chat holdout, the mix and the split,
-    each step's drops counted per source in ``ledger``."""
-    weights = mix.parse(cfg.source_weights)
-    names = {mix.source_key(r) for r in records}
-    mix.check_names(weights, names)
-    mix.check_names(dict.fromkeys(cfg.holdout_sources), names, "--holdout-sources")
-    ledger.add("read", records)
-    if cfg.exclude:
-        records, dropped = drop_excluded(records, excluded_prompts(cfg.exclude))
-        ledger.add("excluded", dropped)
-        log(f"{len(dropped)} records dropped: their prompts are in {', '.join(cfg.exclude)}")
-    records, dups = dedup(records)
-    ledger.add("duplicate", dups)
-    records, chat_eval, leaked = holdout.pick(records, cfg.holdout_prompts, cfg.holdout_sources, cfg.holdout_seed)
-    ledger.add("holdout", chat_eval)
-    ledger.add("excluded", leaked)
-    records, left_out = mix.apply(records, weights, cfg.max_prompts, cfg.mix_seed)
-    ledger.add("mixed out", left_out)
-    ledger.add("kept", records)
-    if not records:
-        raise EyasError(f"no prompts left after exclusion, deduplication, the holdout and the mix:\n{ledger.table()}",
-                        "loosen --source-weights / --max-prompts / --exclude, or add sources")
-    train, held = split(records, cfg.held_out)
-    log(f"{len(records)} records, {len(dups)} duplicates dropped, {len(chat_eval)} set aside for the chat "
-        f"holdout: {len(train)} train, {len(held)} held out")
-    return train, held, chat_eval
+def select_only(cfg: PrepareConfig, out, log=print) -> dict:
+    """``--select-only``: the selection without a model: train.jsonl and heldout.jsonl as prompts
+    (unanswered), holdout-prompts.jsonl and selection.json (the meta's selection part)."""
+    needs = sorted({"self", "magpie"} & set(cfg.sources))
+    if needs:
+        raise EyasError(f"--select-only runs without a model, but source {', '.join(needs)} needs the target to "
+                        "write prompts", "drop --select-only, or those sources")
+    out = Path(out)
+    ledger = Ledger()
+    train, held, chat_eval = select(collect(None, cfg, None, log), cfg, ledger, log)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "train.jsonl", train)
+    write_jsonl(out / "heldout.jsonl", held)
+    if chat_eval:
+        holdout.write(out, chat_eval)
+    meta = selection_meta(cfg, ledger, chat_eval)
+    (out / "selection.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"prompts per source:\n{ledger.table()}")
+    log(f"wrote {out}: {len(train)} train and {len(held)} held-out prompts, {len(chat_eval)} in the chat holdout "
+        "(no answers, no tokens: run without --select-only to regenerate and tokenize)")
+    return meta
 
 
 def template_hash(tokenizer) -> str:
@@ -166,9 +160,7 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
         holdout.write(out, chat_eval)
     summary = {}
     for name, split in (("train", train), ("heldout", held)):
-        with (out / f"{name}.jsonl").open("w") as f:
-            for r in split:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        write_jsonl(out / f"{name}.jsonl", split)
         rows, truncated, skipped = tokenize(target.tokenizer, split, cfg)
         if name == "train" and not rows:
             raise EyasError("the training split is empty after rendering: no conversation has an assistant turn",
@@ -179,7 +171,6 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
                          "no_assistant_turn": skipped}
         if name == "train":
             np.save(out / "vocab_counts.npy", vocab_counts(rows, target.info.vocab_size))
-    counts = {c: sum(d[c] for d in ledger.as_dict().values()) for c in ("excluded", "duplicate")}
     meta = {
         "target": {"name": target.info.name, "num_layers": target.info.num_layers,
                    "hidden_size": target.info.hidden_size, "vocab_size": target.info.vocab_size},
@@ -188,14 +179,7 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
                  "template_sha256_16": template_hash(target.tokenizer)},
         "regeneration": {**cfg.regen.as_dict(), "enabled": cfg.regenerate, "keep_answers": cfg.keep_answers,
                          "stats": stats},
-        "sources": cfg.sources, "inputs": cfg.inputs, "held_out_fraction": cfg.held_out,
-        "magpie_prompts": cfg.magpie_prompts if "magpie" in cfg.sources else None,
-        "excluded": {"sets": cfg.exclude, "records": counts["excluded"]},
-        "mix": {"source_weights": mix.parse(cfg.source_weights), "max_prompts": cfg.max_prompts, "seed": cfg.mix_seed},
-        "holdout": {"file": holdout.FILE if chat_eval else None, "prompts": len(chat_eval),
-                    "sources": cfg.holdout_sources, "seed": cfg.holdout_seed},
-        "per_source": ledger.as_dict(),
-        "max_length": cfg.max_length, "duplicates_dropped": counts["duplicate"], "splits": summary,
+        **selection_meta(cfg, ledger, chat_eval), "max_length": cfg.max_length, "splits": summary,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     log(f"prompts per source:\n{ledger.table()}")

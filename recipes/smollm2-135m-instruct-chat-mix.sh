@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The chat-leaning prompt mix for the next SmolLM2 draft (issue 31), from the chat-prompts corpus
+# (70,905 prompts from 17 sources, 37% math; ../shared/data/chat-prompts/SOURCES.md): `eyas prepare`'s
+# flags kept in one place, for the CPU (--select-only: check the mix, rebuild the chat holdout) and for
+# the GPU run (recipes/smollm2-135m-instruct-eagle3.gpu2.sh, which takes them as PREPARE).
+#
+# The mix: real users' prompts (ShareGPT, hh-rlhf, OpenAssistant, arena-hard, koala, alpaca-eval,
+# prompts.chat), GPTeacher roleplay and code and self-instruct whole; StrategyQA and the T0 tasks at half;
+# open QA (NQ, WebQuestions) at 0.2; the three math sets at 0.1: about 34,200 prompts, 7.5% math. 400
+# single-turn prompts set aside first as the chat holdout (holdout-prompts.jsonl, ~19 per source and
+# category over 21 of them: chat, roleplay, coding, writing, reasoning, math, STEM, NLP tasks, red-team
+# requests), chosen by --holdout-seed alone, so every mix and every regeneration seed is measured on the
+# same prompts. Every prompt set eyas reports acceptance on is excluded.
+#
+#   CORPUS   the chat-prompts folder: default ../shared/data/chat-prompts, else .stage/chat-prompts (carried)
+# Usage:
+#   bash recipes/smollm2-135m-instruct-chat-mix.sh select OUT     # any machine, ~15 s: the prompts, holdout file, summary
+#   bash recipes/smollm2-135m-instruct-chat-mix.sh flags          # print the flags
+#   bash recipes/smollm2-135m-instruct-chat-mix.sh gpu [start|wait [S]]  # gpu2.sh with PREPARE = the flags + greedy answers
+# On the GPU machine the corpus is not at ../shared: copy it under .stage/ (ignored by git, 4.4 MB) and carry
+# it with the call (carry [".stage/chat-prompts"]). gpu2.sh's other variables (BUDGET, INIT, EXTRA, NG, EVAL,
+# PAIR, ...) pass through.
+set -euo pipefail
+REPO=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+cd "$REPO"
+CORPUS=${CORPUS:-$([ -d ../shared/data/chat-prompts ] && echo ../shared/data/chat-prompts || echo .stage/chat-prompts)}
+HOLDOUT_SOURCES=sharegpt-v3-pypi,sharegpt92k-sample,oasst-eval-prompts,koala-test-set,arena-hard,hh-rlhf-test,prompts-chat,gpteacher,self-instruct-human,strategyqa,gsm8k-train,qwen-math-evals,t0-templates
+WEIGHTS=strategyqa=0.5,t0-templates=0.5,nq-open=0.2,webquestions=0.2,gsm8k-train=0.1,math-test=0.1,qwen-math-evals=0.1
+FLAGS="--input $CORPUS --exclude bench --exclude benchmarks/heldout-prompts-smollm2.jsonl
+  --holdout-prompts 400 --holdout-sources $HOLDOUT_SOURCES --holdout-seed 0 --source-weights $WEIGHTS --seed 4"
+ANSWERS="--regenerate --temperature 0 --max-new-tokens 384 --batch-size 2048"
+
+case "${1:-flags}" in
+  flags) echo $FLAGS ;;
+  select) PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+          $PY -m eyas prepare --select-only --out "${2:?usage: $0 select OUT}" $FLAGS ;;
+  gpu) shift; PREPARE="$FLAGS $ANSWERS" exec bash recipes/smollm2-135m-instruct-eagle3.gpu2.sh "${@:-run}" ;;
+  *) echo "usage: $0 flags | select OUT | gpu [run|start|wait [SECONDS]]"; exit 2 ;;
+esac

@@ -28,8 +28,8 @@ from common import (
     copy_bandwidth,
     llama31_8b_config,
     random_model,
-    smollm2_135m_config,
     read_bytes_per_token,
+    smollm2_135m_config,
     sync,
     write,
 )
@@ -37,8 +37,8 @@ from common import (
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
+from eyas.models.kernel_choice import CHOICES
 from eyas.models.native import NativeTarget
-
 
 # row: (CUDA graphs, EYAS_KERNELS, one-row projections as _linear_kernel, dependent launch, the plain step as
 # one graph). "graphs-torch-ops": graphs without the Triton kernels, the kernels' effect side by side;
@@ -50,6 +50,7 @@ ROWS = {
     "graphs-cublas-linears": (True, "auto", False, True, True),
     "graphs-no-pdl": (True, "auto", True, False, True),
     "graphs-by-parts": (True, "auto", True, True, False),
+    "graphs-default-kernels": (True, "auto", True, True, True),  # each projection's built-in kernel, none timed
     "graphs": (True, "auto", True, True, True),
 }
 
@@ -153,6 +154,7 @@ def main() -> None:
         graphs, ops_mode, fused, pdl, whole = ROWS[name]
         os.environ["EYAS_KERNELS"] = ops_mode
         TritonOps.fused_linears, TritonOps.pdl, Engine.whole_step_graphs = fused, pdl, whole
+        CHOICES.measure, CHOICES.picks = name != "graphs-default-kernels", {}
         engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs)
         tps, tokens[name] = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
         tps = runs.get(name, {}).get("tok_s", []) + [round(x, 2) for x in tps]  # a row named again: interleaved

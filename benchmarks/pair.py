@@ -34,6 +34,7 @@ from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.models import kv_cache
+from eyas.models.kernel_choice import CHOICES
 from eyas.models.target import Target
 
 
@@ -127,6 +128,9 @@ def main() -> None:
                          "inside; or the norm kernel, cuBLAS and the silu kernel)")
     ap.add_argument("--cublas-linears", action="store_true",
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
+    ap.add_argument("--kernels", choices=["measured", "default"], default="measured",
+                    help="the projections' kernels: each shape's fastest as timed on this GPU (the engine's "
+                         "default), or the built-in choice, none timed")
     ap.add_argument("--no-pdl", action="store_true",
                     help="kernels launched the plain way (no programmatic dependent launch), for a side-by-side run")
     ap.add_argument("--linear-configs", nargs="*", default=[],
@@ -143,6 +147,7 @@ def main() -> None:
                 table[(r["n"], r["k"], 2)] = tuple(r["sweep_best"]["config"])
 
     TritonOps.fused_linears, TritonOps.pdl = not args.cublas_linears, not args.no_pdl
+    CHOICES.measure = args.kernels == "measured"
     TritonOps.row_linears = not args.cublas_linears
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
@@ -211,7 +216,7 @@ def main() -> None:
               f"{fp32['baseline_identical_with_eager_prefill']}/{fp32['prompts']} identical")
     best = max(results.values(), key=lambda r: r["tok_s"])
     write(args.out, "SmolLM2-135M-Instruct + EAGLE-3 draft at batch 1, temperature 0, chat prompts", {
-        "settings": vars(args), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
+        "settings": vars(args), "kernel_choices": dict(CHOICES.picks), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
         "baseline_step_by_parts": {k: v for k, v in parts.items() if k != "outputs"},
         "baseline_eager_prefill": {k: v for k, v in eager_prefill.items() if k != "outputs"},
         "baseline_outputs_equal_eager_prefill": base["outputs"] == eager_prefill["outputs"],

@@ -101,21 +101,32 @@ def test_values_at_the_edges_that_are_valid_are_served(server):
     assert r.status_code == 200, r.text
 
 
-class SurrogateOutput:
-    """The real engine, but its tokenizer decodes every output into text with a lone surrogate,
-    which cannot be written as UTF-8: the stream fails mid-way, after its first events were sent."""
+def patched_tokenizer(**methods):
+    """A ``wrap`` for ``inprocess``: the real engine, its tokenizer's ``methods`` replaced (in every copy
+    the server makes of it too); ``base(self)`` is the original class, for calling through."""
 
-    def __init__(self, engine):
-        self._engine = engine
-        tok = copy.deepcopy(engine.target.tokenizer)
-        base = type(tok)
-        tok.__class__ = type("SurrogateTokenizer", (base,), {
-            "decode": lambda self, ids, **kw: base.decode(self, ids, **kw) + ("\ud800" if len(ids) > 1 else "")})
-        self.target = copy.copy(engine.target)
-        self.target.tokenizer = tok
+    class Patched:
+        def __init__(self, engine):
+            self._engine = engine
+            tok = copy.deepcopy(engine.target.tokenizer)
+            tok.__class__ = type("Patched" + type(tok).__name__, (type(tok),), methods)
+            self.target = copy.copy(engine.target)
+            self.target.tokenizer = tok
 
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
+        def __getattr__(self, name):
+            return getattr(self._engine, name)
+
+    return Patched
+
+
+def base(tok):
+    return type(tok).__mro__[1]
+
+
+# every output decodes to text with a lone surrogate, which cannot be written as UTF-8: a stream
+# fails mid-way, after its first events were sent
+SurrogateOutput = patched_tokenizer(
+    decode=lambda self, ids, **kw: base(self).decode(self, ids, **kw) + ("\ud800" if len(ids) > 1 else ""))
 
 
 @pytest.mark.parametrize("path,body", [
@@ -133,31 +144,30 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_and_done(inprocess, path
         assert scrape(srv.url)['eyas:requests_total{outcome="error"}'] == 1
 
 
-class SlowTemplate:
-    """The real engine, but rendering a chat holding "SLOW" takes ``delay`` seconds (a stand-in for a
-    big prompt's template and tokenizing), on whatever thread renders it."""
+def _slow_render(self, messages, *a, **kw):
+    if any("SLOW" in str(m.get("content")) for m in messages):
+        time.sleep(3.0)  # a stand-in for a big prompt's template and tokenizing, on whatever thread renders
+    return base(self).apply_chat_template(self, messages, *a, **kw)
 
-    def __init__(self, engine, delay: float = 3.0):
-        self._engine = engine
-        tok = copy.deepcopy(engine.target.tokenizer)
-        base = type(tok)
 
-        def render(self, messages, *a, **kw):
-            if any("SLOW" in str(m.get("content")) for m in messages):
-                time.sleep(delay)
-            return base.apply_chat_template(self, messages, *a, **kw)
+def test_a_failure_while_reading_a_request_is_a_400(inprocess):
+    """The catch-all: an exception no check foresaw, raised while the request is read, is the client's 400."""
+    def tokenize(self, text, *a, **kw):
+        if "BOOM" in text:
+            raise RuntimeError("the tokenizer choked on BOOM")
+        return base(self).__call__(self, text, *a, **kw)
 
-        tok.__class__ = type("SlowTemplateTokenizer", (base,), {"apply_chat_template": render})
-        self.target = copy.copy(engine.target)
-        self.target.tokenizer = tok
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
+    with inprocess(wrap=patched_tokenizer(__call__=tokenize)) as srv:
+        r = httpx.post(srv.url + COMP, json={"prompt": "BOOM", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "invalid_request" and "RuntimeError: the tokenizer choked on BOOM" in err["message"]
+        assert httpx.post(srv.url + COMP, json={"prompt": "fine", "max_tokens": 2}, timeout=60).status_code == 200
 
 
 def test_parsing_runs_off_the_event_loop(inprocess):
     """While one request's prompt is being prepared, /health answers at once and a running stream flows."""
-    with inprocess(step_delay=0.03, wrap=SlowTemplate) as srv:
+    with inprocess(step_delay=0.03, wrap=patched_tokenizer(apply_chat_template=_slow_render)) as srv:
         stamps, slow = [], {}
         body = {"messages": MSG, "max_tokens": 900, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", srv.url + CHAT, json=body, timeout=60) as s:

@@ -74,3 +74,54 @@ def test_smollm2_greedy_speculation_is_lossless_over_128_tokens():
     for p, o in zip(prompts, outs):
         assert len(o.output_ids) == 128
         assert o.output_ids == reference_greedy(target.model, p, 128)
+
+
+# -- configs that are valid JSON but absurd: refused before anything is built, as `eyas: error` with a fix --------
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "target")
+
+
+def with_config(src, dst, **changes):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("changes,named", [
+    ({"num_hidden_layers": 10**6}, "num_hidden_layers = 1000000"),
+    ({"num_attention_heads": 0}, "num_attention_heads = 0"),
+    ({"vocab_size": 10**12}, "vocab_size = 1000000000000"),
+    ({"num_attention_heads": 5, "num_key_value_heads": 5, "head_dim": None},
+     "hidden_size 64 is not a multiple of num_attention_heads 5"),
+    ({"num_attention_heads": 5, "num_key_value_heads": 5}, "ValueError: The hidden size (64) is not a multiple"),
+    ({"num_hidden_layers": 1000, "hidden_size": 65536, "intermediate_size": 1 << 20, "num_attention_heads": 512,
+      "num_key_value_heads": 8}, "more than this machine's"),
+])
+def test_absurd_target_configs_are_refused_before_anything_is_built(tiny_folder, tmp_path, capsys, changes, named):
+    import time
+
+    from eyas.cli import main
+
+    folder = with_config(tiny_folder, tmp_path / "absurd", **changes)
+    t = time.perf_counter()
+    code = main(["generate", "--model-path", str(folder), "--speculative-algorithm", "NONE", "--device", "cpu",
+                 "--prompt", "hi", "--max-new-tokens", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("eyas: error: ") and str(folder) in err and named in err and "fix:" in err, err
+    assert time.perf_counter() - t < 30  # 10^6 layers used to run for minutes and gigabytes
+
+
+def test_an_absurd_draft_config_is_refused(tmp_path, draft):
+    from eyas.models import formats
+
+    draft.save_pretrained(tmp_path / "d")
+    for key in ("vocab_size", "draft_vocab_size"):
+        folder = with_config(tmp_path / "d", tmp_path / key, **{key: 10**12})
+        with pytest.raises(EyasError, match=f"{key} = 1000000000000; a model has a whole number"):
+            formats.read_config(folder)

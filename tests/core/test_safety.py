@@ -92,3 +92,29 @@ def test_integer_data_where_floats_belong_is_refused(tmp_path):
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(EyasError, match="stored as I32"):
         load_target(str(folder))
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda f: f.symlink_to(f.name), "is a symbolic link that loops back on itself"),
+    (lambda f: f.symlink_to("elsewhere.safetensors"), "is a symbolic link to elsewhere.safetensors, which does not exist"),
+    (lambda f: f.mkdir(), "is a directory; a file was expected there"),
+])
+def test_weight_files_that_are_not_files_are_named(tmp_path, draft, make, why):
+    target = save_tiny_model(tmp_path / "target")
+    draft.save_pretrained(tmp_path / "draft")
+    for folder, load in ((target, lambda: load_target(str(target))),
+                         (tmp_path / "draft", lambda: formats.load_draft(tmp_path / "draft", embed_weight=None))):
+        f = folder / "model.safetensors"
+        f.unlink()
+        make(f)
+        with pytest.raises(EyasError, match=f"weight file {f} {why}") as e:
+            load()
+        assert "replace" in e.value.fix
+
+
+def test_a_config_that_links_to_itself_is_named(tmp_path):
+    folder = save_tiny_model(tmp_path / "target")
+    (folder / "config.json").unlink()
+    (folder / "config.json").symlink_to("config.json")
+    with pytest.raises(EyasError, match="config.json is a symbolic link that loops back on itself"):
+        load_target(str(folder))

@@ -32,11 +32,14 @@ def read_target(path_or_name: str, trust_remote_code: bool = False) -> TargetFac
         return _from_loaded(path_or_name, trust_remote_code)
     from transformers import AutoConfig, AutoTokenizer
 
+    from ..models.bounds import read_config_file
+
+    read_config_file(folder, "target")  # absurd sizes: an error naming the key, not a traceback
     try:
         cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise EyasError(f"cannot read the target's config in {folder}: {e}",
-                        "point --target at a Hugging Face model folder (config.json, tokenizer, weights)") from e
+    except Exception as e:  # noqa: BLE001 - transformers' config validation raises many types
+        raise EyasError(f"cannot read the target's config in {folder}: {type(e).__name__}: {e}",
+                        "point --target at a Hugging Face model folder (config.json, tokenizer, weights)") from None
     text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
     template = None
     try:

@@ -26,6 +26,7 @@ from transformers import LlamaConfig
 
 from ..errors import EyasError
 from ..layers import from_sglang, from_speculators, to_sglang, to_speculators
+from .bounds import check_config
 from .draft import ARCHITECTURE, HF_NOISE, Eagle3Draft
 from .safety import checked_file, load_torch_file, refuse_pickle
 
@@ -88,11 +89,11 @@ def _config_dict(path: Path) -> dict:
     config_file = path / "config.json"
     if not path.is_dir():
         raise EyasError(f"draft folder {path} does not exist", "pass the folder that holds the draft's config.json")
-    if not config_file.is_file():
+    if not config_file.exists() and not config_file.is_symlink():
         raise EyasError(f"no config.json in draft folder {path}: cannot tell which draft format it is",
                         "point at the folder of a saved EAGLE-3 draft (config.json + weights)")
     try:
-        data = json.loads(config_file.read_text())
+        data = json.loads(checked_file(config_file, "the draft's config").read_text())
     except ValueError as e:
         raise EyasError(f"cannot read {config_file}: {e}", "the draft's config.json is not valid JSON") from e
     if not isinstance(data, dict):
@@ -243,6 +244,7 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
         if not isinstance(data.get(key), int):
             raise EyasError(f"{path} looks like {looks}, but its config has no integer {key!r}",
                             "restore the draft's complete config.json")
+    check_config(data, f"{path}/config.json ({looks})", dtype_bytes=4)  # before anything is allocated
     try:
         config = LlamaConfig.from_dict(data)
     except (ValueError, TypeError, KeyError) as e:

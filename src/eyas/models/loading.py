@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import EyasError
+from .bounds import read_config_file
 from .safety import check_safetensors, refuse_pickle
 from .target import Target
 
@@ -69,7 +70,7 @@ def resolve(path_or_name: str) -> tuple[Path, str | None]:
     if p.is_file() and p.suffix == ".gguf":
         return p.parent, p.name
     if p.is_dir():
-        if (p / "config.json").is_file():
+        if (p / "config.json").is_file() or (p / "config.json").is_symlink():  # a broken link: named when read
             return p, None
         ggufs = sorted(p.glob("*.gguf"))
         if len(ggufs) == 1:
@@ -141,6 +142,8 @@ def load_target(
     cached = gguf_cache_dir(folder, gguf, torch_dtype) if gguf else None
     if cached is not None and (cached / "config.json").is_file():
         folder, gguf = cached, None  # converted before: load the plain copy (seconds, not tens)
+    if not gguf:  # absurd sizes and models larger than this machine are refused before anything is built
+        read_config_file(folder, "target", torch_dtype.itemsize)
     if gguf:
         kwargs["gguf_file"] = gguf
     elif not any(folder.glob("*.safetensors")):
@@ -152,8 +155,9 @@ def load_target(
 
         try:
             config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as e:
-            raise EyasError(f"cannot read {folder}/config.json: {e}", "the folder needs a valid config.json") from e
+        except Exception as e:  # noqa: BLE001 - transformers' config validation raises many types
+            raise EyasError(f"cannot read {folder}/config.json: {type(e).__name__}: {e}",
+                            "the folder needs a valid config.json") from None
         check_safetensors(folder, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)

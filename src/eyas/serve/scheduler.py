@@ -10,8 +10,15 @@ The engine is synchronous torch code and is only ever called from this one threa
 
 Requests come in from asyncio handlers through ``submit`` (which refuses with ``Overloaded`` past
 running + queue capacity, so the HTTP layer answers 503) and results go back as events on each
-handler's ``asyncio.Queue`` via ``loop.call_soon_threadsafe``. ``Work.cancel`` only sets a flag; the
-thread sees it between steps, so a disconnected client frees its slot within one step.
+handler's ``asyncio.Queue`` via ``loop.call_soon_threadsafe``. ``Work.cancel`` takes a queued request
+out of the queue at once (its slot is free for the next ``submit``); a running one is flagged, and the
+thread drops it between steps, so a disconnected client frees its slot within one step.
+
+One request never fails another. A row the engine ends for a fault of its own (logits that are not
+finite, a failed draw: ``Sequence.error``) gets a ``Failed`` event while the batch goes on. When a
+step raises anyway, the rows that joined this turn are the ones whose inputs are new: they fail, and
+the step is retried once without them. Only a step that raises with no new row in it, or again after
+the retry, fails the whole batch (a broken engine); the server still takes the next requests.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -58,7 +66,7 @@ class Failed:
     status: int = 500  # 503: this request alone did not fit (memory); the server carries on
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the queue and the batch find a request by itself, never by its fields
 class Work:
     """One sequence's life in the server; ``index`` tags its events (choice index)."""
 
@@ -74,10 +82,14 @@ class Work:
     kept_ids: list[int] = field(default_factory=list)
     text: str = ""
     done: bool = False  # its last event (Finished or Failed) was sent
+    on_cancel: Callable[[Work], None] | None = field(default=None, repr=False)  # set by Scheduler.submit
 
     def cancel(self) -> None:
-        """Called from any thread; the engine thread drops the row before its next step."""
+        """Called from any thread: a queued request leaves the queue now; the engine thread drops a
+        running row before its next step."""
         self.cancelled = True
+        if self.on_cancel is not None:
+            self.on_cancel(self)
 
 
 class Overloaded(Exception):
@@ -134,9 +146,23 @@ class Scheduler:
             if self._inflight + len(works) > self.max_running + self.max_queued:
                 raise Overloaded(len(self._running), len(self._waiting))
             self._inflight += len(works)
+            for w in works:
+                w.on_cancel = self._withdraw
             self._waiting.extend(works)
             self.metrics.queued.set(len(self._waiting))
             self._cond.notify()
+
+    def _withdraw(self, w: Work) -> None:
+        """``w.cancel()``: a request still queued leaves the queue and ends ("abort") now, so its slot
+        counts no more against --max-queued-requests; one already taken for admission or running is
+        left to the engine thread."""
+        with self._cond:
+            try:
+                self._waiting.remove(w)
+            except ValueError:
+                return
+            self.metrics.queued.set(len(self._waiting))
+        self._finish(w, "abort")
 
     def counts(self) -> tuple[int, int]:
         with self._cond:
@@ -196,7 +222,7 @@ class Scheduler:
             self._prefill([live[i] for i in group])
         self._retire()
         if self._running:
-            self._step()
+            self._step(live)
         self._maybe_log()
 
     def _prefill(self, works: list[Work]) -> None:
@@ -209,7 +235,8 @@ class Scheduler:
                 for w in works:
                     self._prefill([w])
                 return
-            oom = isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)) or isinstance(e, MemoryError) or "out of memory" in str(e).lower()
+            oom = (isinstance(e, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError))
+                   or "out of memory" in str(e).lower())
             log.warning("request %s failed alone in prefill: %s: %s", works[0].seq.rid, type(e).__name__, e)
             message = (f"this request does not fit in the server's memory ({len(works[0].seq.prompt_ids)} prompt "
                        "tokens); shorten the prompt or retry later" if oom
@@ -224,7 +251,22 @@ class Scheduler:
         for w in works:
             self._deliver(w, list(w.seq.output_ids))
 
-    def _step(self) -> None:
+    def _step(self, joined: list[Work]) -> None:
+        try:
+            self._step_once()
+        except Exception as e:
+            new = [w for w in self._running if any(w is j for j in joined)]
+            if not new:
+                raise  # the batch stepped without any of these rows: the engine itself is broken
+            log.exception("engine step failed; ending the %d requests that joined this turn and retrying without "
+                          "them (%d running)", len(new), len(self._running))
+            for w in new:
+                w.seq.fail(f"internal engine error: {type(e).__name__}: {e}")
+            self._retire()
+            if self._running:
+                self._step_once()  # raises again: a broken engine, every row fails (_fail_all)
+
+    def _step_once(self) -> None:
         before = [(w.seq.stats.drafts, w.seq.stats.draft_tokens, w.seq.stats.accepted) for w in self._running]
         start = time.perf_counter()
         emitted = self.engine.step(self._batch)
@@ -271,6 +313,9 @@ class Scheduler:
             self._finish(w, w.seq.finish_reason)
 
     def _finish(self, w: Work, reason: str) -> None:
+        if reason == "error":  # the engine ended this row alone (Sequence.fail)
+            self._fail([w], w.seq.error or "internal engine error", 500)
+            return
         w.done = True
         now = time.perf_counter()
         if w.detok is not None:
@@ -299,12 +344,14 @@ class Scheduler:
                                  SpecStats().add(w.seq.stats), ttft, now - w.arrival))
 
     def _fail(self, works: list[Work], message: str, status: int) -> None:
-        """Fail requests that never joined the running batch."""
+        """End requests that are neither queued nor running (any more) with an error event."""
         with self._cond:
             self._inflight -= len(works)
         for w in works:
             w.done = True
             self.metrics.requests.labels(outcome="error").inc()
+            if status >= 500 and status != 503:  # 503: one that did not fit, warned about where it happened
+                log.error("request %s failed: %s", w.seq.rid, message)
             w.sink(w.index, Failed(message, status))
 
     def _fail_all(self, admit: list[Work], message: str) -> None:

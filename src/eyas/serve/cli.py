@@ -65,6 +65,7 @@ def add_serve_arguments(p) -> None:
     lim.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt tokens (default: the context)")
     lim.add_argument("--max-stop-strings", type=int, default=16, help="stop strings per request (default 16)")
     lim.add_argument("--max-stop-length", type=int, default=256, help="characters per stop string (default 256)")
+    lim.add_argument("--max-n", type=int, default=16, help="choices per request, n (default 16)")
     lim.add_argument("--max-concurrent-streams", type=int, default=256,
                      help="open streaming responses; more get 429 (default 256)")
     lim.add_argument("--request-timeout", type=float, default=600.0,
@@ -83,7 +84,7 @@ def check_server_flags(args) -> None:
         raise EyasError(f"--max-queued-requests must be 0 or more, got {args.max_queued_requests}")
     if not 0 <= args.port <= 65535:
         raise EyasError(f"--port must be in 0..65535, got {args.port}")
-    for name in ("max_request_bytes", "max_stop_strings", "max_stop_length", "max_concurrent_streams"):
+    for name in ("max_request_bytes", "max_stop_strings", "max_stop_length", "max_n", "max_concurrent_streams"):
         if getattr(args, name) < 1:
             raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
@@ -157,7 +158,7 @@ def run(args) -> int:
                            limits=Limits(max_request_bytes=args.max_request_bytes,
                                          max_prompt_tokens=args.max_prompt_tokens,
                                          max_stop_strings=args.max_stop_strings,
-                                         max_stop_length=args.max_stop_length,
+                                         max_stop_length=args.max_stop_length, max_n=args.max_n,
                                          max_concurrent_streams=args.max_concurrent_streams,
                                          request_timeout=args.request_timeout or None))
     app = create_app(engine, options)

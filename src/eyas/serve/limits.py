@@ -4,6 +4,10 @@
     --max-prompt-tokens     prompt tokens per prompt (400; the context length caps it anyway)
     --max-stop-strings      stop strings per request (400)
     --max-stop-length       characters per stop string (400)
+    --max-n                 choices per request, ``n`` (400)
+    --max-running-requests + --max-queued-requests
+                            sequences (prompts x n) per request: one larger than the whole capacity
+                            could never be admitted, so it is a 400, not a 503 to retry
     --max-concurrent-streams  open streaming responses (429)
     --request-timeout       seconds from arrival to the end of a request; past it the request is
                             cancelled cleanly (408, or an error event and [DONE] on a stream)
@@ -24,10 +28,23 @@ class Limits:
     max_prompt_tokens: int | None = None  # None: the context length
     max_stop_strings: int = 16
     max_stop_length: int = 256
+    max_n: int = 16
     max_concurrent_streams: int = 256
     request_timeout: float | None = 600.0  # None or 0: no timeout
 
-    def check_job(self, job) -> None:
+    def check_job(self, job, running: int | None = None, queued: int | None = None) -> None:
+        """400 for the first limit ``job`` breaks; ``running`` and ``queued``: the scheduler's capacity."""
+        if job.n > self.max_n:
+            raise bad_request(f"{job.n_param} must be at most {self.max_n}, the choices per request this server "
+                              f"accepts (--max-n), got {job.n}", param=job.n_param, code="too_many_choices")
+        sequences = len(job.prompts) * job.n
+        if running is not None and queued is not None and sequences > running + queued:
+            raise bad_request(
+                f"this request asks for {sequences} sequences ({len(job.prompts)} prompts x {job.n_param} {job.n}); "
+                f"this server holds at most {running + queued} at once ({running} running, --max-running-requests, "
+                f"+ {queued} queued, --max-queued-requests), so it could never be admitted; send fewer prompts or "
+                "a smaller n per request, or raise those flags", param=job.n_param if job.n > 1 else None,
+                code="too_many_sequences")
         if self.max_prompt_tokens is not None:
             longest = max((len(p) for p in job.prompts), default=0)
             if longest > self.max_prompt_tokens:
@@ -57,7 +74,7 @@ class StreamSlots:
         self.open = 0
         self._lock = threading.Lock()
 
-    def acquire(self) -> "StreamTicket":
+    def acquire(self) -> StreamTicket:
         with self._lock:
             if self.open >= self.limit:
                 raise ApiError(429, f"{self.open} streams are open, the most this server keeps "

@@ -25,7 +25,7 @@ class ClientGone(Exception):
 class JobRun:
     def __init__(self, scheduler: Scheduler, engine, job: Job, limits: Limits | None = None):
         self.limits = limits or Limits()
-        self.limits.check_job(job)
+        self.limits.check_job(job, scheduler.max_running, scheduler.max_queued)
         timeout = self.limits.request_timeout
         self.deadline = time.monotonic() + timeout if timeout else None
         seqs = sequences_for(engine, job)  # 400s happen here, before anything is queued

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .api_errors import ApiError, bad_request
 from .inputs import check_model, generate_job, generate_prompts, parse_body
-from .openai_routes import failed_error, log_prompt, spec_fields, sse, streaming
+from .openai_routes import failed_error, log_failure, log_prompt, spec_fields, sse, streaming
 from .prepare import Prepared, Preparer
 from .protocol import GenerateRequest
 from .runner import ClientGone, JobRun
@@ -44,11 +44,12 @@ async def generate(request: Request):
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
     log_prompt(request, prep)
     if req.stream:
-        return streaming(state, run, _stream(state, run, rids, batched))
+        return streaming(state, run, _stream(state, run, rids, batched, request.state.log))
     results: list[dict | None] = [None] * len(run.works)
     try:
         async for index, event in run.events(request.receive):
             if isinstance(event, Failed):
+                request.state.log["error"] = event.message
                 raise failed_error(event)
             if isinstance(event, Finished):
                 results[index] = _result(state, rids[index], event)
@@ -105,27 +106,32 @@ async def _guarded(run: JobRun):
         yield None, e
 
 
-async def _stream(state, run: JobRun, rids: list[str], batched: bool):
+async def _stream(state, run: JobRun, rids: list[str], batched: bool, log_fields: dict):
     texts = [""] * len(run.works)
     ids: list[list[int]] = [[] for _ in run.works]
-    async for index, event in _guarded(run):
-        if isinstance(event, ApiError):
-            yield sse(event.body())
-            break
-        if isinstance(event, Delta):
-            texts[index] += event.text
-            ids[index] += event.token_ids
-            body = {"text": texts[index], "output_ids": list(ids[index]),
-                    "meta_info": {"id": rids[index], "prompt_tokens": len(run.works[index].seq.prompt_ids),
-                                  "completion_tokens": len(ids[index]), "finish_reason": None}}
-        elif isinstance(event, Finished):
-            body = _result(state, rids[index], event)
-        elif isinstance(event, Failed):
-            yield sse({"error": {"message": event.message, "type": "server_error", "code": "engine_error"}})
-            break
-        else:
-            continue
-        if batched:
-            body["index"] = index
-        yield sse(body)
+    try:
+        async for index, event in _guarded(run):
+            if isinstance(event, ApiError):
+                log_failure(log_fields, event.message, "timeout")
+                yield sse(event.body())
+                break
+            if isinstance(event, Delta):
+                texts[index] += event.text
+                ids[index] += event.token_ids
+                body = {"text": texts[index], "output_ids": list(ids[index]),
+                        "meta_info": {"id": rids[index], "prompt_tokens": len(run.works[index].seq.prompt_ids),
+                                      "completion_tokens": len(ids[index]), "finish_reason": None}}
+            elif isinstance(event, Finished):
+                body = _result(state, rids[index], event)
+            elif isinstance(event, Failed):
+                log_failure(log_fields, event.message)
+                yield sse({"error": {"message": event.message, "type": "server_error", "code": "engine_error"}})
+                break
+            else:
+                continue
+            if batched:
+                body["index"] = index
+            yield sse(body)
+    finally:  # also when the client left mid-way (the log line is written all the same)
+        log_fields.update(prompt_tokens=run.prompt_tokens, completion_tokens=sum(len(i) for i in ids), output=texts)
     yield "data: [DONE]\n\n"

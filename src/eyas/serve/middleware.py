@@ -55,9 +55,12 @@ class ApiKey:
 
 
 class RequestLog:
-    """``X-Request-Id`` on every response (a client's safe id is kept) and one JSON log line per
-    request when its last byte is sent, streams included. Routes add token counts and acceptance
-    to ``request.state.log``; prompt and output text stay out unless ``with_text``."""
+    """``X-Request-Id`` on every response (a client's safe id is kept) and exactly one JSON log line per
+    request: when its last byte is sent, streams included, or else when the app is done with it (a
+    client that left mid-stream, an app that raised). ``outcome`` says how it ended, in the words of
+    ``eyas:requests_total``: ok, invalid (4xx), rejected (503), timeout (408), abort (the client left),
+    error (5xx, or a stream an engine error ended: its route says so). Routes add token counts and
+    acceptance to ``request.state.log``; prompt and output text stay out unless ``with_text``."""
 
     QUIET = ("/metrics", "/health")  # scraped and probed every few seconds
 
@@ -76,22 +79,42 @@ class RequestLog:
         start = time.perf_counter()
         status = 0
 
+        logged = False
+
         async def tagged_send(message):
-            nonlocal status
+            nonlocal status, logged
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
+                logged = True
                 self.emit(scope, rid, status, start, fields)
 
-        await self.app(scope, receive, tagged_send)
+        raised = True
+        try:
+            await self.app(scope, receive, tagged_send)
+            raised = False
+        finally:
+            if not logged:  # the last byte never went out
+                if raised and not status:  # the app failed before answering (the error handler answers 500)
+                    status, fields["outcome"] = 500, "error"
+                fields.setdefault("outcome", "abort")  # else the client left mid-way
+                self.emit(scope, rid, status, start, fields)
 
     def emit(self, scope, rid: str, status: int, start: float, fields: dict) -> None:
-        if scope["path"] in self.QUIET and status < 400:
+        if scope["path"] in self.QUIET and status < 400 and "outcome" not in fields:
             return
         if not self.with_text:
             fields = {k: v for k, v in fields.items() if k not in ("prompt", "output")}
         line = {"event": "request", "request_id": rid, "method": scope["method"], "path": scope["path"],
-                "status": status, "latency_s": round(time.perf_counter() - start, 4), **fields}
+                "status": status, "outcome": outcome_of(status), "latency_s": round(time.perf_counter() - start, 4),
+                **fields}
         access_log.info(json.dumps(line, ensure_ascii=False))
+
+
+def outcome_of(status: int) -> str:
+    """How a request that answered ``status`` ended, in ``eyas:requests_total``'s words."""
+    if status < 400:
+        return "ok"
+    return {408: "timeout", 499: "abort", 503: "rejected"}.get(status, "invalid" if status < 500 else "error")

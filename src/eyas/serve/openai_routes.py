@@ -151,8 +151,17 @@ def log_prompt(request: Request, prep: Prepared) -> None:
         request.state.log["prompt"] = prep.prompt_text
 
 
-def log_result(fields: dict, body_usage: dict, finished: list[Finished]) -> None:
+def log_failure(fields: dict, message: str, outcome: str = "error") -> None:
+    """A stream answered 200 before it failed: its log line says how it really ended, and why."""
+    fields.update(outcome=outcome, error=message)
+
+
+def log_result(fields: dict, body_usage: dict, finished: list[Finished], streamed: int | None = None) -> None:
+    """The request's log line: its usage, and for a stream the tokens it sent (``streamed``: also those of
+    choices that never finished, when a failure or a client that left ended it)."""
     fields.update({k: body_usage[k] for k in ("prompt_tokens", "completion_tokens") if k in body_usage})
+    if streamed is not None:
+        fields["completion_tokens"] = streamed
     fields["finish_reason"] = [f.reason for f in finished if f is not None]
     if "spec_accept_length" in body_usage:
         fields["spec_accept_length"] = round(body_usage["spec_accept_length"], 4)
@@ -166,6 +175,7 @@ async def _collect(run: JobRun, request: Request) -> list[Finished] | None:
     try:
         async for index, event in run.events(request.receive):
             if isinstance(event, Failed):
+                request.state.log["error"] = event.message
                 raise failed_error(event)
             if isinstance(event, Finished):
                 finished[index] = event
@@ -215,6 +225,7 @@ async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: d
                 done.append(event)
                 body = {**chunk, "choices": [piece(index, "", event.reason)], "meta_info": _meta(state, event)}
             else:  # Failed
+                log_failure(log_fields, event.message)
                 yield sse(error_body(event.message, "server_error", code="engine_error"))
                 break
             if continuous:
@@ -222,9 +233,11 @@ async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: d
                                   "total_tokens": run.prompt_tokens + generated}
             yield sse({**body, **extra})
     except ApiError as e:  # --request-timeout: the stream ends with the error, then [DONE]
+        log_failure(log_fields, e.message, "timeout")
         yield sse(e.body())
-    body_usage = usage(state, run.prompt_tokens, done)
-    log_result(log_fields, body_usage, done)
+    finally:  # also when the client left mid-way (the log line is written all the same)
+        body_usage = usage(state, run.prompt_tokens, done)
+        log_result(log_fields, body_usage, done, generated)
     if include_usage:
         yield sse({**chunk, "choices": [], "usage": body_usage})
     yield "data: [DONE]\n\n"

@@ -67,6 +67,11 @@ CASES = [
      "surrogate", "stop.0"),
     ("lone surrogate in a key", CHAT, raw({"messages": MSG, "metadata": {"@x": "v"}}, x='"\\ud800"'), 400,
      "surrogate", "metadata"),
+    ("a chat template brought by the request", CHAT,
+     raw({"messages": MSG, "chat_template_kwargs": {"chat_template": "{% for i in range(99999) %}"
+                                                                     "{% for j in range(99999) %}x{% endfor %}"
+                                                                     "{% endfor %}"}}), 400,
+     "cannot bring its own chat template", "chat_template_kwargs.chat_template"),
     ("invalid role", CHAT, raw({"messages": [{"role": "wizard", "content": "hi"}]}), 400,
      "'system', 'developer', 'user', 'assistant', 'tool', got \"wizard\"", "messages.0.role"),
 ]

@@ -25,8 +25,6 @@ from .protocol import (
     GenerateRequest,
 )
 
-MAX_N = 16  # choices per request
-MAX_STOP = 16  # stop strings per request
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -41,6 +39,7 @@ class Job:
     skip_special_tokens: bool = True
     max_tokens_given: bool = True  # False: fill the context (chat without max_tokens)
     max_tokens_param: str = "max_tokens"
+    n_param: str = "n"  # how the request named n (limits.Limits.check_job names it back)
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -146,8 +145,6 @@ def _stops(stop) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(s == "" for s in stops):
         raise bad_request("stop strings must be non-empty", param="stop")
-    if len(stops) > MAX_STOP:
-        raise bad_request(f"at most {MAX_STOP} stop strings are supported, got {len(stops)}", param="stop")
     return stops
 
 
@@ -177,8 +174,8 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
         _refuse("suffix", req.suffix, None, "no insertion mode")
         _refuse("best_of", req.best_of, 1, "no best-of sampling")
         max_tokens, param = req.max_tokens, "max_tokens"
-    if not 1 <= req.n <= MAX_N:
-        raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
+    if req.n < 1:  # the most is --max-n (Limits.check_job)
+        raise bad_request(f"n must be at least 1, got {req.n}", param="n")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
     default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -202,15 +199,15 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     _refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
     for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
         _refuse("sampling_params." + name, getattr(sp, name), neutral, "no penalties are implemented")
-    if not 1 <= sp.n <= MAX_N:
-        raise bad_request(f"sampling_params.n must be between 1 and {MAX_N}, got {sp.n}", param="sampling_params.n")
+    if sp.n < 1:  # the most is --max-n (Limits.check_job)
+        raise bad_request(f"sampling_params.n must be at least 1, got {sp.n}", param="sampling_params.n")
     param = "sampling_params.max_new_tokens"
     params = _params(sp.max_new_tokens, param, None, sp.n,
                      "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos)
-    return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param)
+    return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")
 
 
 def _params(max_tokens, param: str, default, n: int, seed_param: str, **kw) -> SamplingParams:

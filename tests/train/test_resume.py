@@ -152,6 +152,15 @@ def test_a_changed_recipe_is_refused_naming_the_fields_unless_allowed(crashed, t
     assert t.step == 6 and t.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * t.scheduler.lr_lambdas[0](6))
 
 
+def test_a_run_may_be_extended_without_allowing_changes(crashed, tmp_path):
+    """How long a run goes (max_steps, a time budget, epochs) is not what a step computes: a resume that
+    extends a run is no recipe change."""
+    run, target, data = copy_run(crashed, tmp_path)
+    t = trainer_for(run, target, data, **{"train.max_steps": 12, "train.time_budget_s": 600, "train.epochs": 9})
+    t.resume(run)
+    assert t.step == 6
+
+
 def test_another_vocabulary_size_names_both_sizes(crashed, tmp_path):
     run, target, data = copy_run(crashed, tmp_path)
     t = trainer_for(run, target, data, **{"draft.vocab_size": 200})

@@ -40,7 +40,9 @@ from ..models.safety import load_torch_file
 FORMAT = 2
 META, STATE = "checkpoint.json", "state.pt"
 STEP = re.compile(r"step-(\d+)")
-NOT_COMPARED = ("output", "log.", "train.device")  # where and how a run reports, not what it computes
+# Where and how a run reports, and how long it goes (a finished time-budgeted run records the steps it
+# made; a resume may extend it): not what a step computes.
+NOT_COMPARED = ("output", "log.", "train.device", "train.max_steps", "train.time_budget_s", "train.epochs")
 
 
 def rng_state() -> dict:

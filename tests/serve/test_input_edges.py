@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import logging
 import threading
 import time
 
@@ -138,8 +139,8 @@ SurrogateOutput = patched_tokenizer(
     (CHAT, {"messages": MSG, "max_tokens": 12, "ignore_eos": True, "stream": True}),
     (GEN, {"text": "abc", "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}, "stream": True}),
 ])
-def test_a_stream_that_fails_mid_way_ends_with_an_error_and_done(inprocess, path, body):
-    with inprocess(wrap=SurrogateOutput) as srv:
+def test_a_stream_that_fails_mid_way_ends_with_an_error_and_done(inprocess, path, body, caplog):
+    with inprocess(wrap=SurrogateOutput) as srv, caplog.at_level(logging.INFO, logger="eyas.serve.requests"):
         with httpx.stream("POST", srv.url + path, json=body, timeout=60) as s:
             assert s.status_code == 200
             lines = [line for line in s.iter_lines() if line.startswith("data: ")]
@@ -147,6 +148,10 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_and_done(inprocess, path
         error = json.loads(lines[-2][6:])["error"]
         assert error["code"] == "internal_error" and "UnicodeEncodeError" in error["message"]
         assert scrape(srv.url)['eyas:requests_total{outcome="error"}'] == 1
+        time.sleep(0.2)
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "eyas.serve.requests"]
+    mine = [line for line in logged if line["path"] == path]
+    assert len(mine) == 1 and mine[0]["outcome"] == "error" and "UnicodeEncodeError" in mine[0]["error"], mine
 
 
 def _slow_render(self, messages, *a, **kw):

@@ -44,7 +44,7 @@ async def generate(request: Request):
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
     log_prompt(request, prep)
     if req.stream:
-        return streaming(state, run, _stream(state, run, rids, batched, request.state.log))
+        return streaming(state, run, _stream(state, run, rids, batched, request.state.log), request.state.log)
     results: list[dict | None] = [None] * len(run.works)
     try:
         async for index, event in run.events(request.receive):

@@ -81,7 +81,8 @@ async def chat_completions(request: Request):
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     log_prompt(request, prep)
     if req.stream:
-        return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log))
+        return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log),
+                         request.state.log)
     finished = await _collect(run, request)
     if finished is None:
         return Response(status_code=499)
@@ -101,7 +102,8 @@ async def completions(request: Request):
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     log_prompt(request, prep)
     if req.stream:
-        return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log))
+        return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log),
+                         request.state.log)
     finished = await _collect(run, request)
     if finished is None:
         return Response(status_code=499)
@@ -112,7 +114,7 @@ async def completions(request: Request):
     return JSONResponse({**head, "object": "text_completion", "choices": choices, "usage": body_usage})
 
 
-def streaming(state, run: JobRun, lines) -> StreamingResponse:
+def streaming(state, run: JobRun, lines, log_fields: dict) -> StreamingResponse:
     """A server-sent-events response holding one of the --max-concurrent-streams slots.
 
     Lines are encoded here, so a failure anywhere in making or encoding one is caught: the stream
@@ -131,8 +133,10 @@ def streaming(state, run: JobRun, lines) -> StreamingResponse:
         except Exception as e:  # whatever failed, the client gets an ending it can read
             log.exception("a stream failed mid-way")
             state.metrics.requests.labels(outcome="error").inc()
-            yield sse(error_body(f"internal server error while streaming: {type(e).__name__}: {e}",
-                                 "server_error", code="internal_error")).encode("utf-8")
+            message = f"internal server error while streaming: {type(e).__name__}: {e}".encode(
+                "utf-8", "backslashreplace").decode("utf-8")  # for the log line too
+            log_failure(log_fields, message)
+            yield sse(error_body(message, "server_error", code="internal_error")).encode("utf-8")
             yield b"data: [DONE]\n\n"
         finally:
             ticket.release()

@@ -255,7 +255,8 @@ class Scheduler:
         try:
             self._step_once()
         except Exception as e:
-            new = [w for w in self._running if any(w is j for j in joined)]
+            joined_now = set(joined)  # Work hashes by identity
+            new = [w for w in self._running if w in joined_now]
             if not new:
                 raise  # the batch stepped without any of these rows: the engine itself is broken
             log.exception("engine step failed; ending the %d requests that joined this turn and retrying without "

@@ -124,6 +124,21 @@ def _cache_gguf(model, tokenizer, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def model_class(model_type: str | None):
+    """AutoModelForCausalLM, or AutoModelForImageTextToText for a multimodal wrapper that only that class
+    knows (Kimi-K2.5 wraps a DeepSeek-V3 language model); the target's decoder layers are found inside
+    it by structure (``find_decoder_layers``)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def load_target(
     path_or_name: str,
     device: str = "cpu",
@@ -133,7 +148,7 @@ def load_target(
     allow_pickle: bool = False,
 ) -> Target:
     """Load model + tokenizer; attention is SDPA so explicit tree masks are honoured."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     folder, gguf = resolve(path_or_name)
     torch_dtype = parse_dtype(dtype, device)
@@ -142,8 +157,9 @@ def load_target(
     cached = gguf_cache_dir(folder, gguf, torch_dtype) if gguf else None
     if cached is not None and (cached / "config.json").is_file():
         folder, gguf = cached, None  # converted before: load the plain copy (seconds, not tens)
+    model_type = None
     if not gguf:  # absurd sizes and models larger than this machine are refused before anything is built
-        read_config_file(folder, "target", torch_dtype.itemsize)
+        model_type = read_config_file(folder, "target", torch_dtype.itemsize).get("model_type")
     if gguf:
         kwargs["gguf_file"] = gguf
     elif not any(folder.glob("*.safetensors")):
@@ -161,7 +177,7 @@ def load_target(
         check_safetensors(folder, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
+        model = model_class(model_type).from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
         raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: "
                         f"{type(e).__name__}: {str(e)[:500]}",

@@ -127,7 +127,7 @@ class Target:
         input_ids: torch.Tensor,  # [B, T]
         position_ids: torch.Tensor,  # [B, T]
         mask: torch.Tensor,  # [B, 1, T, S + T] additive
-        cache,  # DynamicCache with S slots; T are appended
+        cache,  # DynamicCache with S slots; T are appended. None: no cache (S = 0, nothing kept)
         capture: bool = True,
         logits_at: torch.Tensor | None = None,  # [K] sequence indices whose logits are needed
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -143,12 +143,13 @@ class Target:
             kwargs = {}
             if logits_at is not None:
                 kwargs["logits_to_keep"] = logits_at
+            if cache is not None:
+                kwargs[self._cache_kw] = cache
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
                 attention_mask=mask,
-                use_cache=True,
-                **{self._cache_kw: cache},
+                use_cache=cache is not None,
                 **kwargs,
             )
         finally:

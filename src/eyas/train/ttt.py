@@ -230,5 +230,7 @@ def target_states(target, input_ids: torch.Tensor, lengths: torch.Tensor | None 
     idx = torch.arange(length, device=dev)
     visible = (idx[None, :, None] >= idx[None, None, :]) & ((idx[None, None, :] < lengths[:, None, None]) | (idx[None, :, None] == idx[None, None, :]))
     mask = kv_cache.attention_mask(torch.zeros_like(lengths), 0, visible, target.dtype)
-    logits, aux = target.forward(input_ids, idx[None].expand(bsz, length), mask, kv_cache.new_cache())
+    # No KV cache: nothing reads it, and it would hold every layer's keys and values until the logits
+    # exist (an MLA target's decompressed keys are 61 x 64 x 320 numbers a token for Kimi-K2.5).
+    logits, aux = target.forward(input_ids, idx[None].expand(bsz, length), mask, None)
     return aux, logits

@@ -51,6 +51,20 @@ def register(sub) -> None:
     p.add_argument("--max-length", type=int, default=None,
                    help="truncate rendered conversations to this many tokens (default: min(2048, target context))")
     p.add_argument("--regenerate", action="store_true", help="answer every prompt with the target itself")
+    p.add_argument("--regenerate-url", default=None, metavar="URL",
+                   help="answer every prompt through an OpenAI-compatible server of the target (SGLang, vLLM, "
+                        "eyas serve) instead of loading it here: --model-path then needs only config.json and the "
+                        "tokenizer; answers are saved in OUT/answers.jsonl as they arrive and a rerun skips them")
+    p.add_argument("--concurrency", type=int, default=32, help="with --regenerate-url: requests in flight")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="with --regenerate-url: seconds one request may take before it is retried")
+    p.add_argument("--retry-for", type=float, default=600.0, metavar="S",
+                   help="with --regenerate-url: seconds one request keeps retrying a failing or unreachable server "
+                        "(connection errors, 429, 5xx) before the run stops")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="with --regenerate-url: the server's model id to use when its name differs from "
+                        "--model-path's (vocabulary and template are still checked)")
+    p.add_argument("--api-key", default=None, help="with --regenerate-url: the server's API key (Bearer)")
     p.add_argument("--keep-answers", action="store_true",
                    help="with --regenerate: keep each conversation's own answer as well as the target's "
                         "(e.g. answers sampled at 0.8 from an earlier prepare, plus greedy ones)")
@@ -84,6 +98,18 @@ def run(args) -> int:
         raise EyasError(f"--template-kwargs is not JSON: {e.msg}", "e.g. --template-kwargs '{\"enable_thinking\": false}'")
     if args.thinking:
         kw["enable_thinking"] = args.thinking == "on"
+    remote_flags = {"--served-model-name": args.served_model_name, "--api-key": args.api_key}
+    given = [f for f, v in remote_flags.items() if v is not None]
+    if given and not args.regenerate_url:
+        raise EyasError(f"{', '.join(given)} only mean something with --regenerate-url", "add --regenerate-url URL")
+    if args.regenerate_url:
+        args.regenerate = True
+        needs = sorted({"self", "magpie"} & set(args.source))
+        if needs:
+            raise EyasError(f"--regenerate-url answers prompts through a server, but source {', '.join(needs)} needs "
+                            "the target loaded here to write prompts",
+                            "write those prompts in an earlier prepare (--select-only or a GPU run) and pass its "
+                            "train.jsonl with --input, or drop those sources")
     if args.keep_answers and not args.regenerate:
         raise EyasError("--keep-answers only means something with --regenerate", "add --regenerate or drop --keep-answers")
     if args.magpie_prompts < 1 and "magpie" in args.source:
@@ -104,6 +130,8 @@ def run(args) -> int:
     if args.select_only:
         select_only(cfg, args.out)
         return 0
+    if args.regenerate_url:
+        return run_remote(args, cfg, kw)
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
     target = load_target(args.model_path, device=ctx.device, dtype=args.dtype)
     regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
@@ -112,4 +140,22 @@ def run(args) -> int:
     cfg = replace(cfg, max_length=args.max_length or min(2048, target.info.max_context or 2048), regen=regen)
     prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))
     ctx.close()
+    return 0
+
+
+def run_remote(args, cfg, template_kwargs: dict) -> int:
+    """--regenerate-url: the target's tokenizer here, its answers from the server."""
+    from .prepare import prepare
+    from .regenerate import RegenConfig
+    from .remote import RemoteConfig, RemoteRegenerator
+    from .tokenizer_target import load_tokenizer_target
+
+    remote_cfg = RemoteConfig(args.regenerate_url, concurrency=args.concurrency, request_timeout=args.request_timeout,
+                              retry_for=args.retry_for, api_key=args.api_key, served_model_name=args.served_model_name)
+    target = load_tokenizer_target(args.model_path)
+    regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                        seed=args.seed, system_prompt=args.system_prompt, template_kwargs=template_kwargs)
+    remote = RemoteRegenerator(target, regen, remote_cfg, args.out, args.model_path)
+    cfg = replace(cfg, max_length=args.max_length or min(2048, target.info.max_context or 2048), regen=regen)
+    prepare(target, cfg, args.out, remote=remote)
     return 0

@@ -6,6 +6,7 @@ Output folder:
     holdout-prompts.jsonl         the chat evaluation set no training sees (with --holdout-prompts)
     <split>.{tokens,mask,offsets}.npy  see ``tokenized``
     vocab_counts.npy              int64 [vocab]: frequency of each learned target token (train only)
+    answers.jsonl                 with --regenerate-url: the server's answers as they arrived (``remote``)
     meta.json                     target, chat settings (system prompt, thinking, template hash),
                                   regeneration settings and throughput, counts per source (``ledger``)
 """
@@ -126,7 +127,9 @@ def tokenize(tokenizer, records: list[dict], cfg: PrepareConfig):
     return rows, truncated, skipped
 
 
-def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
+def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=None) -> dict:
+    """``remote``: a ``remote.RemoteRegenerator`` answers the prompts through a server instead of
+    ``target`` in-process (``target`` then needs only its tokenizer and info)."""
     out = Path(out)
     ctx = target.info.max_context
     if ctx and cfg.max_length > ctx:
@@ -138,7 +141,7 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
     if cfg.regenerate:
         for name, split in (("train", train), ("heldout", held)):
             def run(xs):
-                got, st = regenerate(target, xs, cfg.regen)
+                got, st = remote.regenerate(xs) if remote else regenerate(target, xs, cfg.regen)
                 return got, asdict(st)
             parts = _sharded(run, split, dist_ctx)
             got = [r for p, _ in parts for r in p]
@@ -178,7 +181,7 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print) -> dict:
                  "thinking": cfg.regen.template_kwargs.get("enable_thinking"),
                  "template_sha256_16": template_hash(target.tokenizer)},
         "regeneration": {**cfg.regen.as_dict(), "enabled": cfg.regenerate, "keep_answers": cfg.keep_answers,
-                         "stats": stats},
+                         "stats": stats, "server": remote.meta if remote else None},
         **selection_meta(cfg, ledger, chat_eval), "max_length": cfg.max_length, "splits": summary,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -39,7 +39,7 @@ def test_demo_end_to_end(tmp_path):
     assert "[4/4]" in text, text + p.stderr
     urls = ready_urls(text)
     assert len(urls) == 2 and not any(listening(u) for u in urls)  # everything it started is stopped
-    assert re.search(r"^eyas:spec_accept_length \d", text, re.M) and "eyas:spec_decode_num_accepted_tokens_total" in text
+    assert re.search(r"^eyas:spec_accept_length\{[^}]*model_name=[^}]*\} \d", text, re.M) and "eyas:spec_decode_num_accepted_tokens_total" in text
     assert "fix: use --speculative-algorithm EAGLE3" in text and "refused before any weight was loaded" in text
     bench = json.loads((out / "bench.json").read_text())
     assert bench["levels"][0]["speedup"] > 0 and (out / "throughput.png").is_file()

@@ -62,14 +62,18 @@ class ServerProcess:
         return self.proc.returncode
 
 
+CONSTANT_LABELS = ("model_name", "engine")  # on every series; test_metrics.py checks them
+
+
 def scrape(url: str) -> dict[str, float]:
-    """``/metrics`` through prometheus_client's own parser: {'name{label="v",...}': value}."""
+    """``/metrics`` through prometheus_client's own parser: {'name{label="v",...}': value}, the labels every
+    series carries (``CONSTANT_LABELS``) left out of the keys."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=30).text
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k not in CONSTANT_LABELS)
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out

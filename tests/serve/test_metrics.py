@@ -1,9 +1,14 @@
-"""/metrics parses with prometheus_client's parser, names are documented, derivations are exact."""
+"""/metrics parses with prometheus_client's parser, names are documented, derivations are exact, every
+series carries model_name and engine, and the KV usage gauge follows the running requests."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import scrape
 
 NAMES = [
@@ -13,7 +18,7 @@ NAMES = [
     "eyas:prompt_tokens_total", "eyas:generation_tokens_total", 'eyas:requests_total{outcome="stop"}',
     'eyas:requests_total{outcome="rejected"}', "eyas:time_to_first_token_seconds_count",
     "eyas:time_per_output_token_seconds_count", "eyas:e2e_request_latency_seconds_count",
-    "eyas:num_requests_running", "eyas:num_requests_waiting",
+    "eyas:num_requests_running", "eyas:num_requests_waiting", "eyas:kv_cache_usage_perc",
 ]
 
 
@@ -57,5 +62,39 @@ def test_info_metric_carries_the_configuration(metrics):
 def test_grep_accept_finds_the_acceptance_lines(server):
     text = httpx.get(server.url + "/metrics").text
     lines = [ln for ln in text.splitlines() if "accept" in ln and not ln.startswith("#")]
-    assert any(ln.startswith("eyas:spec_accept_length ") for ln in lines)
-    assert any(ln.startswith("eyas:spec_accept_rate ") for ln in lines)
+    assert any(ln.startswith('eyas:spec_accept_length{engine="0",model_name="tiny"} ') for ln in lines)
+    assert any(ln.startswith('eyas:spec_accept_rate{engine="0",model_name="tiny"} ') for ln in lines)
+
+
+def test_every_series_carries_the_served_model_name_and_engine(metrics, server):
+    families = list(text_string_to_metric_families(httpx.get(server.url + "/metrics").text))
+    samples = [s for f in families for s in f.samples]
+    assert len(samples) > 50 and all(s.name.startswith("eyas:") for s in samples)
+    unlabelled = [s for s in samples if s.labels.get("model_name") != "tiny" or s.labels.get("engine") != "0"]
+    assert not unlabelled  # the server runs with --served-model-name tiny
+
+
+def test_kv_usage_counts_the_running_rows_and_falls_to_zero(inprocess, engine):
+    capacity = engine.sizing["max_batch"] * engine.max_context
+    with inprocess(step_delay=0.05) as srv:
+        body = {"prompt": "kv usage " * 4, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+        answer = {}
+        request = threading.Thread(target=lambda: answer.update(
+            httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()))
+        request.start()
+        held = []  # tokens in the cache, as the gauge says, while the request runs
+        while request.is_alive() and len(held) < 3:
+            m = scrape(srv.url)
+            if m["eyas:num_requests_running"] == 1 and m["eyas:kv_cache_usage_perc"] > 0:
+                held.append(m["eyas:kv_cache_usage_perc"] * capacity)
+            time.sleep(0.1)
+        request.join()
+        prompt = answer["usage"]["prompt_tokens"]
+        assert held, "never saw the request running"
+        # the prompt and the output so far, less the root not yet in the cache: whole tokens, growing
+        assert all(prompt <= h <= prompt + 60 and abs(h - round(h)) < 1e-6 for h in held), (prompt, held)
+        assert held == sorted(held)
+        end = time.time() + 10
+        while scrape(srv.url)["eyas:kv_cache_usage_perc"] != 0 and time.time() < end:
+            time.sleep(0.05)  # the engine's turn after the last step retires the row
+        assert scrape(srv.url)["eyas:kv_cache_usage_perc"] == 0

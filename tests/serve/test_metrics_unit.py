@@ -1,4 +1,4 @@
-"""ServeMetrics on its own: the window behind the gauges, per-position counts, histogram."""
+"""ServeMetrics on its own: the window behind the gauges, per-position counts, histogram, labels."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from eyas.serve.metrics import ServeMetrics
 
 
 def samples(m: ServeMetrics) -> dict[str, float]:
+    """{name[label value]...: value}, without the labels every series carries (checked below)."""
     out = {}
     for fam in text_string_to_metric_families(m.exposition().decode()):
         for s in fam.samples:
-            out[s.name + "".join(f"[{v}]" for _, v in sorted(s.labels.items()))] = s.value
+            out[s.name + "".join(f"[{v}]" for k, v in sorted(s.labels.items()) if k not in m.labels)] = s.value
     return out
 
 
@@ -41,3 +42,34 @@ def test_time_per_output_token_needs_two_tokens():
     assert s["eyas:time_per_output_token_seconds_sum"] == 0.25
     assert s["eyas:time_to_first_token_seconds_count"] == 2
     assert s["eyas:requests_total[abort]"] == 1 and s["eyas:requests_total[length]"] == 1
+
+
+def test_every_sample_carries_model_name_and_engine():
+    m = ServeMetrics(num_steps=2, num_draft_tokens=3, model_name="org/model-7b")
+    m.set_info({"algorithm": "EAGLE3"})
+    m.record_step([(1, 2, 1)])
+    m.finished("stop", ttft=0.1, e2e=0.5, completion_tokens=3)
+    m.kv_usage.set(0.25)
+    families = list(text_string_to_metric_families(m.exposition().decode()))
+    assert {"counter", "gauge", "histogram"} <= {f.type for f in families}
+    for fam in families:
+        for s in fam.samples:
+            assert s.labels["model_name"] == "org/model-7b" and s.labels["engine"] == "0", s
+    s = {x.name: x for f in families for x in f.samples}
+    assert s["eyas:spec_info"].labels["algorithm"] == "EAGLE3"  # the info's own labels stay
+    assert s["eyas:kv_cache_usage_perc"].value == 0.25
+    buckets = [x for f in families for x in f.samples if x.name == "eyas:time_to_first_token_seconds_bucket"]
+    assert buckets and all("le" in b.labels for b in buckets)  # a histogram's le survives beside them
+
+
+def test_a_second_server_in_the_same_process_has_its_own_labels():
+    a, b = ServeMetrics(1, 2, model_name="a"), ServeMetrics(1, 2, model_name="b", speculative=False)
+    a.generation_tokens.inc(5)
+
+    def generated(m):
+        fams = text_string_to_metric_families(m.exposition().decode())
+        return [(s.labels, s.value) for f in fams for s in f.samples if s.name == "eyas:generation_tokens_total"]
+
+    assert generated(a) == [({"model_name": "a", "engine": "0"}, 5.0)]
+    assert generated(b) == [({"model_name": "b", "engine": "0"}, 0.0)]
+    assert b"spec_accept_length" not in b.exposition()  # NONE: no acceptance series, labelled or not

@@ -284,6 +284,13 @@ class Engine:
             cat(a.draft_logits, b.draft_logits), cat(a.draft_hidden, b.draft_hidden),
         )
 
+    def kv_usage(self, batch: Batch | None) -> float:
+        """The share of the KV cache's token capacity (``max_batch`` rows x ``max_context``) that the
+        rows of ``batch`` hold: prompt plus output, less the root not yet in the cache. Host lists
+        only, no device read."""
+        held = sum(len(s.prompt_ids) + len(s.output_ids) - 1 for s in batch.seqs) if batch is not None else 0
+        return held / (self.sizing["max_batch"] * self.max_context)
+
     # -- the two forward kinds ----------------------------------------------------------------
     def prefill_groups(self, seqs: list[Sequence]) -> list[list[int]]:
         """Indices of ``seqs`` (prompts that arrive together) in the groups to prefill one after the

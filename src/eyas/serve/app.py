@@ -64,11 +64,12 @@ class ServeState:
 def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     options = options or ServeOptions()
     spec = engine.spec
-    metrics = ServeMetrics(spec.num_steps, spec.num_draft_tokens, options.metrics_window, spec.speculative)
+    name = options.served_model_name or options.model_path or engine.target.name
+    metrics = ServeMetrics(spec.num_steps, spec.num_draft_tokens, options.metrics_window, spec.speculative,
+                           model_name=name)
     metrics.set_info(info_labels(engine))
     scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
                           options.log_interval, options.max_prefill_tokens, options.log_requests)
-    name = options.served_model_name or options.model_path or engine.target.name
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
     preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests)

@@ -18,9 +18,15 @@ PromQL for the lifetime figures (exactly what the gauges hold while the window c
     eyas:spec_decode_num_accepted_tokens_total / eyas:spec_decode_num_draft_tokens_total
 
 Serving: prompt/generation token counters, ``requests_total{outcome}``, time-to-first-token,
-time-per-output-token and end-to-end latency histograms, running and queued request gauges, and
+time-per-output-token and end-to-end latency histograms, running and queued request gauges, the
+KV cache's usage (``kv_cache_usage_perc``, a fraction as vLLM's; SGLang calls it ``token_usage``) and
 engine steps with their wall time and batch size (speculation that pays at batch 1 can lose at
 large batches: compare ``engine_step_seconds`` across ``engine_step_batch_size``).
+
+Every series carries ``model_name`` (the served model name) and ``engine`` ("0"), the labels vLLM
+puts on its series (SGLang's carry ``model_name`` too), so their Grafana dashboards and multi-model
+scrapes select eyas's series the same way. The metrics themselves are unlabelled in code; one
+collector adds the two labels to every sample at exposition (``ConstantLabels``).
 Every server owns its own ``CollectorRegistry``, so several can live in one process (tests).
 Without a draft (``NONE``) the ``spec_*`` series are not exported at all: an accept length of 1.00
 is the symptom of a broken pair and must never appear where nothing was drafted. The gauges read
@@ -39,6 +45,7 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
+from prometheus_client.registry import Collector
 
 try:  # the *_created series only add noise to a grep for acceptance
     from prometheus_client import disable_created_metrics
@@ -55,9 +62,26 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
+class ConstantLabels(Collector):
+    """The samples of ``inner`` with ``labels`` added to each (prometheus_client's Python metrics take
+    no constant labels; this is the one place eyas's ``model_name`` and ``engine`` are attached)."""
+
+    def __init__(self, inner: CollectorRegistry, labels: dict[str, str]):
+        self.inner, self.labels = inner, labels
+
+    def collect(self):
+        for family in self.inner.collect():  # fresh Metric objects on every collect
+            family.samples = [s._replace(labels={**self.labels, **s.labels}) for s in family.samples]
+            yield family
+
+
 class ServeMetrics:
-    def __init__(self, num_steps: int, num_draft_tokens: int, window: int = 1000, speculative: bool = True):
-        r = self.registry = CollectorRegistry()
+    def __init__(self, num_steps: int, num_draft_tokens: int, window: int = 1000, speculative: bool = True,
+                 model_name: str = "eyas", engine: str = "0"):
+        r = CollectorRegistry()
+        self.labels = {"model_name": model_name, "engine": engine}
+        self.registry = CollectorRegistry()
+        self.registry.register(ConstantLabels(r, self.labels))
         p = PREFIX
         self.speculative = speculative
         self._window: deque[tuple[int, int, int]] = deque(maxlen=max(1, window))
@@ -102,6 +126,8 @@ class ServeMetrics:
                              registry=r)
         self.running = Gauge(p + "num_requests_running", "Sequences in the running batch", registry=r)
         self.queued = Gauge(p + "num_requests_waiting", "Admitted requests waiting for a batch slot", registry=r)
+        self.kv_usage = Gauge(p + "kv_cache_usage_perc", "Fraction (0 to 1) of the KV cache's token capacity "
+                              "(rows x context length) that the running requests' committed tokens hold", registry=r)
         self.steps = Counter(p + "engine_steps", "Engine steps (one speculative step for the whole batch)", registry=r)
         self.step_seconds = Histogram(p + "engine_step_seconds", "Wall time of one engine step (draft + verify + "
                                       "commit for every running row)", buckets=STEP_BUCKETS, registry=r)

@@ -212,6 +212,7 @@ class Scheduler:
             except Exception as e:
                 log.exception("engine step failed; failing %d running requests", len(self._running) + len(admit))
                 self._fail_all(admit, f"internal engine error: {type(e).__name__}: {e}")
+            self.metrics.kv_usage.set(self.engine.kv_usage(self._batch))  # per turn: 0 once the batch is empty
 
     def _turn(self, admit: list[Work]) -> None:
         live = [w for w in admit if not w.cancelled]

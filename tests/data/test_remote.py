@@ -307,3 +307,6 @@ def test_flags_that_need_a_model_or_a_server_are_refused(tmp_path, capsys):
     assert "source magpie needs the target loaded here" in capsys.readouterr().err
     assert main([*base, "--regenerate", "--served-model-name", NAME]) == 2
     assert "--served-model-name only mean something with --regenerate-url" in capsys.readouterr().err
+    assert main([*base, "--regenerate-url", "http://127.0.0.1:9", "--device", "cuda", "--batch-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch-size, --device set how the target runs here" in err and "--concurrency" in err

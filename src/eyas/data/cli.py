@@ -103,6 +103,11 @@ def run(args) -> int:
     if given and not args.regenerate_url:
         raise EyasError(f"{', '.join(given)} only mean something with --regenerate-url", "add --regenerate-url URL")
     if args.regenerate_url:
+        local = {"--batch-size": args.batch_size != 256, "--regen-engine": args.regen_engine != "auto",
+                 "--device": args.device != "auto", "--dtype": args.dtype != "auto"}
+        if any(local.values()):
+            raise EyasError(f"{', '.join(f for f, v in local.items() if v)} set how the target runs here, but with "
+                            "--regenerate-url the server runs it", "drop them, or pace the server with --concurrency")
         args.regenerate = True
         needs = sorted({"self", "magpie"} & set(args.source))
         if needs:

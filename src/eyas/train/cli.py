@@ -2,6 +2,7 @@
 
     eyas train --recipe recipes/smollm2-135m-instruct.yaml --set data.path=data/smollm2
     torchrun --nproc-per-node 2 -m eyas train --recipe ... --resume runs/draft
+    eyas train --plan --recipe ... --model KIMI_CONFIG_FOLDER --gpu-memory 141
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ def register(sub) -> None:
     p.add_argument("--allow-recipe-change", action="store_true",
                    help="resume although the recipe differs from the checkpoint's (the new values apply)")
     p.add_argument("--print-recipe", action="store_true", help="print the resolved recipe and exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print what the run needs (memory per GPU, offline storage, fewest GPUs) from the target's "
+                        "config and the recipe, and exit; no weights are read")
+    p.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB",
+                   help="--plan: memory of one GPU in GB (default 80; an H200 has 141)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="--plan: show the figures per GPU for N GPUs (default: the fewest that hold the run)")
+    p.add_argument("--trust-remote-code", action="store_true", help="--plan: allow the target config's own code")
     p.set_defaults(func=run)
 
 
@@ -50,6 +59,8 @@ def run(args) -> int:
 
         print(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
         return 0
+    if args.plan:
+        return print_plan(recipe, args)
     from .trainer import Trainer
 
     trainer = Trainer(recipe)
@@ -61,4 +72,21 @@ def run(args) -> int:
     if summary.get("heldout"):
         trainer.print(f"held-out accuracy per TTT step: {summary['heldout']['acc']}")
     trainer.ctx.close()
+    return 0
+
+
+def print_plan(recipe, args) -> int:
+    import copy
+
+    from ..errors import EyasError
+    from .plan import GB, format_plan, make_plan
+
+    checked = copy.deepcopy(recipe)
+    checked.data.path = checked.data.path or "-"  # the plan needs no data
+    checked.validate()
+    if args.gpu_memory <= 0 or (args.gpus is not None and args.gpus < 1):
+        raise EyasError(f"--gpu-memory {args.gpu_memory} / --gpus {args.gpus}: need a positive size and count",
+                        "e.g. --gpu-memory 80 --gpus 8")
+    plan = make_plan(recipe, int(args.gpu_memory * GB), args.gpus, args.trust_remote_code)
+    print(format_plan(plan, recipe))
     return 0

@@ -1,0 +1,293 @@
+"""``eyas train --plan``: what a training run needs, from the target's config and the recipe alone.
+
+No weights are read and no memory is allocated: the target and the draft are built on PyTorch's
+``meta`` device, which gives exact parameter counts for any architecture transformers knows (MoE
+experts, MLA projections, a vision tower beside the language model), and the draft comes from the
+same ``Eagle3Draft.config_for_target`` the trainer uses. The rest follows from the recipe:
+
+- target weights at the training dtype (bf16 on a GPU, fp32 on the CPU), whole on every GPU, or with
+  ``train.shard_target`` a 1/N shard plus two whole decoder layers (FSDP2 gathers the layer that
+  runs and the next one; an MoE layer is gathered with all its experts);
+- the draft in fp32 (its frozen copy of the embeddings included), its gradients, AdamW's two
+  moments, and DDP's gradient buckets under torchrun (``train.parallel=fsdp``: all of it 1/N);
+- activations at ``data.tokens_per_batch`` tokens a rank: the target's logits and captured states,
+  and the TTT unroll's tensors kept for the backward pass (the draft-vocabulary logits dominate);
+- offline mode's disk: per token, the captured states and the state entering ``lm_head``.
+
+The figures are estimates written from what the code keeps alive; on the CPU, fp32, a tiny target's
+figure is within 20% of the measured peak (``tests/train/test_plan.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import EyasError
+from .recipe import Recipe
+
+GB = 10**9
+GPU_OVERHEAD = 2 * GB  # CUDA context, kernels, NCCL buffers and allocator slack, per GPU
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float64": 8}
+
+
+@dataclass
+class Shapes:
+    """The sizes the plan needs, read from configs."""
+
+    name: str
+    architecture: str
+    layers: int
+    hidden: int
+    vocab: int
+    target_params: int
+    largest_layer: int  # parameters of the largest decoder layer (what FSDP2 gathers at once)
+    mlp_width: int  # widest MLP activation a token makes in one layer (dense, or experts x active)
+    aux_layer_ids: list[int]
+    fc_in: int
+    draft_hidden: int
+    draft_intermediate: int
+    draft_attn_width: int  # q + k + v + o widths of the draft's attention
+    draft_vocab: int
+    draft_params: int
+    draft_trainable: int
+
+
+@dataclass
+class Plan:
+    shapes: Shapes
+    device: str  # "cuda" or "cpu": what the dtypes were resolved for
+    gpus: int
+    gpu_memory: int
+    tokens_per_batch: int
+    ttt_steps: int
+    parts: dict[str, int]  # bytes per GPU (or per process on the CPU)
+    min_gpus: int | None  # fewest GPUs the recipe runs on; None: no count does
+    min_gpus_sharded: int | None  # the same with train.shard_target on
+    offline_per_token: int
+    offline_fixed: int  # lm_head copy beside the shards
+    offline_tokens: int | None  # tokens in the recipe's data, when it exists
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def meta_target(path: str, trust_remote_code: bool = False):
+    """The target as a ``Target`` on the meta device: its shapes and parameter counts, no memory."""
+    from transformers import AutoConfig
+
+    from ..models.bounds import read_config_file
+    from ..models.loading import model_class, resolve
+    from ..models.target import Target
+
+    folder, gguf = resolve(path)
+    kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    else:
+        read_config_file(folder, "target")  # absurd sizes: an error naming the key
+    try:
+        config = AutoConfig.from_pretrained(folder, **kwargs)
+        with torch.device("meta"):
+            model = model_class(config.model_type).from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EyasError(f"cannot build the target described in {folder}: {type(e).__name__}: {str(e)[:300]}",
+                        "point --model at a Hugging Face model folder (its config.json is all --plan reads)") from None
+    return Target(model, None, name=path)
+
+
+def _mlp_width(text_config) -> int:
+    """Per token: the widest MLP activation of one layer (MoE: active experts, plus shared ones)."""
+    dense = int(getattr(text_config, "intermediate_size", 0) or 0)
+    moe = int(getattr(text_config, "moe_intermediate_size", 0) or 0)
+    active = int(getattr(text_config, "num_experts_per_tok", 0) or 0)
+    if moe and active:
+        shared = int(getattr(text_config, "n_shared_experts", 0) or 0) + int(
+            bool(getattr(text_config, "shared_expert_intermediate_size", 0)))
+        return max(dense, moe * (active + shared))
+    return dense if not active else dense * active
+
+
+def read_shapes(recipe: Recipe, trust_remote_code: bool = False) -> Shapes:
+    from ..models.draft import Eagle3Draft
+
+    target = meta_target(recipe.target, trust_remote_code)
+    if recipe.draft.aux_layer_ids is not None:
+        target.set_aux_layers(recipe.draft.aux_layer_ids)
+    info = target.info
+    draft_vocab = min(recipe.draft.vocab_size, info.vocab_size)
+    config = Eagle3Draft.config_for_target(target, draft_vocab)
+    with torch.device("meta"):
+        draft = Eagle3Draft(config)
+    attn = draft.midlayer.self_attn
+    return Shapes(
+        name=recipe.target, architecture=info.architecture, layers=info.num_layers, hidden=info.hidden_size,
+        vocab=info.vocab_size, target_params=sum(p.numel() for p in target.model.parameters()),
+        largest_layer=max(sum(p.numel() for p in layer.parameters()) for layer in target.layers),
+        mlp_width=_mlp_width(target.text_config), aux_layer_ids=list(target.aux_layer_ids),
+        fc_in=draft.fc.in_features, draft_hidden=config.hidden_size, draft_intermediate=config.intermediate_size,
+        draft_attn_width=sum(p.out_features for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)),
+        draft_vocab=draft_vocab, draft_params=sum(p.numel() for p in draft.parameters()),
+        draft_trainable=sum(p.numel() for p in draft.parameters() if p.requires_grad),
+    )
+
+
+def _dtypes(recipe: Recipe) -> tuple[str, int, int]:
+    """(device, target bytes per parameter, activation bytes per matmul output)."""
+    t = recipe.train
+    device = "cpu" if t.device == "cpu" else "cuda"
+    if t.target_dtype == "auto":
+        target_bytes = 2 if device == "cuda" else 4
+    else:
+        target_bytes = DTYPE_BYTES.get(str(t.target_dtype).lower(), 2)
+    autocast = t.autocast == "bf16" or (t.autocast == "auto" and device == "cuda")
+    return device, target_bytes, 2 if autocast else 4
+
+
+def activations(s: Shapes, tokens: int, steps: int, target_bytes: int, act_bytes: int) -> int:
+    """Bytes alive at a training step's peak, for ``tokens`` tokens a rank."""
+    n = tokens
+    # The target's forward: one layer's hidden, norm, attention and MLP tensors at a time.
+    target_forward = n * (8 * s.hidden + 3 * s.mlp_width) * target_bytes
+    # What the step keeps from it: logits [n, vocab], captured states (and their fp32 copy).
+    kept = n * (s.vocab + len(s.aux_layer_ids) * s.hidden) * target_bytes
+    if target_bytes != 4:
+        kept += n * len(s.aux_layer_ids) * s.hidden * 4
+    kept += n * s.draft_vocab * 4  # the target's distribution over the draft vocabulary, fp32
+    # Each TTT step keeps for the backward pass: its draft-vocabulary logits (the lm_head output, its
+    # fp32 copy when autocast, the log-softmax), and the layer's norms, cat, q/k/v/o and MLP tensors.
+    vocab_step = n * s.draft_vocab * (act_bytes + 4 + (4 if act_bytes != 4 else 0))
+    hidden_step = n * (12 * s.draft_hidden + 2 * s.draft_attn_width + 4 * s.draft_intermediate) * act_bytes
+    ttt = steps * (vocab_step + hidden_step)
+    backward = 2 * n * s.draft_vocab * 4  # the loss's gradient through one step's logits
+    return max(target_forward, kept) + ttt + backward
+
+
+def memory_parts(s: Shapes, recipe: Recipe, gpus: int, shard_target: bool | None = None) -> dict[str, int]:
+    device, target_bytes, act_bytes = _dtypes(recipe)
+    t = recipe.train
+    shard = t.shard_target if shard_target is None else shard_target
+    world = max(1, gpus)
+    if shard and world > 1:
+        target = s.target_params * target_bytes // world + 2 * s.largest_layer * target_bytes
+    else:
+        target = s.target_params * target_bytes
+    split = world if (t.parallel == "fsdp" and world > 1) else 1
+    parts = {
+        "target weights": target,
+        "draft weights (fp32)": s.draft_params * 4 // split,
+        "draft gradients": s.draft_trainable * 4 // split,
+        "optimizer (AdamW)": 2 * s.draft_trainable * 4 // split,
+    }
+    if world > 1 and t.parallel == "ddp":
+        parts["DDP gradient buckets"] = s.draft_trainable * 4
+    parts["activations"] = activations(s, recipe.data.tokens_per_batch, t.ttt_steps, target_bytes, act_bytes)
+    if device == "cuda":
+        parts["CUDA context and slack"] = GPU_OVERHEAD
+    return parts
+
+
+def fewest_gpus(s: Shapes, recipe: Recipe, gpu_memory: int, shard_target: bool | None = None,
+                most: int = 4096) -> int | None:
+    """The smallest GPU count whose per-GPU need fits ``gpu_memory``; None when none up to ``most`` does."""
+    n = 1
+    while n <= most:
+        if sum(memory_parts(s, recipe, n, shard_target).values()) <= gpu_memory:
+            return n
+        n += 1 if n < 16 else 8
+    return None
+
+
+def _data_tokens(recipe: Recipe) -> int | None:
+    from ..data.tokenized import TokenizedSplit
+
+    path = Path(recipe.data.path) if recipe.data.path else None
+    if path is None or not path.is_dir():
+        return None
+    total = 0
+    for split in ("train", "heldout"):
+        try:
+            lengths = TokenizedSplit(path, split).lengths()
+        except EyasError:
+            continue
+        total += int(lengths.clip(max=recipe.data.max_length).sum())
+    return total or None
+
+
+def make_plan(recipe: Recipe, gpu_memory: int = 80 * GB, gpus: int | None = None,
+              trust_remote_code: bool = False) -> Plan:
+    s = read_shapes(recipe, trust_remote_code)
+    device, target_bytes, _ = _dtypes(recipe)
+    shard = recipe.train.shard_target
+    least = fewest_gpus(s, recipe, gpu_memory)
+    least_sharded = least if shard else fewest_gpus(s, recipe, gpu_memory, shard_target=True)
+    shown = gpus or least or 1
+    offline_bytes = DTYPE_BYTES[recipe.train.offline_dtype]
+    notes = []
+    if shard or (least is None and least_sharded is not None):
+        notes.append(f"train.shard_target gathers one whole decoder layer at a time on every GPU: the largest "
+                     f"holds {s.largest_layer / 1e9:,.2f} B parameters "
+                     f"({s.largest_layer * target_bytes / GB:,.1f} GB), "
+                     "counted twice (the layer running and the next one)")
+    return Plan(
+        shapes=s, device=device, gpus=shown, gpu_memory=gpu_memory, tokens_per_batch=recipe.data.tokens_per_batch,
+        ttt_steps=recipe.train.ttt_steps, parts=memory_parts(s, recipe, shown), min_gpus=least,
+        min_gpus_sharded=least_sharded, offline_per_token=(len(s.aux_layer_ids) + 1) * s.hidden * offline_bytes,
+        offline_fixed=s.vocab * s.hidden * 4, offline_tokens=_data_tokens(recipe), notes=notes,
+    )
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def format_plan(plan: Plan, recipe: Recipe) -> str:
+    s, t = plan.shapes, recipe.train
+    n_aux = len(s.aux_layer_ids)
+    _, target_bytes, _ = _dtypes(recipe)
+    per = "GPU" if plan.device == "cuda" else "process (CPU)"
+    lines = [
+        (f"target      {s.name} ({s.architecture}): {s.target_params / 1e9:,.2f} B parameters, "
+         f"{s.layers} layers, hidden {s.hidden:,}, vocabulary {s.vocab:,}"),
+        (f"draft       captures layers {s.aux_layer_ids} (SGLang ids {[i - 1 for i in s.aux_layer_ids]}); "
+         f"fc {n_aux} x {s.hidden:,} = {s.fc_in:,} -> {s.draft_hidden:,}; draft vocabulary {s.draft_vocab:,}; "
+         f"{s.draft_trainable / 1e9:,.2f} B trainable parameters"),
+        (f"run         {plan.gpus} {per}{'s' if plan.gpus != 1 else ''}, {t.parallel}"
+         f"{', target sharded (FSDP2)' if t.shard_target else ', target whole on each'}, "
+         f"{plan.tokens_per_batch:,} tokens a rank a step, {plan.ttt_steps} TTT steps, target at "
+         f"{target_bytes * 8}-bit"),
+        f"memory per {per.split(' ')[0]}:",
+    ]
+    for name, value in plan.parts.items():
+        lines.append(f"  {name:<26}{_size(value):>12}")
+    lines.append(f"  {'total':<26}{_size(plan.total):>12}   (of {_size(plan.gpu_memory)})")
+    if plan.device == "cuda":
+        if plan.min_gpus is not None:
+            lines.append(f"fewest GPUs {plan.min_gpus} of {_size(plan.gpu_memory)} (fewer cannot hold the run)")
+        else:
+            lines.append(f"fewest GPUs none: with this recipe no number of {_size(plan.gpu_memory)} GPUs holds the run")
+            if plan.min_gpus_sharded is not None and not t.shard_target:
+                lines.append(f"            with --set train.shard_target=true: {plan.min_gpus_sharded} GPUs")
+            else:
+                lines.append("            lower data.tokens_per_batch or draft.vocab_size, set train.parallel=fsdp, "
+                             "or use GPUs with more memory (--gpu-memory)")
+    per_token = plan.offline_per_token
+    lines.append(f"offline     {n_aux} x {s.hidden:,} x {DTYPE_BYTES[t.offline_dtype]} B = "
+                 f"{_size(n_aux * s.hidden * DTYPE_BYTES[t.offline_dtype])} a token of captured states, plus the "
+                 f"final state {s.hidden:,} x {DTYPE_BYTES[t.offline_dtype]} B: {_size(per_token)} a token "
+                 f"({t.offline_dtype}), and {_size(plan.offline_fixed)} for the lm_head copy")
+    if plan.offline_tokens:
+        lines.append(f"            the data's {plan.offline_tokens:,} tokens: "
+                     f"{_size(plan.offline_tokens * per_token + plan.offline_fixed)}")
+    else:
+        lines.append(f"            1M tokens: {_size(1e6 * per_token + plan.offline_fixed)}; "
+                     f"1B tokens: {_size(1e9 * per_token + plan.offline_fixed)}")
+    lines.extend(f"note        {n}" for n in plan.notes)
+    return "\n".join(lines)

@@ -270,7 +270,8 @@ def format_plan(plan: Plan, recipe: Recipe) -> str:
     lines.append(f"  {'total':<26}{_size(plan.total):>12}   (of {_size(plan.gpu_memory)})")
     if plan.device == "cuda":
         if plan.min_gpus is not None:
-            lines.append(f"fewest GPUs {plan.min_gpus} of {_size(plan.gpu_memory)} (fewer cannot hold the run)")
+            step = " (counted in 8-GPU nodes above 16)" if plan.min_gpus > 16 else ""
+            lines.append(f"fewest GPUs {plan.min_gpus} of {_size(plan.gpu_memory)}{step} (fewer cannot hold the run)")
         else:
             lines.append(f"fewest GPUs none: with this recipe no number of {_size(plan.gpu_memory)} GPUs holds the run")
             if plan.min_gpus_sharded is not None and not t.shard_target:

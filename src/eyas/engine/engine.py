@@ -104,15 +104,17 @@ class Output:
 
 
 class Engine:
-    """``max_batch``, ``cuda_graphs`` and ``graph_max_batch`` matter on the native path only (a
-    ``NativeTarget``): they size the preallocated KV caches, say whether forwards replay CUDA graphs,
-    and cap the batch sizes that have graphs (larger batches run eagerly)."""
+    """``max_batch``, ``cuda_graphs``, ``graph_max_batch`` and ``mem_fraction_static`` matter on the native
+    path only (a ``NativeTarget``): they size the preallocated KV caches, say whether forwards replay CUDA
+    graphs, cap the batch sizes that have graphs (larger batches run eagerly), and bound the caches' memory
+    (``models.native.kv_budget``)."""
 
     whole_step_graphs = True  # a greedy step as one graph (``decode.py``), with a draft or without; False: by parts
     prefill_graphs = True  # short prompts prefilled from graphs (``prefill.py``); False: eagerly
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None,
-                 max_batch: int = 64, cuda_graphs: bool = True, graph_max_batch: int | None = None):
+                 max_batch: int = 64, cuda_graphs: bool = True, graph_max_batch: int | None = None,
+                 mem_fraction_static: float | None = None):
         spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
         if draft is not None and draft.aux_layer_ids is not None:
             target.set_aux_layers(draft.aux_layer_ids)
@@ -120,7 +122,8 @@ class Engine:
             draft_path = "<in-memory draft>"
         check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)
         self.target, self.draft, self.spec, self.draft_path = target, draft, spec, draft_path
-        self.sizing = {"max_batch": max_batch, "cuda_graphs": cuda_graphs, "graph_max_batch": graph_max_batch}
+        self.sizing = {"max_batch": max_batch, "cuda_graphs": cuda_graphs, "graph_max_batch": graph_max_batch,
+                       "mem_fraction_static": mem_fraction_static}
         self.device = target.device
         self.tree_size = max(spec.verify_sizes)  # the largest tree any step verifies
         self.max_context = target.info.max_context or 1 << 30
@@ -147,7 +150,8 @@ class Engine:
         slack = max([self.tree_size] + draft_tokens + spans) + 1
         context = min(self.max_context, 1 << 20)
         per_slot = self.target.bytes_per_slot() + (self.draft_steps.bytes_per_slot() if spec.speculative else 0)
-        plan = plan_pool(max_batch, context, slack, per_slot, kv_budget(self.device))
+        budget = kv_budget(self.device, self.sizing["mem_fraction_static"])  # --mem-fraction-static
+        plan = plan_pool(max_batch, context, slack, per_slot, budget)
         if plan.slots - slack < context:
             self.max_context = plan.slots - slack
         graphs = cuda_graphs and self.device.type == "cuda"

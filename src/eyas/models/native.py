@@ -37,12 +37,38 @@ def plan_pool(rows: int, max_context: int, slack: int, bytes_per_slot: int, budg
     return PoolPlan(rows, slots, rows * slots * bytes_per_slot)
 
 
-def kv_budget(device: torch.device, fraction: float = 0.4) -> int:
-    """Bytes the KV pools may take: a share of free GPU memory, or 2 GiB on the CPU."""
+def kv_budget(device: torch.device, mem_fraction_static: float | None = None) -> int:
+    """Bytes the KV pools may take, measured after the weights are loaded: by default 40% of the free GPU
+    memory, or 2 GiB on the CPU; with ``mem_fraction_static`` (SGLang's ``--mem-fraction-static``) what keeps
+    weights and pools together within that share of the device's memory (the machine's on the CPU)."""
+    if mem_fraction_static is None:
+        return int(torch.cuda.mem_get_info(device)[0] * 0.4) if device.type == "cuda" else 2 << 30
+    free, total = device_memory(device)
+    return static_budget(free, total, mem_fraction_static)
+
+
+def device_memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of the GPU, or of the machine's memory on the CPU."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * fraction)
-    return 2 << 30
+        return torch.cuda.mem_get_info(device)
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return memory.available, memory.total
+
+
+def static_budget(free: int, total: int, fraction: float) -> int:
+    """SGLang's rule: what is free now, less the share of the whole (``1 - fraction``) kept for activations
+    and graphs; refused when the weights already take more than ``fraction`` of it."""
+    budget = int(free - total * (1 - fraction))
+    if budget <= 0:
+        used = (total - free) / total
+        raise EyasError(f"--mem-fraction-static {fraction:g} leaves nothing for the KV cache: {used:.0%} of the "
+                        f"device's {total / 2**30:.1f} GiB is in use already (weights and everything else), more "
+                        f"than the {fraction:.0%} static memory may take",
+                        f"raise --mem-fraction-static above {used:.2f} (e.g. {min(1.0, used + 0.1):.2f}), or free "
+                        "memory on the device")
+    return budget
 
 
 class NativeTarget(Target):

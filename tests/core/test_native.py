@@ -78,7 +78,7 @@ def test_other_families_decode_like_hugging_face(name, graphs):
 def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeypatch):
     """Without a draft, a greedy step is one graph (``engine/decode.py``): ragged rows, rows that
     finish early, windows that grow past a bucket; the same tokens as HF and as the step by parts.
-    A sampled row in the batch takes the step by parts."""
+    A sampled row in the batch rides in the same replay (the graph's sampled variant)."""
     model = family_model("qwen2-bias")
     prompts = [PROMPTS[0], PROMPTS[1] * 12, PROMPTS[2]]  # the second crosses the 256-slot window
     refs = [reference_greedy(model, p, 40) for p in prompts]
@@ -93,7 +93,8 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     mixed = [params[0], SamplingParams(max_new_tokens=8, temperature=0.7, seed=1), params[2]]
     before = engine.decoder.steps
     outs = engine.generate(prompts, mixed)
-    assert outs[0].output_ids[:8] == refs[0][:8] and engine.decoder.steps - before == 40 - 8  # after the sampled row ended
+    assert outs[0].output_ids == refs[0] and engine.decoder.steps - before == 39  # the sampled row on the graph too
+    assert engine.decoder.graphs["sampled"].graphs and len(outs[1].output_ids) == 8
 
 
 @pytest.fixture(scope="module")

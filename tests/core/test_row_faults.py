@@ -50,10 +50,9 @@ def run(engine, batch):
 def test_non_finite_logits_end_their_row_alone(target, draft, spec, path, monkeypatch):
     engine = engine_for(target, draft, spec, path, monkeypatch)
     greedy = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
-    # by parts, a sampled row rides along; the whole-step function serves all-greedy batches only
-    middle = SamplingParams(max_new_tokens=NEW, ignore_eos=True, temperature=0.8, seed=1) if path != "native-graph" \
-        else greedy
-    params = [greedy, middle, greedy]
+    sampled = [SamplingParams(max_new_tokens=NEW, ignore_eos=True, temperature=0.8, seed=1),
+               SamplingParams(max_new_tokens=NEW, ignore_eos=True, temperature=1.0, top_p=0.9, seed=2)]
+    params = [greedy, *sampled]  # the failing row samples: a NaN through the device sampler harms no other row
     alone = [engine.generate([p], [sp])[0].output_ids for p, sp in zip(PROMPTS, params)]
     seqs = [engine.new_sequence(p, sp) for p, sp in zip(PROMPTS, params)]
     batch = engine.prefill(seqs)
@@ -87,22 +86,3 @@ def test_non_finite_prefill_logits_fail_that_prompt_only(target, monkeypatch):
     assert outs[1].output_ids == []
     assert [o.output_ids for o in (outs[0], outs[2])] == [o.output_ids for o in engine.generate([[5, 6, 7], [8, 9]],
                                                                                              params)]
-
-
-def test_a_failing_draw_ends_its_row_alone(target, monkeypatch):
-    import eyas.engine.engine as engine_module
-
-    engine = Engine(target, None, SpecConfig("NONE"))
-    greedy = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    sampled = SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=0.7, seed=3)
-    real = engine_module.accept_sampling
-
-    def broken(tree, logits, row, params, generator):
-        if params.seed == 3:
-            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
-        return real(tree, logits, row, params, generator)
-
-    monkeypatch.setattr(engine_module, "accept_sampling", broken)
-    outs = engine.generate([[5, 6, 7], [8, 9]], [greedy, sampled])
-    assert outs[0].finish_reason == "length" and outs[0].output_ids == engine.generate([[5, 6, 7]], greedy)[0].output_ids
-    assert outs[1].finish_reason == "error" and len(outs[1].output_ids) == 1  # its first token came from prefill

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import save_tiny_model, tiny_target
+from safetensors.torch import load_file
 from train_fixtures import make_data, tiny_recipe
 
 from eyas.cli import main
@@ -79,7 +80,8 @@ def trainer_for(run, target, data, messages=None, **sets):
 def test_checkpoints_load_with_weights_only_and_the_recipe_is_written_at_the_start(crashed):
     root = crashed[0]
     state = load_torch_file(root / "run/checkpoints/step-6/state.pt")  # weights_only=True, no allowlist
-    assert set(state) == {"draft", "optimizer", "scheduler", "rng"}
+    assert set(state) == {"optimizer", "scheduler", "rng"}  # the draft is the servable folder beside it
+    assert (root / "run/checkpoints/step-6/model.safetensors").is_file()
     assert json.loads((root / "run/checkpoints/step-6/checkpoint.json").read_text())["step"] == 6
     assert (root / "run/recipe.yaml").is_file()  # the run died before completing
 
@@ -116,6 +118,7 @@ def test_an_older_checkpoint_resumes_only_with_allow_pickle(crashed, tmp_path):
     state = load_torch_file(step / "state.pt")
     meta = json.loads((step / "checkpoint.json").read_text())
     state["rng"]["numpy"] = np.random.get_state()  # what eyas wrote before: a tuple holding an ndarray
+    state["draft"] = load_file(step / "model.safetensors")  # ... with the draft inside state.pt
     torch.save({**state, "step": meta["step"], "position": meta["position"], "recipe": meta["recipe"]},
                step / "state.pt")
     (step / "checkpoint.json").unlink()

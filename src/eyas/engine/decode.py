@@ -1,4 +1,4 @@
-"""A greedy step on the native path's static caches as one CUDA graph: plain decoding, and speculation.
+"""A step on the native path's static caches as one CUDA graph: plain decoding, and speculation.
 
 ``Engine.step`` builds a step from parts: the mask, the target's graph replay, the argmax, the
 commit and the gathers around it, each a launch from the host, which then waits for the one
@@ -8,11 +8,16 @@ greedy batch the whole step is a function of a few tensors (each row's length an
 draft's last output, and the slots the new keys go to), so it is captured whole: a step is a few
 input copies, one replay and the readback.
 
-- ``decode_static`` / ``StaticDecoder``: without a draft (mask, forward, argmax, commit).
+- ``decode_static`` / ``StaticDecoder``: without a draft (mask, forward, the token, commit).
 - ``speculate_static`` / ``StaticSpeculator``: with one (the tree drafting of ``drafter.py``, the
-  verify mask, the target's forward over the tree, greedy acceptance, the commit, and the draft
+  verify mask, the target's forward over the tree, acceptance, the commit, and the draft
   extend that leaves the draft's output for the next step): about 60 launches around three graph
   replays became one replay.
+
+Each is captured in three variants, by what the batch's rows need (``SamplingRows.kind``): ``greedy``
+(the argmax, ``accept_greedy_batch``: no cost for greedy batches), ``sampled`` (rejection sampling on
+the device, ``sampler.accept_rows``, temperature and min-p only) and ``filtered`` (the same with the
+vocabulary sort top-k and top-p need). The sampled variants take the rows' settings as two more inputs.
 """
 
 from __future__ import annotations
@@ -24,17 +29,45 @@ from ..models import consts
 from ..models.graphs import BatchGraph, window_buckets
 from ..models.ops import ops_for
 from .drafter import draft_extend_static, draft_tree_static
+from .sampler import accept
+from .sampling import FILTERED, GREEDY, SAMPLED
 from .tree import Tree
-from .verify import accept_greedy_batch, accepted_path, finite_rows
+from .verify import accepted_path, finite_rows
+
+KINDS = (GREEDY, SAMPLED, FILTERED)
+
+
+def variants(make, pool, rows: list[int]) -> dict:
+    """One ``BatchGraph`` per kind, ``make(kind)`` building it; on a GPU they share one memory pool
+    (they never run at once, and each replay's outputs are copied out before the next)."""
+    graphs = {kind: make(kind) for kind in KINDS}
+    if pool.buf.is_cuda:
+        handle = torch.cuda.graph_pool_handle()
+        for g in graphs.values():
+            g.pool = handle
+    return graphs
+
+
+def rows_example(kind: str, rows: int, device) -> dict:
+    """The sampling inputs of a variant (none for greedy), zeros: greedy rows, as a bucket's padding is."""
+    if kind == GREEDY:
+        return {}
+    return {"floats": torch.zeros((rows, 3), device=device), "ints": torch.zeros((rows, 2), dtype=torch.long,
+                                                                                 device=device)}
+
+
+def rows_inputs(rows) -> dict:
+    return {} if rows.kind == GREEDY else {"floats": rows.floats, "ints": rows.ints}
 
 
 def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live: torch.Tensor, prefix: torch.Tensor,
-                  window: int):
+                  window: int, kind: str = GREEDY, floats=None, ints=None):
     """Feed each row's last token ``root`` [B] at position ``lengths[b]``, its keys at slot ``prefix``
     (a 1-element tensor), keep them at ``lengths[b]``; return ``host`` [B, 5] as ``speculate_static``
-    shapes it for a path of width 1: the greedy next token, 1, the new length, the token again, and
+    shapes it for a path of width 1: the next token (greedy, or drawn under the rows' settings
+    ``floats``/``ints`` for a ``kind`` other than greedy), 1, the new length, the token again, and
     whether the row's logits were finite (``finite_rows``). The
-    mask is ``window`` wide: the whole function is one graph per (rows, window).
+    mask is ``window`` wide: the whole function is one graph per (kind, rows, window).
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
     # [B, 1, 1, window]: the committed slots and its own (the verify's mask of a tree of the root alone)
@@ -44,37 +77,40 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     logits, _ = native(root[:, None], lengths[:, None], mask, pool, ())
     src = prefix.expand(len(root), 1)
     pool.commit(torch.where(live > 0, lengths, prefix), src, live)
-    token = logits[:, -1].argmax(dim=-1)
+    token = accept(Tree.root_only(root), logits[:, -1:], 1, kind, floats, ints, lengths, 0)[2]
     return (torch.stack([token, consts.full(token.shape, 1, token.dtype, token.device), lengths + 1, token,
                          finite_rows(logits).long()], dim=1),)
 
 
 class StaticDecoder:
-    """``decode_static`` as one graph replay per (rows, window) bucket."""
+    """``decode_static`` as one graph replay per (kind, rows, window) bucket: ``graphs[kind]``."""
 
     def __init__(self, native, pool, rows: list[int], enabled: bool):
         self.native, self.pool = native, pool
         self.steps = 0  # steps run whole (the rest ran by parts)
         self._live = None
-        self.graph = BatchGraph(self._fn, pool, rows, window_buckets(pool.capacity_slots), enabled,
-                                name="decode step", example=self._example, top_slots=1)
+        self.graphs = variants(lambda kind: BatchGraph(
+            lambda inputs, window: self._fn(inputs, window, kind), pool, rows, window_buckets(pool.capacity_slots),
+            enabled, name=f"decode step {kind}", example=lambda r: self._example(r, kind), top_slots=1), pool, rows)
+        self.graph = self.graphs[GREEDY]
 
-    def _fn(self, inputs, window):
+    def _fn(self, inputs, window, kind):
         return decode_static(self.native, self.pool, inputs["lengths"], inputs["root"], inputs["live"],
-                             inputs["prefix"], window)
+                             inputs["prefix"], window, kind, inputs.get("floats"), inputs.get("ints"))
 
-    def _example(self, rows: int):
+    def _example(self, rows: int, kind: str):
         ids = torch.zeros(rows, dtype=torch.long, device=self.pool.buf.device)
-        return {"lengths": ids, "root": ids, "live": ids}, {"prefix": 0}
+        return {"lengths": ids, "root": ids, "live": ids, **rows_example(kind, rows, ids.device)}, {"prefix": 0}
 
     @torch.inference_mode()
-    def __call__(self, lengths: torch.Tensor, root: torch.Tensor):
-        """``host`` [B, 5] (see ``decode_static``), or None past the last bucket (run the step by parts)."""
+    def __call__(self, lengths: torch.Tensor, root: torch.Tensor, rows):
+        """``host`` [B, 5] (see ``decode_static``) for a batch of sampling settings ``rows``
+        (``SamplingRows``), or None past the last bucket (run the step by parts)."""
         prefix = self.pool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
-        out = self.graph({"lengths": lengths, "root": root, "live": self._live},
-                         {"prefix": prefix}, prefix + 1)
+        out = self.graphs[rows.kind]({"lengths": lengths, "root": root, "live": self._live, **rows_inputs(rows)},
+                                     {"prefix": prefix}, prefix + 1)
         if out is None:
             return None
         self.pool.advance(1)
@@ -83,11 +119,13 @@ class StaticDecoder:
 
 
 def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: SpecConfig, lengths, root, logits0,
-                     hidden0, live, tprefix: torch.Tensor, dprefix: torch.Tensor, window: int):
-    """One greedy speculative step on the static caches with only tensors varying between calls, so it
-    is one graph per (rows, window): draft a tree (``spec``'s settings; the root alone when it drafts
+                     hidden0, live, tprefix: torch.Tensor, dprefix: torch.Tensor, window: int, kind: str = GREEDY,
+                     floats=None, ints=None):
+    """One speculative step on the static caches with only tensors varying between calls, so it is one
+    graph per (kind, rows, window): draft a tree (``spec``'s settings; the root alone when it drafts
     nothing) from the draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it
-    with the target (its keys at slots ``tprefix..``), accept greedily, commit the accepted path, and feed
+    with the target (its keys at slots ``tprefix..``), accept (greedily, or by rejection sampling under the
+    rows' settings ``floats``/``ints``: ``sampler.accept``), commit the accepted path, and feed
     it to the draft (keys at ``dprefix..``). Returns (``host`` [B, width + 4]: the emitted tokens padded
     to the path width, their count, the new length, the next root, whether the target's logits over the
     row's tree were finite (``finite_rows``: 0 ends that row alone); the draft's logits [B, draft_vocab]
@@ -103,7 +141,7 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     mask = ops.tree_mask(lengths, tree.mask, tprefix, window, tpool.buf.dtype)  # [B, 1, T, window]
     tpool.window, tpool.write_slots = window, tprefix + consts.arange(size, dev)
     logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, mask, tpool, aux_ids)
-    cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width, ops)
+    cols, counts, bonus = accept(tree, logits, width, kind, floats, ints, lengths, spec.eagle_topk, ops)
     kept = live > 0
     new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
     new, path_aux = accepted_path(tree, aux, cols, counts, bonus)
@@ -115,7 +153,8 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
 
 
 class StaticSpeculator:
-    """``speculate_static`` for one setting of the schedule, as one graph replay per (rows, window)."""
+    """``speculate_static`` for one setting of the schedule, as one graph replay per (kind, rows, window):
+    ``graphs[kind]``."""
 
     def __init__(self, native, tpool, aux_ids, draft, dpool, spec: SpecConfig, rows: list[int], enabled: bool):
         self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec = native, tpool, aux_ids, draft, dpool, spec
@@ -125,30 +164,35 @@ class StaticSpeculator:
         # path is never longer than the tree)
         self.span = max(spec.num_steps * spec.eagle_topk, spec.num_draft_tokens) if spec.speculative else 1
         setting = f"{spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}" if spec.speculative else "0"
-        self.graph = BatchGraph(self._fn, tpool, rows, window_buckets(tpool.capacity_slots), enabled,
-                                name=f"speculative step {setting}", example=self._example, top_slots=self.span)
+        self.graphs = variants(lambda kind: BatchGraph(
+            lambda inputs, window: self._fn(inputs, window, kind), tpool, rows, window_buckets(tpool.capacity_slots),
+            enabled, name=f"speculative step {setting} {kind}", example=lambda r: self._example(r, kind),
+            top_slots=self.span), tpool, rows)
+        self.graph = self.graphs[GREEDY]
 
-    def _fn(self, inputs, window):
+    def _fn(self, inputs, window, kind):
         return speculate_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
                                 inputs["lengths"], inputs["root"], inputs["logits0"], inputs["hidden0"], inputs["live"],
-                                inputs["tprefix"], inputs["dprefix"], window)
+                                inputs["tprefix"], inputs["dprefix"], window, kind, inputs.get("floats"),
+                                inputs.get("ints"))
 
-    def _example(self, rows: int):
+    def _example(self, rows: int, kind: str):
         w = self.draft.fc.weight
         ids = torch.zeros(rows, dtype=torch.long, device=w.device)
         logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
         hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
-        return ({"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden, "live": ids},
-                {"tprefix": 0, "dprefix": 0})
+        return ({"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden, "live": ids,
+                 **rows_example(kind, rows, w.device)}, {"tprefix": 0, "dprefix": 0})
 
     @torch.inference_mode()
-    def __call__(self, lengths, root, logits0, hidden0):
-        """(host [B, width + 4], draft logits, draft hidden) as ``speculate_static`` returns them, or None
-        past the last bucket (run the step by parts)."""
+    def __call__(self, lengths, root, logits0, hidden0, rows):
+        """(host [B, width + 4], draft logits, draft hidden) as ``speculate_static`` returns them for a batch
+        of sampling settings ``rows`` (``SamplingRows``), or None past the last bucket (run the step by parts)."""
         tused, dused = self.tpool.used, self.dpool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
-        out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0, "live": self._live},
-                         {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span)
+        inputs = {"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0, "live": self._live,
+                  **rows_inputs(rows)}
+        out = self.graphs[rows.kind](inputs, {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span)
         self.steps += out is not None
         return out

@@ -18,7 +18,7 @@ needs from the engine.
 
 A fault confined to one row ends that row alone (``finish_reason`` "error", ``Sequence.error`` says
 why) and the batch goes on: logits that are not finite (``finite_rows``, read back with the step's
-tokens, no extra wait on the device) or a host-side sampling error. Such a row emits nothing more, and
+tokens, no extra wait on the device). Such a row emits nothing more, and
 ``filter`` zeroes its slots in the preallocated caches, where a later row in its place would
 otherwise attend over a NaN in a masked slot (0 x NaN is NaN).
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -44,10 +45,11 @@ from ..models.static_cache import StaticKV
 from .decode import StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .prefill import StaticPrefill
-from .sampling import SamplingParams, sample, probs
+from .sampler import accept, first_tokens
+from .sampling import SamplingParams, SamplingRows
 from .stats import SpecStats
 from .tree import Tree
-from .verify import accept_greedy_batch, accept_sampling, accepted_path, finite_rows
+from .verify import accepted_path, finite_rows
 
 _ids = itertools.count()
 
@@ -63,12 +65,12 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    generator: torch.Generator | None = None
+    seed: int | None = None  # what keys this row's draws (``rng.py``): the request's, or fresh at creation
     error: str | None = None  # with "error": what went wrong for this row (the others go on)
 
     def __post_init__(self):
-        if self.generator is None:
-            self.generator = self.params.generator()
+        if self.seed is None:
+            self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
 
     @property
     def finished(self) -> bool:
@@ -89,6 +91,7 @@ class Batch:
     root: torch.Tensor  # [B] last emitted token, not yet in the target cache
     draft_logits: torch.Tensor | None = None  # [B, draft_vocab] predicts the tree's depth 1
     draft_hidden: torch.Tensor | None = None  # [B, H] the state that produced draft_logits
+    rows: SamplingRows | None = None  # the rows' sampling settings on the device (built on membership changes)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -181,16 +184,18 @@ class Engine:
                        f"{kernels} kernels")
 
     def graph_runners(self) -> list:
-        """The native path's graph runners: target forward, the whole greedy step (one per setting with a
-        draft, one without), one tree drafter per setting, one draft extend per path width (the parts
-        serve batches with a sampled row)."""
+        """The native path's graph runners: target forward, the whole step (one per setting with a draft,
+        one without; each in its greedy, sampled and filtered variants), and, when steps run by parts,
+        one tree drafter per setting and one draft extend per path width."""
         if not self.static:
             return []
         # The draft's own per-forward runner only serves the fallbacks past the last window bucket
-        # (level-by-level drafting, eager extend): captured when first used, not at startup.
-        extra = ([d.graph for d in self.drafters.values()]
-                 + [e.graph for e in self.extenders.values()]) if self.spec.speculative else []
-        whole = [self.decoder.graph] if self.decoder else [s.graph for s in self.speculators.values()]
+        # (level-by-level drafting, eager extend): captured when first used, not at startup. So do the
+        # drafters and extenders beside whole-step graphs: a step that no whole-step bucket fits fits none
+        # of theirs either (the same rows and window buckets).
+        extra = ([d.graph for d in self.drafters.values()] + [e.graph for e in self.extenders.values()]
+                 if self.spec.speculative and not self.whole_step_graphs else [])
+        whole = [g for w in ([self.decoder] if self.decoder else self.speculators.values()) for g in w.graphs.values()]
         prefill = self.prefiller.graphs() if self.prefiller else []
         return [self.target_pool.runner] + whole + extra + prefill
 
@@ -268,8 +273,9 @@ class Engine:
         if batch.draft_cache is not None:
             kv_cache.select_rows(batch.draft_cache, rows, slots)
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
-        kept = Batch([batch.seqs[i] for i in keep], batch.target_cache, batch.draft_cache, lengths,
-                     batch.root[rows], pick(batch.draft_logits), pick(batch.draft_hidden))
+        seqs = [batch.seqs[i] for i in keep]
+        kept = Batch(seqs, batch.target_cache, batch.draft_cache, lengths, batch.root[rows], pick(batch.draft_logits),
+                     pick(batch.draft_hidden), batch.rows.select(rows, [s.params for s in seqs]))
         if self.prefiller and batch.target_cache is self.prefiller.target_cache:
             self.prefiller.lend(kept)  # still the prefill's caches: lent to the kept rows now
         return kept
@@ -285,7 +291,7 @@ class Engine:
             kv_cache.concat_rows(a.target_cache, b.target_cache),
             None if a.draft_cache is None else kv_cache.concat_rows(a.draft_cache, b.draft_cache),
             torch.cat([a.lengths, b.lengths]), torch.cat([a.root, b.root]),
-            cat(a.draft_logits, b.draft_logits), cat(a.draft_hidden, b.draft_hidden),
+            cat(a.draft_logits, b.draft_logits), cat(a.draft_hidden, b.draft_hidden), a.rows.concat(b.rows),
         )
 
     def kv_usage(self, batch: Batch | None) -> float:
@@ -322,17 +328,19 @@ class Engine:
             return self._prefill(seqs)
 
     def _prefill(self, seqs: list[Sequence]) -> Batch:
-        first_of = lambda logits: _first_tokens(seqs, logits)  # noqa: E731
+        rows = SamplingRows.build([s.params for s in seqs], [s.seed for s in seqs], self.device)
+        lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
+        first_of = lambda logits: _first_tokens(seqs, rows, lens, logits)
         p = self.prefiller
         out = p([s.prompt_ids for s in seqs], first_of) if p else None
         if out is not None:
             firsts, draft_logits, draft_hidden = out
-            lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
             batch = Batch(seqs, p.target_cache, p.draft_cache, lens, torch.tensor(firsts, device=self.device),
                           draft_logits, draft_hidden)
             p.lend(batch)
         else:
             batch, firsts = self._prefill_eagerly(seqs, first_of)
+        batch.rows = rows
         for s, t in zip(seqs, firsts):
             self._emit(s, [t], len(s.prompt_ids))
         return batch
@@ -368,16 +376,16 @@ class Engine:
         """One verify step for every row; returns the tokens each row emitted."""
         self._own(batch)
         spec = self.spec.for_batch(len(batch))
-        if all(s.params.greedy for s in batch.seqs):  # the whole step in one graph replay, where one fits
-            if self.decoder is not None:
-                host = self.decoder(batch.lengths, batch.root)
-                if host is not None:
-                    return self._finish(batch, spec, host)
-            elif spec in self.speculators:
-                out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
-                if out is not None:
-                    host, batch.draft_logits, batch.draft_hidden = out
-                    return self._finish(batch, spec, host)
+        rows = batch.rows
+        if self.decoder is not None:  # the whole step in one graph replay, where one fits
+            host = self.decoder(batch.lengths, batch.root, rows)
+            if host is not None:
+                return self._finish(batch, spec, host)
+        elif spec in self.speculators:
+            out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden, rows)
+            if out is not None:
+                host, batch.draft_logits, batch.draft_hidden = out
+                return self._finish(batch, spec, host)
         if spec.speculative and self.static:
             tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
         elif spec.speculative:
@@ -393,7 +401,8 @@ class Engine:
 
         width = spec.path_width  # static, so no shape waits on the device
         finite = finite_rows(logits)  # [B]: read back with the tokens
-        cols, counts, bonus = self._accept(batch, tree, logits, width, finite)  # [B, width], [B], [B]
+        cols, counts, bonus = accept(tree, logits, width, rows.kind, rows.floats, rows.ints, batch.lengths,
+                                     spec.eagle_topk)  # [B, width], [B], [B]
         old = batch.lengths
         lengths = kv_cache.commit(cache, old, slots + cols, counts)
         new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
@@ -443,30 +452,6 @@ class Engine:
         return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
 
     # -- tokens ---------------------------------------------------------------------------------
-    def _accept(self, batch: Batch, tree: Tree, logits: torch.Tensor, width: int, finite: torch.Tensor):
-        """(cols [B, width], counts [B], bonus [B]) on the device. Greedy rows never wait on the host;
-        a sampled row draws on the host (its generator lives there) and its result is written back.
-        A sampled row whose logits are not finite keeps the greedy result (``_finish`` ends it), one
-        whose draw fails ends with that error: neither stops the others."""
-        cols, counts, bonus = accept_greedy_batch(tree, logits.argmax(dim=-1), width)
-        sampled = [i for i, s in enumerate(batch.seqs) if not s.params.greedy and not s.finished]
-        if sampled:  # written in place below: copies (a plain step's cols and counts are shared constants)
-            cols, counts, bonus = cols.clone(), counts.clone(), bonus.clone()
-            cpu_tree = Tree(tree.tokens.cpu(), tree.parents.cpu(), tree.depth, tree.mask)
-            usable = finite.tolist()
-            for i in sampled:
-                s = batch.seqs[i]
-                if not usable[i]:
-                    continue
-                try:
-                    path, b = accept_sampling(cpu_tree, logits[i], i, s.params, s.generator)
-                except Exception as e:  # noqa: BLE001 - this row's own draw: it alone fails
-                    s.fail(f"internal engine error while sampling this request: {type(e).__name__}: {e}")
-                    continue
-                cols[i] = torch.tensor(path + [0] * (width - len(path)), device=self.device)
-                counts[i], bonus[i] = len(path), b
-        return cols, counts, bonus
-
     def _emit(self, seq: Sequence, tokens: list[int], context_used: int) -> list[int]:
         """Append tokens up to a stop condition; return what was appended."""
         if seq.finished:
@@ -506,23 +491,16 @@ class Engine:
         return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds) for s in seqs]
 
 
-def _first_tokens(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-    """Each row's first token from its prefill logits [B, vocab]: argmax (one readback for every greedy
-    row, with each row's ``finite_rows`` flag), or a draw on the host for a sampling row (its generator
-    lives there). A row whose logits are not finite, or whose draw fails, ends with an error (its token
-    is the argmax, a placeholder the batch carries until it is filtered out)."""
-    greedy, finite = torch.stack([logits.argmax(dim=-1), finite_rows(logits).long()]).tolist()
-    firsts = []
-    for i, (s, g, ok) in enumerate(zip(seqs, greedy, finite)):
+def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor) -> list[int]:
+    """Each row's first token from its prefill logits [B, vocab], greedy or drawn on the device
+    (``sampler.first_tokens``), read back once with each row's ``finite_rows`` flag. A row whose logits
+    are not finite ends with an error (its token a placeholder the batch carries until it is filtered out)."""
+    firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens)
+    tokens, finite = torch.stack([firsts, finite_rows(logits).long()]).tolist()
+    for s, ok in zip(seqs, finite):
         if not ok:
             s.fail(not_finite("after its prompt"))
-        elif not s.params.greedy:
-            try:
-                g = sample(probs(logits[i], s.params), s.generator)
-            except Exception as e:  # noqa: BLE001 - this row's own draw: it alone fails
-                s.fail(f"internal engine error while sampling this request: {type(e).__name__}: {e}")
-        firsts.append(g)
-    return firsts
+    return tokens
 
 
 def not_finite(where: str) -> str:

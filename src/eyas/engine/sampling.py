@@ -1,17 +1,30 @@
-"""Sampling parameters and the target distribution they define.
+"""Sampling parameters, the batch's per-row sampling tensors, and the target distribution they define.
 
 A temperature below ``GREEDY_BELOW`` (1e-5, as vLLM and SGLang) is greedy: dividing float32 logits by
 a smaller one overflows (6e-39 turns every logit into an infinity and the softmax into NaN), and the
-distribution it approaches is the argmax anyway. Otherwise logits are divided by the temperature, then
-top-k and top-p (nucleus) filters keep the smallest set of tokens, and the result is renormalised. The
-nucleus always keeps the most probable token (as vLLM's), however small ``top_p`` is, so the filter
-never leaves an empty distribution. The speculative verifier samples from exactly this distribution,
-so speculation is lossless for every setting here.
+distribution it approaches is the argmax anyway.
+
+Otherwise the distribution is defined in threshold form, in SGLang's order: ``x = logits /
+temperature``, then top-k, top-p (nucleus, on the top-k-renormalised distribution) and min-p, each a
+per-row threshold on ``x``, and ``p(t) = exp(x_t - m) / Z`` where ``x_t >= thr`` (0 elsewhere), with
+``m`` the largest ``x``, ``thr`` the largest of the three thresholds and ``Z`` the sum over the kept
+tokens:
+
+- top-k keeps ``x >= `` the k-th largest value (ties with it kept);
+- top-p keeps the smallest prefix of the sorted distribution whose mass *before* each token is below
+  ``top_p``, i.e. ``x >= `` the value of its last entry (ties kept); the most probable token is always
+  kept, however small ``top_p`` is, so the filter never leaves an empty distribution;
+- min-p keeps ``p >= min_p * p_max``, i.e. ``x >= m + log(min_p)``.
+
+``distribution`` computes it for many rows at once on the device (the sort only where a row uses
+top-k or top-p); ``probs`` is the same definition for one ``SamplingParams``, the reference the tests
+enumerate. The speculative verifier samples from exactly this distribution (``sampler.py``), so
+speculation is lossless for every setting here.
 """
 
 from __future__ import annotations
 
-import random
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +32,7 @@ import torch
 from ..errors import EyasError
 
 GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's and SGLang's _SAMPLING_EPS)
+GREEDY, SAMPLED, FILTERED = "greedy", "sampled", "filtered"  # what a batch needs: argmax, no sort, a sort
 
 
 @dataclass
@@ -27,6 +41,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k filter
+    min_p: float = 0.0  # 0: no min-p filter
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -40,14 +55,94 @@ class SamplingParams:
             raise EyasError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise EyasError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
+        if not 0.0 <= float(self.min_p) <= 1.0:
+            raise EyasError(f"min_p must be in [0, 1], got {self.min_p!r}", "use 0 for no min-p filter")
 
     @property
     def greedy(self) -> bool:
         return float(self.temperature) < GREEDY_BELOW
 
-    def generator(self) -> torch.Generator:
-        seed = self.seed if self.seed is not None else random.getrandbits(63)
-        return torch.Generator().manual_seed(int(seed))
+    @property
+    def filtered(self) -> bool:
+        """Top-k or top-p is on (its threshold needs a sort of the vocabulary)."""
+        return not self.greedy and (self.top_k > 0 or float(self.top_p) < 1.0)
+
+
+@dataclass
+class SamplingRows:
+    """The sampling settings of a batch's rows, on the device, built when the batch's membership
+    changes (prefill, merge, filter), never per step. Two packed tensors, so a graph replay copies
+    them in two launches."""
+
+    floats: torch.Tensor  # [B, 3] float32: temperature (0: greedy), top_p, min_p
+    ints: torch.Tensor  # [B, 2] int64: top_k (0: off), seed
+    kind: str = GREEDY  # GREEDY (every row), SAMPLED (none filters) or FILTERED: which code the batch needs
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], seeds: list[int], device) -> SamplingRows:
+        floats = [[0.0 if p.greedy else float(p.temperature), float(p.top_p), float(p.min_p)] for p in params]
+        ints = [[max(p.top_k, 0), s] for p, s in zip(params, seeds)]
+        return cls(torch.tensor(floats, dtype=torch.float32).reshape(-1, 3).to(device),
+                   torch.tensor(ints, dtype=torch.long).reshape(-1, 2).to(device), _kind(params))
+
+    @property
+    def temperature(self) -> torch.Tensor:  # [B]
+        return self.floats[:, 0]
+
+    @property
+    def top_p(self) -> torch.Tensor:  # [B]
+        return self.floats[:, 1]
+
+    @property
+    def min_p(self) -> torch.Tensor:  # [B]
+        return self.floats[:, 2]
+
+    @property
+    def top_k(self) -> torch.Tensor:  # [B]
+        return self.ints[:, 0]
+
+    @property
+    def seed(self) -> torch.Tensor:  # [B]
+        return self.ints[:, 1]
+
+    def select(self, rows: torch.Tensor, params: list[SamplingParams]) -> SamplingRows:
+        """The rows ``rows`` (whose params are ``params``): ``Engine.filter``."""
+        return SamplingRows(self.floats[rows], self.ints[rows], _kind(params))
+
+    def concat(self, other: SamplingRows) -> SamplingRows:
+        order = (GREEDY, SAMPLED, FILTERED)
+        return SamplingRows(torch.cat([self.floats, other.floats]), torch.cat([self.ints, other.ints]),
+                            max(self.kind, other.kind, key=order.index))
+
+
+def _kind(params: list[SamplingParams]) -> str:
+    return FILTERED if any(p.filtered for p in params) else GREEDY if all(p.greedy for p in params) else SAMPLED
+
+
+def distribution(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
+    """The distribution of each row of ``logits`` [N, V] under the settings ``floats`` [N, 3], ``ints``
+    [N, 2] (``SamplingRows``' columns) in threshold form: ``(x [N, V] float32, m [N], thr [N], z [N])``
+    with ``p(t) = exp(x_t - m) / z`` where ``x_t >= thr``. Greedy rows get temperature 1 (their callers
+    take the argmax instead). ``filtered`` False skips top-k and top-p (and the sort they need): only
+    for rows that use neither."""
+    temperature, top_p, min_p = floats.unbind(-1)
+    x = logits.float() / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    m = x.amax(dim=-1)
+    thr = torch.where(min_p > 0, m + torch.log(min_p), -math.inf)
+    if filtered:
+        top_k, vocab = ints[:, 0], x.shape[-1]
+        s = torch.sort(x, dim=-1, descending=True).values  # [N, V]
+        kth = s.gather(1, (top_k.clamp(1, vocab) - 1)[:, None])[:, 0]
+        thr_k = torch.where(top_k > 0, kth, -math.inf)
+        e = torch.exp(s - m[:, None]) * (s >= thr_k[:, None])  # the top-k-renormalised weights, sorted
+        cum = e.cumsum(dim=-1)
+        before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)  # mass strictly before each
+        kept = (before < (top_p * cum[:, -1])[:, None]).sum(dim=-1)  # a prefix: before never decreases
+        thr_p = s.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
+        thr = torch.maximum(thr, torch.where(top_p < 1.0, thr_p, -math.inf))
+        thr = torch.maximum(thr, thr_k)
+    z = (torch.exp(x - m[:, None]) * (x >= thr[:, None])).sum(dim=-1)
+    return x, m, thr, z
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -55,22 +150,9 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.greedy:
         x = logits.float()
         return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
-    x = logits.float() / params.temperature
-    if params.top_k > 0 and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    p = torch.softmax(x, dim=-1)
-    if params.top_p < 1.0:
-        sorted_p, order = torch.sort(p, dim=-1, descending=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly before each token
-        drop_sorted = before >= params.top_p
-        drop_sorted[..., 0] = False  # the most probable token stays, whatever top_p rounds to in float32
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        p = p.masked_fill(drop, 0.0)
-        p = p / p.sum(dim=-1, keepdim=True)
-    return p
-
-
-def sample(p: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from a 1-D distribution on the CPU, reproducible under ``generator``."""
-    return int(torch.multinomial(p.cpu(), 1, generator=generator))
+    flat = logits.reshape(-1, logits.shape[-1])
+    rows = SamplingRows.build([params], [0], logits.device)
+    n = flat.shape[0]
+    x, m, thr, z = distribution(flat, rows.floats.expand(n, 3), rows.ints.expand(n, 2), params.filtered)
+    p = torch.exp(x - m[:, None]) * (x >= thr[:, None]) / z[:, None]
+    return p.reshape(logits.shape)

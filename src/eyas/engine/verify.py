@@ -5,12 +5,8 @@ on. The bonus token is the target's argmax at the last accepted node. ``accept_g
 the same for every row at once with tensor operations only (no host sync, static shapes): it is
 what the engine runs; ``accept_greedy`` is the plain walk it is tested against.
 
-Sampling (tree-aware multi-candidate rejection sampling with deterministic candidates, as SGLang's
-``tree_speculative_sampling_target_only``): at node ``n`` let ``p`` be the target's distribution
-(temperature / top-k / top-p applied). Try the children ``c_1, c_2, ...`` in order: accept ``c_i``
-with probability ``p(c_i)``; on rejection set ``p(c_i) = 0`` and renormalise. If no child is
-accepted, the bonus token is drawn from the residual ``p``. Each candidate is a point mass, so
-``P(emit x) = p(x)`` at every node: the output distribution is exactly the target's.
+Sampling (tree-aware multi-candidate rejection sampling) is ``sampler.py``: the same walk on the
+device for every row at once, greedy rows of the batch included.
 
 ``finite_rows`` is the guard around all of it: a row whose logits hold a NaN or an infinity (a
 numerical fault of the model on that row's input) is ended alone by the engine, never verified.
@@ -22,7 +18,6 @@ import torch
 
 from ..models import consts
 from ..models.ops import TORCH
-from .sampling import SamplingParams, probs, sample
 from .tree import Tree
 
 
@@ -78,31 +73,3 @@ def accepted_path(tree: Tree, aux: torch.Tensor | None, cols: torch.Tensor, coun
     new = torch.cat([path[:, 1:], consts.full((path.shape[0], 1), 0, path.dtype, path.device)], dim=1)
     new.scatter_(1, (counts - 1)[:, None], bonus[:, None])
     return new, None if aux is None else aux.gather(1, cols[..., None].expand(-1, -1, aux.shape[-1]))
-
-
-def accept_sampling(
-    tree: Tree, logits: torch.Tensor, row: int, params: SamplingParams, generator: torch.Generator
-) -> tuple[list[int], int]:
-    """Same for a sampled row; ``logits`` is [T, vocab] for this row."""
-    kids = tree.children(row)
-    tokens = tree.tokens[row].tolist()
-    path, node = [0], 0
-    while True:
-        p = probs(logits[node], params).cpu()
-        nxt = None
-        for c in kids[node]:
-            t = tokens[c]
-            if float(torch.rand((), generator=generator)) < float(p[t]):
-                nxt = c
-                break
-            rest = p.clone()
-            rest[t] = 0.0
-            total = float(rest.sum())
-            if total <= 0.0:  # c held all the mass (rounding made u >= p(c)): it is the only outcome
-                nxt = c
-                break
-            p = rest / total
-        if nxt is None:
-            return path, sample(p, generator)
-        path.append(nxt)
-        node = nxt

@@ -90,6 +90,14 @@ def _config_dict(path: Path) -> dict:
     if not path.is_dir():
         raise EyasError(f"draft folder {path} does not exist", "pass the folder that holds the draft's config.json")
     if not config_file.exists() and not config_file.is_symlink():
+        if (path / "state.pt").exists() or (path / "checkpoint.json").exists():
+            raise EyasError(f"{path} is a training checkpoint of an older eyas: its draft is inside state.pt, not "
+                            "a servable folder (config.json + model.safetensors)",
+                            "use the run's draft/ folder, or resume the run (eyas train --resume RUN): every "
+                            "checkpoint it writes from then on is a servable draft")
+        if (path / "checkpoints").is_dir() or (path / "draft" / "config.json").is_file():
+            raise EyasError(f"{path} is an eyas training run, not a draft folder",
+                            f"pass {path / 'draft'} (the finished draft) or one of {path / 'checkpoints'}/step-N")
         raise EyasError(f"no config.json in draft folder {path}: cannot tell which draft format it is",
                         "point at the folder of a saved EAGLE-3 draft (config.json + weights)")
     try:

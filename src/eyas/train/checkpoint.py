@@ -1,11 +1,14 @@
-"""Training checkpoints that resume exactly, and that never run code when they are read.
+"""Training checkpoints that resume exactly, that are servable drafts, and that never run code when read.
 
-    <output>/recipe.yaml                            the recipe, written when the run starts
-    <output>/checkpoints/step-<n>/checkpoint.json   {format, step, position, recipe}
-    <output>/checkpoints/step-<n>/state.pt          {draft, optimizer, scheduler, rng}
-    <output>/checkpoints/step-<n>/draft/            the draft as a loadable EAGLE-3 folder
+    <output>/recipe.yaml                              the recipe, written when the run starts
+    <output>/checkpoints/step-<n>/config.json         the draft's config  } a draft folder, as <output>/draft/
+    <output>/checkpoints/step-<n>/model.safetensors   its weights, fp32   } (eyas eval / export / serve take it)
+    <output>/checkpoints/step-<n>/state.pt            {optimizer, scheduler, rng}
+    <output>/checkpoints/step-<n>/checkpoint.json     {format, step, position, recipe}
 
-``state.pt`` holds tensors and plain Python values only, so it is read with
+The draft is written by its own ``save_pretrained``, in the trainer's fp32 master weights, so the
+same file resumes training exactly and serves as is; embeddings are left out (the target's, frozen,
+as in every saved draft). ``state.pt`` holds tensors and plain Python values only, so it is read with
 ``torch.load(weights_only=True)`` (``models.safety.load_torch_file``, the one loader): a crafted file
 raises instead of running code. RNG covers Python (its state is ints), NumPy (the MT19937 key as a
 tensor), torch's CPU and (if present) CUDA generators. The data position is the ``(epoch, batch)``
@@ -14,8 +17,9 @@ else about the data has to be saved.
 
 ``--resume`` takes a step folder or the run's output folder. From a run folder the newest intact
 checkpoint is used: a step folder without ``state.pt``, or whose files cannot be read (truncated,
-crafted), is skipped with a warning naming it. Checkpoints of older eyas versions (``state.pt``
-without ``checkpoint.json``) stored NumPy objects: they load only with ``--allow-pickle`` (still
+crafted), is skipped with a warning naming it. Checkpoints of older eyas versions kept the draft
+inside ``state.pt`` (format 2: not servable, still resumed); before that (``state.pt`` without
+``checkpoint.json``) they stored NumPy objects: those load only with ``--allow-pickle`` (still
 ``weights_only``, plain NumPy arrays admitted). A checkpoint resumes only into the run it came
 from: the draft's shapes must match (vocabulary sizes are named), and recipe fields that differ are
 refused unless ``--allow-recipe-change``, which resumes with the new values.
@@ -33,12 +37,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from ..errors import EyasError
-from ..models.safety import load_torch_file
+from ..models.draft import WEIGHTS
+from ..models.safety import checked_file, load_torch_file
 
-FORMAT = 2
+FORMAT = 3  # 3: the draft is a servable folder beside state.pt; 2: the draft inside state.pt
 META, STATE = "checkpoint.json", "state.pt"
+SHARED = ("embed_tokens.weight",)  # the target's embeddings (frozen): not in a saved draft
 STEP = re.compile(r"step-(\d+)")
 # Where and how a run reports, and how long it goes (a finished time-budgeted run records the steps it
 # made; a resume may extend it): not what a step computes.
@@ -75,14 +82,17 @@ def _steps(run: Path) -> list[Path]:
     return [q for _, q in sorted(found, reverse=True)]
 
 
-def save(folder, step: int, draft_state: dict, optimizer, scheduler, position: tuple[int, int], recipe: dict,
+def save(folder, step: int, draft, optimizer, scheduler, position: tuple[int, int], recipe: dict,
          keep: int = 2) -> Path:
+    """``draft``: a plain ``Eagle3Draft`` on the CPU (``Trainer.servable``), saved as it is (fp32)."""
     root = Path(folder) / "checkpoints"
     path = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    torch.save({"draft": draft_state, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": rng_state()}, tmp / STATE)
+    if tmp.exists():
+        shutil.rmtree(tmp)  # what an interrupted save left
+    draft.save_pretrained(tmp)
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+               tmp / STATE)
     meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
     (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
     if path.exists():
@@ -99,7 +109,7 @@ class Checkpoint:
     step: int
     position: tuple[int, int]
     recipe: dict | None  # the recipe it was trained with (None: not recorded)
-    state: dict  # draft, optimizer, scheduler, rng
+    state: dict  # draft (its saved tensors: no embeddings since format 3), optimizer, scheduler, rng
 
 
 class _Unreadable(Exception):
@@ -159,6 +169,8 @@ def _read(c: Path, allow_pickle: bool) -> Checkpoint:
         raise _Unreadable(f"{STATE} is truncated or not a checkpoint ({type(e).__name__}: {first})") from None
     if legacy and isinstance(state, dict):
         meta = {"step": state.get("step"), "position": state.get("position"), "recipe": state.get("recipe")}
+    if isinstance(state, dict) and "draft" not in state and isinstance(meta, dict) and meta.get("format") == 3:
+        state["draft"] = _read_draft(c)
     missing = [k for k in ("draft", "optimizer", "scheduler", "rng") if not isinstance(state, dict) or k not in state]
     if missing:
         raise _Unreadable(f"{STATE} is incomplete (no {', '.join(missing)})")
@@ -167,6 +179,25 @@ def _read(c: Path, allow_pickle: bool) -> Checkpoint:
     except (TypeError, ValueError, KeyError):
         raise _Unreadable(f"{META if not legacy else STATE} records no valid step and data position") from None
     return Checkpoint(c, step, position[:2], meta.get("recipe"), state)
+
+
+def _read_draft(c: Path) -> dict:
+    if not (c / WEIGHTS).exists() and not (c / WEIGHTS).is_symlink():
+        raise _Unreadable(f"it has no {WEIGHTS} (the draft's weights)")
+    try:
+        return load_file(str(checked_file(c / WEIGHTS, "the checkpoint's draft weights")))
+    except EyasError as e:
+        raise _Unreadable(e.problem) from None
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own errors for a truncated file
+        raise _Unreadable(f"{WEIGHTS} is truncated or not a safetensors file ({type(e).__name__}: {e})") from None
+
+
+def load_draft(draft, ckpt: Checkpoint) -> None:
+    """The checkpoint's draft weights into ``draft`` (its shared embeddings stay the target's)."""
+    missing, unexpected = draft.load_state_dict(ckpt.state["draft"], strict=False)
+    if unexpected or set(missing) - set(SHARED):
+        raise EyasError(f"checkpoint {ckpt.path} holds another draft (missing {sorted(set(missing) - set(SHARED))}, "
+                        f"unexpected {sorted(unexpected)})", "resume with the recipe and target it was trained with")
 
 
 def check_compatible(ckpt: Checkpoint, draft_state: dict, recipe: dict, allow_changes: bool) -> list[str]:
@@ -185,7 +216,8 @@ def check_compatible(ckpt: Checkpoint, draft_state: dict, recipe: dict, allow_ch
                         f"resume with the recipe it was trained with (draft.vocab_size {a}, the target it was "
                         "trained for), or start a new run with another --output")
     bad = [f"{k} {tuple(saved[k].shape) if k in saved else 'missing'} vs {tuple(v.shape)}"
-           for k, v in draft_state.items() if k not in saved or tuple(saved[k].shape) != tuple(v.shape)]
+           for k, v in draft_state.items()
+           if (k not in saved and k not in SHARED) or (k in saved and tuple(saved[k].shape) != tuple(v.shape))]
     if bad:
         raise EyasError(f"checkpoint {ckpt.path} holds another draft (checkpoint vs this run): " + "; ".join(bad),
                         "resume with the recipe and target it was trained with, or start a new run with another "

@@ -225,11 +225,19 @@ class Trainer:
         state = self.draft.state_dict()
         return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in state.items()}
 
+    def servable(self) -> Eagle3Draft:
+        """The draft as a plain module on the CPU, ready to save (under FSDP a collective: every rank calls it)."""
+        full = self.draft_state()
+        with torch.device("meta"):  # no second allocation: the module takes the CPU tensors as they are
+            plain = Eagle3Draft(self.draft.config)
+        plain.load_state_dict(full, assign=True)
+        return plain
+
     def save_checkpoint(self) -> None:
         if self.r.train.parallel == "fsdp" and self.ctx.active:
             return  # sharded optimizer state: checkpoints are DDP/single-process only (see docs/train.md)
         if self.ctx.main:
-            path = checkpoint.save(self.out, self.step, self.draft_state(), self.optimizer, self.scheduler,
+            path = checkpoint.save(self.out, self.step, self.servable(), self.optimizer, self.scheduler,
                                    self.position, self.r.to_dict(), self.r.log.keep_checkpoints)
             self.log.write("checkpoint", step=self.step, path=str(path))
         self.ctx.barrier()
@@ -238,7 +246,7 @@ class Trainer:
         ckpt = checkpoint.find(path, allow_pickle, warn=self.print)
         recipe = self.r.to_dict()
         changes = checkpoint.check_compatible(ckpt, self.draft.state_dict(), recipe, allow_recipe_change)
-        self.draft.load_state_dict(ckpt.state["draft"])
+        checkpoint.load_draft(self.draft, ckpt)
         self.optimizer.load_state_dict(ckpt.state["optimizer"])
         self.scheduler.load_state_dict(ckpt.state["scheduler"])
         if changes:
@@ -359,10 +367,8 @@ class Trainer:
         summary = {"steps": self.step, "total_steps": self.total_steps, "seconds": round(elapsed, 1),
                    "tokens_per_s": round(tokens_total / elapsed, 1) if elapsed else 0.0, "ranks": ctx.world,
                    "heldout": last_eval}
-        full = self.draft_state()  # a collective under FSDP: every rank takes part
+        plain = self.servable()  # a collective under FSDP: every rank takes part
         if ctx.main:
-            plain = Eagle3Draft(self.draft.config)
-            plain.load_state_dict(full, strict=False)
             plain.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
             resolved = copy.deepcopy(r)  # what reproduces this run: the budget resolved to steps
             if budget:

@@ -1,0 +1,196 @@
+"""The device sampler and tree verifier keep the target's distribution exactly, for every row at once.
+
+Synthetic trees over an 8-token vocabulary with fixed logits per node: the exact distribution of the
+tokens a step emits is enumerated along the tree (a token that is a child's continues at that child,
+any other ends the step) and compared by chi-square with what ``accept_rows`` emits for tens of
+thousands of rows, each drawing from the counter-based RNG with its own seed. Rows of one batch mix
+settings (greedy, temperature, top-k, top-p, min-p); the test is shown to fail for two biased rules.
+"""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from eyas.engine import sampler
+from eyas.engine.rng import uniform
+from eyas.engine.sampler import accept_rows, draws
+from eyas.engine.sampling import SamplingParams, SamplingRows, probs
+from eyas.engine.tree import Tree
+from eyas.engine.verify import accept_greedy, accept_greedy_batch
+
+V = 8
+SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3),
+            SamplingParams(temperature=1.0, top_p=0.8), SamplingParams(temperature=1.3, min_p=0.15),
+            SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05), SamplingParams()]  # the last greedy
+CHAIN = [-1, 0, 1, 2]  # parents: root -> 1 -> 2 -> 3
+TREE = [-1, 0, 0, 0, 1, 1, 2, 4]  # root: 3 children; node 1: 2; node 2: 1; node 4: 1
+
+
+def tree_and_logits(parents: list[int], seed: int) -> tuple[list[int], torch.Tensor]:
+    """Tokens (siblings distinct, the likelier ones first as a draft proposes them) and logits [T, V]."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(parents), V, generator=gen) * 1.6
+    tokens = [int(torch.randint(0, V, (), generator=gen))]
+    for j, p in enumerate(parents[1:], start=1):
+        siblings = [tokens[c] for c in range(1, j) if parents[c] == p]
+        order = [int(t) for t in logits[p].argsort(descending=True) if int(t) not in siblings]
+        tokens.append(order[0] if len(siblings) != 1 else order[2])  # a second child: a less likely token
+    return tokens, logits
+
+
+def exact(parents, tokens, logits, params: SamplingParams, n: int = 3) -> dict[tuple, float]:
+    """P(the first ``n`` tokens the step emits), by walking the tree: the reference ``probs`` at each node."""
+    out: dict[tuple, float] = {}
+
+    def walk(node, prefix, mass):
+        p = probs(logits[node], params).double()
+        kids = {tokens[c]: c for c in range(len(parents)) if parents[c] == node}
+        for a in range(V):
+            if p[a] == 0:
+                continue
+            seq = prefix + (a,)
+            if a in kids and len(seq) < n:
+                walk(kids[a], seq, mass * float(p[a]))
+            else:
+                out[seq] = out.get(seq, 0.0) + mass * float(p[a])
+
+    walk(0, (), 1.0)
+    return out
+
+
+def run(parents, tokens, logits, params: list[SamplingParams], rows: int, n: int = 3):
+    """What ``accept_rows`` emits (the first ``n`` tokens as tuples) for ``rows`` rows cycling through ``params``."""
+    plist = [params[r % len(params)] for r in range(rows)]
+    sr = SamplingRows.build(plist, list(range(rows)), "cpu")
+    t = len(parents)
+    tree = Tree.from_parents(torch.tensor([tokens] * rows), torch.tensor([parents] * rows))
+    width = int(tree.depth.max()) + 1
+    k = max(sum(1 for p in parents if p == q) for q in range(t))
+    u = draws(sr.seed, torch.full((rows,), 17), width, k)
+    cols, counts, bonus = accept_rows(tree, logits.expand(rows, t, V), width, sr.floats, sr.ints, u, True)
+    path = tree.tokens.gather(1, cols)
+    out = []
+    for r in range(rows):
+        c = int(counts[r])
+        out.append(tuple(path[r, 1:c].tolist() + [int(bonus[r])])[:n])
+    return out
+
+
+def pvalue(observed: list[tuple], expected: dict[tuple, float]) -> float:
+    """Chi-square goodness of fit, pooling cells whose expected count is below 5 (and anything unexpected)."""
+    total = len(observed)
+    counts: dict[tuple, int] = {}
+    for o in observed:
+        counts[o] = counts.get(o, 0) + 1
+    big = [key for key, p in expected.items() if p * total >= 5]
+    obs = [counts.get(key, 0) for key in big]
+    ex = [expected[key] * total for key in big]
+    obs.append(total - sum(obs))
+    ex.append(total - sum(ex))
+    return float(chisquare(obs, ex).pvalue)
+
+
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_one_batch_of_mixed_settings_emits_each_rows_exact_distribution(shape):
+    tokens, logits = tree_and_logits(shape, seed=len(shape))
+    rows = 8000 * len(SETTINGS)
+    out = run(shape, tokens, logits, SETTINGS, rows)
+    for i, params in enumerate(SETTINGS):
+        mine = out[i::len(SETTINGS)]
+        if params.greedy:  # the greedy walk: one outcome
+            tree = Tree.from_parents(torch.tensor([tokens]), torch.tensor([shape]))
+            path, b = accept_greedy(tree, logits.argmax(-1), 0)
+            assert set(mine) == {tuple([tokens[c] for c in path[1:]] + [b])[:3]}
+            continue
+        assert pvalue(mine, exact(shape, tokens, logits, params)) > 1e-3, params
+    assert len({o[0] for o in out}) > 3 and any(len(o) == 3 for o in out)  # accepted deep, rejected often
+
+
+@pytest.mark.parametrize("biased", ["unrenormalised acceptance", "rejected mass kept in the residual"])
+def test_a_biased_rule_fails_the_same_test(biased, monkeypatch):
+    if biased.startswith("unrenormalised"):  # accept c_i with p(c_i) instead of p(c_i) / (1 - earlier mass)
+        monkeypatch.setattr(sampler, "_accepts", lambda u, w, before, z: u * z < w)
+    else:
+        monkeypatch.setattr(sampler, "_residual", lambda weights, rejected: weights)
+    params = SamplingParams(temperature=1.0)
+    tokens, logits = tree_and_logits(TREE, seed=len(TREE))
+    out = run(TREE, tokens, logits, [params], 16000)
+    assert pvalue(out, exact(TREE, tokens, logits, params)) < 1e-6
+
+
+def random_tree(gen: torch.Generator, rows: int, size: int, vocab: int) -> Tree:
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, j, (), generator=gen)) for j in range(1, size)])
+                           for _ in range(rows)])
+    tokens = torch.stack([torch.randperm(vocab, generator=gen)[:size] for _ in range(rows)])
+    return Tree.from_parents(tokens, parents)
+
+
+def test_greedy_rows_get_exactly_the_greedy_acceptance_beside_sampled_rows():
+    gen = torch.Generator().manual_seed(0)
+    for size in (1, 2, 5, 9, 16):
+        tree = random_tree(gen, 12, size, vocab=30)
+        logits = torch.randn(12, size, 30, generator=gen)
+        for row in range(12):  # make the target choose the drafted tokens often
+            for j in range(1, size):
+                if torch.rand((), generator=gen) < 0.6:
+                    logits[row, tree.parents[row, j], tree.tokens[row, j]] += 20
+        params = [SETTINGS[r % len(SETTINGS)] for r in range(12)]
+        sr = SamplingRows.build(params, list(range(12)), "cpu")
+        width = int(tree.depth.max()) + 1
+        k = size - 1  # a random tree's node may have every other node as a child
+        got = accept_rows(tree, logits, width, sr.floats, sr.ints, draws(sr.seed, torch.arange(12), width, k), True)
+        want = accept_greedy_batch(tree, logits.argmax(-1), width)
+        greedy = torch.tensor([p.greedy for p in params])
+        for g, w in zip(got, want):
+            assert torch.equal(g[greedy], w[greedy])
+        counts, cols = got[1], got[0]
+        assert (counts >= 1).all() and (cols.gather(1, (counts - 1)[:, None]) < size).all()
+
+
+def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The previous sort-based definition (softmax, top-k, top-p on sorted probabilities), plus min-p."""
+    x = logits.double() / params.temperature
+    if params.top_k > 0:
+        x = x.masked_fill(x < torch.topk(x, params.top_k, dim=-1).values[..., -1:], float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(p, dim=-1, descending=True)
+        drop = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= params.top_p
+        drop[..., 0] = False
+        p = p.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), 0.0)
+    if params.min_p > 0:
+        p = p.masked_fill(p < params.min_p * p.amax(-1, keepdim=True), 0.0)
+    return p / p.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("params", SETTINGS[:-1] + [SamplingParams(temperature=0.5, top_p=0.3, top_k=40, min_p=0.2)],
+                         ids=str)
+def test_the_threshold_definition_is_the_usual_one(params):
+    logits = torch.randn(64, 300, generator=torch.Generator().manual_seed(1)) * 3
+    torch.testing.assert_close(probs(logits, params).double(), reference_probs(logits, params), atol=1e-6, rtol=1e-4)
+
+
+def test_ties_at_a_threshold_are_kept():
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 0.0]])
+    assert probs(logits, SamplingParams(temperature=1.0, top_k=2))[0].gt(0).tolist() == [True] * 4 + [False]
+
+
+def test_min_p_is_validated():
+    with pytest.raises(Exception, match="min_p"):
+        SamplingParams(temperature=1.0, min_p=1.5)
+
+
+def test_the_counter_based_draws_are_uniform_and_independent():
+    seeds = torch.arange(40000)[:, None]
+    u = uniform(seeds, torch.tensor(5), torch.arange(4)[None])  # [N, 4]
+    bins = (u * 16).long()
+    for lane in range(4):
+        assert chisquare(torch.bincount(bins[:, lane], minlength=16).numpy()).pvalue > 1e-3
+    pairs = bins[:, 0] * 16 + bins[:, 1]  # two lanes of one row: joint uniform over 256 cells
+    assert chisquare(torch.bincount(pairs, minlength=256).numpy()).pvalue > 1e-3
+    nxt = uniform(seeds, torch.tensor(6), torch.arange(1)[None])  # the next position, same lane
+    assert chisquare(torch.bincount(bins[:, 0] * 16 + (nxt[:, 0] * 16).long(), minlength=256).numpy()).pvalue > 1e-3
+    again = uniform(torch.tensor([7, -3, 2**63 - 1]), torch.tensor([100, 0, 2**31]), torch.tensor([0, 5, 9]))
+    assert torch.equal(again, uniform(torch.tensor([7, -3, 2**63 - 1]), torch.tensor([100, 0, 2**31]),
+                                      torch.tensor([0, 5, 9])))
+    assert (u >= 0).all() and (u < 1).all() and u.dtype == torch.float32

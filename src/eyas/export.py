@@ -3,7 +3,9 @@
 The source may be in any format eyas reads (see ``eyas.models.formats``). The command writes a
 complete folder (config.json + model.safetensors; token embeddings are shared from the target, as
 both engines do) and prints the launch lines for it. Those lines always say ``EAGLE3``/``eagle3``:
-SGLang's ``EAGLE`` would run an EAGLE-3 draft without its aux states and accept nothing.
+SGLang's ``EAGLE`` would run an EAGLE-3 draft without its aux states and accept nothing. The target
+they name (and speculators' verifier) is one SGLang and vLLM can resolve (``public_target``): the
+Hugging Face name of eyas's built-in target, or a local path made absolute.
 """
 
 from __future__ import annotations
@@ -16,8 +18,22 @@ import torch
 
 from .errors import EyasError
 from .models import formats
+from .models.loading import SMOLLM2
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# eyas's built-in target names -> the Hugging Face model they are (what SGLang and vLLM download)
+HF_NAMES = {SMOLLM2: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def public_target(target: str | None) -> str | None:
+    """A target name SGLang and vLLM resolve: the HF name of a built-in target, a local path made absolute
+    (the lines may run from another folder), anything else (a hub name) as given."""
+    if not target:
+        return target
+    if target.lower() in HF_NAMES:
+        return HF_NAMES[target.lower()]
+    path = Path(target).expanduser()
+    return str(path.resolve()) if path.exists() else target
 
 
 def register(subparsers) -> None:
@@ -58,7 +74,7 @@ def run(args) -> int:
                         "(it shares the target's)",
                         "drop --include-embeddings; SGLang and vLLM take them from the target")
     dtype = DTYPES[args.dtype] if args.dtype else None
-    target = args.target or formats.recorded_target(folder.config)
+    target = public_target(args.target or formats.recorded_target(folder.config))
     if args.format == "sglang":
         formats.write_sglang(folder, out, include_embeddings=args.include_embeddings, dtype=dtype)
     else:
@@ -76,8 +92,9 @@ def run(args) -> int:
     return 0
 
 
-def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: int = 3) -> list[str]:
-    """The exact commands that serve ``out``; ``TARGET`` stands in when the target is unknown."""
+def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: int = 3, tp: int = 1) -> list[str]:
+    """The exact commands that serve ``out`` (across ``tp`` GPUs); ``TARGET`` stands in when the target is
+    unknown."""
     model = shlex.quote(target) if target else "TARGET"
     draft = shlex.quote(str(Path(out).resolve()))
     lines = []
@@ -86,10 +103,11 @@ def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: in
         lines += ["", "SGLang:",
                   f"  python -m sglang.launch_server --model-path {model} --speculative-algorithm EAGLE3 "
                   f"--speculative-draft-model-path {draft} --speculative-num-steps 5 "
-                  "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8"]
+                  "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8" + (f" --tp {tp}" if tp > 1 else "")]
     spec = json.dumps({"method": "eagle3", "model": str(Path(out).resolve()),
                        "num_speculative_tokens": speculative_tokens})
-    lines += ["", "vLLM:", f"  vllm serve {model} --speculative-config {shlex.quote(spec)}"]
+    lines += ["", "vLLM:", f"  vllm serve {model} --speculative-config {shlex.quote(spec)}"
+              + (f" --tensor-parallel-size {tp}" if tp > 1 else "")]
     if fmt == "speculators" and target:
         lines += [f"  (or, serving the verifier recorded in its config: vllm serve {draft})"]
     if not target:

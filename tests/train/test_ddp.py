@@ -30,7 +30,7 @@ def _torchrun(n: int, data, out, tokens_per_batch: int, *extra: str) -> None:
 def test_two_process_gloo_matches_single(tmp_path):
     target = tiny_target(dtype=torch.float32)
     data = make_data(target, tmp_path / "data", rows=40)  # equal-length rows: same global batches either way
-    _torchrun(2, data, tmp_path / "two", 256)  # 256 tokens per rank
+    _torchrun(2, data, tmp_path / "two", 256, "log.trackers=[tensorboard]")  # 256 tokens per rank
     _torchrun(2, data, tmp_path / "fsdp", 256, "train.parallel=fsdp", "train.shard_target=true")
     _torchrun(1, data, tmp_path / "one", 512)  # the same 512-token global batches in one process
     r0 = torch.load(tmp_path / "two" / "rank0-of2.pt")
@@ -40,6 +40,8 @@ def test_two_process_gloo_matches_single(tmp_path):
         assert torch.equal(v, r1["state"][k]), f"ranks drifted apart in {k}"
         assert torch.allclose(v, single["state"][k], atol=2e-5, rtol=1e-4), f"{k} differs from one process"
     assert r0["summary"]["steps"] == single["summary"]["steps"] == 6
+    # Only rank 0 reports: one TensorBoard writer, the run's name from its output folder.
+    assert len(list((tmp_path / "two" / "tensorboard" / "two").glob("events.out.tfevents.*"))) == 1
     a, b = r0["summary"]["heldout"], single["summary"]["heldout"]
     assert abs(a["loss"] - b["loss"]) < 1e-3 and a["positions"] == b["positions"]
     fsdp = torch.load(tmp_path / "fsdp" / "rank0-of2.pt")

@@ -16,6 +16,11 @@ def register(sub) -> None:
     p.add_argument("--data", default=None, help="shortcut for --set data.path=...")
     p.add_argument("--output", default=None, help="shortcut for --set output=...")
     p.add_argument("--model-path", "--model", default=None, help="shortcut for --set target=...")
+    p.add_argument("--report-to", default=None, metavar="NAMES",
+                   help="experiment trackers through accelerate, comma-separated: tensorboard, wandb, mlflow, "
+                        "comet_ml, aim, clearml, dvclive, swanlab, trackio; none = log.jsonl only. Replaces the "
+                        "recipe's log.trackers (and log.tensorboard)")
+    p.add_argument("--run-name", default=None, help="the run's name in the trackers (default: the output folder's)")
     p.add_argument("--resume", default=None,
                    help="a run folder (its newest intact checkpoint) or one of its checkpoints/step-N; without "
                         "--recipe, the run's recipe.yaml")
@@ -39,9 +44,13 @@ def run(args) -> int:
     from .recipe import load_recipe
 
     overrides = list(args.set)
-    for key, value in (("data.path", args.data), ("output", args.output), ("target", args.model_path)):
+    for key, value in (("data.path", args.data), ("output", args.output), ("target", args.model_path),
+                       ("log.run_name", args.run_name)):
         if value is not None:
             overrides.append(f"{key}={value}")
+    if args.report_to is not None:  # as HF Trainer's --report_to: the flag is the whole choice
+        names = [n.strip() for n in args.report_to.split(",") if n.strip() and n.strip().lower() != "none"]
+        overrides += [f"log.trackers=[{', '.join(names)}]", "log.tensorboard=false"]
     recipe_file = args.recipe
     if args.resume and recipe_file is None:
         from .checkpoint import run_recipe

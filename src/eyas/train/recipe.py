@@ -70,7 +70,11 @@ class LogSection:
     eval_every: int = 200
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
-    tensorboard: bool = True
+    trackers: list[str] = field(default_factory=list)  # accelerate's: tensorboard, wandb, mlflow, ... (trackers.py)
+    project: str = "eyas"  # the trackers' project: wandb project, MLflow experiment
+    run_name: str | None = None  # the run in the trackers; default: the output folder's name
+    dir: str | None = None  # the trackers' local files (TensorBoard events, wandb); default: the output folder
+    tensorboard: bool = False  # alias: true adds tensorboard to trackers
     progress: bool = True
 
 

@@ -27,10 +27,10 @@ from ..data.tokenized import TokenizedSplit
 from ..errors import EyasError
 from ..models.draft import Eagle3Draft
 from ..models.vocab import build_vocab
-from . import checkpoint, dist
+from . import checkpoint, dist, trackers
 from .batches import collate, epoch_batches, rank_rows, to_device
 from .evaluate import heldout_metrics
-from .logger import RunLog
+from .logger import RunLog, Window
 from .recipe import Recipe
 from .states import OfflineStates, OnlineStates, build_cache, cache_complete
 from .ttt import ttt_loss
@@ -106,6 +106,7 @@ class Trainer:
     def __init__(self, recipe: Recipe, target=None, ctx: dist.DistContext | None = None, log=print):
         self.r = r = recipe.validate()
         self.ctx = ctx or dist.init(r.train.device)
+        self.tracker_names = trackers.requested(r.log)  # a missing package stops every rank before any load
         self.print = log if self.ctx.main else (lambda *a, **k: None)
         if target is None:
             from ..models.loading import load_target
@@ -148,7 +149,7 @@ class Trainer:
         self.states = self._states(target)
         self.eval_states = self._states(target, split="heldout") if self.heldout is not None else None
         self.out = Path(r.output)
-        self.log = RunLog(self.out, enabled=self.ctx.main, tensorboard=r.log.tensorboard)
+        self.log = RunLog(self.out, enabled=self.ctx.main)
 
     def _lr_lambda(self, total: int):
         o = self.r.optim
@@ -301,6 +302,7 @@ class Trainer:
         if ctx.main:  # written first, so `eyas train --resume RUN` alone finds it after a crash
             self.out.mkdir(parents=True, exist_ok=True)
             r.dump(self.out / "recipe.yaml")
+        self.log.track(trackers.start(ctx, self.tracker_names, r.log, self.out, r.to_dict()))
         self.module.train()
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not (r.log.progress and ctx.main), dynamic_ncols=True)
@@ -379,23 +381,6 @@ class Trainer:
         self.save_checkpoint()
         self.log.close()
         return summary
-
-
-class Window:
-    """Per-TTT-step sums over the steps between two log lines, kept on the device (no host sync)."""
-
-    def __init__(self, steps: int, device):
-        self.stats = torch.zeros(3, steps, dtype=torch.float64, device=device)  # loss, correct, scored
-        self.tokens, self.n = 0, 0
-
-    def add(self, stats: torch.Tensor, tokens: int) -> None:  # stats [3, k]: loss, accuracy, scored
-        s = stats.double()
-        k = s.shape[1]
-        self.stats[0, :k] += s[0]
-        self.stats[1, :k] += s[1] * s[2]
-        self.stats[2, :k] += s[2]
-        self.tokens += tokens
-        self.n += 1
 
 
 def _dtype(name: str):

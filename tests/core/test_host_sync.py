@@ -1,4 +1,4 @@
-"""A greedy step makes the host wait for the device once: to read back what was accepted, at the end.
+"""A step, greedy or sampled, makes the host wait for the device once: to read back what was accepted, at the end.
 
 Every host read of device data is caught where it is asked for (``item``, ``bool``/``if`` on a
 tensor, ``.cpu()``/``.to("cpu")``, ``tolist``), and so is ``torch.tensor`` of host data (a blocking
@@ -66,15 +66,25 @@ def host_reads(monkeypatch):
     return mode
 
 
+GREEDY = SamplingParams(max_new_tokens=64, ignore_eos=True)
+ROWS = {"greedy": [GREEDY] * 3,  # sampled rows beside a greedy one; with top-p (the sort), or temperature alone
+        "sampled": [SamplingParams(max_new_tokens=64, ignore_eos=True, temperature=0.8, seed=1), GREEDY,
+                    SamplingParams(max_new_tokens=64, ignore_eos=True, temperature=1.0, min_p=0.05)],
+        "filtered": [SamplingParams(max_new_tokens=64, ignore_eos=True, temperature=0.7, top_p=0.9, top_k=20), GREEDY,
+                     SamplingParams(max_new_tokens=64, ignore_eos=True, temperature=1.0, seed=4)]}
+
+
+@pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("path", ["generic", "native-eager", "native-graph-buckets", "native-graph-buckets-by-parts"])
 @pytest.mark.parametrize("spec", [SpecConfig("EAGLE3", 4, 2, 6), SpecConfig("NONE")], ids=["tree", "no-spec"])
-def test_a_greedy_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec, path, monkeypatch):
+def test_a_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec, path, rows, monkeypatch):
+    """Greedy or sampled (drawn on the device, inside the whole-step graph where one is replayed)."""
     model = target if path == "generic" else NativeTarget.from_target(target)
     monkeypatch.setattr(Engine, "whole_step_graphs", not path.endswith("by-parts"))
     engine = Engine(model, draft if spec.speculative else None, spec, max_batch=4,
                     cuda_graphs=path.startswith("native-graph"))
-    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
-    batch = engine.prefill([engine.new_sequence(p, params) for p in ([72, 101, 108], [7] * 9, [200, 13])])
+    prompts = ([72, 101, 108], [7] * 9, [200, 13])
+    batch = engine.prefill([engine.new_sequence(p, params) for p, params in zip(prompts, ROWS[rows])])
     engine.step(batch)  # the first step on the native path moves the rows into the engine's cache
     for _ in range(3):
         host_reads.reads.clear()
@@ -83,3 +93,6 @@ def test_a_greedy_step_reads_the_device_once_at_the_end(target, draft, host_read
         assert host_reads.reads == [("tolist", "_finish")]  # by parts, or replayed whole (graph buckets)
         assert host_reads.kernels_after_last_read == 0  # the device has nothing left once the host reads
         assert all(emitted)
+    if path == "native-graph-buckets":  # the step ran whole, in the variant its rows need
+        whole = engine.decoder or engine.speculators[spec]
+        assert [k for k, g in whole.graphs.items() if g.graphs] == [rows]

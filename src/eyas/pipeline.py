@@ -45,6 +45,8 @@ class EngineArgs:
     cuda_graphs: bool = True
     max_batch: int = 64  # rows the native path's preallocated KV cache holds
     cuda_graph_max_bs: int | None = None  # largest batch with CUDA graphs (default: max_batch)
+    mem_fraction_static: float | None = None  # SGLang's: weights + KV pools within this share of memory
+    tokenizer_path: str | None = None  # a tokenizer other than the target's own
 
 
 def builtin_draft(name: str) -> Path | None:
@@ -89,6 +91,51 @@ def draft_fc_width(cfg) -> tuple[int | None, int]:
     return n_aux * width, n_aux
 
 
+def check_device(device: str) -> str:
+    """``device`` when this machine can use it, else an EyasError that says why and what to pass instead."""
+    import torch
+
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise EyasError(f"--device {device!r} is not a device", "use auto, cpu, cuda or cuda:N") from None
+    if kind.type != "cuda":
+        return device
+    if torch.version.cuda is None and torch.version.hip is None:
+        raise EyasError(f"--device {device}: this PyTorch ({torch.__version__}) is a CPU-only build, with no CUDA",
+                        "install a CUDA build of PyTorch (https://pytorch.org/get-started/locally/), or pass "
+                        "--device cpu (--device auto picks the GPU when one is usable)")
+    if not torch.cuda.is_available():
+        raise EyasError(f"--device {device}: PyTorch sees no GPU (check nvidia-smi, the driver and "
+                        "CUDA_VISIBLE_DEVICES)", "make a GPU visible, or pass --device cpu")
+    if kind.index is not None and kind.index >= torch.cuda.device_count():
+        raise EyasError(f"--device {device}: there are {torch.cuda.device_count()} visible GPUs (cuda:0 to "
+                        f"cuda:{torch.cuda.device_count() - 1})", "pass one of them")
+    return device
+
+
+def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
+    """``--tokenizer-path``: a local tokenizer (HF folder, .gguf file or built-in name) instead of the target's,
+    refused when it has ids the target has no embedding for."""
+    from transformers import AutoTokenizer
+
+    from .models.loading import resolve
+
+    folder, gguf = Path(path).expanduser(), None
+    if path.lower() == SMOLLM2 or folder.suffix == ".gguf":
+        folder, gguf = resolve(path)  # the built-in target's GGUF, or a .gguf file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code,
+                                                  **({"gguf_file": gguf} if gguf else {}))
+    except (OSError, ValueError) as e:
+        raise EyasError(f"--tokenizer-path {path}: no tokenizer could be loaded: {type(e).__name__}: {str(e)[:300]}",
+                        "point at a folder with tokenizer.json / tokenizer_config.json (or a .gguf file)") from None
+    if len(tokenizer) > vocab_size:
+        raise EyasError(f"--tokenizer-path {path}: the tokenizer has {len(tokenizer)} tokens, more than the "
+                        f"target's {vocab_size} embeddings", "use the tokenizer the target was trained with")
+    return tokenizer
+
+
 def build_engine(args: EngineArgs, warm_up: bool = True):
     """The checked engine; on the native path with graphs, every CUDA graph is captured before it
     is returned (``warm_up``), with a progress bar and a summary line on stderr."""
@@ -115,7 +162,10 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
         fc_in, n_aux = draft_fc_width(cfg)
         check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
                         ",".join(getattr(cfg, "architectures", None) or []))
-    device = resolve_device(args.device)
+    device = check_device(resolve_device(args.device))
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
+        raise EyasError(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}",
+                        "e.g. 0.85: weights and KV cache together take at most 85% of the device's memory")
     target: Target = load_target(args.model_path, device=device, dtype=args.dtype,
                                  trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.context_length:
@@ -125,6 +175,8 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
                 f"use at most {target.info.max_context}",
             )
         target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
+    if args.tokenizer_path:
+        target.tokenizer = load_tokenizer(args.tokenizer_path, target.info.vocab_size, args.trust_remote_code)
     target, generic_reason = choose(target, args.engine)
     draft = None
     if resolved is not None:
@@ -132,9 +184,12 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
                                    device=device, dtype=target.dtype, allow_pickle=args.allow_pickle)
     engine = Engine(target, draft, spec, draft_path=str(resolved) if resolved else None,
                     max_batch=args.max_batch, cuda_graphs=args.cuda_graphs,
-                    graph_max_batch=args.cuda_graph_max_bs)
+                    graph_max_batch=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static)
     if generic_reason:
         engine.layout += f" ({generic_reason})"
+    if args.mem_fraction_static is not None and not engine.static:
+        engine.layout += (f"; --mem-fraction-static {args.mem_fraction_static:g} has no effect here: this path "
+                          "preallocates no KV cache, it grows with the running rows")
     log.debug("engine: %s", engine.layout)
     if warm_up and engine.static and args.cuda_graphs:
         print(engine.warm_up(), file=sys.stderr, flush=True)
@@ -150,16 +205,27 @@ def add_engine_arguments(parser) -> None:
                    help="default: EAGLE3 when a draft is given or shipped for the target, else NONE")
     g.add_argument("--speculative-draft-model-path", default=None,
                    help="draft folder or shipped draft name (default: the draft shipped for the target)")
-    g.add_argument("--speculative-num-steps", type=int, default=5, help="draft tree depth (default 5)")
-    g.add_argument("--speculative-eagle-topk", type=int, default=1, help="branching per node; 1 = chain (default 1)")
-    g.add_argument("--speculative-num-draft-tokens", type=int, default=6,
+    g.add_argument("--speculative-num-steps", type=int, default=None, help="draft tree depth (default 5)")
+    g.add_argument("--speculative-eagle-topk", type=int, default=None, help="branching per node; 1 = chain (default 1)")
+    g.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help="tokens verified per step, counting the root (default 6)")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="vLLM's spelling of the flags above: '{\"method\": \"eagle3\", \"model\": DRAFT, "
+                        "\"num_speculative_tokens\": K}' is EAGLE3 with a chain of K (K steps, topk 1, K+1 draft "
+                        "tokens); a \"speculative_token_tree\" gives its depth, widest branching and node count")
     g.add_argument("--speculative-batch-schedule", default=None, metavar="SCHEDULE",
                    help="settings per running batch size, replacing the three above: BOUND:STEPS,TOPK,TOKENS "
                         "entries (BOUND:0 = no speculation) for batches up to BOUND, the last one also for "
                         "larger, e.g. '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (eyas tune prints one)")
     g.add_argument("--device", default="auto", help="auto (default: cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    g.add_argument("--tokenizer-path", default=None,
+                   help="tokenizer folder (or .gguf file) instead of the target's own (default: the target's)")
+    g.add_argument("--mem-fraction-static", type=float, default=None, metavar="F",
+                   help="as SGLang's: the share of the device's memory that weights and the native path's "
+                        "preallocated KV cache may take together (the rest stays for activations and CUDA graphs); "
+                        "the cache holds fewer tokens when it is lower (default: the cache takes 40%% of the "
+                        "memory free after loading; on the CPU, 2 GiB)")
     g.add_argument("--context-length", type=int, default=None, help="cap on prompt + output tokens")
     g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model folder")
     g.add_argument("--allow-pickle", action="store_true",
@@ -175,14 +241,32 @@ def add_engine_arguments(parser) -> None:
                         "run eagerly (default: the max batch)")
 
 
+SPECULATIVE_FLAGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+                     "speculative_eagle_topk", "speculative_num_draft_tokens")
+
+
+def speculative_flags(ns) -> dict:
+    """The speculative settings of parsed flags: SGLang's flags, or vLLM's --speculative-config JSON
+    (``speculative_config.from_vllm``) for what they leave unset; a setting given both ways is refused."""
+    from .speculative_config import from_vllm
+
+    flags = {name: getattr(ns, name, None) for name in SPECULATIVE_FLAGS}
+    if getattr(ns, "speculative_config", None):
+        spelled = from_vllm(ns.speculative_config)
+        both = [name for name in spelled if flags[name] is not None]
+        if both:
+            raise EyasError("--speculative-config and " + ", ".join("--" + n.replace("_", "-") for n in both)
+                            + " set the same setting",
+                            "give each setting once: in the JSON (vLLM's spelling) or as a flag (SGLang's)")
+        flags.update(spelled)
+    defaults = EngineArgs()
+    return {name: getattr(defaults, name) if value is None else value for name, value in flags.items()}
+
+
 def engine_args_from(ns) -> EngineArgs:
     return EngineArgs(
         model_path=ns.model_path,
-        speculative_algorithm=ns.speculative_algorithm,
-        speculative_draft_model_path=ns.speculative_draft_model_path,
-        speculative_num_steps=ns.speculative_num_steps,
-        speculative_eagle_topk=ns.speculative_eagle_topk,
-        speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
+        **speculative_flags(ns),
         speculative_batch_schedule=getattr(ns, "speculative_batch_schedule", None),
         device=resolve_device(ns.device),
         dtype=ns.dtype,
@@ -193,4 +277,6 @@ def engine_args_from(ns) -> EngineArgs:
         cuda_graphs=not getattr(ns, "disable_cuda_graph", False),
         max_batch=getattr(ns, "max_running_requests", None) or 64,
         cuda_graph_max_bs=getattr(ns, "cuda_graph_max_bs", None),
+        mem_fraction_static=getattr(ns, "mem_fraction_static", None),
+        tokenizer_path=getattr(ns, "tokenizer_path", None),
     )

@@ -26,13 +26,16 @@ DEFAULT_PORT = 30000  # SGLang's
 def register(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible speculative server with Prometheus metrics",
                        description="Serve a target with its EAGLE-3 draft behind the OpenAI API (and SGLang's "
-                                   "/generate), with acceptance metrics at /metrics.")
+                                   "/generate), with acceptance metrics at /metrics.", config_file=True)
     add_serve_arguments(p)
     p.set_defaults(func=run)
 
 
 def add_serve_arguments(p) -> None:
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="the target, as vLLM's 'vllm serve MODEL' takes it: the same as --model-path")
     add_engine_arguments(p)
+    p.set_defaults(model_path=None)  # None: not given (MODEL or the built-in target then); see pasted_flags
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
@@ -72,11 +75,91 @@ def add_serve_arguments(p) -> None:
                      help="seconds per request before it is cancelled with a 408; 0 = none (default 600)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
-    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="server log level (default info)")
     g.add_argument("--no-warmup", action="store_true", help="skip the short generation run before binding")
+    add_pasted_arguments(p)
+
+
+def add_pasted_arguments(p) -> None:
+    """SGLang's and vLLM's flags that eyas reads with their meaning (``pasted_flags`` refuses the rest)."""
+    g = p.add_argument_group("SGLang's and vLLM's launch flags (so their command lines work here)")
+    g.add_argument("--config", metavar="FILE",
+                   help="a YAML or JSON file of flags (SGLang's --config): keys are the flag names without dashes, "
+                        "e.g. 'port: 30001', 'speculative-num-steps: 3'; flags on the command line override it")
+    g.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "-tp", dest="tp", type=int, default=1,
+                   metavar="N", help="tensor parallelism: eyas runs on one GPU, so 1; above 1 it prints how to "
+                                     "serve the draft with SGLang or vLLM across N GPUs")
+    g.add_argument("--chunked-prefill-size", type=int, default=None, metavar="N",
+                   help="SGLang's: eyas prefills every prompt whole, as -1 (SGLang's 'off') does, so only -1 is "
+                        "accepted; the tokens prefilled together per turn are --max-prefill-tokens")
+    g.add_argument("--random-seed", "--seed", type=int, default=None, metavar="SEED",
+                   help="seeds everything random at startup, and so the seeds of requests that bring none "
+                        "(a server restarted with it answers the same unseeded requests, sent in the same order, "
+                        "the same way); default: random")
+
+
+def pasted_flags(args) -> None:
+    """The positional MODEL, --tp and --chunked-prefill-size, resolved or refused with the way out."""
+    from ..models.loading import SMOLLM2
+
+    from_file = (getattr(args, "config_values", None) or {}).get("model_path")
+    if args.model is not None:
+        if args.model_path is not None and args.model_path not in (args.model, from_file):
+            raise EyasError(f"the target is given twice: {args.model!r} (MODEL) and {args.model_path!r} "
+                            "(--model-path)", "give one of them")
+        args.model_path = args.model
+    args.model_path = args.model_path or SMOLLM2
+    if args.tp < 1:
+        raise EyasError(f"--tp must be at least 1, got {args.tp}", "use 1: eyas runs on one GPU")
+    if args.tp > 1:
+        raise EyasError(*tensor_parallel_refusal(args))
+    if args.chunked_prefill_size is not None and args.chunked_prefill_size != -1:
+        raise EyasError(
+            f"--chunked-prefill-size {args.chunked_prefill_size}: eyas does not split a prompt into chunks; it "
+            "prefills each prompt whole in one engine turn (SGLang's --chunked-prefill-size -1)",
+            f"drop the flag; to bound the prompt tokens prefilled together per turn, use --max-prefill-tokens "
+            f"{max(args.chunked_prefill_size, 1)}")
+
+
+def tensor_parallel_refusal(args) -> tuple[str, str]:
+    """(problem, fix) for --tp N > 1: export the draft and serve it with SGLang or vLLM, the lines printed."""
+    from ..export import launch_lines, public_target
+    from ..pipeline import BUILTIN_DRAFTS, builtin_draft, speculative_flags
+
+    flags = speculative_flags(args)
+    shipped = BUILTIN_DRAFTS.get(args.model_path.lower()) if builtin_draft(args.model_path) else None
+    draft = flags["speculative_draft_model_path"] or shipped
+    target = public_target(args.model_path)
+    if draft is None or flags["speculative_algorithm"] == "NONE":
+        lines = ["", f"  python -m sglang.launch_server --model-path {target} --tp {args.tp}",
+                 f"  vllm serve {target} --tensor-parallel-size {args.tp}"]
+    else:
+        out = "./draft-sglang"
+        lines = ["", f"  eyas export {draft} --format sglang --out {out} --target {target}"]
+        lines += ["  " + line if line else line for line in launch_lines("sglang", Path(out), target, tp=args.tp)]
+    return (f"--tp {args.tp}: eyas runs a model on one GPU and has no tensor parallelism",
+            "serve it across GPUs with SGLang or vLLM:" + "\n".join(lines))
+
+
+def seed_everything(seed: int) -> None:
+    """--random-seed: Python's, NumPy's and torch's generators; unseeded requests draw their seeds from
+    Python's (``SamplingParams.generator``), so they follow from it too."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def check_server_flags(args) -> None:
+    from ..models.loading import resolve_device
+    from ..pipeline import check_device
+
+    check_device(resolve_device(args.device))  # before anything loads
     for name in ("max_running_requests", "metrics_window", "max_prefill_tokens"):
         if getattr(args, name) < 1:
             raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -124,6 +207,7 @@ def check_port_free(host: str, port: int) -> None:
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    pasted_flags(args)
     check_server_flags(args)
     check_port_free(args.host, args.port)
     try:
@@ -137,6 +221,9 @@ def run(args) -> int:
     from .banner import banner_lines
 
     _quiet_progress_bars()
+    if args.random_seed is not None:
+        seed_everything(args.random_seed)
+        print(f"random seed: {args.random_seed}", flush=True)
     print(f"eyas serve: loading {args.model_path} ...", flush=True)
     start = time.perf_counter()
     engine = build_engine(engine_args_from(args))

@@ -195,7 +195,6 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     _refuse("lora_path", req.lora_path, None, "no LoRA adapters")
     _refuse("image_data", req.image_data, None, "text only")
     _refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
-    _refuse("sampling_params.min_p", sp.min_p, 0.0, "no min-p filter")
     _refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
     for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
         _refuse("sampling_params." + name, getattr(sp, name), neutral, "no penalties are implemented")
@@ -204,7 +203,7 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     param = "sampling_params.max_new_tokens"
     params = _params(sp.max_new_tokens, param, None, sp.n,
                      "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
-                     temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+                     temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")

@@ -8,7 +8,7 @@ replays around the one readback a prefill needs anyway:
 1. ``prefill_static``: the target over the right-padded prompts: each row's causal mask
    (``ops.block_mask``), the forward, the logits at each row's last token, and the aux states (one
    graph per (rows, T));
-2. the first token, drawn on the device (greedy or sampled, `sampler.first_tokens`) and read back;
+2. the first token, drawn on the device (greedy or sampled, ``sampler.first_tokens``) and read back;
 3. the draft over the prompt shifted by one with the first token last (``draft_extend_static``, one
    graph per (rows, T)), which leaves the draft's output for the first tree.
 

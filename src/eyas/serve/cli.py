@@ -144,7 +144,7 @@ def tensor_parallel_refusal(args) -> tuple[str, str]:
 
 def seed_everything(seed: int) -> None:
     """--random-seed: Python's, NumPy's and torch's generators; unseeded requests draw their seeds from
-    Python's (``SamplingParams.generator``), so they follow from it too."""
+    Python's (``Sequence.seed``), so they follow from it too."""
     import random
 
     import numpy as np

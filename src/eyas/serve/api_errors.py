@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+# The openai SDK retries 408 (twice by default) unless told not to: a request cancelled at --request-timeout
+# would only run, and time out, again. It reads this header before its own rules.
+NO_RETRY = {408: {"x-should-retry": "false"}}
+
 
 class ApiError(Exception):
     """A request the server refuses; ``status`` is the HTTP status (4xx for the client's fault)."""
@@ -20,7 +24,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.type = type or error_type(status)
-        self.headers = headers or {}
+        self.headers = {**NO_RETRY.get(status, {}), **(headers or {})}
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)

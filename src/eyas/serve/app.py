@@ -23,6 +23,7 @@ from .api_errors import ApiError, error_body, error_type
 from .banner import describe, info_labels, training_warnings
 from .dashboard import router as dashboard_router
 from .generate_route import router as generate_router
+from .inputs import check_model
 from .limits import BodySizeLimit, Limits, StreamSlots
 from .metrics import ServeMetrics
 from .middleware import ApiKey, RequestLog, open_paths
@@ -126,11 +127,20 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     async def version():
         return {"version": __version__}
 
+    def model_card() -> dict:
+        return {"id": names[0], "object": "model", "created": int(state.started), "owned_by": "eyas",
+                "root": options.model_path or engine.target.name, "max_model_len": engine.max_context}
+
     @app.get("/v1/models")
     async def models():
-        card = {"id": names[0], "object": "model", "created": int(state.started), "owned_by": "eyas",
-                "root": options.model_path or engine.target.name, "max_model_len": engine.max_context}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}", responses={404: {  # the openai SDK's models.retrieve; ids may hold '/'
+        "description": "no such model: this server serves the one GET /v1/models lists",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}})
+    async def model(model_id: str):
+        check_model(model_id, names)  # 404 naming the served model
+        return model_card()
 
     @app.get("/metrics")
     async def prometheus():

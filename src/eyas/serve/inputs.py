@@ -26,6 +26,7 @@ from .protocol import (
 )
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+OPENAI_MAX_TEMPERATURE = 2.0  # OpenAI's bound on its routes; /generate keeps SamplingParams' own (SGLang's)
 
 
 @dataclass
@@ -174,17 +175,21 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
         _refuse("suffix", req.suffix, None, "no insertion mode")
         _refuse("best_of", req.best_of, 1, "no best-of sampling")
         max_tokens, param = req.max_tokens, "max_tokens"
-    if req.n < 1:  # the most is --max-n (Limits.check_job)
-        raise bad_request(f"n must be at least 1, got {req.n}", param="n")
+    n = 1 if req.n is None else req.n
+    if n < 1:  # the most is --max-n (Limits.check_job)
+        raise bad_request(f"n must be at least 1, got {n}", param="n")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", param="stream_options")
+    if req.temperature is not None and not 0 <= req.temperature <= OPENAI_MAX_TEMPERATURE:
+        raise bad_request(f"temperature must be in [0, {OPENAI_MAX_TEMPERATURE:g}] (OpenAI's range), got "
+                          f"{req.temperature!r}; 0 is greedy", param="temperature", code="invalid_value")
     default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-    params = _params(max_tokens, param, default, req.n, "seed",
+    params = _params(max_tokens, param, default, n, "seed",
                      temperature=1.0 if req.temperature is None else req.temperature,
                      top_p=1.0 if req.top_p is None else req.top_p,
                      top_k=0 if req.top_k is None else req.top_k,
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)
-    return Job(prompts, params, req.n, _stops(req.stop), req.skip_special_tokens,
+    return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
                max_tokens is not None or default is not None, param)
 
 

@@ -46,8 +46,8 @@ class _OpenAISampling(_Strict):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # extension (vLLM, SGLang)
-    n: int = 1
-    stream: bool = False
+    n: int | None = 1  # null: 1, as vLLM and OpenAI read it
+    stream: bool | None = False  # null: not streamed
     stream_options: StreamOptions | None = None
     stop: Stop = None
     seed: int | None = None

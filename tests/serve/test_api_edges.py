@@ -1,0 +1,65 @@
+"""Edges of the OpenAI API that clients hit: models.retrieve, 408s the SDK must not retry, nulls for n and
+stream, and OpenAI's temperature range on its routes (SGLang's /generate keeps eyas's own)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_retrieve_through_the_sdk(client, server, models):
+    card = client.models.retrieve("tiny")
+    assert (card.id, card.object, card.owned_by) == ("tiny", "model", "eyas")
+    assert card.model_dump()["max_model_len"] == client.models.list().data[0].model_dump()["max_model_len"]
+    by_path = client.models.retrieve(str(models[0]))  # the --model-path is served too, '/' and all
+    assert by_path.id == "tiny"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4o")
+    assert "'gpt-4o' does not exist; this server serves 'tiny'" in str(e.value)
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_a_timed_out_request_is_not_retried_by_the_sdk(inprocess):
+    from eyas.serve.limits import Limits
+
+    sent = []
+    http = httpx.Client(event_hooks={"request": [lambda request: sent.append(request.url.path)]})
+    with inprocess(step_delay=0.05, limits=Limits(request_timeout=0.3)) as srv:
+        sdk = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", http_client=http)  # default: 2 retries
+        with pytest.raises(openai.APIStatusError) as e:
+            sdk.completions.create(model="tiny", prompt="hello", max_tokens=200, temperature=0, extra_body={
+                "ignore_eos": True})
+    assert e.value.status_code == 408 and e.value.response.headers["x-should-retry"] == "false"
+    assert sent == ["/v1/completions"]  # once: the SDK would have sent it three times
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"prompt": "hi"}),
+])
+def test_n_and_stream_accept_null(server, path, body):
+    r = httpx.post(server.url + path, json={**body, "n": None, "stream": None, "max_tokens": 3, "temperature": 0},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert len(r.json()["choices"]) == 1
+
+
+def test_temperature_is_bounded_to_openais_range_on_openai_routes(server):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", {"prompt": "hi", "max_tokens": 2})):
+        r = httpx.post(server.url + path, json={**body, "temperature": 2.5}, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "temperature" and "[0, 2]" in error["message"]
+        assert httpx.post(server.url + path, json={**body, "temperature": 2.0}, timeout=60).status_code == 200
+    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {
+        "max_new_tokens": 2, "temperature": 2.5}}, timeout=60)
+    assert r.status_code == 200, r.text  # SGLang's route: eyas's own bound

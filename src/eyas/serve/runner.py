@@ -4,6 +4,8 @@
 generator cancels every one of the job's sequences in ``finally``: whether the handler returns,
 the client disconnects (non-streaming: a watcher on the ASGI ``receive`` channel; streaming: the
 server closes the generator when a send fails), or the server shuts down, the slot is freed.
+Results arrive on this loop through the scheduler's ``Outbox`` (``stream.py``), already turned into
+text; a handler that fell behind gets a choice's waiting deltas as one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import AsyncIterator
 from .api_errors import overloaded
 from .inputs import Job, sequences_for
 from .limits import Limits, timed_out
-from .scheduler import Failed, Finished, Overloaded, Scheduler, Work
+from .scheduler import Overloaded, Scheduler, Work
+from .stream import Failed, Finished, Receiver, coalesce
 
 
 class ClientGone(Exception):
@@ -30,15 +33,10 @@ class JobRun:
         self.deadline = time.monotonic() + timeout if timeout else None
         seqs = sequences_for(engine, job)  # 400s happen here, before anything is queued
         self.queue: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        def sink(index, event):  # engine thread -> this handler
-            try:
-                loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-
-        self.works = [Work(seq, sink, k, list(job.stop or []), job.skip_special_tokens) for k, seq in enumerate(seqs)]
+        outbox = scheduler.outbox(asyncio.get_running_loop())
+        stop = list(job.stop or [])
+        self.works = [Work(seq, Receiver(outbox, self.queue, k, stop, job.skip_special_tokens))
+                      for k, seq in enumerate(seqs)]
         self.prompt_tokens = sum(len(p) for p in job.prompts)
         try:
             scheduler.submit(self.works)
@@ -59,20 +57,30 @@ class JobRun:
         watcher = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
         try:
             while pending:
-                get = asyncio.ensure_future(self.queue.get())
-                waits = {get} if watcher is None else {get, watcher}
-                left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-                done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    get.cancel()
-                    raise timed_out(self.limits)
-                if get not in done:
-                    get.cancel()
-                    raise ClientGone()
-                index, event = get.result()
-                if isinstance(event, (Finished, Failed)):
-                    pending -= 1
-                yield index, event
+                if self.queue.empty():
+                    get = asyncio.ensure_future(self.queue.get())
+                    waits = {get} if watcher is None else {get, watcher}
+                    left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+                    done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                    if not done:
+                        get.cancel()
+                        raise timed_out(self.limits)
+                    if get not in done:
+                        get.cancel()
+                        raise ClientGone()
+                    events = [get.result()]
+                else:  # already waiting: the same checks, without a wait
+                    if self.deadline is not None and time.monotonic() > self.deadline:
+                        raise timed_out(self.limits)
+                    if watcher is not None and watcher.done():
+                        raise ClientGone()
+                    events = []
+                while not self.queue.empty():
+                    events.append(self.queue.get_nowait())
+                for index, event in coalesce(events):
+                    if isinstance(event, (Finished, Failed)):
+                        pending -= 1
+                    yield index, event
         finally:
             if watcher is not None:
                 watcher.cancel()

@@ -9,10 +9,13 @@ The engine is synchronous torch code and is only ever called from this one threa
     step      one speculative verify step for every running row; emit what each row produced
 
 Requests come in from asyncio handlers through ``submit`` (which refuses with ``Overloaded`` past
-running + queue capacity, so the HTTP layer answers 503) and results go back as events on each
-handler's ``asyncio.Queue`` via ``loop.call_soon_threadsafe``. ``Work.cancel`` takes a queued request
-out of the queue at once (its slot is free for the next ``submit``); a running one is flagged, and the
-thread drops it between steps, so a disconnected client frees its slot within one step.
+running + queue capacity, so the HTTP layer answers 503). The thread only steps and hands token ids
+over: what a turn produced (each row's new ids, the rows that ended) goes to the event loop in one
+post per turn (``stream.Outbox``), and detokenizing, stop strings and events happen there. A stop
+string found there sets ``Work.stopped``, and this thread ends the row before its next step.
+``Work.cancel`` takes a queued request out of the queue at once (its slot is free for the next
+``submit``); a running one is flagged, and the thread drops it between steps, so a disconnected
+client frees its slot within one step.
 
 One request never fails another. A row the engine ends for a fault of its own (logits that are not
 finite, a failed draw: ``Sequence.error``) gets a ``Failed`` event while the batch goes on. When a
@@ -35,53 +38,24 @@ import torch
 
 from ..engine.engine import Sequence
 from ..engine.stats import SpecStats
-from .detokenize import Detokenizer
 from .metrics import ServeMetrics
+from .stream import Delta, Ended, Failed, Finished, Outbox, Receiver
 
+__all__ = ["Delta", "Failed", "Finished", "Overloaded", "Scheduler", "Work"]
 log = logging.getLogger("eyas.serve")
-
-
-# -- events sent to the waiting handler -----------------------------------------------------------
-@dataclass
-class Delta:
-    text: str
-    token_ids: list[int]
-
-
-@dataclass
-class Finished:
-    reason: str  # "stop" | "length" | "abort"
-    matched: str | int | None  # stop string or stop token id that ended the output
-    output_ids: list[int]
-    text: str  # whole output text (the deltas joined)
-    prompt_tokens: int
-    stats: SpecStats  # this request's acceptance (a copy)
-    ttft: float | None
-    e2e: float
-
-
-@dataclass
-class Failed:
-    message: str
-    status: int = 500  # 503: this request alone did not fit (memory); the server carries on
 
 
 @dataclass(eq=False)  # identity: the queue and the batch find a request by itself, never by its fields
 class Work:
-    """One sequence's life in the server; ``index`` tags its events (choice index)."""
+    """One sequence's life in the server. The engine thread owns ``seq``; the event loop owns
+    ``receiver`` (its text and events) and sets ``stopped`` when a stop string matched."""
 
     seq: Sequence
-    sink: object  # callable(index, event), thread-safe
-    index: int = 0
-    stop: list[str] = field(default_factory=list)
-    skip_special_tokens: bool = True
+    receiver: Receiver
     arrival: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
     cancelled: bool = False
-    detok: Detokenizer | None = None
-    kept_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    done: bool = False  # its last event (Finished or Failed) was sent
+    stopped: bool = False
+    done: bool = False  # its last payload (Ended or Failed) was handed over
     on_cancel: Callable[[Work], None] | None = field(default=None, repr=False)  # set by Scheduler.submit
 
     def cancel(self) -> None:
@@ -108,13 +82,8 @@ class Scheduler:
         self.max_running = max_running
         self.max_queued = max_queued
         self.log_interval = log_interval
-        # The engine thread decodes with its own tokenizer copy: HF fast tokenizers are not safe to
-        # use from two threads at once, and the handlers tokenize prompts on the event loop.
-        tok = engine.target.tokenizer
-        try:
-            self.tokenizer = copy.deepcopy(tok)
-        except Exception:  # noqa: BLE001 - an uncopyable tokenizer: share it (decode only here)
-            self.tokenizer = tok
+        self._outboxes: dict[object, Outbox] = {}  # event loop -> its outbox
+        self._out: list[tuple[Work, object]] = []  # this turn's payloads (engine thread only)
         self._cond = threading.Condition()
         self._waiting: deque[Work] = deque()
         self._running: list[Work] = []  # rows of self._batch, same order
@@ -136,6 +105,20 @@ class Scheduler:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def outbox(self, loop) -> Outbox:
+        """The outbox of ``loop`` (made on first use), where this scheduler hands results to that loop.
+        It decodes with a tokenizer copy of its own: Hugging Face fast tokenizers are not safe to use
+        from two threads at once, and prompts are tokenized on the preparer's thread."""
+        with self._cond:
+            box = self._outboxes.get(loop)
+            if box is None:
+                try:
+                    tok = copy.deepcopy(self.engine.target.tokenizer)
+                except Exception:  # noqa: BLE001 - an uncopyable tokenizer: share it (decode only there)
+                    tok = self.engine.target.tokenizer
+                box = self._outboxes[loop] = Outbox(loop, tok, self.metrics, self.log_requests)
+            return box
 
     def submit(self, works: list[Work]) -> None:
         """Queue all of ``works`` or none: raises ``Overloaded`` past running + queue capacity."""
@@ -162,7 +145,9 @@ class Scheduler:
             except ValueError:
                 return
             self.metrics.queued.set(len(self._waiting))
-        self._finish(w, "abort")
+            self._inflight -= 1
+        w.done = True
+        w.receiver.outbox.post([(w, Ended("abort", SpecStats()))])
 
     def counts(self) -> tuple[int, int]:
         with self._cond:
@@ -212,6 +197,7 @@ class Scheduler:
             except Exception as e:
                 log.exception("engine step failed; failing %d running requests", len(self._running) + len(admit))
                 self._fail_all(admit, f"internal engine error: {type(e).__name__}: {e}")
+            self._flush()
             self.metrics.kv_usage.set(self.engine.kv_usage(self._batch))  # per turn: 0 once the batch is empty
 
     def _turn(self, admit: list[Work]) -> None:
@@ -221,14 +207,13 @@ class Scheduler:
                 self._finish(w, "abort")
         for group in self.engine.prefill_groups([w.seq for w in live]):
             self._prefill([live[i] for i in group])
+        self._flush()  # first tokens out before the step
         self._retire()
         if self._running:
             self._step(live)
         self._maybe_log()
 
     def _prefill(self, works: list[Work]) -> None:
-        for w in works:
-            w.detok = Detokenizer(self.tokenizer, w.stop, w.skip_special_tokens)
         try:
             new = self.engine.prefill([w.seq for w in works])
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: the running batch is untouched
@@ -251,6 +236,17 @@ class Scheduler:
         self.metrics.running.set(len(self._running))
         for w in works:
             self._deliver(w, list(w.seq.output_ids))
+
+    def _flush(self) -> None:
+        """Hand this turn's payloads to the event loop(s): one post per loop, however many rows."""
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        boxes: dict[Outbox, list] = {}
+        for item in out:
+            boxes.setdefault(item[0].receiver.outbox, []).append(item)
+        for box, items in boxes.items():
+            box.post(items)
 
     def _step(self, joined: list[Work]) -> None:
         try:
@@ -282,26 +278,16 @@ class Scheduler:
         self.metrics.record_step(per_row)
 
     def _deliver(self, w: Work, tokens: list[int]) -> None:
-        if not tokens:
-            return
-        pushed = w.detok.push(tokens)
-        if pushed.matched is not None:
-            # a stop string: the row leaves before the next step; it wins over "length" when the
-            # same step also reached max_tokens (OpenAI reports "stop" whenever a stop matched)
-            w.seq.finish_reason = "stop"
-        if w.first_token_at is None:
-            w.first_token_at = time.perf_counter()
-        w.kept_ids.extend(pushed.tokens)
-        self._log_tokens += len(pushed.tokens)
-        self.metrics.generation_tokens.inc(len(pushed.tokens))
-        if pushed.text or pushed.tokens:
-            w.text += pushed.text
-            w.sink(w.index, Delta(pushed.text, pushed.tokens))
+        if tokens:
+            self._log_tokens += len(tokens)
+            self._out.append((w, tokens))
 
     def _retire(self) -> None:
         keep, gone = [], []
         for i, w in enumerate(self._running):
-            if w.cancelled and not w.seq.finished:
+            if w.stopped and not w.seq.finished:  # a stop string, found on the event loop
+                w.seq.finish_reason = "stop"
+            elif w.cancelled and not w.seq.finished:
                 w.seq.finish_reason = "abort"
             (gone if w.seq.finished else keep).append(i)
         if not gone:
@@ -319,31 +305,9 @@ class Scheduler:
             self._fail([w], w.seq.error or "internal engine error", 500)
             return
         w.done = True
-        now = time.perf_counter()
-        if w.detok is not None:
-            rest = w.detok.flush()
-            if w.detok.matched is not None and reason == "length":
-                reason = "stop"
-            if rest:
-                w.text += rest
-                w.sink(w.index, Delta(rest, []))
-        matched = None
-        if w.detok is not None and w.detok.matched is not None:
-            matched = w.detok.matched
-        elif reason == "stop" and w.kept_ids:
-            matched = w.kept_ids[-1]
-        ttft = None if w.first_token_at is None else w.first_token_at - w.arrival
         with self._cond:
             self._inflight -= 1
-        self.metrics.finished(reason, ttft, now - w.arrival, len(w.kept_ids))
-        if self.log_requests:
-            st = w.seq.stats
-            spec = f", accept len {st.accept_length:.2f} ({st.accepted}/{st.drafts} steps)" if st.drafts else ""
-            log.info("request %s: %s after %d prompt + %d output tokens in %.2f s (first token %s)%s",
-                     w.seq.rid, reason, len(w.seq.prompt_ids), len(w.kept_ids), now - w.arrival,
-                     "-" if ttft is None else f"{ttft:.3f} s", spec)
-        w.sink(w.index, Finished(reason, matched, list(w.kept_ids), w.text, len(w.seq.prompt_ids),
-                                 SpecStats().add(w.seq.stats), ttft, now - w.arrival))
+        self._out.append((w, Ended(reason, SpecStats().add(w.seq.stats))))  # the text side ends it (stream.py)
 
     def _fail(self, works: list[Work], message: str, status: int) -> None:
         """End requests that are neither queued nor running (any more) with an error event."""
@@ -354,7 +318,7 @@ class Scheduler:
             self.metrics.requests.labels(outcome="error").inc()
             if status >= 500 and status != 503:  # 503: one that did not fit, warned about where it happened
                 log.error("request %s failed: %s", w.seq.rid, message)
-            w.sink(w.index, Failed(message, status))
+            self._out.append((w, Failed(message, status)))
 
     def _fail_all(self, admit: list[Work], message: str) -> None:
         with self._cond:
@@ -365,7 +329,7 @@ class Scheduler:
         for w in works:
             w.done = True
             self.metrics.requests.labels(outcome="error").inc()
-            w.sink(w.index, Failed(message))
+            self._out.append((w, Failed(message)))
 
     def _maybe_log(self) -> None:
         now = time.monotonic()

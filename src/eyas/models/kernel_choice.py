@@ -82,7 +82,7 @@ class KernelChoices:
         self.timings: dict[str, dict[str, float]] = {}  # key -> candidate -> us, for those timed here
         self.loaded: dict[str, str] = {}  # the file's choices for this machine
         self.section: str | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a candidate that itself meets a projection never waits on its caller
 
     def pick(self, key: str, candidates: dict[str, Callable[[], object]], device: torch.device) -> str:
         """The candidate to run for ``key``: remembered, read from the file, or timed now."""

@@ -678,7 +678,7 @@ class TritonOps(TorchOps):
         x, norm = self._norm_apart(x, norm)
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg, silu=True),
-                                     lambda: TorchOps.linear_silu(self, x, weight, bias, norm),
+                                     lambda: self.silu_mul(TorchOps.linear(self, x, weight, bias, norm)),
                                      prologue=norm is not None or not self.row_norm_apart,
                                      variant=_variant("silu", bias, norm))
 
@@ -1071,15 +1071,15 @@ projections measured 1.5-2x slower than cuBLAS with the 16-column default); halv
 
 def linear_candidates(rows: int, n: int, k: int, itemsize: int) -> dict[str, tuple[int, int, int, int] | None]:
     """The named configurations a projection of ``rows`` x ``k`` by an ``[n, k]`` weight may run, the
-    default first (None: cuBLAS). One row: ``_linear_kernel`` with ``linear_config``, or cuBLAS first where
-    that says so, with a generic configuration to time against it. 2 to ``ROWS_MAX`` rows: the rows kernel's
-    default tile, the tiles of ``ROWS_TILES``, and cuBLAS."""
+    default first (None: cuBLAS). One row: ``linear_config``'s choice alone, not timed: timed apart, cuBLAS
+    won shapes where inside the step's graph, each kernel launched dependent on the one before,
+    ``_linear_kernel`` decodes faster (H200, Llama-3.1-8B shape: 225 tok/s with the timed picks against 236,
+    decode-8b-kernels-h200.json). 2 to ``ROWS_MAX`` rows: the rows kernel's default tile, the tiles of
+    ``ROWS_TILES``, and cuBLAS, timed."""
     scale = max(1, itemsize // 2)
     if rows == 1:
         cfg = linear_config(n, k, itemsize)
-        if cfg is None:
-            return {"cublas": None, "kernel:16x256": (16, 256 // scale, 4, 2)}
-        return {f"kernel:{cfg[0]}x{cfg[1]}": cfg, "cublas": None}
+        return {"cublas": None} if cfg is None else {f"kernel:{cfg[0]}x{cfg[1]}": cfg}
     default = linear_rows_config(rows, n, k, itemsize)[1:]
     tiles = [default] + [(bn, bk // scale, w, st) for bn, bk, w, st in ROWS_TILES]
     out = {f"rows:{bn}x{bk}x{w}x{st}": (bn, bk, w, st) for bn, bk, w, st in dict.fromkeys(tiles)}

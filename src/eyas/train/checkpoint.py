@@ -232,11 +232,12 @@ def check_compatible(ckpt: Checkpoint, draft_state: dict, recipe: dict, allow_ch
     return changes
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
+def flat_recipe(d: dict, prefix: str = "") -> dict:
+    """A recipe as flat ``section.key`` values (tuples as lists): what resume compares, what trackers get."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_recipe(v, f"{prefix}{k}."))
         else:
             out[prefix + k] = list(v) if isinstance(v, tuple) else v
     return out
@@ -246,7 +247,7 @@ def recipe_changes(saved: dict | None, now: dict) -> list[str]:
     """``key old -> new`` for each recipe field that differs (none when the checkpoint has no recipe)."""
     if saved is None:
         return []
-    a, b = _flat(saved), _flat(now)
+    a, b = flat_recipe(saved), flat_recipe(now)
     keys = list(b) + [k for k in a if k not in b]
     return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in keys if not k.startswith(NOT_COMPARED) and a.get(k) != b.get(k)]
 

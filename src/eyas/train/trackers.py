@@ -23,6 +23,7 @@ import importlib
 from pathlib import Path
 
 from ..errors import EyasError
+from .checkpoint import flat_recipe
 
 # name -> (module its tracker imports, pip package). TensorBoardTracker writes through
 # torch.utils.tensorboard, which needs the `tensorboard` package.
@@ -72,15 +73,9 @@ def requested(log) -> list[str]:
     return out
 
 
-def _config(recipe: dict, prefix: str = "") -> dict:
+def _config(recipe: dict) -> dict:
     """The recipe as flat ``section.key`` values of the types every tracker takes."""
-    out = {}
-    for k, v in recipe.items():
-        if isinstance(v, dict):
-            out.update(_config(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v if isinstance(v, (bool, int, float, str)) else str(v)
-    return out
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flat_recipe(recipe).items()}
 
 
 def metrics(event: str, fields: dict) -> dict:

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Served load: streaming chat completions at 1, 4, 16 and 64 clients, greedy and T = 0.7, JSON out.
+
+    python benchmarks/serve_load.py --url http://127.0.0.1:30000 --baseline-url http://127.0.0.1:30001
+    python benchmarks/serve_load.py --model-path smollm2-135m-instruct --in-process --out results/load.json
+    python benchmarks/serve_load.py --model-path T --speculative-draft-model-path D --speculative-num-steps 3 ...
+
+Given URLs, it loads the running servers (``--url``: the speculative one or the only one,
+``--baseline-url``: a NONE one). Given ``--model-path`` and no URL, it starts ``python -m eyas.serve``
+itself on loopback: one server from the ``--speculative-*`` flags and, when those speculate, a NONE
+server of the same target beside it (``--no-baseline``: not), and stops them at the end.
+
+Each level is ``clients`` closed-loop clients, each sending ``--requests-per-client`` streaming
+``/v1/chat/completions`` one after another (``stream_options``: usage, continuous usage), prompts
+from ``--prompts`` (a built-in set or a JSONL file) in turn, ``--max-tokens`` each (``ignore_eos``
+unless ``--stop-at-eos``, so every request asks the same work). Per level: output tok/s (all tokens
+over the level's wall time), TTFT (request sent to first text), inter-token latency (the gap between
+two chunks with text; one chunk can hold several tokens, a speculative step's), TPOT per request
+((e2e - TTFT) / (tokens - 1)), p50/p90/p99 of each, and tau from the server's ``/metrics`` counters
+before and after the level. ``--in-process`` loads the same engine here (``--model-path`` and the
+``--speculative-*`` flags must describe the servers) and runs the same prompts through its own
+prefill/step loop with the clients as the batch size, so each served figure has its in-process
+figure beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import write
+
+from eyas.bench.online import scrape, served_model
+from eyas.bench.prompts import prompt_set, read_jsonl
+from eyas.doctor import servers
+
+
+def percentiles(xs: list[float]) -> dict | None:
+    """p50/p90/p99 (nearest rank) and the mean, in seconds; None without samples."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    pick = lambda q: xs[min(len(xs) - 1, max(0, round(q * len(xs) + 0.5) - 1))]
+    return {"p50": round(pick(0.5), 6), "p90": round(pick(0.9), 6), "p99": round(pick(0.99), 6),
+            "mean": round(sum(xs) / len(xs), 6)}
+
+
+# -- over HTTP ------------------------------------------------------------------------------------
+async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
+    start = time.perf_counter()
+    arrivals, tokens = [], 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error'].get('message')}")
+            now = time.perf_counter()
+            if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+                arrivals.append(now)
+            if event.get("usage"):
+                tokens = int(event["usage"].get("completion_tokens") or tokens)
+    e2e = time.perf_counter() - start
+    if not arrivals:
+        raise RuntimeError("the stream carried no text")
+    return {"tokens": tokens, "ttft": arrivals[0] - start, "e2e": e2e,
+            "gaps": [b - a for a, b in itertools.pairwise(arrivals)]}
+
+
+async def load(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int,
+               temperature: float, ignore_eos: bool, timeout: float) -> tuple[list[dict], list[str], float]:
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async def run_client(c: int) -> list:
+            out = []
+            for k in range(per_client):
+                prompt = prompts[(c * per_client + k) % len(prompts)]
+                body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+                try:
+                    out.append(await one_request(client, url, body))
+                except (httpx.HTTPError, RuntimeError, ValueError) as e:
+                    out.append(f"{type(e).__name__}: {e}")
+            return out
+
+        start = time.perf_counter()
+        results = [r for rs in await asyncio.gather(*(run_client(c) for c in range(clients))) for r in rs]
+        seconds = time.perf_counter() - start
+    return [r for r in results if isinstance(r, dict)], [r for r in results if isinstance(r, str)], seconds
+
+
+def served_level(url: str, model: str, prompts: list[str], clients: int, args, temperature: float) -> dict:
+    _, before = scrape(url)
+    done, errors, seconds = asyncio.run(load(url, model, prompts, clients, args.requests_per_client,
+                                             args.max_tokens, temperature, not args.stop_at_eos, args.timeout))
+    _, after = scrape(url)
+    tokens = sum(r["tokens"] for r in done)
+    level = {"requests": len(done), "errors": errors[:5], "output_tokens": tokens, "seconds": round(seconds, 4),
+             "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else 0.0,
+             "ttft_s": percentiles([r["ttft"] for r in done]),
+             "itl_s": percentiles([g for r in done for g in r["gaps"]]),
+             "tpot_s": percentiles([(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]),
+             "tau": None}
+    if after is not None and after.has_spec_metrics:
+        acc = servers.acceptance(before, after)
+        if acc is not None and acc.tau is not None:
+            level["tau"] = round(acc.tau, 4)
+            level["accept_rate"] = round(acc.rate, 4) if acc.rate is not None else None
+    return level
+
+
+# -- in-process -----------------------------------------------------------------------------------
+def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, temperature: float) -> dict:
+    from eyas.bench.offline import run_engine
+    from eyas.engine.sampling import SamplingParams
+
+    n = clients * args.requests_per_client
+    ids = [prompt_ids[i % len(prompt_ids)] for i in range(n)]
+    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=temperature, ignore_eos=not args.stop_at_eos)
+    run = run_engine(engine, ids, params, clients, "in-process")
+    tokens = run.output_tokens
+    return {"tokens_per_s": round(tokens / run.seconds, 2), "output_tokens": tokens, "seconds": round(run.seconds, 4),
+            "ttft_s": percentiles([r.ttft for r in run.requests if r.ttft is not None]),
+            "tpot_s": percentiles([r.tpot for r in run.requests if r.tpot is not None]),
+            "tau": run.acceptance.get("tau")}
+
+
+# -- servers it starts itself ---------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(flags: list[str], log_path: Path, stack: ExitStack) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    log = stack.enter_context(open(log_path, "w"))  # noqa: SIM115 - closed by the stack
+    proc = subprocess.Popen([sys.executable, "-m", "eyas.serve", *flags, "--port", str(port), "--log-interval", "0"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def stop():
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    stack.callback(stop)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def wait_ready(url: str, proc, log_path: Path, timeout: float = 900.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    raise SystemExit(f"the server at {url} was not ready in {timeout:.0f} s")
+
+
+def engine_flags(args) -> list[str]:
+    """The engine flags given here, as ``eyas serve`` takes them (speculative ones apart)."""
+    flags = ["--model-path", args.model_path, "--device", args.device, "--dtype", args.dtype,
+             "--max-running-requests", str(args.max_running_requests)]
+    return flags + (["--disable-cuda-graph"] if args.disable_cuda_graph else [])
+
+
+def spec_flags(args) -> list[str]:
+    out = []
+    for name in ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+                 "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_batch_schedule"):
+        value = getattr(args, name)
+        if value is not None:
+            out += ["--" + name.replace("_", "-"), str(value)]
+    return out
+
+
+def label_of(url: str) -> str:
+    try:
+        return str(httpx.get(url + "/server_info", timeout=10).json().get("algorithm") or "server")
+    except (httpx.HTTPError, ValueError):
+        return "server"
+
+
+# -- the command ----------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="a running server (the speculative one, or the only one)")
+    p.add_argument("--baseline-url", help="a running NONE server of the same target")
+    p.add_argument("--model-path", help="start the servers from this target (and --speculative-* flags)")
+    for name in ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-batch-schedule"):
+        p.add_argument(name, default=None)
+    for name in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"):
+        p.add_argument(name, type=int, default=None)
+    p.add_argument("--no-baseline", action="store_true", help="start no NONE server beside the speculative one")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--clients", default="1,4,16,64", help="client counts (default 1,4,16,64)")
+    p.add_argument("--temperatures", default="0,0.7", help="default 0,0.7")
+    p.add_argument("--requests-per-client", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--stop-at-eos", action="store_true", help="let requests end at end of turn (default: ignore_eos)")
+    p.add_argument("--prompts", default="chat", help="chat, code, reasoning, mixed, or a JSONL file")
+    p.add_argument("--in-process", action="store_true", help="also the engine in this process, same prompts")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--out", default=None, help="JSON file (default: print only)")
+    args = p.parse_args(argv)
+    if not args.url and not args.model_path:
+        p.error("give --url (and --baseline-url) for running servers, or --model-path to start them")
+    if args.in_process and not args.model_path:
+        p.error("--in-process loads the engine here: give --model-path and the servers' --speculative-* flags")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",")]
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    prompts = read_jsonl(args.prompts) if args.prompts.endswith(".jsonl") else prompt_set(args.prompts)
+    with ExitStack() as stack:
+        targets = []  # (label, url)
+        if args.url:
+            targets = [(label_of(args.url), args.url.rstrip("/"))]
+            if args.baseline_url:
+                targets.append(("NONE", args.baseline_url.rstrip("/")))
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve-load-")))
+            wanted = [("main", engine_flags(args) + spec_flags(args))]
+            if not args.no_baseline and args.speculative_algorithm != "NONE":
+                wanted.append(("NONE", engine_flags(args) + ["--speculative-algorithm", "NONE"]))
+            started = [(name, *start_server(flags, work / f"{name}.log", stack), work / f"{name}.log")
+                       for name, flags in wanted]
+            for name, url, proc, log_path in started:
+                wait_ready(url, proc, log_path)
+                targets.append((label_of(url), url))
+            targets = list(dict.fromkeys(targets))  # the main server may itself be NONE
+        engines = in_process_engines(args, [label for label, _ in targets]) if args.in_process else {}
+        runs = []
+        for label, url in targets:
+            model = served_model(url)
+            asyncio.run(load(url, model, prompts[:1], 1, 1, 8, 0.0, True, args.timeout))  # warm-up
+            for temperature in temperatures:
+                for c in clients:
+                    level = {"server": label, "url": url, "clients": c, "temperature": temperature,
+                             **served_level(url, model, prompts, c, args, temperature)}
+                    if label in engines:
+                        engine, ids = engines[label]
+                        inproc = in_process_level(engine, ids, c, args, temperature)
+                        level["in_process"] = inproc
+                        level["served_over_in_process"] = round(level["tokens_per_s"] / inproc["tokens_per_s"], 3)
+                    print(line(level), flush=True)
+                    runs.append(level)
+    data = {"settings": {k: v for k, v in vars(args).items() if k not in ("out",)}, "runs": runs}
+    if args.out:
+        write(args.out, "served load: streaming chat completions per client count and temperature", data)
+    else:
+        print(json.dumps(data, indent=1))
+    return 1 if any(r["errors"] for r in runs) else 0
+
+
+def in_process_engines(args, labels: list[str]) -> dict:
+    """label -> (engine, chat prompt ids): the servers' engine built here, and its NONE twin."""
+    from eyas.bench.offline import baseline_engine, warm_up
+    from eyas.generate import chat_ids
+    from eyas.pipeline import EngineArgs, build_engine
+
+    kw = {k: getattr(args, k) for k in ("speculative_algorithm", "speculative_draft_model_path",
+                                        "speculative_num_steps", "speculative_eagle_topk",
+                                        "speculative_num_draft_tokens", "speculative_batch_schedule")
+          if getattr(args, k) is not None}
+    engine = build_engine(EngineArgs(model_path=args.model_path, device=args.device, dtype=args.dtype,
+                                     cuda_graphs=not args.disable_cuda_graph, max_batch=args.max_running_requests,
+                                     **kw))
+    prompts = read_jsonl(args.prompts) if args.prompts.endswith(".jsonl") else prompt_set(args.prompts)
+    ids = [chat_ids(engine.target.tokenizer, p) for p in prompts]  # as the server renders them
+    out = {engine.spec.algorithm.value: (engine, ids)}
+    if engine.spec.speculative and "NONE" in labels:
+        out["NONE"] = (baseline_engine(engine), ids)
+    for e, p in out.values():
+        warm_up(e, p[0])
+    return {label: v for label, v in out.items() if label in labels}
+
+
+def line(level: dict) -> str:
+    ms = lambda d, k="p50": "-" if not d else f"{1000 * d[k]:.2f}"
+    text = (f"{level['server']:>6} c={level['clients']:<3} T={level['temperature']:<4} "
+            f"{level['tokens_per_s']:>9.1f} tok/s  TTFT p50 {ms(level['ttft_s'])} ms  "
+            f"ITL p50 {ms(level['itl_s'])} p99 {ms(level['itl_s'], 'p99')} ms")
+    if level.get("tau") is not None:
+        text += f"  tau {level['tau']:.2f}"
+    if "in_process" in level:
+        text += f"  in-process {level['in_process']['tokens_per_s']:.1f} tok/s ({level['served_over_in_process']:.0%})"
+    if level["errors"]:
+        text += f"  ERRORS {len(level['errors'])}: {level['errors'][0]}"
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,10 +14,15 @@ input copies, one replay and the readback.
   extend that leaves the draft's output for the next step): about 60 launches around three graph
   replays became one replay.
 
-Each is captured in three variants, by what the batch's rows need (``SamplingRows.kind``): ``greedy``
+Each is captured in four variants, by what the batch's rows need (``SamplingRows.kind``): ``greedy``
 (the argmax, ``accept_greedy_batch``: no cost for greedy batches), ``sampled`` (rejection sampling on
-the device, ``sampler.accept_rows``, temperature and min-p only) and ``filtered`` (the same with the
-vocabulary sort top-k and top-p need). The sampled variants take the rows' settings as two more inputs.
+the device, ``sampler.accept_rows``, temperature and min-p only), ``filtered`` (the same with the
+vocabulary sort top-k and top-p need) and ``penalized`` (penalties and logit bias along the tree
+first, ``penalties.py``, then as ``filtered``). The sampled variants take the rows' settings as two
+more inputs; the penalized one also the rows' ``Penalties`` and returns their token counts with the
+step's tokens added (``penalties.record``), so the counts never leave the device. The penalized
+variant is captured when first used, not at startup (``STARTUP_KINDS``): only batches with penalties
+pay for it.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ from ..models import consts
 from ..models.graphs import BatchGraph, window_buckets
 from ..models.ops import ops_for
 from .drafter import draft_extend_static, draft_tree_static
+from .penalties import record
 from .sampler import accept
-from .sampling import FILTERED, GREEDY, SAMPLED
+from .sampling import GREEDY, KINDS, PENALIZED
 from .tree import Tree
 from .verify import accepted_path, finite_rows
 
-KINDS = (GREEDY, SAMPLED, FILTERED)
+STARTUP_KINDS = KINDS[:-1]  # the variants ``Engine.warm_up`` captures; PENALIZED's on first use
+PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts")  # the penalized variant's extra inputs
 
 
 def variants(make, pool, rows: list[int]) -> dict:
@@ -48,25 +55,44 @@ def variants(make, pool, rows: list[int]) -> dict:
     return graphs
 
 
-def rows_example(kind: str, rows: int, device) -> dict:
-    """The sampling inputs of a variant (none for greedy), zeros: greedy rows, as a bucket's padding is."""
+def rows_example(kind: str, rows: int, device, vocab: int) -> dict:
+    """The sampling inputs of a variant (none for greedy), zeros: greedy rows, as a bucket's padding is
+    (a repetition penalty of 0 counts as off)."""
     if kind == GREEDY:
         return {}
-    return {"floats": torch.zeros((rows, 3), device=device), "ints": torch.zeros((rows, 2), dtype=torch.long,
-                                                                                 device=device)}
+    out = {"floats": torch.zeros((rows, 3), device=device), "ints": torch.zeros((rows, 2), dtype=torch.long,
+                                                                                device=device)}
+    if kind == PENALIZED:
+        out.update(zip(PEN, (torch.zeros((rows, 3), device=device), torch.zeros((rows, vocab), device=device),
+                             torch.zeros((rows, vocab), dtype=torch.bool, device=device),
+                             torch.zeros((rows, vocab), dtype=torch.int32, device=device))))
+    return out
 
 
 def rows_inputs(rows) -> dict:
-    return {} if rows.kind == GREEDY else {"floats": rows.floats, "ints": rows.ints}
+    if rows.kind == GREEDY:
+        return {}
+    out = {"floats": rows.floats, "ints": rows.ints}
+    return {**out, **dict(zip(PEN, rows.pen.tensors()))} if rows.kind == PENALIZED else out
+
+
+def pen_of(inputs: dict) -> tuple | None:
+    """The penalized variant's (floats, bias, prompt, counts) among a graph's inputs; None in the others."""
+    return tuple(inputs[n] for n in PEN) if PEN[0] in inputs else None
+
+
+def vocab_of(native) -> int:
+    return native.lm_head.weight.shape[0]
 
 
 def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live: torch.Tensor, prefix: torch.Tensor,
-                  window: int, kind: str = GREEDY, floats=None, ints=None):
+                  window: int, kind: str = GREEDY, floats=None, ints=None, pen=None):
     """Feed each row's last token ``root`` [B] at position ``lengths[b]``, its keys at slot ``prefix``
     (a 1-element tensor), keep them at ``lengths[b]``; return ``host`` [B, 5] as ``speculate_static``
     shapes it for a path of width 1: the next token (greedy, or drawn under the rows' settings
     ``floats``/``ints`` for a ``kind`` other than greedy), 1, the new length, the token again, and
-    whether the row's logits were finite (``finite_rows``). The
+    whether the row's logits were finite (``finite_rows``); with ``pen`` (the penalized variant) the
+    rows' token counts with the new token added follow ``host`` in the tuple. The
     mask is ``window`` wide: the whole function is one graph per (kind, rows, window).
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
@@ -77,9 +103,10 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     logits, _ = native(root[:, None], lengths[:, None], mask, pool, ())
     src = prefix.expand(len(root), 1)
     pool.commit(torch.where(live > 0, lengths, prefix), src, live)
-    token = accept(Tree.root_only(root), logits[:, -1:], 1, kind, floats, ints, lengths, 0)[2]
-    return (torch.stack([token, consts.full(token.shape, 1, token.dtype, token.device), lengths + 1, token,
-                         finite_rows(logits).long()], dim=1),)
+    token = accept(Tree.root_only(root), logits[:, -1:], 1, kind, floats, ints, lengths, 0, pen=pen)[2]
+    one = consts.full(token.shape, 1, token.dtype, token.device)
+    host = torch.stack([token, one, lengths + 1, token, finite_rows(logits).long()], dim=1)
+    return (host,) if pen is None else (host, record(pen[3], token[:, None], one))
 
 
 class StaticDecoder:
@@ -96,16 +123,18 @@ class StaticDecoder:
 
     def _fn(self, inputs, window, kind):
         return decode_static(self.native, self.pool, inputs["lengths"], inputs["root"], inputs["live"],
-                             inputs["prefix"], window, kind, inputs.get("floats"), inputs.get("ints"))
+                             inputs["prefix"], window, kind, inputs.get("floats"), inputs.get("ints"), pen_of(inputs))
 
     def _example(self, rows: int, kind: str):
         ids = torch.zeros(rows, dtype=torch.long, device=self.pool.buf.device)
-        return {"lengths": ids, "root": ids, "live": ids, **rows_example(kind, rows, ids.device)}, {"prefix": 0}
+        return ({"lengths": ids, "root": ids, "live": ids, **rows_example(kind, rows, ids.device, vocab_of(self.native))},
+                {"prefix": 0})
 
     @torch.inference_mode()
     def __call__(self, lengths: torch.Tensor, root: torch.Tensor, rows):
         """``host`` [B, 5] (see ``decode_static``) for a batch of sampling settings ``rows``
-        (``SamplingRows``), or None past the last bucket (run the step by parts)."""
+        (``SamplingRows``, whose penalty counts it updates), or None past the last bucket (run the step
+        by parts)."""
         prefix = self.pool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
@@ -115,12 +144,14 @@ class StaticDecoder:
             return None
         self.pool.advance(1)
         self.steps += 1
+        if rows.pen is not None:
+            rows.pen.counts = out[1]
         return out[0]
 
 
 def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: SpecConfig, lengths, root, logits0,
                      hidden0, live, tprefix: torch.Tensor, dprefix: torch.Tensor, window: int, kind: str = GREEDY,
-                     floats=None, ints=None):
+                     floats=None, ints=None, pen=None):
     """One speculative step on the static caches with only tensors varying between calls, so it is one
     graph per (kind, rows, window): draft a tree (``spec``'s settings; the root alone when it drafts
     nothing) from the draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it
@@ -129,7 +160,8 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     it to the draft (keys at ``dprefix..``). Returns (``host`` [B, width + 4]: the emitted tokens padded
     to the path width, their count, the new length, the next root, whether the target's logits over the
     row's tree were finite (``finite_rows``: 0 ends that row alone); the draft's logits [B, draft_vocab]
-    and hidden state [B, H] after the last kept token). Rows with ``live`` 0 (a bucket's padding, or
+    and hidden state [B, H] after the last kept token; with ``pen``, the penalized variant's, then the
+    rows' token counts with the emitted tokens added). Rows with ``live`` 0 (a bucket's padding, or
     the zeros a graph is warmed up with) keep their keys where they were written."""
     dev = root.device
     if spec.speculative:
@@ -141,7 +173,7 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     mask = ops.tree_mask(lengths, tree.mask, tprefix, window, tpool.buf.dtype)  # [B, 1, T, window]
     tpool.window, tpool.write_slots = window, tprefix + consts.arange(size, dev)
     logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, mask, tpool, aux_ids)
-    cols, counts, bonus = accept(tree, logits, width, kind, floats, ints, lengths, spec.eagle_topk, ops)
+    cols, counts, bonus = accept(tree, logits, width, kind, floats, ints, lengths, spec.eagle_topk, ops, pen)
     kept = live > 0
     new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
     new, path_aux = accepted_path(tree, aux, cols, counts, bonus)
@@ -149,7 +181,7 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
                                            window)
     host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None], finite_rows(logits).long()[:, None]],
                      dim=1)
-    return host, logits1, hidden1
+    return (host, logits1, hidden1) if pen is None else (host, logits1, hidden1, record(pen[3], new, counts))
 
 
 class StaticSpeculator:
@@ -174,7 +206,7 @@ class StaticSpeculator:
         return speculate_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
                                 inputs["lengths"], inputs["root"], inputs["logits0"], inputs["hidden0"], inputs["live"],
                                 inputs["tprefix"], inputs["dprefix"], window, kind, inputs.get("floats"),
-                                inputs.get("ints"))
+                                inputs.get("ints"), pen_of(inputs))
 
     def _example(self, rows: int, kind: str):
         w = self.draft.fc.weight
@@ -182,12 +214,13 @@ class StaticSpeculator:
         logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
         hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
         return ({"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden, "live": ids,
-                 **rows_example(kind, rows, w.device)}, {"tprefix": 0, "dprefix": 0})
+                 **rows_example(kind, rows, w.device, vocab_of(self.native))}, {"tprefix": 0, "dprefix": 0})
 
     @torch.inference_mode()
     def __call__(self, lengths, root, logits0, hidden0, rows):
         """(host [B, width + 4], draft logits, draft hidden) as ``speculate_static`` returns them for a batch
-        of sampling settings ``rows`` (``SamplingRows``), or None past the last bucket (run the step by parts)."""
+        of sampling settings ``rows`` (``SamplingRows``, whose penalty counts it updates), or None past the
+        last bucket (run the step by parts)."""
         tused, dused = self.tpool.used, self.dpool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
@@ -195,4 +228,7 @@ class StaticSpeculator:
                   **rows_inputs(rows)}
         out = self.graphs[rows.kind](inputs, {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span)
         self.steps += out is not None
+        if out is not None and rows.pen is not None:
+            rows.pen.counts = out[3]
+            out = out[:3]
         return out

@@ -42,8 +42,9 @@ from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from ..models.ops import ops_for
 from ..models.static_cache import StaticKV
-from .decode import StaticDecoder, StaticSpeculator
+from .decode import STARTUP_KINDS, StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
+from .penalties import record
 from .prefill import StaticPrefill
 from .sampler import accept, first_tokens
 from .sampling import SamplingParams, SamplingRows
@@ -195,7 +196,8 @@ class Engine:
         # of theirs either (the same rows and window buckets).
         extra = ([d.graph for d in self.drafters.values()] + [e.graph for e in self.extenders.values()]
                  if self.spec.speculative and not self.whole_step_graphs else [])
-        whole = [g for w in ([self.decoder] if self.decoder else self.speculators.values()) for g in w.graphs.values()]
+        whole = [g for w in ([self.decoder] if self.decoder else self.speculators.values())
+                 for kind, g in w.graphs.items() if kind in STARTUP_KINDS]  # the penalized ones: on first use
         prefill = self.prefiller.graphs() if self.prefiller else []
         return [self.target_pool.runner] + whole + extra + prefill
 
@@ -252,6 +254,10 @@ class Engine:
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise EyasError(f"prompt token ids must be in 0..{vocab - 1} (the target's vocabulary)",
                             "encode the prompt with the target's own tokenizer")
+        wrong = [t for t in params.logit_bias if t >= vocab]
+        if wrong:
+            raise EyasError(f"logit_bias names token {wrong[0]}, outside the target's vocabulary (0..{vocab - 1})",
+                            "use token ids of the target's own tokenizer")
         limit = self.max_context - self.tree_size - 1
         if len(prompt_ids) > limit:
             raise EyasError(
@@ -328,7 +334,8 @@ class Engine:
             return self._prefill(seqs)
 
     def _prefill(self, seqs: list[Sequence]) -> Batch:
-        rows = SamplingRows.build([s.params for s in seqs], [s.seed for s in seqs], self.device)
+        rows = SamplingRows.build([s.params for s in seqs], [s.seed for s in seqs], self.device,
+                                  [s.prompt_ids for s in seqs], self.target.info.vocab_size)
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
         first_of = lambda logits: _first_tokens(seqs, rows, lens, logits)
         p = self.prefiller
@@ -402,10 +409,12 @@ class Engine:
         width = spec.path_width  # static, so no shape waits on the device
         finite = finite_rows(logits)  # [B]: read back with the tokens
         cols, counts, bonus = accept(tree, logits, width, rows.kind, rows.floats, rows.ints, batch.lengths,
-                                     spec.eagle_topk)  # [B, width], [B], [B]
+                                     spec.eagle_topk, pen=rows.pen_tensors())  # [B, width], [B], [B]
         old = batch.lengths
         lengths = kv_cache.commit(cache, old, slots + cols, counts)
         new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
+        if rows.pen is not None:
+            rows.pen.counts = record(rows.pen.counts, new, counts)
         if self.spec.speculative:
             batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, new, path_aux, counts)
         host = torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None], finite.long()[:, None]], dim=1)
@@ -494,8 +503,11 @@ class Engine:
 def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor) -> list[int]:
     """Each row's first token from its prefill logits [B, vocab], greedy or drawn on the device
     (``sampler.first_tokens``), read back once with each row's ``finite_rows`` flag. A row whose logits
-    are not finite ends with an error (its token a placeholder the batch carries until it is filtered out)."""
-    firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens)
+    are not finite ends with an error (its token a placeholder the batch carries until it is filtered out).
+    With penalties, the first tokens start the rows' output counts."""
+    firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors())
+    if rows.pen is not None:
+        rows.pen.counts = record(rows.pen.counts, firsts[:, None], torch.ones_like(firsts))
     tokens, finite = torch.stack([firsts, finite_rows(logits).long()]).tolist()
     for s, ok in zip(seqs, finite):
         if not ok:

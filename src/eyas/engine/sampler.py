@@ -26,8 +26,9 @@ import torch
 
 from ..models import consts
 from ..models.ops import TORCH
+from .penalties import penalize
 from .rng import uniform
-from .sampling import FILTERED, GREEDY, distribution
+from .sampling import FILTERED, GREEDY, PENALIZED, distribution
 from .tree import Tree
 from .verify import accept_greedy_batch
 
@@ -39,24 +40,29 @@ def draws(seed: torch.Tensor, lengths: torch.Tensor, width: int, k: int) -> torc
 
 
 def accept(tree: Tree, logits: torch.Tensor, width: int, kind: str, floats: torch.Tensor | None,
-           ints: torch.Tensor | None, lengths: torch.Tensor, k: int, ops=TORCH):
+           ints: torch.Tensor | None, lengths: torch.Tensor, k: int, ops=TORCH, pen: tuple | None = None):
     """(cols [B, width], counts [B], bonus [B]) for a batch of ``kind`` (``SamplingRows.kind``) whose
     settings are ``floats`` [B, 3] and ``ints`` [B, 2] (``SamplingRows``' columns), rows starting at
     ``lengths`` [B], every node with at most ``k`` children: the engine's one acceptance, eager or
     inside a captured step. A greedy batch takes ``accept_greedy_batch`` (``ops``: one Triton kernel on
-    a GPU)."""
+    a GPU). A PENALIZED batch's logits first go through ``penalties.penalize`` along the tree, ``pen``
+    its (floats, bias, prompt, counts) (``SamplingRows.pen_tensors``)."""
     if kind == GREEDY:
         return accept_greedy_batch(tree, logits.argmax(dim=-1), width, ops)
+    if kind == PENALIZED:
+        logits = penalize(logits, tree.tokens, tree.mask, *pen)
     u = draws(ints[:, 1], lengths, width, k if tree.size > 1 else 0)
-    return accept_rows(tree, logits, width, floats, ints, u, kind == FILTERED)
+    return accept_rows(tree, logits, width, floats, ints, u, kind in (FILTERED, PENALIZED))
 
 
-def first_tokens(logits: torch.Tensor, kind: str, floats, ints, lengths: torch.Tensor) -> torch.Tensor:
+def first_tokens(logits: torch.Tensor, kind: str, floats, ints, lengths: torch.Tensor,
+                 pen: tuple | None = None) -> torch.Tensor:
     """[B] each row's first token from its prefill logits [B, V] (prompts of ``lengths`` [B]): the same
-    acceptance on a tree of the root alone, keyed by the prompt's last position."""
+    acceptance on a tree of the root alone, keyed by the prompt's last position (the root's token is
+    a placeholder: a root-only tree's penalties count the output alone, empty here)."""
     b = logits.shape[0]
     root = consts.full((b,), 0, torch.long, logits.device)
-    return accept(Tree.root_only(root), logits[:, None], 1, kind, floats, ints, lengths - 1, 0)[2]
+    return accept(Tree.root_only(root), logits[:, None], 1, kind, floats, ints, lengths - 1, 0, pen=pen)[2]
 
 
 def children(parents: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,9 @@ tokens:
   kept, however small ``top_p`` is, so the filter never leaves an empty distribution;
 - min-p keeps ``p >= min_p * p_max``, i.e. ``x >= m + log(min_p)``.
 
+Penalties and logit bias (``penalties.py``) act on the logits before all of this, so ``x`` above is
+the penalised logits over temperature; a greedy row with penalties takes the penalised argmax.
+
 ``distribution`` computes it for many rows at once on the device (the sort only where a row uses
 top-k or top-p); ``probs`` is the same definition for one ``SamplingParams``, the reference the tests
 enumerate. The speculative verifier samples from exactly this distribution (``sampler.py``), so
@@ -30,9 +33,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import EyasError
+from .penalties import Penalties
 
 GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's and SGLang's _SAMPLING_EPS)
 GREEDY, SAMPLED, FILTERED = "greedy", "sampled", "filtered"  # what a batch needs: argmax, no sort, a sort
+PENALIZED = "penalized"  # some row has penalties or a logit bias: those first, then as FILTERED
+KINDS = (GREEDY, SAMPLED, FILTERED, PENALIZED)  # each needs what the ones before it need
 
 
 @dataclass
@@ -45,6 +51,10 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0: off
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0: off
+    repetition_penalty: float = 1.0  # vLLM's and Hugging Face's, > 0; 1: off
+    logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> [-100, 100]
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -57,6 +67,17 @@ class SamplingParams:
             raise EyasError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
         if not 0.0 <= float(self.min_p) <= 1.0:
             raise EyasError(f"min_p must be in [0, 1], got {self.min_p!r}", "use 0 for no min-p filter")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= float(getattr(self, name)) <= 2.0:
+                raise EyasError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}", "use 0 for no penalty")
+        if not float(self.repetition_penalty) > 0.0 or not math.isfinite(float(self.repetition_penalty)):
+            raise EyasError(f"repetition_penalty must be a positive number, got {self.repetition_penalty!r}",
+                            "use 1 for no penalty; above 1 discourages repeats")
+        for token, value in self.logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise EyasError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not -100.0 <= float(value) <= 100.0:
+                raise EyasError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
 
     @property
     def greedy(self) -> bool:
@@ -67,23 +88,36 @@ class SamplingParams:
         """Top-k or top-p is on (its threshold needs a sort of the vocabulary)."""
         return not self.greedy and (self.top_k > 0 or float(self.top_p) < 1.0)
 
+    @property
+    def penalized(self) -> bool:
+        """A penalty or a logit bias is on (the batch then keeps per-row token counts on the device)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or any(self.logit_bias.values()))
+
 
 @dataclass
 class SamplingRows:
     """The sampling settings of a batch's rows, on the device, built when the batch's membership
     changes (prefill, merge, filter), never per step. Two packed tensors, so a graph replay copies
-    them in two launches."""
+    them in two launches; a batch where some row has penalties also carries ``pen`` (``Penalties``:
+    its output token counts, updated every step)."""
 
     floats: torch.Tensor  # [B, 3] float32: temperature (0: greedy), top_p, min_p
     ints: torch.Tensor  # [B, 2] int64: top_k (0: off), seed
-    kind: str = GREEDY  # GREEDY (every row), SAMPLED (none filters) or FILTERED: which code the batch needs
+    kind: str = GREEDY  # GREEDY (every row), SAMPLED (none filters), FILTERED or PENALIZED: the code it needs
+    pen: Penalties | None = None  # with PENALIZED only
 
     @classmethod
-    def build(cls, params: list[SamplingParams], seeds: list[int], device) -> SamplingRows:
+    def build(cls, params: list[SamplingParams], seeds: list[int], device, prompts: list[list[int]] | None = None,
+              vocab: int = 0) -> SamplingRows:
+        """The rows' settings; ``prompts`` and ``vocab`` (the logits' width) are needed when a row is
+        ``penalized``."""
         floats = [[0.0 if p.greedy else float(p.temperature), float(p.top_p), float(p.min_p)] for p in params]
         ints = [[max(p.top_k, 0), s] for p, s in zip(params, seeds)]
+        kind = _kind(params)
+        pen = Penalties.build(params, prompts, vocab, device) if kind == PENALIZED else None
         return cls(torch.tensor(floats, dtype=torch.float32).reshape(-1, 3).to(device),
-                   torch.tensor(ints, dtype=torch.long).reshape(-1, 2).to(device), _kind(params))
+                   torch.tensor(ints, dtype=torch.long).reshape(-1, 2).to(device), kind, pen)
 
     @property
     def temperature(self) -> torch.Tensor:  # [B]
@@ -107,15 +141,29 @@ class SamplingRows:
 
     def select(self, rows: torch.Tensor, params: list[SamplingParams]) -> SamplingRows:
         """The rows ``rows`` (whose params are ``params``): ``Engine.filter``."""
-        return SamplingRows(self.floats[rows], self.ints[rows], _kind(params))
+        kind = _kind(params)
+        pen = self.pen.select(rows) if kind == PENALIZED else None
+        return SamplingRows(self.floats[rows], self.ints[rows], kind, pen)
 
     def concat(self, other: SamplingRows) -> SamplingRows:
-        order = (GREEDY, SAMPLED, FILTERED)
-        return SamplingRows(torch.cat([self.floats, other.floats]), torch.cat([self.ints, other.ints]),
-                            max(self.kind, other.kind, key=order.index))
+        kind = max(self.kind, other.kind, key=KINDS.index)
+        pen = None
+        if kind == PENALIZED:
+            vocab = (self.pen or other.pen).bias.shape[1]
+            pen = (self._pen_or_identity(vocab)).concat(other._pen_or_identity(vocab))
+        return SamplingRows(torch.cat([self.floats, other.floats]), torch.cat([self.ints, other.ints]), kind, pen)
+
+    def _pen_or_identity(self, vocab: int) -> Penalties:
+        return self.pen if self.pen is not None else Penalties.identity(len(self.floats), vocab, self.floats.device)
+
+    def pen_tensors(self) -> tuple[torch.Tensor, ...] | None:
+        """(floats, bias, prompt, counts) of ``pen``, as ``sampler.accept`` takes them; None without."""
+        return None if self.pen is None else self.pen.tensors()
 
 
 def _kind(params: list[SamplingParams]) -> str:
+    if any(p.penalized for p in params):
+        return PENALIZED
     return FILTERED if any(p.filtered for p in params) else GREEDY if all(p.greedy for p in params) else SAMPLED
 
 
@@ -146,13 +194,16 @@ def distribution(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``[..., vocab]`` logits -> float32 probabilities under ``params``; greedy params: the argmax's point mass."""
+    """``[..., vocab]`` logits -> float32 probabilities under ``params``; greedy params: the argmax's point mass.
+    Penalties and bias are not applied here: pass logits already through ``penalties.penalize``."""
     if params.greedy:
         x = logits.float()
         return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
     flat = logits.reshape(-1, logits.shape[-1])
-    rows = SamplingRows.build([params], [0], logits.device)
     n = flat.shape[0]
-    x, m, thr, z = distribution(flat, rows.floats.expand(n, 3), rows.ints.expand(n, 2), params.filtered)
+    floats = torch.tensor([[float(params.temperature), float(params.top_p), float(params.min_p)]],
+                          device=logits.device).expand(n, 3)
+    ints = torch.tensor([[max(params.top_k, 0), 0]], device=logits.device).expand(n, 2)
+    x, m, thr, z = distribution(flat, floats, ints, params.filtered)
     p = torch.exp(x - m[:, None]) * (x >= thr[:, None]) / z[:, None]
     return p.reshape(logits.shape)

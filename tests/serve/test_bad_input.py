@@ -38,7 +38,7 @@ CASES = [
     ("empty prompt", COMP, {"prompt": ""}, 400, "empty"),
     ("token id out of range", COMP, {"prompt": [1, 2, 99999]}, 400, "token ids"),
     ("logprobs not implemented", CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs"),
-    ("penalty not implemented", COMP, {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("penalty out of range", COMP, {"prompt": "a", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("n too large", COMP, {"prompt": "a", "n": 1000}, 400, "n must be"),
     ("empty stop string", COMP, {"prompt": "a", "stop": [""]}, 400, "stop"),
     ("stream_options without stream", CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400,

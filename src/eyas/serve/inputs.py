@@ -3,7 +3,9 @@
 Everything a client can get wrong is caught here, before the request reaches the engine thread:
 the bytes (UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values
 (``SamplingParams`` validates itself), the prompt against the context length, and knobs eyas does
-not implement (penalties, logprobs, tools), which are refused rather than silently ignored.
+not implement (logprobs, tools, a minimum length), which are refused rather than silently ignored.
+Penalties, ``logit_bias`` and ``min_p`` reach ``SamplingParams``, which checks OpenAI's ranges; a
+``logit_bias`` token outside the vocabulary is refused where the sequence is made (``sequences_for``).
 """
 
 from __future__ import annotations
@@ -154,10 +156,20 @@ def _refuse(param: str, value, neutral, what: str) -> None:
         raise bad_request(f"{param}={_short(value)} is not supported by eyas ({what}); leave it out", param=param)
 
 
+def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) -> {token id: bias}."""
+    if value is None:
+        return None
+    bias = {}
+    for key, v in value.items():
+        if not key.isascii() or not key.isdigit():
+            raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {_short(key)}",
+                              param="logit_bias", code="invalid_value")
+        bias[int(key)] = v
+    return bias
+
+
 def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool) -> Job:
-    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-        _refuse(name, getattr(req, name), neutral, "no penalties are implemented")
-    _refuse("logit_bias", req.logit_bias, None, "no logit bias is implemented")
     _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
         _refuse("logprobs", req.logprobs, False, "log probabilities are not returned")
@@ -187,7 +199,9 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
     params = _params(max_tokens, param, default, n, "seed",
                      temperature=1.0 if req.temperature is None else req.temperature,
                      top_p=1.0 if req.top_p is None else req.top_p,
-                     top_k=0 if req.top_k is None else req.top_k,
+                     top_k=0 if req.top_k is None else req.top_k, min_p=req.min_p,
+                     presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                     repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
                max_tokens is not None or default is not None, param)
@@ -201,15 +215,14 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     _refuse("image_data", req.image_data, None, "text only")
     _refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
     _refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
-    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-        _refuse("sampling_params." + name, getattr(sp, name), neutral, "no penalties are implemented")
     if sp.n < 1:  # the most is --max-n (Limits.check_job)
         raise bad_request(f"sampling_params.n must be at least 1, got {sp.n}", param="sampling_params.n")
     param = "sampling_params.max_new_tokens"
     params = _params(sp.max_new_tokens, param, None, sp.n,
                      "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
-                     seed=sp.seed if sp.seed is not None else sp.sampling_seed,
+                     presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
+                     repetition_penalty=sp.repetition_penalty, seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")
 
@@ -255,6 +268,6 @@ def sequences_for(engine, job: Job) -> list:
                 seqs.append(engine.new_sequence(prompt, params))
             except EyasError as e:
                 code = "context_length_exceeded" if "context" in e.problem else "invalid_value"
-                raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""), param="prompt",
-                                  code=code) from None
+                raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),
+                                  param="logit_bias" if "logit_bias" in e.problem else "prompt", code=code) from None
     return seqs

@@ -46,16 +46,17 @@ class _OpenAISampling(_Strict):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # extension (vLLM, SGLang)
+    min_p: float | None = None  # extension (vLLM, SGLang)
     n: int | None = 1  # null: 1, as vLLM and OpenAI read it
     stream: bool | None = False  # null: not streamed
     stream_options: StreamOptions | None = None
     stop: Stop = None
     seed: int | None = None
     user: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None  # OpenAI's, in [-2, 2]
+    frequency_penalty: float | None = None  # OpenAI's, in [-2, 2]
+    repetition_penalty: float | None = None  # extension (vLLM), > 0
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id -> [-100, 100]
     min_tokens: int = 0
     # accepted and ignored: they do not change the output
     store: bool | None = None

@@ -1,0 +1,59 @@
+"""Penalties, logit_bias and min_p over HTTP reach the engine: a speculative server's greedy output with
+penalties is plain decoding's with the same settings, on the OpenAI routes and on /generate."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from eyas.config import Algorithm, SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+
+PENALTIES = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.3}
+
+
+@pytest.fixture(scope="module")
+def plain(engine):
+    """ids -> plain decoding's greedy output with PENALTIES (and a bias) for 16 tokens."""
+    none = Engine(engine.target, None, SpecConfig(Algorithm.NONE))
+    return lambda ids, bias=None: none.generate([ids], SamplingParams(
+        max_new_tokens=16, ignore_eos=True, logit_bias=bias or {}, **PENALTIES))[0].output_ids
+
+
+def test_generate_with_penalties_is_plain_decodings_output(server, engine, plain):
+    ids = engine.target.tokenizer("aaaa aaaa").input_ids
+    r = httpx.post(server.url + "/generate", timeout=60, json={"input_ids": ids, "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "ignore_eos": True, **PENALTIES}}).json()
+    assert r["output_ids"] == plain(ids)
+    unpenalised = httpx.post(server.url + "/generate", timeout=60, json={"input_ids": ids, "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}).json()
+    assert unpenalised["output_ids"] != r["output_ids"]
+
+
+def test_completions_take_logit_bias_and_penalties(server, engine, plain):
+    tok = engine.target.tokenizer
+    ids = tok("abab abab").input_ids
+    banned = plain(ids)[0]
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": ids, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logit_bias": {str(banned): -100},
+        **PENALTIES})
+    assert r.status_code == 200, r.text
+    want = plain(ids, {banned: -100.0})
+    assert banned not in want and r.json()["choices"][0]["text"] == tok.decode(want)
+    forced = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": ids, "max_tokens": 5, "temperature": 1.0, "logit_bias": {"120": 100}, "ignore_eos": True}).json()
+    assert forced["choices"][0]["text"] == tok.decode([120] * 5)  # +100 outweighs every other logit here
+
+
+@pytest.mark.parametrize("body, param", [({"presence_penalty": 2.5}, "presence_penalty"),
+                                         ({"frequency_penalty": -2.1}, "frequency_penalty"),
+                                         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+                                         ({"logit_bias": {"5": 100.5}}, "logit_bias"),
+                                         ({"logit_bias": {"x": 1}}, "logit_bias"),
+                                         ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+                                         ({"min_p": 1.5}, "min_p")])
+def test_out_of_range_settings_are_refused_by_name(server, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
+    assert r.status_code == 400 and param in r.json()["error"]["message"], r.text

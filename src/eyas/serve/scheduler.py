@@ -26,6 +26,7 @@ the retry, fails the whole batch (a broken engine); the server still takes the n
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import threading
@@ -99,6 +100,10 @@ class Scheduler:
 
     # -- called from the event loop ------------------------------------------------------------
     def start(self) -> None:
+        try:  # the loop's outbox (and its tokenizer copy) made now rather than on the first request
+            self.outbox(asyncio.get_running_loop())
+        except RuntimeError:  # started outside an event loop: made on first use
+            pass
         self._thread = threading.Thread(target=self._loop, name="eyas-engine", daemon=True)
         self._thread.start()
 

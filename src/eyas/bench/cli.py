@@ -3,6 +3,7 @@
     eyas bench                                      # in-process: the shipped SmolLM2 pair
     eyas bench --model-path ./t --speculative-draft-model-path ./d --concurrency 1,4
     eyas bench --url http://gpu:30000 --baseline-url http://gpu:30001 --prompts code --concurrency 1,8,32
+    eyas bench --temperature 0,0.7,1.0 --top-p 0.95 --concurrency 1,16   # greedy and sampled side by side
 
 Writes ``bench.json`` and three PNGs (tokens/s, per-position acceptance, tau distribution) to
 ``--out``; ``--json`` prints the JSON instead of the table.
@@ -34,7 +35,10 @@ def register(sub) -> None:
     g.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a .jsonl file (default chat)")
     g.add_argument("--num-prompts", type=int, default=12, help="prompts per run (default 12; 0 = the whole set)")
     g.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", default="0",
+                   help="comma-separated sampling temperatures, each run at every concurrency, e.g. 0,0.7,1.0 "
+                        "(default 0: greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus top-p of the sampled runs (default 1.0: off)")
     g.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,4,16 (default 1)")
     g.add_argument("--no-baseline", action="store_true", help="measure the speculative side only")
     g.add_argument("--out", default="eyas-bench", help="folder for bench.json and the plots (default eyas-bench)")
@@ -56,6 +60,16 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
+def parse_temperatures(text: str) -> list[float]:
+    try:
+        temps = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        temps = []
+    if not temps or not all(0.0 <= t <= 2.0 for t in temps):
+        raise EyasError(f"--temperature {text!r} is not a list of temperatures in [0, 2]", "e.g. --temperature 0,0.7,1.0")
+    return temps
+
+
 def progress_bar(total: int, desc: str, quiet: bool):
     """A tqdm bar on stderr (requests done)."""
     from tqdm import tqdm
@@ -65,6 +79,9 @@ def progress_bar(total: int, desc: str, quiet: bool):
 
 def run(args) -> int:
     levels = parse_levels(args.concurrency)
+    args.temperatures = parse_temperatures(args.temperature)
+    if not 0.0 < args.top_p <= 1.0:
+        raise EyasError(f"--top-p must be in (0, 1], got {args.top_p}", "e.g. --top-p 0.95, or 1 for no filter")
     prompts = prompt_set(args.prompts)
     if args.num_prompts:
         prompts = prompts[: args.num_prompts]
@@ -97,19 +114,21 @@ def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
     from .online import run_url
 
     setup = {"url": args.url, "baseline_url": args.baseline_url, "prompts": args.prompts,
-             "num_prompts": len(prompts), "max_tokens": args.max_tokens, "temperature": args.temperature}
+             "num_prompts": len(prompts), "max_tokens": args.max_tokens, "temperatures": args.temperatures,
+             "top_p": args.top_p}
     result = BenchResult("online", setup)
     quiet = args.json
-    for c in levels:
-        base = None
-        if args.baseline_url and not args.no_baseline:
-            with progress_bar(len(prompts), f"baseline    c={c}", quiet) as bar:
-                base = run_url(args.baseline_url, prompts, args.max_tokens, args.temperature, c, "baseline",
-                               args.model, args.timeout, bar, args.api_key)
-        with progress_bar(len(prompts), f"speculative c={c}", quiet) as bar:
-            spec = run_url(args.url, prompts, args.max_tokens, args.temperature, c, "speculative", args.model,
-                           args.timeout, bar, args.api_key)
-        result.levels.append(Level(c, base, spec))
+    for t in args.temperatures:
+        for c in levels:
+            base = None
+            if args.baseline_url and not args.no_baseline:
+                with progress_bar(len(prompts), f"baseline    T={t:g} c={c}", quiet) as bar:
+                    base = run_url(args.baseline_url, prompts, args.max_tokens, t, c, "baseline", args.model,
+                                   args.timeout, bar, args.api_key, args.top_p)
+            with progress_bar(len(prompts), f"speculative T={t:g} c={c}", quiet) as bar:
+                spec = run_url(args.url, prompts, args.max_tokens, t, c, "speculative", args.model, args.timeout, bar,
+                               args.api_key, args.top_p)
+            result.levels.append(Level(c, base, spec, t))
     return result
 
 
@@ -127,7 +146,6 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
                         "to benchmark servers")
     tok = engine.target.tokenizer
     ids = [chat_ids(tok, p) for p in prompts]
-    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
     plain = baseline_engine(engine)
     warm_up(engine, ids[0])
     warm_up(plain, ids[0])
@@ -135,15 +153,17 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
              "algorithm": engine.spec.algorithm.value, "num_steps": engine.spec.num_steps,
              "eagle_topk": engine.spec.eagle_topk, "num_draft_tokens": engine.spec.num_draft_tokens,
              "device": str(engine.device), "prompts": args.prompts, "num_prompts": len(prompts),
-             "max_tokens": args.max_tokens, "temperature": args.temperature}
+             "max_tokens": args.max_tokens, "temperatures": args.temperatures, "top_p": args.top_p}
     result = BenchResult("offline", setup)
     quiet = args.json
-    for c in levels:
-        base = None
-        if not args.no_baseline:
-            with progress_bar(len(ids), f"baseline    c={c}", quiet) as bar:
-                base = run_engine(plain, ids, params, c, "baseline", bar)
-        with progress_bar(len(ids), f"speculative c={c}", quiet) as bar:
-            spec = run_engine(engine, ids, params, c, "speculative", bar)
-        result.levels.append(Level(c, base, spec))
+    for t in args.temperatures:
+        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=t, top_p=args.top_p if t else 1.0)
+        for c in levels:
+            base = None
+            if not args.no_baseline:
+                with progress_bar(len(ids), f"baseline    T={t:g} c={c}", quiet) as bar:
+                    base = run_engine(plain, ids, params, c, "baseline", bar)
+            with progress_bar(len(ids), f"speculative T={t:g} c={c}", quiet) as bar:
+                spec = run_engine(engine, ids, params, c, "speculative", bar)
+            result.levels.append(Level(c, base, spec, t))
     return result

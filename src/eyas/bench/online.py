@@ -21,9 +21,9 @@ from .results import Request, Run
 
 
 async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-               temperature: float) -> Request:
+               temperature: float, top_p: float) -> Request:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": temperature, "top_p": top_p, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     ttft, chunks, usage = None, 0, None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -55,14 +55,14 @@ def _headers(api_key: str | None) -> dict | None:
 
 
 async def _run(url: str, model: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int,
-               timeout: float, progress, api_key: str | None) -> tuple[list[Request], list[str], float]:
+               timeout: float, progress, api_key: str | None, top_p: float) -> tuple[list[Request], list[str], float]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=_headers(api_key)) as client:
         async def task(p):
             async with sem:
                 try:
-                    return await _one(client, url, model, p, max_tokens, temperature)
+                    return await _one(client, url, model, p, max_tokens, temperature, top_p)
                 except (httpx.HTTPError, RuntimeError, ValueError) as e:
                     return f"{type(e).__name__}: {e}"
                 finally:
@@ -98,12 +98,15 @@ def scrape(url: str, timeout: float = 30.0, api_key: str | None = None):
 
 
 def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int, label: str,
-            model: str | None = None, timeout: float = 600.0, progress=None, api_key: str | None = None) -> Run:
+            model: str | None = None, timeout: float = 600.0, progress=None, api_key: str | None = None,
+            top_p: float = 1.0) -> Run:
+    """One run of ``prompts`` at ``concurrency``, each request sampled with ``temperature`` and ``top_p``
+    (sent in the body: 0 is greedy)."""
     url = url.rstrip("/")
     model = model or served_model(url, api_key=api_key)
     _, before = scrape(url, api_key=api_key)  # a server with --metrics-require-key needs the key here too
     requests, errors, seconds = asyncio.run(_run(url, model, prompts, max_tokens, temperature, concurrency,
-                                                 timeout, progress, api_key))
+                                                 timeout, progress, api_key, top_p))
     _, after = scrape(url, api_key=api_key)
     run = Run(label, concurrency, seconds, requests, errors=errors)
     if after is not None and after.has_spec_metrics:

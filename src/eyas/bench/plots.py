@@ -38,7 +38,8 @@ def write_plots(result: BenchResult, out) -> list[Path]:
     for x, lv in zip(xs, levels):
         if lv.speedup:
             ax.annotate(f"{lv.speedup:.2f}x", (x + w / 2, spec[x]), ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(xs, [str(lv.concurrency) for lv in levels])
+    temps = len({lv.temperature for lv in levels}) > 1  # several temperatures: name each bar's
+    ax.set_xticks(xs, [f"T={lv.temperature:g}\nc={lv.concurrency}" if temps else str(lv.concurrency) for lv in levels])
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tokens/s")
     ax.set_title("Throughput: baseline vs speculative")
@@ -50,7 +51,7 @@ def write_plots(result: BenchResult, out) -> list[Path]:
     for lv in levels:
         per = (lv.speculative.acceptance.get("per_position") if lv.speculative else None) or []
         if per:
-            ax.plot(range(1, len(per) + 1), per, marker="o", label=f"concurrency {lv.concurrency}")
+            ax.plot(range(1, len(per) + 1), per, marker="o", label=f"T={lv.temperature:g}, concurrency {lv.concurrency}")
     ax.set_xlabel("draft position (depth)")
     ax.set_ylabel("share of verify steps accepting it")
     ax.set_ylim(0, 1.05)

@@ -63,6 +63,7 @@ class Level:
     concurrency: int
     baseline: Run | None
     speculative: Run | None
+    temperature: float = 0.0  # the sampling temperature of both runs (0: greedy)
 
     @property
     def speedup(self) -> float | None:
@@ -71,7 +72,7 @@ class Level:
         return None
 
     def summary(self) -> dict:
-        return {"concurrency": self.concurrency,
+        return {"concurrency": self.concurrency, "temperature": self.temperature,
                 "baseline": self.baseline.summary() if self.baseline else None,
                 "speculative": self.speculative.summary() if self.speculative else None,
                 "speedup": round(self.speedup, 4) if self.speedup else None}
@@ -88,8 +89,8 @@ class BenchResult:
 
 
 def table(result: BenchResult) -> str:
-    """A short text table: one row per concurrency level."""
-    head = f"{'conc':>4}  {'baseline tok/s':>14}  {'spec tok/s':>10}  {'speedup':>7}  {'tau':>5}  {'rate':>5}  " \
+    """A short text table: one row per (temperature, concurrency level)."""
+    head = f"{'T':>4}  {'conc':>4}  {'baseline tok/s':>14}  {'spec tok/s':>10}  {'speedup':>7}  {'tau':>5}  {'rate':>5}  " \
            f"{'TTFT ms':>7}  {'TPOT ms':>7}  per-position acceptance"
     lines = [head]
     for lv in result.levels:
@@ -98,6 +99,7 @@ def table(result: BenchResult) -> str:
         ss = s.summary() if s else {}
         per = ", ".join(f"{p:.2f}" for p in acc.get("per_position") or [])
         cells = [
+            f"{lv.temperature:>4g}",
             f"{lv.concurrency:>4}",
             _fmt(b.tokens_per_s if b else None, "{:.1f}", 14),
             _fmt(s.tokens_per_s if s else None, "{:.1f}", 10),

@@ -8,6 +8,10 @@
                    ``((1, 6,8,48 settings), (4, ...), (32, no speculation))``; a step with ``B`` rows
                    uses the first entry whose bound is ``>= B`` (the last entry also covers larger
                    batches). It replaces the three settings above, which are then unused.
+``adaptive``       ``--speculative-batch-schedule auto``: every step runs whichever of ``AUTO_CANDIDATES``
+                   (and no speculation) promises the most tokens per second for its batch size
+                   (``engine/adaptive.py``). ``SpecConfig.auto`` builds it; the three settings above are
+                   then the largest candidate's, what the caches and metrics are sized for.
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .errors import EyasError
+
+# The trees ``--speculative-batch-schedule auto`` chooses among, beside no speculation: (num_steps, eagle_topk,
+# num_draft_tokens). Few on purpose: each one needs its own CUDA graphs. A short and a long chain for large
+# batches, a small and a large tree for small ones (``eyas tune``'s winners on the H200, issue 30).
+AUTO_CANDIDATES = ((3, 1, 4), (5, 1, 6), (4, 4, 16), (6, 8, 32))
+AUTO = "auto"
 
 
 class Algorithm(str, Enum):
@@ -46,17 +56,28 @@ class SpecConfig:
     eagle_topk: int = 1
     num_draft_tokens: int = 6
     schedule: tuple[tuple[int, SpecConfig], ...] = ()  # (max rows, settings); NONE settings = no draft
+    adaptive: bool = False  # --speculative-batch-schedule auto: the engine's chooser picks among ``options``
+
+    @classmethod
+    def auto(cls, algorithm: str | Algorithm = Algorithm.EAGLE3) -> SpecConfig:
+        """``--speculative-batch-schedule auto``: the largest candidate's settings, adaptive."""
+        return cls(algorithm, *max(AUTO_CANDIDATES, key=lambda c: c[2]), adaptive=True)
 
     def __post_init__(self):
         object.__setattr__(self, "algorithm", Algorithm.parse(self.algorithm))
         object.__setattr__(self, "schedule", tuple(tuple(e) for e in self.schedule))
+        if self.adaptive and (self.schedule or self.algorithm is Algorithm.NONE):
+            raise EyasError("--speculative-batch-schedule auto needs speculation and no hand-written schedule"
+                            + (", but --speculative-algorithm is NONE" if self.algorithm is Algorithm.NONE else ""),
+                            "pass --speculative-algorithm EAGLE3 and a draft for auto, or drop the schedule")
         if self.schedule:
             check_schedule(self)
         elif self.algorithm is not Algorithm.NONE:
             self.check_tree()
 
     def for_batch(self, rows: int) -> SpecConfig:
-        """The settings a step over ``rows`` sequences uses (``speculative`` False: the root alone)."""
+        """The settings a step over ``rows`` sequences uses (``speculative`` False: the root alone). An
+        adaptive one answers with itself: the engine's chooser picks, from the live acceptance."""
         for bound, spec in self.schedule:
             if rows <= bound:
                 return spec
@@ -64,7 +85,10 @@ class SpecConfig:
 
     @property
     def options(self) -> list[SpecConfig]:
-        """Every setting a step may use: the schedule's entries, or this one."""
+        """Every setting a step may use: the schedule's entries, the candidates of auto (no speculation
+        first), or this one."""
+        if self.adaptive:
+            return [SpecConfig(Algorithm.NONE)] + [SpecConfig(self.algorithm, *c) for c in AUTO_CANDIDATES]
         return [spec for _, spec in self.schedule] or [self]
 
     @property
@@ -120,6 +144,9 @@ def parse_schedule(text: str | None, algorithm: str | Algorithm = Algorithm.EAGL
     """``"1:6,8,48;4:4,4,16;32:0"`` -> ``((1, SpecConfig(.., 6, 8, 48)), (4, ..), (32, SpecConfig(NONE)))``."""
     if not text:
         return ()
+    if text.strip().lower() == AUTO:
+        raise EyasError("--speculative-batch-schedule auto is not a list of entries",
+                        "build it with SpecConfig.auto(algorithm) (the flag's value 'auto' does)")
     fix = ("write BOUND:STEPS,TOPK,TOKENS entries (or BOUND:0 for no speculation) separated by ';', "
            "bounds rising, e.g. --speculative-batch-schedule '1:6,8,48;4:4,4,16;16:3,1,4;32:0'")
     out = []
@@ -143,9 +170,18 @@ def parse_schedule(text: str | None, algorithm: str | Algorithm = Algorithm.EAGL
 
 
 def format_schedule(schedule) -> str:
-    """The flag syntax of a schedule (what ``parse_schedule`` reads back)."""
-    return ";".join(f"{bound}:" + (f"{s.num_steps},{s.eagle_topk},{s.num_draft_tokens}" if s.speculative else "0")
-                    for bound, s in schedule)
+    """The flag syntax of a schedule (what ``parse_schedule`` reads back), or of a spec's: ``auto`` when adaptive."""
+    if isinstance(schedule, SpecConfig):
+        if schedule.adaptive:
+            return AUTO
+        schedule = schedule.schedule
+    return ";".join(f"{bound}:{setting_name(s)}" for bound, s in schedule)
+
+
+def setting_name(spec: SpecConfig) -> str:
+    """``"6,8,32"`` (num_steps, eagle_topk, num_draft_tokens), or ``"0"`` without speculation: the schedule's
+    spelling of one setting, as logs and ``eyas:spec_active_setting{setting}`` show it."""
+    return f"{spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}" if spec.speculative else "0"
 
 
 def check_schedule(spec: SpecConfig) -> None:

@@ -12,7 +12,9 @@ One ``step`` on a batch of running sequences:
 With ``Algorithm.NONE`` the tree is the root alone, so plain decoding is the same code path. A
 ``SpecConfig.schedule`` picks the settings per step from the batch size (``for_batch``); its
 no-speculation entries verify the root alone but still feed the draft (draft extend), so it can
-draft again when the batch shrinks.
+draft again when the batch shrinks. An adaptive spec (``--speculative-batch-schedule auto``) leaves the
+choice to its ``Chooser`` (``adaptive.py``): step costs per rows bucket (``adaptive.measure_step_costs``, timed at
+warm-up on the GPU) and the live acceptance of each setting.
 Sequences join (``merge``) and leave (``filter``) between steps: that is all continuous batching
 needs from the engine.
 
@@ -42,6 +44,7 @@ from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from ..models.ops import ops_for
 from ..models.static_cache import StaticKV
+from .adaptive import Chooser, measure_step_costs, model_costs
 from .decode import STARTUP_KINDS, StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .penalties import record
@@ -143,6 +146,8 @@ class Engine:
                 raise EyasError(f"--cuda-graph-max-bs must be at least 1, got {graph_max_batch}",
                                 "pass a batch size, or leave it out to capture up to the max batch")
             self._attach_pools(max_batch, cuda_graphs, min(graph_max_batch or max_batch, max_batch))
+        rows = buckets(min(graph_max_batch or max_batch, max_batch))
+        self.chooser = Chooser(spec.options, model_costs(spec.options, rows)) if spec.adaptive else None
 
     def _attach_pools(self, max_batch: int, cuda_graphs: bool, graph_max_batch: int) -> None:
         """Preallocate the target's and the draft's KV caches and their graph runners, sized for the
@@ -226,11 +231,9 @@ class Engine:
             bar.unit = f"[{runner.name}, rows {key[0]}, window {key[-1]}]"
             runner.warm(key)
         bar.close()
-        self.target_pool.reset()
-        if self.spec.speculative:
-            self.draft_steps.pool.reset()
-        if self.prefiller:
-            self.prefiller.reset()
+        self._reset_pools()
+        if cuda and self.chooser:
+            self.chooser.set_costs(measure_step_costs(self))
         seconds = time.perf_counter() - start
         if not cuda:
             return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"
@@ -238,6 +241,14 @@ class Engine:
         pool = (torch.cuda.memory_reserved(self.device) - reserved) / 2**20
         captured = sum(1 for r in runners for g in r.graphs.values() if g.graph is not None)
         return f"CUDA graphs: {captured} of {len(work)} captured in {seconds:.1f} s, graph memory {pool:.0f} MiB"
+
+    def _reset_pools(self) -> None:
+        """Empty the preallocated caches (after warm-up's work): generation starts from nothing."""
+        self.target_pool.reset()
+        if self.spec.speculative:
+            self.draft_steps.pool.reset()
+        if self.prefiller:
+            self.prefiller.reset()
 
     def _own(self, batch: "Batch") -> None:
         """Native path: move a freshly prefilled batch's rows into the preallocated caches."""
@@ -379,10 +390,11 @@ class Engine:
         return batch, firsts
 
     @torch.inference_mode()
-    def step(self, batch: Batch) -> list[list[int]]:
-        """One verify step for every row; returns the tokens each row emitted."""
+    def step(self, batch: Batch, setting: SpecConfig | None = None) -> list[list[int]]:
+        """One verify step for every row; returns the tokens each row emitted. ``setting``: one of the
+        spec's ``options`` instead of the one the batch size (or the chooser) picks."""
         self._own(batch)
-        spec = self.spec.for_batch(len(batch))
+        spec = setting or (self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch)))
         rows = batch.rows
         if self.decoder is not None:  # the whole step in one graph replay, where one fits
             host = self.decoder(batch.lengths, batch.root, rows)
@@ -433,14 +445,17 @@ class Engine:
         kv_cache.crop(batch.target_cache, used)
         if batch.draft_cache is not None:
             kv_cache.crop(batch.draft_cache, used)
-        emitted = []
+        emitted, accepted = [], []
         for s, h in zip(batch.seqs, rows):
             n, length = h[width], h[width + 1]
             if not h[width + 3]:
                 s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
             if not s.finished and spec.speculative:
                 s.stats.record(spec.num_draft_tokens - 1, n - 1)
+                accepted.append(n - 1)
             emitted.append(self._emit(s, h[:n], length))
+        if self.chooser:
+            self.chooser.observe(spec, accepted)
         return emitted
 
     def _draft_extend(self, cache, base, tokens, aux, counts):

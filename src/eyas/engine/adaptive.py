@@ -1,0 +1,164 @@
+"""Adaptive speculation (``--speculative-batch-schedule auto``): each step runs the setting that promises
+the most tokens per second for the batch it has, no speculation included.
+
+    tau(s)      expected tokens per row and step: 1 + sum over depths i of P(the accepted path reaches i);
+                1 without speculation
+    cost(s, B)  seconds of one step of setting s over B rows: measured per rows bucket at warm-up
+                (``measure_step_costs``), or ``model_costs`` where nothing was measured (the CPU)
+    rate(s, B)  B * tau(s) / cost(s, B); the step runs the argmax
+
+P(reach i) is kept per tree shape, from the live acceptance of that shape's own steps: a running mean over
+its first steps that becomes an exponential moving average (weight ``decay``) once it has ``1 / decay`` of
+them, starting from a prior worth ``prior_steps`` steps (``prior_reach``: optimistic on purpose, so that
+every shape is tried once its cost can pay, and its own figures then replace the guess). A shape that does
+not run keeps its last estimate. While no speculation runs, nothing is learnt about acceptance: every
+``probe_every`` such steps, one step runs the best speculative setting instead, so that a draft that has
+become good again is noticed (the draft is fed on every step, so its cache never falls behind).
+
+The current choice stays until another setting promises ``margin`` (3%) more: settings whose estimates are
+nearly equal would otherwise take turns step after step.
+
+The choice and its figures: ``choice``, ``steps`` per setting, and one log line when the choice changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..config import SpecConfig, setting_name
+from .sampling import SamplingParams
+
+log = logging.getLogger("eyas.engine")
+
+PRIOR_LEVEL = 0.8  # a chain's acceptance per depth before any data (optimistic: see the module docstring)
+
+
+def prior_reach(spec: SpecConfig, level: float = PRIOR_LEVEL) -> list[float]:
+    """P(the accepted path reaches depth i + 1) before any data: each depth accepted with ``level`` by one
+    candidate, and by any of the tree's candidates per depth (``num_draft_tokens - 1`` nodes spread over the
+    depths, at most ``eagle_topk`` each) with 1 - (1 - level)^candidates."""
+    depth = spec.path_width - 1
+    per_depth = min(spec.eagle_topk, max(1.0, (spec.num_draft_tokens - 1) / depth))
+    step = 1 - (1 - level) ** per_depth
+    return [step ** (i + 1) for i in range(depth)]
+
+
+def model_costs(options: list[SpecConfig], rows: list[int]) -> dict[SpecConfig, dict[int, float]]:
+    """A rough cost of a step where none was measured (relative units, a compute-bound device): a fixed
+    share per forward (the target's, each draft level's) plus a share per token the target verifies and
+    per token the draft runs."""
+    def cost(s: SpecConfig, b: int) -> float:
+        if not s.speculative:
+            return 1.0 + 0.02 * b
+        draft_tokens = s.eagle_topk * s.num_steps
+        return 1.0 + 0.2 * (s.num_steps + 1) + b * (0.02 * s.num_draft_tokens + 0.004 * (draft_tokens + s.path_width))
+    return {s: {b: cost(s, b) for b in rows} for s in options}
+
+
+class Chooser:
+    """Picks the setting of every step from ``costs`` {setting: {rows bucket: seconds}} and the live
+    acceptance (``observe``). ``options`` are the engine's (``SpecConfig.options`` of an adaptive spec)."""
+
+    def __init__(self, options: list[SpecConfig], costs: dict[SpecConfig, dict[int, float]], decay: float = 0.05,
+                 prior_steps: int = 4, probe_every: int = 64, margin: float = 0.03):
+        self.options = list(options)
+        self.decay, self.prior_steps, self.probe_every, self.margin = decay, prior_steps, probe_every, margin
+        self.reach = {s: prior_reach(s) for s in self.options if s.speculative}
+        self.seen = {s: 0 for s in self.reach}  # steps observed per shape
+        self.steps = {s: 0 for s in self.options}  # steps run per setting
+        self.choice: SpecConfig | None = None
+        self._quiet = 0  # steps in a row without speculation
+        self.set_costs(costs)
+
+    def set_costs(self, costs: dict[SpecConfig, dict[int, float]]) -> None:
+        missing = [setting_name(s) for s in self.options if not costs.get(s)]
+        if missing:
+            raise ValueError(f"no step cost for the settings {missing}")
+        self.costs = {s: dict(sorted(costs[s].items())) for s in self.options}
+
+    def tau(self, spec: SpecConfig) -> float:
+        """Expected tokens per row and step."""
+        return 1.0 + sum(self.reach.get(spec, ()))
+
+    def cost(self, spec: SpecConfig, rows: int) -> float:
+        """Seconds of a step over ``rows``: the smallest measured bucket that holds them; past the largest,
+        its cost scaled by the rows (those steps run eagerly)."""
+        table = self.costs[spec]
+        bucket = next((b for b in table if b >= rows), None)
+        if bucket is None:
+            bucket = max(table)
+            return table[bucket] * rows / bucket
+        return table[bucket]
+
+    def rates(self, rows: int) -> list[tuple[float, SpecConfig]]:
+        """(expected tokens per second, setting), best first (ties: the earlier option, so NONE)."""
+        ranked = [(rows * self.tau(s) / self.cost(s, rows), -i, s) for i, s in enumerate(self.options)]
+        return [(rate, s) for rate, _, s in sorted(ranked, key=lambda r: r[:2], reverse=True)]
+
+    def choose(self, rows: int) -> SpecConfig:
+        """The setting of the next step over ``rows`` rows (counted in ``steps``)."""
+        ranked = self.rates(rows)
+        best = ranked[0][1]
+        current = next((r for r, s in ranked if s == self.choice), 0.0)
+        if current * (1 + self.margin) >= ranked[0][0]:
+            best = self.choice
+        if best.speculative:
+            self._quiet = 0
+        else:
+            self._quiet += 1
+            if self._quiet > self.probe_every:  # a probe: acceptance is only learnt while drafting
+                self._quiet = 0
+                probe = next(s for _, s in ranked if s.speculative)
+                self.steps[probe] += 1
+                return probe
+        if best != self.choice:
+            others = ", then ".join(f"{setting_name(s)} at {r:.4g}" for r, s in ranked[1:2])
+            log.info("adaptive speculation: %d rows -> setting %s (expected %.4g tok/s, tau %.2f; %s)",
+                     rows, setting_name(best), ranked[0][0], self.tau(best), others)
+            self.choice = best
+        self.steps[best] += 1
+        return best
+
+    def observe(self, spec: SpecConfig, accepted: list[int]) -> None:
+        """One step of ``spec``: the draft tokens each live row accepted."""
+        if not spec.speculative or not accepted:
+            return
+        self.seen[spec] += 1
+        weight = max(self.decay, 1.0 / (self.seen[spec] + self.prior_steps))
+        reach = self.reach[spec]
+        for i in range(len(reach)):
+            share = sum(1 for a in accepted if a > i) / len(accepted)
+            reach[i] += weight * (share - reach[i])
+
+
+@torch.inference_mode()
+def measure_step_costs(engine, rows: list[int] | None = None, repeats: int = 3) -> dict[SpecConfig, dict[int, float]]:
+    """Seconds of one step of every setting ``engine`` may run, per batch size (``rows``: its chooser's
+    buckets): the median of ``repeats`` steps after one untimed, each setting on a fresh batch of short greedy
+    prompts, wall time around ``Engine.step`` (it ends on the step's read-back, so the device's work and the
+    host's are both in it: graph replays on the GPU, eager forwards elsewhere). These steps teach the chooser
+    nothing (it is set aside meanwhile); the preallocated caches are emptied after each batch."""
+    rows = rows or list(engine.chooser.costs[engine.spec.options[0]])
+    chooser, engine.chooser = engine.chooser, None
+    prompt = [i % engine.target.info.vocab_size for i in range(1, 9)]
+    params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True)
+    costs = {}
+    try:
+        for spec in engine.spec.options:
+            costs[spec] = {}
+            for b in rows:
+                batch = engine.prefill_all([engine.new_sequence(prompt, params) for _ in range(b)])
+                times = []
+                for _ in range(repeats + 1):
+                    start = time.perf_counter()
+                    engine.step(batch, spec)
+                    times.append(time.perf_counter() - start)
+                costs[spec][b] = sorted(times[1:])[repeats // 2]
+                if engine.static:
+                    engine._reset_pools()
+    finally:
+        engine.chooser = chooser
+    return costs

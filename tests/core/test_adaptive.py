@@ -1,0 +1,127 @@
+"""--speculative-batch-schedule auto: the chooser maximises expected tokens per second per batch bucket, follows
+the live acceptance, and the engine stays lossless while the setting changes between steps."""
+
+import logging
+
+import pytest
+from helpers import reference_greedy
+
+from eyas.config import AUTO_CANDIDATES, Algorithm, SpecConfig, format_schedule, parse_schedule
+from eyas.engine.adaptive import Chooser, measure_step_costs, prior_reach
+from eyas.engine.engine import Engine
+from eyas.engine.sampling import SamplingParams
+from eyas.errors import EyasError
+from eyas.models.native import NativeTarget
+
+AUTO = SpecConfig.auto("EAGLE3")
+NONE, CHAIN3, CHAIN5, TREE16, TREE32 = AUTO.options
+
+
+def costs(table: dict[int, tuple[float, ...]]) -> dict:
+    """{rows bucket: seconds of (NONE, 3,1,4, 5,1,6, 4,4,16, 6,8,32)} -> the chooser's cost table."""
+    return {s: {b: row[i] for b, row in table.items()} for i, s in enumerate(AUTO.options)}
+
+
+def test_auto_spec_holds_the_candidates_and_no_speculation():
+    assert [(s.num_steps, s.eagle_topk, s.num_draft_tokens) for s in AUTO.options[1:]] == list(AUTO_CANDIDATES)
+    assert not NONE.speculative and AUTO.adaptive and AUTO.num_draft_tokens == max(c[2] for c in AUTO_CANDIDATES)
+    assert AUTO.verify_sizes == [1, 4, 6, 16, 32] and AUTO.for_batch(64) is AUTO
+    assert format_schedule(AUTO) == "auto" and format_schedule(SpecConfig("EAGLE3", schedule=parse_schedule("1:0;2:3,1,4"))) == "1:0;2:3,1,4"
+    with pytest.raises(EyasError, match="(?s)auto needs speculation.*NONE.*fix"):
+        SpecConfig("NONE", adaptive=True)
+    with pytest.raises(EyasError, match="no hand-written schedule"):
+        SpecConfig("EAGLE3", schedule=parse_schedule("1:3,1,4"), adaptive=True)
+
+
+def test_the_choice_maximises_expected_tokens_per_second_in_each_bucket():
+    chooser = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7), 8: (2.0, 2.4, 2.8, 5.0, 9.0),
+                                           64: (4.0, 12.0, 14.0, 20.0, 40.0)}))
+    for s, reach in zip(AUTO.options[1:], ([0.7, 0.5, 0.3], [0.7, 0.5, 0.3, 0.2, 0.1], [0.9, 0.7, 0.5, 0.3],
+                                           [0.95, 0.8, 0.6, 0.45, 0.3, 0.2])):
+        chooser.reach[s] = list(reach)
+    for rows in (1, 2, 5, 8, 9, 64, 100):
+        best = max(AUTO.options, key=lambda s: chooser.tau(s) / chooser.cost(s, rows))
+        assert chooser.choose(rows) == best, rows
+    # by hand: tau 1, 2.5, 2.8, 3.4, 4.3
+    assert chooser.choose(1) == TREE32  # 4.3 / 1.7 beats 2.8 / 1.2, 3.4 / 1.5 and 2.5 / 1.1
+    assert chooser.choose(8) == CHAIN3  # 2.5 / 2.4 beats 1 / 2.0 and 2.8 / 2.8
+    assert chooser.choose(64) == NONE  # 1 / 4 beats 2.5 / 12 and 2.8 / 14
+    assert chooser.cost(NONE, 128) == 8.0  # past the largest bucket: scaled by the rows
+    rate, best = chooser.rates(8)[0]
+    assert best == CHAIN3 and rate == pytest.approx(8 * 2.5 / 2.4)
+
+
+def test_live_acceptance_moves_the_choice_and_the_log_says_why(caplog):
+    chooser = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 2.0)}))
+    assert chooser.tau(TREE32) == pytest.approx(1 + sum(prior_reach(TREE32)))  # the prior before data
+    with caplog.at_level(logging.INFO, logger="eyas.engine"):
+        first = chooser.choose(1)
+        assert first == TREE32  # the optimistic prior: the big tree gets tried
+        for _ in range(200):  # its rows accept nothing: tau falls to 1 and it loses to no speculation
+            chooser.observe(chooser.choose(1), [0])
+        assert chooser.choice == NONE and chooser.tau(TREE32) < 2.0 < 1 + sum(prior_reach(TREE32))
+        assert chooser.steps[TREE32] > 0 and chooser.steps[NONE] > 0
+        learnt = len(caplog.records)
+        for _ in range(100):  # settled: probes draft now and then, but the choice (and the log) stays
+            chooser.observe(chooser.choose(1), [0])
+        assert chooser.choice == NONE and len(caplog.records) == learnt
+    changes = [r.getMessage() for r in caplog.records]
+    assert changes[0].startswith("adaptive speculation: 1 rows -> setting 6,8,32 (expected")
+    assert changes[-1].startswith("adaptive speculation: 1 rows -> setting 0 (expected 1 tok/s, tau 1.00; ")
+    assert all(" tok/s" in m and "; " in m and " at " in m for m in changes)  # the top two's figures
+    assert len(changes) < 200 / 3  # one line per change, not per step
+
+    # acceptance comes back: NONE runs teach nothing, so a probe drafts every probe_every quiet steps
+    probes = 0
+    for _ in range(10 * chooser.probe_every):
+        s = chooser.choose(1)
+        probes += s.speculative
+        chooser.observe(s, [s.path_width - 1] * 4)  # every row accepts the whole path (NONE: ignored)
+        if chooser.choice.speculative:
+            break
+    assert chooser.choice.speculative and probes >= 1
+
+
+def test_no_cost_for_a_setting_is_refused():
+    with pytest.raises(ValueError, match="no step cost"):
+        Chooser(AUTO.options, {NONE: {1: 1.0}})
+
+
+NEW = 40
+PROMPTS = [[72, 101, 108, 108, 111], [7] * 23, [200, 13], list(range(30, 71))]
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [reference_greedy(target.model, p, NEW) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("path", ["generic", "native"])
+def test_greedy_output_equals_plain_decoding_while_the_setting_changes(target, draft, references, path):
+    """Costs that make no speculation best at 3+ rows and a tree best at 1: the setting changes as rows
+    finish, and with the acceptance the rows produce; every token equals the target's own greedy one."""
+    t = target if path == "generic" else NativeTarget.from_target(target)
+    engine = Engine(t, draft, AUTO, max_batch=4)
+    engine.chooser.set_costs(costs({1: (1.0, 1.2, 1.3, 1.6, 2.2), 2: (1.0, 1.8, 2.0, 2.4, 3.0),
+                                    4: (1.0, 4.0, 5.0, 8.0, 12.0)}))
+    lengths = [NEW, 12, 25, 6]
+    outs = engine.generate(PROMPTS, [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths])
+    assert [o.output_ids for o in outs] == [r[:n] for r, n in zip(references, lengths)]
+    ran = {s for s, n in engine.chooser.steps.items() if n}
+    assert NONE in ran and len(ran) >= 2, engine.chooser.steps
+    assert outs[0].stats.drafts > 0  # the fed draft drafted once the batch shrank
+
+
+def test_step_costs_are_measured_for_every_setting_and_bucket(target, draft):
+    engine = Engine(NativeTarget.from_target(target), draft, AUTO, max_batch=2, cuda_graphs=False)
+    measured = measure_step_costs(engine, [1, 2], repeats=1)
+    assert set(measured) == set(AUTO.options)
+    assert all(set(t) == {1, 2} and all(v > 0 for v in t.values()) for t in measured.values())
+    assert engine.chooser.steps == dict.fromkeys(AUTO.options, 0)  # measuring is not serving
+    assert engine.chooser.tau(TREE32) == pytest.approx(1 + sum(prior_reach(TREE32)))  # nor learning
+    out = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
+    assert out.output_ids == reference_greedy(target.model, PROMPTS[0], 8)  # the caches were emptied after
+
+
+def test_algorithm_is_kept_for_the_candidates():
+    assert all(s.algorithm is Algorithm.EAGLE for s in SpecConfig.auto("EAGLE").options[1:])

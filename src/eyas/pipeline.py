@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import check_algorithm
-from .config import Algorithm, SpecConfig, parse_schedule
+from .config import AUTO, Algorithm, SpecConfig, parse_schedule
 from .errors import EyasError
 from .models import formats
 from .models.loading import SMOLLM2, load_target, resolve_device
@@ -35,7 +35,7 @@ class EngineArgs:
     speculative_num_steps: int = 5
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int = 6
-    speculative_batch_schedule: str | None = None  # "1:6,8,48;4:4,4,16;32:0": settings per batch size
+    speculative_batch_schedule: str | None = None  # "1:6,8,48;4:4,4,16;32:0" per batch size, or "auto"
     device: str = "auto"  # auto: cuda when a GPU is visible, else cpu (as the CLI's --device)
     dtype: str = "auto"
     context_length: int | None = None
@@ -147,8 +147,11 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
         draft_path = default_draft_for(args.model_path)  # the draft shipped for this target, if any
     if algorithm is None:  # nothing said: speculate when a draft is known
         algorithm = Algorithm.EAGLE3 if draft_path else Algorithm.NONE
-    schedule = parse_schedule(args.speculative_batch_schedule, algorithm)  # refused below with NONE
-    if algorithm is not Algorithm.NONE or schedule:
+    auto = (args.speculative_batch_schedule or "").strip().lower() == AUTO
+    schedule = () if auto else parse_schedule(args.speculative_batch_schedule, algorithm)  # refused below with NONE
+    if auto and algorithm is not Algorithm.NONE:  # auto without speculation is plain decoding: NONE stays NONE
+        spec = SpecConfig.auto(algorithm)
+    elif algorithm is not Algorithm.NONE or schedule:
         spec = SpecConfig(algorithm, args.speculative_num_steps, args.speculative_eagle_topk,
                           args.speculative_num_draft_tokens, schedule)
     else:
@@ -216,7 +219,11 @@ def add_engine_arguments(parser) -> None:
     g.add_argument("--speculative-batch-schedule", default=None, metavar="SCHEDULE",
                    help="settings per running batch size, replacing the three above: BOUND:STEPS,TOPK,TOKENS "
                         "entries (BOUND:0 = no speculation) for batches up to BOUND, the last one also for "
-                        "larger, e.g. '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (eyas tune prints one)")
+                        "larger, e.g. '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (eyas tune prints one); or 'auto': each "
+                        "step runs the candidate (no speculation, chains 3,1,4 and 5,1,6, trees 4,4,16 and "
+                        "6,8,32) with the most expected tokens/s for its batch size, from step costs measured at "
+                        "startup and the live acceptance (eyas serve's default with a draft, unless a tree "
+                        "setting is given)")
     g.add_argument("--device", default="auto", help="auto (default: cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--tokenizer-path", default=None,

@@ -70,6 +70,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     metrics = ServeMetrics(spec.num_steps, spec.num_draft_tokens, options.metrics_window, spec.speculative,
                            model_name=name)
     metrics.set_info(info_labels(engine))
+    metrics.follow_chooser(getattr(engine, "chooser", None))  # --speculative-batch-schedule auto
     scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
                           options.log_interval, options.max_prefill_tokens, options.log_requests)
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ..config import format_schedule
+from ..config import format_schedule, setting_name
 from ..layers import to_sglang
 from ..models.kernel_choice import CHOICES
 
@@ -73,7 +73,7 @@ def describe(engine) -> dict:
             num_steps=tree.num_steps,
             eagle_topk=tree.eagle_topk,
             num_draft_tokens=tree.num_draft_tokens,
-            batch_schedule=format_schedule(s.schedule),
+            batch_schedule=format_schedule(s),  # "auto" when adaptive
         )
     return info
 
@@ -118,6 +118,10 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
             (f"tree: num_steps {i['num_steps']}, eagle_topk {i['eagle_topk']}, num_draft_tokens "
              f"{i['num_draft_tokens']} ({shape}; {i['num_draft_tokens'] - 1} draft tokens verified per step)"
              if not i["batch_schedule"] else
+             f"tree per step: auto, the setting with the most expected tok/s for the batch among "
+             f"{' '.join(setting_name(o) for o in engine.spec.options)} (num_steps,eagle_topk,num_draft_tokens; "
+             "0 = no speculation; eyas:spec_active_setting in /metrics)"
+             if i["batch_schedule"] == "auto" else
              f"tree per batch size: {i['batch_schedule']} (BOUND:num_steps,eagle_topk,num_draft_tokens for "
              "batches up to BOUND, the last entry also for larger ones; 0 = no speculation)"),
         ]

@@ -122,6 +122,21 @@ def pasted_flags(args) -> None:
             f"{max(args.chunked_prefill_size, 1)}")
 
 
+TREE_FLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_config",
+              "speculative_batch_schedule")
+
+
+def served_engine_args(args):
+    """The engine's settings: adaptive speculation (``--speculative-batch-schedule auto``) unless the command
+    line names a tree or a schedule; without a draft, or with --speculative-algorithm NONE, auto is NONE."""
+    from dataclasses import replace
+
+    engine_args = engine_args_from(args)
+    if any(getattr(args, name, None) is not None for name in TREE_FLAGS):
+        return engine_args
+    return replace(engine_args, speculative_batch_schedule="auto")
+
+
 def tensor_parallel_refusal(args) -> tuple[str, str]:
     """(problem, fix) for --tp N > 1: export the draft and serve it with SGLang or vLLM, the lines printed."""
     from ..export import launch_lines, public_target
@@ -226,7 +241,7 @@ def run(args) -> int:
         print(f"random seed: {args.random_seed}", flush=True)
     print(f"eyas serve: loading {args.model_path} ...", flush=True)
     start = time.perf_counter()
-    engine = build_engine(engine_args_from(args))
+    engine = build_engine(served_engine_args(args))
     loaded = time.perf_counter() - start
     if args.chat_template:
         set_chat_template(engine.target.tokenizer, args.chat_template)

@@ -12,6 +12,13 @@ Speculation (vLLM's counter names, SGLang's gauge names):
     eyas:spec_accept_length_per_step  histogram of 1 + accepted for each verify step
     eyas:spec_info{...}       algorithm, draft path, captured layers, tree settings
 
+Adaptive speculation (``--speculative-batch-schedule auto``), read from the engine's chooser at each scrape:
+
+    eyas:spec_active_setting{setting}         1 for the setting the last step chose ("6,8,32"; "0" = none), else 0
+    eyas:spec_setting_steps_total{setting}    engine steps run with each setting
+    eyas:spec_expected_accept_length{setting} the chooser's tau estimate per setting (its reason, with the
+                                              step costs measured at startup)
+
 PromQL for the lifetime figures (exactly what the gauges hold while the window covers everything):
 
     1 + eyas:spec_decode_num_accepted_tokens_total / eyas:spec_decode_num_drafts_total
@@ -45,6 +52,7 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 try:  # the *_created series only add noise to a grep for acceptance
@@ -82,6 +90,7 @@ class ServeMetrics:
         self.labels = {"model_name": model_name, "engine": engine}
         self.registry = CollectorRegistry()
         self.registry.register(ConstantLabels(r, self.labels))
+        self._families = r
         p = PREFIX
         self.speculative = speculative
         self._window: deque[tuple[int, int, int]] = deque(maxlen=max(1, window))
@@ -133,6 +142,11 @@ class ServeMetrics:
                                       "commit for every running row)", buckets=STEP_BUCKETS, registry=r)
         self.batch_size = Histogram(p + "engine_step_batch_size", "Running requests per engine step",
                                     buckets=BATCH_BUCKETS, registry=r)
+
+    def follow_chooser(self, chooser) -> None:
+        """Export the adaptive chooser's state (``engine.chooser``; None: a fixed setting, nothing to export)."""
+        if chooser is not None:
+            self._families.register(ChooserCollector(chooser))
 
     def engine_step(self, batch_size: int, seconds: float) -> None:
         self.steps.inc()
@@ -186,3 +200,30 @@ class ServeMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ChooserCollector(Collector):
+    """The active setting, steps per setting and tau per setting of an ``engine.adaptive.Chooser``, read
+    when scraped (the engine thread only bumps plain counters; nothing is pushed per step)."""
+
+    def __init__(self, chooser):
+        self.chooser = chooser
+
+    def collect(self):
+        from ..config import setting_name
+
+        c = self.chooser
+        active = GaugeMetricFamily(PREFIX + "spec_active_setting", "1 for the setting (num_steps,eagle_topk,"
+                                   "num_draft_tokens; 0 = no speculation) adaptive speculation chose last, else 0",
+                                   labels=["setting"])
+        steps = CounterMetricFamily(PREFIX + "spec_setting_steps", "Engine steps run with each setting",
+                                    labels=["setting"])
+        tau = GaugeMetricFamily(PREFIX + "spec_expected_accept_length", "Adaptive speculation's estimate of "
+                                "the tokens per row a step of each setting emits (from its live acceptance)",
+                                labels=["setting"])
+        for spec in c.options:
+            name = setting_name(spec)
+            active.add_metric([name], 1.0 if spec == c.choice else 0.0)
+            steps.add_metric([name], float(c.steps[spec]))
+            tau.add_metric([name], c.tau(spec))
+        yield from (active, steps, tau)

@@ -1,0 +1,84 @@
+"""--speculative-batch-schedule auto served: eyas serve's default with a draft, the choice in /metrics (through
+prometheus_client's parser), and greedy answers equal to plain decoding while the setting changes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import pytest
+from serve_helpers import InProcessServer, scrape
+
+from eyas.cli import build_parser
+from eyas.config import AUTO, setting_name
+from eyas.pipeline import EngineArgs, build_engine
+from eyas.serve.cli import pasted_flags, served_engine_args
+
+
+def served(*argv: str) -> EngineArgs:
+    args = build_parser().parse_args(["serve", "--model-path", "m", *argv])
+    pasted_flags(args)
+    return served_engine_args(args)
+
+
+def test_auto_is_the_default_unless_a_tree_or_a_schedule_is_named():
+    assert served().speculative_batch_schedule == AUTO
+    assert served("--speculative-draft-model-path", "d").speculative_batch_schedule == AUTO
+    assert served("--speculative-num-steps", "3").speculative_batch_schedule is None
+    assert served("--speculative-config", '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}'
+                  ).speculative_batch_schedule is None
+    assert served("--speculative-batch-schedule", "1:3,1,4;8:0").speculative_batch_schedule == "1:3,1,4;8:0"
+
+
+def test_auto_without_speculation_is_plain_decoding(models):
+    tiny, _ = models
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_algorithm="NONE", dtype="float64",
+                                     speculative_batch_schedule=AUTO))
+    assert not engine.spec.speculative and engine.chooser is None
+
+
+@pytest.fixture(scope="module")
+def auto_engine(models):
+    tiny, draft = models
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(draft), dtype="float64",
+                                     speculative_batch_schedule="Auto", max_batch=8))
+    assert engine.spec.adaptive and engine.chooser is not None
+    from eyas.serve.banner import banner_lines, info_labels
+
+    assert info_labels(engine)["batch_schedule"] == "auto"
+    assert any(line.startswith("tree per step: auto, the setting with the most expected tok/s for the batch among "
+                               "0 3,1,4 5,1,6 4,4,16 6,8,32") for line in banner_lines(engine, 8, 8))
+    # no speculation pays from 3 rows up, a chain at 2, the big tree at 1 (the step costs a GPU would measure)
+    table = {1: (1.0, 1.2, 1.3, 1.6, 2.2), 2: (1.0, 1.8, 2.0, 2.4, 3.0), 4: (1.0, 4.0, 5.0, 8.0, 12.0),
+             8: (1.0, 8.0, 10.0, 16.0, 24.0)}
+    engine.chooser.set_costs({s: {b: row[i] for b, row in table.items()} for i, s in enumerate(engine.spec.options)})
+    return engine
+
+
+def test_greedy_answers_equal_plain_decoding_and_metrics_show_the_choice(auto_engine, reference):
+    from eyas.serve.app import ServeOptions, create_app
+
+    prompts = [[5 + i, 17, 42 + 3 * i] for i in range(6)]
+    lengths = [40, 8, 16, 24, 12, 32]
+    with InProcessServer(create_app(auto_engine, ServeOptions(served_model_name="tiny", log_interval=0))) as srv:
+        def ask(i: int) -> list[int]:
+            r = httpx.post(srv.url + "/generate", timeout=120, json={
+                "input_ids": prompts[i], "sampling_params": {"max_new_tokens": lengths[i], "temperature": 0,
+                                                             "ignore_eos": True}})
+            assert r.status_code == 200, r.text
+            return r.json()["output_ids"]
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(ask, range(6)))
+        m = scrape(srv.url)
+    assert got == reference(prompts, lengths, ignore_eos=True)
+    names = [setting_name(s) for s in auto_engine.spec.options]
+    assert names == ["0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"]
+    active = {n: m[f'eyas:spec_active_setting{{setting="{n}"}}'] for n in names}
+    assert sorted(active.values()) == [0, 0, 0, 0, 1]
+    steps = {n: m[f'eyas:spec_setting_steps_total{{setting="{n}"}}'] for n in names}
+    assert sum(steps.values()) == m["eyas:engine_steps_total"]  # every step ran exactly one setting
+    assert steps["0"] > 0 and sum(v for n, v in steps.items() if n != "0") > 0, steps  # it switched
+    assert m['eyas:spec_expected_accept_length{setting="0"}'] == 1.0
+    assert all(1 <= m[f'eyas:spec_expected_accept_length{{setting="{n}"}}'] for n in names)
+    assert m["eyas:spec_decode_num_drafts_total"] > 0  # the speculative steps recorded their acceptance

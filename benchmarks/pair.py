@@ -3,7 +3,8 @@
 
     python benchmarks/pair.py --model-path /tmp/smollm2.gguf --out results/pair-smollm2.json
 
-Greedy (temperature 0), one prompt at a time, the chat prompt set, up to ``--new-tokens`` each
+Greedy by default (``--temperature 0``; ``--temperature 0.7 --top-p 0.95`` samples, each prompt
+seeded by its index, so runs at T = 0, 0.7 and 1.0 can be set side by side), one prompt at a time, the chat prompt set, up to ``--new-tokens`` each
 (ending at end-of-turn as a user would see it). Baseline = eyas's own fast path (native forward,
 static cache, CUDA graphs) without speculation; the HF-path baseline is recorded for reference.
 For each tree setting: tokens/s end to end and for decoding alone (prefill timed apart), the step's
@@ -17,7 +18,9 @@ settings with the norm and activation inside the several-row kernel flipped from
 Lossless check: in bf16, the share of prompts whose speculative output equals the baseline's,
 and for each that differs, the target's two best logits at the first difference (a near-tie
 means the two orders of bf16 arithmetic, one token vs a tree per forward, rounded differently).
-In fp32 (``--fp32-prompts``), speculative output must equal the baseline token for token.
+In fp32 (``--fp32-prompts``), speculative output must equal the baseline token for token. Sampled
+runs skip both checks (speculation draws other random numbers than plain decoding: the texts differ,
+the distribution does not; ``tests/core/test_device_sampling.py`` tests that).
 """
 
 from __future__ import annotations
@@ -37,16 +40,18 @@ from eyas.models import kv_cache
 from eyas.models.kernel_choice import CHOICES
 from eyas.models.target import Target
 
+SAMPLING = {"temperature": 0.0, "top_p": 1.0}  # --temperature / --top-p
+
 
 def run_all(engine: Engine, prompts: list[list[int]], new_tokens: int) -> dict:
     """End-to-end tok/s over every prompt (prefill included, as ``Engine.generate`` runs a request), and
     the decode share alone (the steps after prefill's first token), timed apart in the same run."""
-    params = SamplingParams(max_new_tokens=new_tokens)
+    params = SamplingParams(max_new_tokens=new_tokens, **SAMPLING)
     engine.warm_up(progress=False)  # every graph captured first, as eyas serve does: no capture in the timing
     engine.generate([prompts[0]], params)  # and every kernel compiled
     outs, secs, prefill, decode = [], [], [], []
-    for p in prompts:
-        seq = engine.new_sequence(p, params)
+    for i, p in enumerate(prompts):
+        seq = engine.new_sequence(p, SamplingParams(max_new_tokens=new_tokens, seed=i, **SAMPLING))
         sync()
         t0 = time.perf_counter()
         batch = engine.prefill([seq])
@@ -136,7 +141,11 @@ def main() -> None:
     ap.add_argument("--linear-configs", nargs="*", default=[],
                     help="linear_cost.py --sweep JSONs: their best block shapes replace the defaults (one row, or "
                          "several with --rows)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus top-p of a sampled run (default 1.0: off)")
     args = ap.parse_args()
+    SAMPLING.update(temperature=args.temperature, top_p=args.top_p)
+    greedy = SamplingParams(**SAMPLING).greedy
     from eyas.models import kernels
     from eyas.models.kernels import TritonOps
 
@@ -187,18 +196,18 @@ def main() -> None:
                     args.new_tokens)
         Engine.whole_step_graphs, Engine.prefill_graphs, TritonOps.row_linears = True, True, not args.cublas_linears
         TritonOps.row_prologues, TritonOps.row_norm_apart = prologues, apart
-        same = [o == b for o, b in zip(r["outputs"], base["outputs"])]
+        same = [o == b for o, b in zip(r["outputs"], base["outputs"])] if greedy else [False]
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
-                 if not s]
+                 if not s] if greedy else None
         r.update(speedup=round(r["tok_s"] / base["tok_s"], 3),
                  decode_speedup=round(r["decode_tok_s"] / base["decode_tok_s"], 3),
                  speedup_over_step_by_parts=round(r["tok_s"] / parts["tok_s"], 3),
-                 bf16_match_share=round(sum(same) / len(same), 3), bf16_first_differences=diffs)
+                 bf16_match_share=round(sum(same) / len(same), 3) if greedy else None, bf16_first_differences=diffs)
         print(f"EAGLE3 {text}: {r['tok_s']} tok/s, tau {r['tau']}, {r['speedup']}x (decode {r['decode_speedup']}x, "
               f"step {r['step_ms']} ms against {base['step_ms']}), bf16 match {r['bf16_match_share']}")
         results[text] = {k: v for k, v in r.items() if k != "outputs"}
     fp32 = None
-    if args.fp32_prompts:
+    if args.fp32_prompts and greedy:
         t32, d32 = load_pair(args.model_path, args.draft, dtype="float32", device=args.device)
         few = prompts[: args.fp32_prompts]
         b32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1), few, 128)
@@ -215,7 +224,8 @@ def main() -> None:
         print(f"fp32: {fp32['identical']}/{fp32['prompts']} identical; the baseline with the eager prefill: "
               f"{fp32['baseline_identical_with_eager_prefill']}/{fp32['prompts']} identical")
     best = max(results.values(), key=lambda r: r["tok_s"])
-    write(args.out, "SmolLM2-135M-Instruct + EAGLE-3 draft at batch 1, temperature 0, chat prompts", {
+    write(args.out, f"SmolLM2-135M-Instruct + EAGLE-3 draft at batch 1, temperature {args.temperature:g}"
+          f"{f', top-p {args.top_p:g}' if args.top_p < 1 else ''}, chat prompts", {
         "settings": vars(args), "kernel_choices": dict(CHOICES.picks), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
         "baseline_step_by_parts": {k: v for k, v in parts.items() if k != "outputs"},
         "baseline_eager_prefill": {k: v for k, v in eager_prefill.items() if k != "outputs"},

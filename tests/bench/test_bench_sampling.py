@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from eyas.cli import main
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
 
 
 def test_each_temperature_runs_and_reaches_the_server(http_pair, engine_pair, tmp_path, capsys, monkeypatch):
@@ -36,3 +40,17 @@ def test_each_temperature_runs_and_reaches_the_server(http_pair, engine_pair, tm
 def test_bad_sampling_flags_are_refused(flags, words, capsys):
     assert main(["bench", "--url", "http://127.0.0.1:9", *flags]) != 0
     assert words in capsys.readouterr().err
+
+
+def test_pair_benchmark_samples_at_the_given_temperature(target, draft, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import pair
+
+    prompts = [[72, 101, 108, 108, 111], [65, 66, 67]]
+    engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 6))
+    greedy = pair.run_all(engine, prompts, 12)
+    monkeypatch.setitem(pair.SAMPLING, "temperature", 1.0)
+    monkeypatch.setitem(pair.SAMPLING, "top_p", 0.95)
+    sampled = pair.run_all(engine, prompts, 12)
+    assert sampled["outputs"] != greedy["outputs"] and sampled["tau"] >= 1
+    assert pair.run_all(engine, prompts, 12)["outputs"] == sampled["outputs"]  # seeded per prompt

@@ -91,15 +91,17 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
 
 
 def shard_target(target) -> None:
-    """FSDP2-shard a frozen target across the ranks (each decoder layer, then the root), for targets
-    that do not fit one GPU. Aux capture still works: its pre-hooks see each layer's input."""
+    """FSDP2-shard a frozen target across the ranks (each decoder layer, experts included, then the
+    root), for targets that do not fit one GPU. Aux capture still works: its pre-hooks see each layer's
+    input. The root reshards after forward too: FSDP2 keeps a root gathered for the backward that
+    follows, but a frozen target has none, and its embedding and head would stay whole on every rank."""
     from torch.distributed.fsdp import fully_shard
 
     for p in target.model.parameters():
         p.requires_grad_(False)
     for layer in target.layers:
         fully_shard(layer)
-    fully_shard(target.model)
+    fully_shard(target.model, reshard_after_forward=True)
 
 
 class Trainer:

@@ -2,8 +2,8 @@
 
 ``Engine.step`` builds a step from parts: the mask, the target's graph replay, the argmax, the
 commit and the gathers around it, each a launch from the host, which then waits for the one
-readback. On the H200 at batch 1 that host work left the GPU idle for ~0.45 ms of a 4.3 ms
-Llama-3.1-8B step (``benchmarks/decode_8b.py``: the one-token graph alone replays in 3.9 ms). For a
+readback. At batch 1 that host work left the GPU idle between launches for a measurable share of a
+Llama-3.1-8B step (``benchmarks/decode_8b.py``; docs/log/engine.md, "The plain step as one graph"). For a
 greedy batch the whole step is a function of a few tensors (each row's length and last token, the
 draft's last output, and the slots the new keys go to), so it is captured whole: a step is a few
 input copies, one replay and the readback.

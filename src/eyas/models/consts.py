@@ -1,8 +1,8 @@
 """Constant tensors made once per shape and device, not once per forward.
 
 Inside a CUDA graph every ``torch.arange``, ``torch.full`` or ``torch.zeros`` is a kernel that runs
-again on every replay; a speculative step had about 15 of them (a few microseconds each on the
-H200, the price of any kernel at this size). These are made on first use, which for a graph is its
+again on every replay; a speculative step had about 15 of them (each costs what any kernel at this
+size costs: docs/engine.md, the native path). These are made on first use, which for a graph is its
 warm-up run, outside capture, and kept (read-only: nothing writes into them). Kept for good: a
 captured graph reads them by address, so a cache that evicted one would free memory a graph still
 reads. There are few: one per shape the engine's buckets reach.

@@ -3,8 +3,9 @@
 A projection of ``rows`` rows by an ``[n, k]`` weight can run as one of eyas's Triton kernels
 (``_linear_kernel`` for one row, ``_linear_rows_kernel`` in a few tile shapes for 2 to 64 rows) or
 as cuBLAS (the norm, the activation and the residual add then as kernels of their own). Which is
-fastest depends on the GPU and the shape: on the H200 the rows kernel wins on SmolLM2's small
-matrices and loses by almost 2x on Llama-3.1-8B's, so no table written for one model is right.
+fastest depends on the GPU and the shape: the rows kernel wins on SmolLM2's small matrices and
+loses on Llama-3.1-8B's (what the H200 picked: docs/engine.md, "What it measures now"), so no table
+written for one model is right.
 
 The first time a shape is met on a GPU outside a graph capture (``capture`` runs each function
 twice before capturing it, so every shape a graph holds is met first there), every candidate is

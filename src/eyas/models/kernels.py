@@ -1,10 +1,10 @@
 """Triton kernels for the static-cache path: ``TritonOps``, ``ops.TorchOps`` in fewer launches.
 
-On the H200 a Llama-3.1-8B-shaped decode step at batch 1 ran 20 kernels a layer, of which only
-four are GEMMs; the rest (RMSNorm at 6 us a call, rotary as five elementwise kernels, two
-``index_copy`` into the cache, cuDNN's attention at 8.6 us plus two copies of the cache window,
-silu and the product) cost 1.4 ms a token beside the GEMMs' 4 ms, and as much again in gaps.
-These kernels replace them (measured: 658 -> 497 kernels, 158.7 -> 192.0 tok/s; docs/engine.md):
+With the torch ops a Llama-3.1-8B-shaped decode step at batch 1 ran 20 kernels a layer, of which
+only four are GEMMs; the rest (RMSNorm, rotary as five elementwise kernels, two ``index_copy`` into
+the cache, cuDNN's attention plus two copies of the cache window, silu and the product) and the gaps
+between them cost a large share of a token. These kernels replace them (what each change measured:
+docs/log/engine.md; what the engine measures now: docs/engine.md, "What it measures now"):
 
 - ``rms_norm``: one program per row, the row in registers, float32 sums;
 - ``silu_mul``: ``silu(gate) * up`` from the fused gate/up GEMM's output, one read, one write;
@@ -19,14 +19,14 @@ These kernels replace them (measured: 658 -> 497 kernels, 158.7 -> 192.0 tok/s; 
   at batch 1) as a GEMV with what surrounds it inside: the RMSNorm before q/k/v, gate/up and the LM
   head, ``silu(gate) * up`` after gate/up (a program takes matching gate and up rows), the bias, and
   the residual add after o and down (cuBLAS needed a norm or silu kernel, split-K reductions and a
-  copy around each). 497 -> 272 kernels a token on the 8B shape, 192.8 -> 204.0 and 196.1 -> 210.4
-  tok/s in two leases. More rows stay on cuBLAS;
+  copy around each; measured in docs/log/engine.md, "One-row projections in one kernel"). More rows
+  stay on cuBLAS;
 - ``top_children`` (two kernels): a draft tree level's expansion. The first splits each row of
   draft logits into blocks and takes, per block, its max, its sum of exponentials and its ``k``
   best entries (``k`` rounds of argmax in registers); the second combines a row's blocks into the
   log-softmax normaliser and the row's ``k`` best, adds the parent's score and maps the draft ids
-  to target ids. It replaces a log-softmax, a two-stage ``topk`` (sort-based kernels, 4-11 us each
-  on the H200) and three small kernels. It writes straight into the tree's candidate buffers;
+  to target ids. It replaces a log-softmax, a two-stage ``topk`` (sort-based kernels) and three
+  small kernels. It writes straight into the tree's candidate buffers;
 - ``next_frontier`` and ``select_tree``: the rest of a draft tree's bookkeeping. One kernel a level
   picks the next frontier and gathers its tokens, hidden rows and mask rows (a ``topk``, a division,
   three gathers and a ``maximum`` before); one at the end picks the tree from all candidates and
@@ -67,8 +67,8 @@ def _after_previous_kernel(PDL: tl.constexpr):
     the kernel before it in the stream still runs its last programs: each waits here, before it
     reads or writes anything, until that kernel has finished and its writes are visible, then lets
     the next kernel start the same way. Every kernel here calls it first, so the order of effects
-    is the stream's; what is gained is the launch gap between kernels (the 8B shape's one-token graph
-    replayed in 3.86 ms against 3.99 without, on the H200: ``benchmarks/results/decode-8b-replay.json``)."""
+    is the stream's; what is gained is the launch gap between kernels (measured in docs/log/engine.md,
+    "The plain step as one graph, dependent launch, silu after gate/up")."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -617,13 +617,12 @@ class TritonOps(TorchOps):
     fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
     row_linears = True  # and projections of 2..ROWS_MAX rows as ``_linear_rows_kernel`` (False: cuBLAS)
     # ... also those with a norm or silu(gate) * up inside. Off: measured slower than the norm kernel +
-    # cuBLAS on the H200 (SmolLM2, 32 rows, the norm in one pass, best of a sweep: q/k/v 5.9 vs 4.9 us,
-    # gate/up 9.9 vs 7.2, linear-rows-norm-one-pass-smollm2-h200.json; a 4/4/16 step 1.556 vs 1.451 ms)
+    # cuBLAS (docs/log/engine.md, "Draft v6, the norm inside the rows kernel in one pass")
     row_prologues = False
     # With row_prologues off, a norm before a projection of 2..ROWS_MAX rows runs as the norm kernel and
     # the projection as _linear_rows_kernel (silu(gate) * up in its epilogue: no silu kernel). Off: the
-    # norm kernel, cuBLAS, and the silu kernel, measured slower on the H200 (SmolLM2, 16 rows: q/k/v 4.8
-    # vs 3.9 us, gate/up 7.2 vs 5.5; linear-rows-norm-apart-sweep-smollm2-h200.json); pair.py flips it.
+    # norm kernel, cuBLAS, and the silu kernel, measured slower (docs/log/engine.md, "Fewer kernels a
+    # speculative step"); pair.py flips it.
     row_norm_apart = True
     pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
     pdl_failed: str | None = None
@@ -1024,8 +1023,8 @@ LINEAR_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int] | None] = {
 
 def linear_config(n: int, k: int, itemsize: int) -> tuple[int, int, int, int] | None:
     """``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` of ``_linear_kernel`` for an ``[n, k]`` weight, or
-    None where cuBLAS (with the norm as its own kernel) measured faster. From the H200 sweeps
-    (``benchmarks/results/linear-cost-*.json``): 8 weight rows a program, unpipelined, the whole row
+    None where cuBLAS (with the norm as its own kernel) measured faster. From the sweeps of
+    ``benchmarks/linear_cost.py --sweep`` (docs/log/engine.md): 8 weight rows a program, unpipelined, the whole row
     (up to 1024) a step for short rows; 16 rows of 1024 for a square one (o), three stages for a
     long one (down), 8 of 512 between (q/k/v); for wide outputs (gate/up, an LM head) 16 rows of
     256, two stages; a wide output over short rows (SmolLM2's LM heads: 49152 x 576) stays cuBLAS's."""
@@ -1053,10 +1052,10 @@ element); ``benchmarks/linear_cost.py --rows M --sweep`` sweeps them."""
 def linear_rows_config(m: int, n: int, k: int, itemsize: int) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of ``_linear_rows_kernel``: every row in
     one block (16 to 64, the tensor cores' smallest), 16 output columns and 256 of K a step, three
-    stages: the best of the H200 sweep at 32 rows for SmolLM2's o (3.2 us against cuBLAS's 4.9), down
-    (4.7 vs 6.4) and its draft's q/k/v (3.9 vs 4.6), whose configuration of 32 columns and 128 of K
-    had taken 5.6-11.6 us (``benchmarks/results/linear-rows-sweep-smollm2-h200.json``). Half the K step
-    for float32 (the same bytes). Not swept for the 8B shape."""
+    stages: the best of a sweep at 32 rows for SmolLM2's o, down and its draft's q/k/v, ahead of
+    cuBLAS and of a first configuration of 32 columns and 128 of K (docs/log/engine.md, "The
+    speculative step as one graph, several-row projections in a kernel"). Half the K step for float32
+    (the same bytes). Not swept for the 8B shape."""
     block_m = max(16, triton.next_power_of_2(m))
     if (n, k, itemsize) in LINEAR_ROWS_CONFIGS:
         return (block_m, *LINEAR_ROWS_CONFIGS[n, k, itemsize])
@@ -1073,8 +1072,8 @@ def linear_candidates(rows: int, n: int, k: int, itemsize: int) -> dict[str, tup
     """The named configurations a projection of ``rows`` x ``k`` by an ``[n, k]`` weight may run, the
     default first (None: cuBLAS). One row: ``linear_config``'s choice alone, not timed: timed apart, cuBLAS
     won shapes where inside the step's graph, each kernel launched dependent on the one before,
-    ``_linear_kernel`` decodes faster (H200, Llama-3.1-8B shape: 225 tok/s with the timed picks against 236,
-    decode-8b-kernels-h200.json). 2 to ``ROWS_MAX`` rows: the rows kernel's default tile, the tiles of
+    ``_linear_kernel`` decodes faster (docs/engine.md, "What it measures now", the 8B shape). 2 to
+    ``ROWS_MAX`` rows: the rows kernel's default tile, the tiles of
     ``ROWS_TILES``, and cuBLAS, timed."""
     scale = max(1, itemsize // 2)
     if rows == 1:

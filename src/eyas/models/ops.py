@@ -117,8 +117,8 @@ class TorchOps:
         """SDPA of the folded queries (``mask`` from ``fold_mask``), as ``[B, T, Hq * D]``."""
         hq, _, d = heads
         bsz, t = q.shape[0], q.shape[2] * q.shape[1] // hq
-        # PyTorch picks cuDNN's attention on the H200 here; its memory-efficient kernel avoids the strided
-        # K/V copies cuDNN makes (34 -> 4 copies a step) but measured slower (1.97 vs 1.57 ms busy a step).
+        # PyTorch picks cuDNN's attention here; its memory-efficient kernel avoids the strided K/V copies
+        # cuDNN makes but measured slower (docs/log/engine.md, "Before the kernels").
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
         return o.reshape(bsz, hq, t, d).transpose(1, 2).reshape(bsz, t, hq * d)
 
@@ -231,9 +231,9 @@ class TorchOps:
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.topk(k)`` over the last axis (values descending). A long row (a draft vocabulary) goes in
     two stages: the top ``k`` of each of ``s`` slices, then the top ``k`` of those. The answer is the
-    same (up to the order of ties), but one row no longer sits on one thread block: on the H200 the
-    one-stage top-8 of 8 x 16k scores took 50-80 us, the longest kernel of a draft level. ``s`` keeps
-    rows x slices near 1024 blocks (64 slices for 8 rows, 8 for 128): 8192 slices of 256 took 37 us."""
+    same (up to the order of ties), but one row no longer sits on one thread block: the one-stage
+    top-k of a draft level's scores was the level's longest kernel (docs/log/engine.md, "Before the
+    kernels"). ``s`` keeps rows x slices near 1024 blocks (64 slices for 8 rows, 8 for 128)."""
     v = x.shape[-1]
     if k == 1:
         return x.max(dim=-1, keepdim=True)

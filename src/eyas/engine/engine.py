@@ -47,6 +47,7 @@ from ..models.static_cache import StaticKV
 from .adaptive import Chooser, measure_step_costs, model_costs
 from .decode import STARTUP_KINDS, StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
+from .logprobs import Pending, TokenLogprob, first_logprobs, path_logprobs
 from .penalties import record
 from .prefill import StaticPrefill
 from .sampler import accept, first_tokens
@@ -71,10 +72,13 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     seed: int | None = None  # what keys this row's draws (``rng.py``): the request's, or fresh at creation
     error: str | None = None  # with "error": what went wrong for this row (the others go on)
+    logprobs: list[TokenLogprob] | None = None  # with params.logprobs: one per output token (``logprobs.py``)
 
     def __post_init__(self):
         if self.seed is None:
             self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
 
     @property
     def finished(self) -> bool:
@@ -108,6 +112,7 @@ class Output:
     finish_reason: str
     stats: SpecStats
     seconds: float
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine:
@@ -348,7 +353,8 @@ class Engine:
         rows = SamplingRows.build([s.params for s in seqs], [s.seed for s in seqs], self.device,
                                   [s.prompt_ids for s in seqs], self.target.info.vocab_size)
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
-        first_of = lambda logits: _first_tokens(seqs, rows, lens, logits)
+        logprobs = []  # the first tokens' (``_first_tokens``), where a row asks
+        first_of = lambda logits: _first_tokens(seqs, rows, lens, logits, logprobs)
         p = self.prefiller
         out = p([s.prompt_ids for s in seqs], first_of) if p else None
         if out is not None:
@@ -359,8 +365,8 @@ class Engine:
         else:
             batch, firsts = self._prefill_eagerly(seqs, first_of)
         batch.rows = rows
-        for s, t in zip(seqs, firsts):
-            self._emit(s, [t], len(s.prompt_ids))
+        for s, t, lp in zip(seqs, firsts, logprobs or [None] * len(seqs)):
+            self._emit(s, [t], len(s.prompt_ids), lp)
         return batch
 
     def _prefill_eagerly(self, seqs: list[Sequence], first_of) -> tuple[Batch, list[int]]:
@@ -396,11 +402,14 @@ class Engine:
         self._own(batch)
         spec = setting or (self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch)))
         rows = batch.rows
-        if self.decoder is not None:  # the whole step in one graph replay, where one fits
+        # The whole-step graphs return the tokens alone (their outputs are fixed at capture, and a logprobs
+        # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.
+        whole = rows.logprobs is None
+        if whole and self.decoder is not None:  # the whole step in one graph replay, where one fits
             host = self.decoder(batch.lengths, batch.root, rows)
             if host is not None:
                 return self._finish(batch, spec, host)
-        elif spec in self.speculators:
+        elif whole and spec in self.speculators:
             out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden, rows)
             if out is not None:
                 host, batch.draft_logits, batch.draft_hidden = out
@@ -425,35 +434,39 @@ class Engine:
         old = batch.lengths
         lengths = kv_cache.commit(cache, old, slots + cols, counts)
         new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
+        pending = None if whole else path_logprobs(logits, tree.tokens.gather(1, cols), cols, new, rows)
         if rows.pen is not None:
             rows.pen.counts = record(rows.pen.counts, new, counts)
         if self.spec.speculative:
             batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, new, path_aux, counts)
         host = torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None], finite.long()[:, None]], dim=1)
-        return self._finish(batch, spec, host)
+        return self._finish(batch, spec, host, pending)
 
-    def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor) -> list[list[int]]:
+    def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor,
+                pending: Pending | None = None) -> list[list[int]]:
         """The host's share of a step: ``host`` [B, width + 4] holds each row's emitted tokens (padded to
         the path width), their count, the new length, the next root and whether its logits were finite.
         The step's one device-to-host copy, queued behind everything the step launched (the batch moves
         on only once it has arrived); then the caches' slot count and the tokens. A row whose logits were
-        not finite emits nothing and ends with an error."""
+        not finite emits nothing and ends with an error. ``pending``: the asking rows' logprobs (arrived
+        with the tokens)."""
         width = spec.path_width
         rows = host.tolist()
+        logprobs = pending.unpack([h[width] for h in rows]) if pending is not None else [None] * len(rows)
         batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
         used = max((h[width + 1] for h in rows), default=0)
         kv_cache.crop(batch.target_cache, used)
         if batch.draft_cache is not None:
             kv_cache.crop(batch.draft_cache, used)
         emitted, accepted = [], []
-        for s, h in zip(batch.seqs, rows):
+        for s, h, lp in zip(batch.seqs, rows, logprobs):
             n, length = h[width], h[width + 1]
             if not h[width + 3]:
                 s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
             if not s.finished and spec.speculative:
                 s.stats.record(spec.num_draft_tokens - 1, n - 1)
                 accepted.append(n - 1)
-            emitted.append(self._emit(s, h[:n], length))
+            emitted.append(self._emit(s, h[:n], length, lp))
         if self.chooser:
             self.chooser.observe(spec, accepted)
         return emitted
@@ -476,8 +489,10 @@ class Engine:
         return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
 
     # -- tokens ---------------------------------------------------------------------------------
-    def _emit(self, seq: Sequence, tokens: list[int], context_used: int) -> list[int]:
-        """Append tokens up to a stop condition; return what was appended."""
+    def _emit(self, seq: Sequence, tokens: list[int], context_used: int,
+              logprobs: list[TokenLogprob] | None = None) -> list[int]:
+        """Append tokens up to a stop condition (and their ``logprobs``, where the row asks); return what was
+        appended."""
         if seq.finished:
             return []
         p = seq.params
@@ -492,6 +507,8 @@ class Engine:
                 seq.finish_reason = "length"
                 break
         seq.output_ids.extend(out)
+        if seq.logprobs is not None:
+            seq.logprobs.extend(logprobs[:len(out)])
         if not seq.finished and context_used + self.tree_size + 1 > self.max_context:
             seq.finish_reason = "length"
         return out
@@ -512,18 +529,23 @@ class Engine:
                 batch = self.filter(batch, alive)
             self.step(batch)
         seconds = time.perf_counter() - start
-        return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds) for s in seqs]
+        return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds, s.logprobs) for s in seqs]
 
 
-def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor) -> list[int]:
+def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor,
+                  logprobs: list) -> list[int]:
     """Each row's first token from its prefill logits [B, vocab], greedy or drawn on the device
     (``sampler.first_tokens``), read back once with each row's ``finite_rows`` flag. A row whose logits
     are not finite ends with an error (its token a placeholder the batch carries until it is filtered out).
-    With penalties, the first tokens start the rows' output counts."""
+    With penalties, the first tokens start the rows' output counts. Where a row asks, ``logprobs`` gets
+    each row's entries (``Pending.unpack``), read back with the tokens."""
     firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors())
+    pending = first_logprobs(logits, firsts, rows) if rows.logprobs is not None else None
     if rows.pen is not None:
         rows.pen.counts = record(rows.pen.counts, firsts[:, None], torch.ones_like(firsts))
     tokens, finite = torch.stack([firsts, finite_rows(logits).long()]).tolist()
+    if pending is not None:
+        logprobs[:] = pending.unpack([1] * len(seqs))
     for s, ok in zip(seqs, finite):
         if not ok:
             s.fail(not_finite("after its prompt"))

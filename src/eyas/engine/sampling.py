@@ -39,6 +39,7 @@ GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's and SGLang's _
 GREEDY, SAMPLED, FILTERED = "greedy", "sampled", "filtered"  # what a batch needs: argmax, no sort, a sort
 PENALIZED = "penalized"  # some row has penalties or a logit bias: those first, then as FILTERED
 KINDS = (GREEDY, SAMPLED, FILTERED, PENALIZED)  # each needs what the ones before it need
+MAX_LOGPROBS = 20  # the most alternatives a token's logprobs may list (vLLM's default --max-logprobs)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0: off
     repetition_penalty: float = 1.0  # vLLM's and Hugging Face's, > 0; 1: off
     logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> [-100, 100]
+    logprobs: int | None = None  # per emitted token its log-probability and this many alternatives; None: off
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -78,6 +80,9 @@ class SamplingParams:
                 raise EyasError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             if not -100.0 <= float(value) <= 100.0:
                 raise EyasError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise EyasError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+                            "ask for at most 20 alternatives per token (vLLM's cap), or None for no logprobs")
 
     @property
     def greedy(self) -> bool:
@@ -106,6 +111,7 @@ class SamplingRows:
     ints: torch.Tensor  # [B, 2] int64: top_k (0: off), seed
     kind: str = GREEDY  # GREEDY (every row), SAMPLED (none filters), FILTERED or PENALIZED: the code it needs
     pen: Penalties | None = None  # with PENALIZED only
+    logprobs: Asked | None = None  # the rows that ask for logprobs; None: no row does (the step pays nothing)
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], device, prompts: list[list[int]] | None = None,
@@ -117,7 +123,8 @@ class SamplingRows:
         kind = _kind(params)
         pen = Penalties.build(params, prompts, vocab, device) if kind == PENALIZED else None
         return cls(torch.tensor(floats, dtype=torch.float32).reshape(-1, 3).to(device),
-                   torch.tensor(ints, dtype=torch.long).reshape(-1, 2).to(device), kind, pen)
+                   torch.tensor(ints, dtype=torch.long).reshape(-1, 2).to(device), kind, pen,
+                   Asked.of([p.logprobs for p in params], device))
 
     @property
     def temperature(self) -> torch.Tensor:  # [B]
@@ -143,7 +150,8 @@ class SamplingRows:
         """The rows ``rows`` (whose params are ``params``): ``Engine.filter``."""
         kind = _kind(params)
         pen = self.pen.select(rows) if kind == PENALIZED else None
-        return SamplingRows(self.floats[rows], self.ints[rows], kind, pen)
+        return SamplingRows(self.floats[rows], self.ints[rows], kind, pen,
+                            Asked.of([p.logprobs for p in params], self.floats.device))
 
     def concat(self, other: SamplingRows) -> SamplingRows:
         kind = max(self.kind, other.kind, key=KINDS.index)
@@ -151,7 +159,8 @@ class SamplingRows:
         if kind == PENALIZED:
             vocab = (self.pen or other.pen).bias.shape[1]
             pen = (self._pen_or_identity(vocab)).concat(other._pen_or_identity(vocab))
-        return SamplingRows(torch.cat([self.floats, other.floats]), torch.cat([self.ints, other.ints]), kind, pen)
+        return SamplingRows(torch.cat([self.floats, other.floats]), torch.cat([self.ints, other.ints]), kind, pen,
+                            Asked.of(Asked.wants_of(self) + Asked.wants_of(other), self.floats.device))
 
     def _pen_or_identity(self, vocab: int) -> Penalties:
         return self.pen if self.pen is not None else Penalties.identity(len(self.floats), vocab, self.floats.device)
@@ -159,6 +168,26 @@ class SamplingRows:
     def pen_tensors(self) -> tuple[torch.Tensor, ...] | None:
         """(floats, bias, prompt, counts) of ``pen``, as ``sampler.accept`` takes them; None without."""
         return None if self.pen is None else self.pen.tensors()
+
+
+@dataclass
+class Asked:
+    """The rows of a batch that ask for logprobs (``engine/logprobs.py``), kept with ``SamplingRows``."""
+
+    wants: list[int | None]  # per row of the batch: the alternatives it asks for (0..MAX_LOGPROBS), None: none
+    rows: torch.Tensor  # [A] long, on the device: the rows that ask
+    top: int  # the most alternatives any of them asks for
+
+    @classmethod
+    def of(cls, wants: list[int | None], device) -> Asked | None:
+        index = [i for i, w in enumerate(wants) if w is not None]
+        if not index:
+            return None
+        return cls(list(wants), torch.tensor(index, dtype=torch.long, device=device), max(wants[i] for i in index))
+
+    @staticmethod
+    def wants_of(rows: SamplingRows) -> list[int | None]:
+        return rows.logprobs.wants if rows.logprobs is not None else [None] * len(rows.floats)
 
 
 def _kind(params: list[SamplingParams]) -> str:

@@ -47,6 +47,7 @@ from ..models.static_cache import StaticKV
 from .adaptive import Chooser, measure_step_costs, model_costs
 from .decode import STARTUP_KINDS, StaticDecoder, StaticSpeculator
 from .drafter import StaticDrafter, StaticExtender, draft_tree
+from .grammar import RowGrammar, constrain, constrained, grammars_for
 from .logprobs import Pending, TokenLogprob, first_logprobs, path_logprobs
 from .penalties import record
 from .prefill import StaticPrefill
@@ -72,6 +73,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     seed: int | None = None  # what keys this row's draws (``rng.py``): the request's, or fresh at creation
     error: str | None = None  # with "error": what went wrong for this row (the others go on)
+    grammar: RowGrammar | None = None  # with ``params.grammar``: its matcher over the output (``grammar.py``)
     logprobs: list[TokenLogprob] | None = None  # with params.logprobs: one per output token (``logprobs.py``)
 
     def __post_init__(self):
@@ -281,7 +283,10 @@ class Engine:
                 f"and tree size ({self.tree_size}) at most {limit} fit",
                 "shorten the prompt or raise --context-length",
             )
-        return Sequence(list(prompt_ids), params)
+        grammar = None
+        if params.grammar is not None:  # compiled once per spec (an LRU): the server has compiled it already
+            grammar = RowGrammar(grammars_for(self.target).compile(params.grammar), vocab)
+        return Sequence(list(prompt_ids), params, grammar=grammar)
 
     def filter(self, batch: Batch, keep: list[int]) -> Batch:
         kept_rows = set(keep)
@@ -405,11 +410,12 @@ class Engine:
         # The whole-step graphs return the tokens alone (their outputs are fixed at capture, and a logprobs
         # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.
         whole = rows.logprobs is None
-        if whole and self.decoder is not None:  # the whole step in one graph replay, where one fits
+        graphs = whole and not constrained(batch.seqs)  # a grammar's mask is made on the host (grammar.py)
+        if graphs and self.decoder is not None:  # the whole step in one graph replay, where one fits
             host = self.decoder(batch.lengths, batch.root, rows)
             if host is not None:
                 return self._finish(batch, spec, host)
-        elif whole and spec in self.speculators:
+        elif graphs and spec in self.speculators:
             out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden, rows)
             if out is not None:
                 host, batch.draft_logits, batch.draft_hidden = out
@@ -426,6 +432,8 @@ class Engine:
         mask = kv_cache.attention_mask(batch.lengths, slots, tree.mask, self.target.dtype)
         positions = batch.lengths[:, None] + tree.depth
         logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.spec.speculative)
+        if constrained(batch.seqs):  # the grammar's mask at every node of each constrained row's tree
+            logits = constrain(batch.seqs, tree.tokens, tree.parents, logits)
 
         width = spec.path_width  # static, so no shape waits on the device
         finite = finite_rows(logits)  # [B]: read back with the tokens
@@ -500,7 +508,10 @@ class Engine:
         out = []
         for t in tokens:
             out.append(t)
-            if t in stops:
+            if seq.grammar is not None and not seq.grammar.advance(t):
+                seq.fail(f"internal engine error: token {t} was emitted against the request's grammar")
+                break
+            if t in stops or seq.grammar is not None and seq.grammar.terminated:
                 seq.finish_reason = "stop"
                 break
             if len(seq.output_ids) + len(out) >= p.max_new_tokens:
@@ -539,6 +550,9 @@ def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, 
     are not finite ends with an error (its token a placeholder the batch carries until it is filtered out).
     With penalties, the first tokens start the rows' output counts. Where a row asks, ``logprobs`` gets
     each row's entries (``Pending.unpack``), read back with the tokens."""
+    if constrained(seqs):  # the grammar's mask before the first token
+        zeros = torch.zeros((len(seqs), 1), dtype=torch.long, device=logits.device)
+        logits = constrain(seqs, zeros, zeros - 1, logits[:, None])[:, 0]
     firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors())
     pending = first_logprobs(logits, firsts, rows) if rows.logprobs is not None else None
     if rows.pen is not None:

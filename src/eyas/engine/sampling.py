@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import EyasError
+from .grammar import GrammarSpec
 from .penalties import Penalties
 
 GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's and SGLang's _SAMPLING_EPS)
@@ -56,6 +57,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0: off
     repetition_penalty: float = 1.0  # vLLM's and Hugging Face's, > 0; 1: off
     logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> [-100, 100]
+    grammar: GrammarSpec | None = None  # structured output: the output is constrained to it (``grammar.py``)
     logprobs: int | None = None  # per emitted token its log-probability and this many alternatives; None: off
 
     def __post_init__(self):
@@ -218,6 +220,7 @@ def distribution(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
         thr_p = s.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
         thr = torch.maximum(thr, torch.where(top_p < 1.0, thr_p, -math.inf))
         thr = torch.maximum(thr, thr_k)
+    thr = thr.clamp(min=torch.finfo(x.dtype).min)  # a -inf logit (a grammar's masked token) is never kept
     z = (torch.exp(x - m[:, None]) * (x >= thr[:, None])).sum(dim=-1)
     return x, m, thr, z
 

@@ -172,10 +172,10 @@ def wrap_phases(engine, wrap):
 
 def load_pair(model_path: str, draft_path: str | None, dtype: str = "bfloat16", device: str = "cuda"):
     """(native target, draft) through eyas's own checked loading; the shipped draft by default."""
+    from eyas.common.draft_registry import BUILTIN_DRAFTS, resolve_draft_path
     from eyas.models import formats
     from eyas.models.loading import load_target
     from eyas.models.native import choose
-    from eyas.pipeline import BUILTIN_DRAFTS, resolve_draft_path
 
     target, _ = choose(load_target(model_path, device=device, dtype=dtype), "native")
     path = resolve_draft_path(draft_path or BUILTIN_DRAFTS["smollm2-135m-instruct"])
@@ -184,8 +184,7 @@ def load_pair(model_path: str, draft_path: str | None, dtype: str = "bfloat16", 
 
 
 def chat_prompts(tokenizer, sets: str = "chat", n: int = 0) -> list[list[int]]:
-    from eyas.bench.prompts import prompt_set
-    from eyas.generate import chat_ids
+    from eyas.common.prompts import chat_ids, prompt_set
 
     texts = prompt_set(sets)
     return [chat_ids(tokenizer, t) for t in (texts[:n] if n else texts)]

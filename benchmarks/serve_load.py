@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import write
 
 from eyas.bench.online import scrape, served_model
-from eyas.bench.prompts import prompt_set, read_jsonl
-from eyas.doctor import servers
+from eyas.common import server_metrics
+from eyas.common.prompts import prompt_set, read_jsonl
 
 
 def percentiles(xs: list[float]) -> dict | None:
@@ -122,7 +122,7 @@ def served_level(url: str, model: str, prompts: list[str], clients: int, args, t
              "tpot_s": percentiles([(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]),
              "tau": None}
     if after is not None and after.has_spec_metrics:
-        acc = servers.acceptance(before, after)
+        acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:
             level["tau"] = round(acc.tau, 4)
             level["accept_rate"] = round(acc.rate, 4) if acc.rate is not None else None
@@ -288,8 +288,9 @@ def main(argv=None) -> int:
 
 def in_process_engines(args, labels: list[str]) -> dict:
     """label -> (engine, chat prompt ids): the servers' engine built here, and its NONE twin."""
-    from eyas.bench.offline import baseline_engine, warm_up
-    from eyas.generate import chat_ids
+    from eyas.bench.offline import warm_up
+    from eyas.pipeline import baseline_engine
+    from eyas.common.prompts import chat_ids
     from eyas.pipeline import EngineArgs, build_engine
 
     kw = {k: getattr(args, k) for k in ("speculative_algorithm", "speculative_draft_model_path",

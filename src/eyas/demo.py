@@ -112,7 +112,7 @@ def _random_draft(model_path: str, folder: Path) -> Path:
 
 
 def run(args) -> int:
-    from .pipeline import builtin_draft
+    from .common.draft_registry import builtin_draft
 
     def on_term(*_):
         raise KeyboardInterrupt
@@ -158,8 +158,8 @@ def _demo(args, work: Path, servers: list, builtin_draft) -> int:
         _say(f"  {s.name:9s} {s.url} ready")
 
     from .bench.online import run_url
-    from .bench.prompts import prompt_set
     from .bench.results import BenchResult, Level, table
+    from .common.prompts import prompt_set
 
     prompts = prompt_set("chat")[: args.num_prompts]
     _say(f"\n[2/4] eyas bench --url {spec.url} --baseline-url {base.url} "

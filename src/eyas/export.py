@@ -60,7 +60,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .pipeline import resolve_draft_path
+    from .common.draft_registry import resolve_draft_path
 
     source = resolve_draft_path(args.draft)
     out = Path(args.out).expanduser()

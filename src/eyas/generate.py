@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from .common.prompts import chat_ids
 from .engine.sampling import SamplingParams
 from .pipeline import add_engine_arguments, build_engine, engine_args_from
 
@@ -26,14 +27,6 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true", help="skip the run without speculation")
     p.set_defaults(func=run)
-
-
-def chat_ids(tokenizer, text: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                 tokenize=False)
-        return tokenizer(rendered, add_special_tokens=False).input_ids
-    return tokenizer(text).input_ids
 
 
 def run(args) -> int:

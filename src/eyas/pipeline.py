@@ -7,13 +7,13 @@ into the engine. A refused configuration costs no generation.
 
 from __future__ import annotations
 
-import importlib.resources
 import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import check_algorithm
+from .common.draft_registry import default_draft_for, resolve_draft_path
 from .config import AUTO, Algorithm, SpecConfig, parse_schedule
 from .errors import EyasError
 from .models import formats
@@ -22,10 +22,6 @@ from .models.native import choose
 from .models.target import Target
 
 log = logging.getLogger("eyas")
-
-# Drafts shipped inside the package, by the target name they belong to.
-BUILTIN_DRAFTS = {SMOLLM2: "smollm2-135m-instruct-eagle3"}
-
 
 @dataclass
 class EngineArgs:
@@ -47,36 +43,6 @@ class EngineArgs:
     cuda_graph_max_bs: int | None = None  # largest batch with CUDA graphs (default: max_batch)
     mem_fraction_static: float | None = None  # SGLang's: weights + KV pools within this share of memory
     tokenizer_path: str | None = None  # a tokenizer other than the target's own
-
-
-def builtin_draft(name: str) -> Path | None:
-    """Path of a draft shipped with eyas, by draft name or by its target's name; None for paths.
-
-    Only plain names are looked up, inside the package's ``drafts/`` folder: a local target folder
-    must never be mistaken for its own draft.
-    """
-    name = BUILTIN_DRAFTS.get(name.lower(), name)
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        return None
-    path = Path(str(importlib.resources.files("eyas"))) / "drafts" / name
-    return path if (path / "config.json").is_file() else None
-
-
-def resolve_draft_path(path_or_name: str) -> Path:
-    p = Path(path_or_name).expanduser()
-    if p.is_dir():
-        return p
-    found = builtin_draft(path_or_name)
-    if found is None:
-        raise EyasError(
-            f"draft {path_or_name!r} is neither a folder nor a draft shipped with eyas",
-            "pass the folder of a saved EAGLE-3 draft (config.json + model.safetensors)",
-        )
-    return found
-
-
-def default_draft_for(model_path: str) -> str | None:
-    return str(builtin_draft(model_path)) if builtin_draft(model_path) else None
 
 
 def draft_fc_width(cfg) -> tuple[int | None, int]:
@@ -197,6 +163,17 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
     if warm_up and engine.static and args.cuda_graphs:
         print(engine.warm_up(), file=sys.stderr, flush=True)
     return engine
+
+
+def baseline_engine(engine):
+    """The same target and sizing, no draft, its CUDA graphs captured now: a baseline timed while it
+    captures graphs and compiles kernels on first use (as one built bare did) is not a baseline (on
+    the H200, eyas eval's measured 481 tok/s that way against 658-694 warmed up)."""
+    from .engine.engine import Engine
+
+    plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE), **engine.sizing)
+    plain.warm_up(progress=False)
+    return plain
 
 
 def add_engine_arguments(parser) -> None:

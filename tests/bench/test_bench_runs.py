@@ -10,9 +10,9 @@ import pytest
 from eyas.bench.offline import run_engine
 from eyas.bench.online import run_url
 from eyas.bench.plots import write_plots
-from eyas.bench.prompts import prompt_set
 from eyas.bench.results import BenchResult, Level, Request, table
 from eyas.cli import main
+from eyas.common.prompts import prompt_set
 from eyas.engine.sampling import SamplingParams
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -155,7 +155,7 @@ def test_cli_exits_nonzero_with_the_fix(folders):
 
 def test_a_local_target_is_never_taken_as_its_own_draft(folders):
     """SGLang issue 36528: no draft path must never mean 'use the target as the draft'."""
-    from eyas.pipeline import builtin_draft
+    from eyas.common.draft_registry import builtin_draft
 
     assert builtin_draft(str(folders / "target")) is None
     e = build_engine(EngineArgs(model_path=str(folders / "target")))

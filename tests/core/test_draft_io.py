@@ -8,6 +8,7 @@ from safetensors import safe_open
 
 from eyas.errors import EyasError
 from eyas.models.draft import Eagle3Draft
+from eyas.models.formats import load_draft
 from eyas.models.vocab import build_vocab, draft_to_target, target_to_draft
 
 SGLANG_NAMES = {
@@ -39,7 +40,7 @@ def test_saved_draft_has_sglang_names_shapes_and_config(tmp_path, target, draft)
 
 def test_round_trip_gives_identical_logits(tmp_path, target, draft):
     draft.save_pretrained(tmp_path)
-    loaded = Eagle3Draft.from_pretrained(tmp_path, embed_weight=target.embed_tokens.weight)
+    loaded = load_draft(tmp_path, embed_weight=target.embed_tokens.weight)
     assert loaded.aux_layer_ids == [2, 4, 5]
     for k, v in draft.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k
@@ -57,7 +58,7 @@ def test_truncated_weights_get_a_clear_message(tmp_path, draft):
     f = tmp_path / "model.safetensors"
     f.write_bytes(f.read_bytes()[: 1000])
     with pytest.raises(EyasError, match="truncated or not a weight file"):
-        Eagle3Draft.from_pretrained(tmp_path, embed_weight=torch.zeros(320, 64))
+        load_draft(tmp_path, embed_weight=torch.zeros(320, 64))
 
 
 def test_missing_tensor_and_wrong_shape_are_named(tmp_path, target):
@@ -68,17 +69,17 @@ def test_missing_tensor_and_wrong_shape_are_named(tmp_path, target):
     del state["d2t"]
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(EyasError, match=r"missing d2t"):
-        Eagle3Draft.from_pretrained(tmp_path, embed_weight=torch.zeros(320, 64))
+        load_draft(tmp_path, embed_weight=torch.zeros(320, 64))
     state["d2t"] = torch.zeros(7, dtype=torch.long)
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(EyasError, match=r"d2t has shape \(7,\)"):
-        Eagle3Draft.from_pretrained(tmp_path, embed_weight=torch.zeros(320, 64))
+        load_draft(tmp_path, embed_weight=torch.zeros(320, 64))
 
 
 def test_embeddings_of_another_target_are_refused(tmp_path, draft):
     draft.save_pretrained(tmp_path)
     with pytest.raises(EyasError, match="built for another target"):
-        Eagle3Draft.from_pretrained(tmp_path, embed_weight=torch.zeros(500, 64))
+        load_draft(tmp_path, embed_weight=torch.zeros(500, 64))
 
 
 def test_vocab_mapping_round_trip():

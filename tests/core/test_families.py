@@ -27,9 +27,9 @@ from transformers import (
 )
 
 from eyas.cli import main
+from eyas.common.target_facts import read_target
 from eyas.config import SpecConfig
 from eyas.doctor.static import diagnose
-from eyas.doctor.target_facts import read_target
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams, probs
 from eyas.engine.stats import SpecStats

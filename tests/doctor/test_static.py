@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 from eyas.cli import main
+from eyas.common.training_record import template_sha
 from eyas.doctor.static import diagnose
-from eyas.doctor.training_record import template_sha
 from eyas.models import formats
 from eyas.models.draft import Eagle3Draft
 

@@ -216,7 +216,7 @@ class OomOnLongPrompts:
 
 
 def test_a_request_that_cannot_fit_fails_alone(inprocess, reference, engine):
-    from eyas.generate import chat_ids
+    from eyas.common.prompts import chat_ids
 
     results = {}
 

@@ -33,7 +33,7 @@ def test_completion_greedy_equals_target(client, engine, reference):
 
 
 def test_streamed_chat_greedy_equals_target(client, engine, reference):
-    from eyas.generate import chat_ids
+    from eyas.common.prompts import chat_ids
 
     tok = engine.target.tokenizer
     stream = client.chat.completions.create(
@@ -52,7 +52,7 @@ def test_streamed_chat_greedy_equals_target(client, engine, reference):
 
 
 def test_chat_non_streaming_and_n(client, engine, reference):
-    from eyas.generate import chat_ids
+    from eyas.common.prompts import chat_ids
 
     tok = engine.target.tokenizer
     out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],

@@ -15,10 +15,10 @@ pytestmark = [pytest.mark.slow,
 
 def test_smollm2_server_banner_and_lossless_streamed_chat(tmp_path):
     openai = pytest.importorskip("openai")
+    from eyas.common.prompts import chat_ids
     from eyas.config import Algorithm, SpecConfig
     from eyas.engine.engine import Engine
     from eyas.engine.sampling import SamplingParams
-    from eyas.generate import chat_ids
     from eyas.models.draft import Eagle3Draft
     from eyas.models.loading import SMOLLM2, load_target
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import tiny_target
 from train_fixtures import tiny_recipe
 
-from eyas.train import dist
+from eyas.common import dist
 from eyas.train.trainer import Trainer
 
 

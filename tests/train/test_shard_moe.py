@@ -14,9 +14,9 @@ from ddp_worker import run
 from test_ddp import _torchrun
 from train_fixtures import make_data
 
+from eyas.common import dist
 from eyas.models.loading import load_target
 from eyas.models.target import Target
-from eyas.train import dist
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
 from test_families import TOK, family_model

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eyas.errors import EyasError
-from eyas.models.draft import Eagle3Draft
+from eyas.models.formats import load_draft
 from eyas.models.vocab import build_vocab, draft_to_target, target_to_draft
 from eyas.train.recipe import load_recipe
 from eyas.train.trainer import Trainer
@@ -27,7 +27,7 @@ def test_vocab_round_trip_draft_target_draft(tmp_path):
     data = make_data(target, tmp_path / "data", rows=16)
     trainer = Trainer(tiny_recipe(data, tmp_path / "run", **{"draft.vocab_size": 64, "train.max_steps": 1}), target=target)
     trainer.fit()
-    loaded = Eagle3Draft.from_pretrained(tmp_path / "run" / "draft", embed_weight=target.embed_tokens.weight)
+    loaded = load_draft(tmp_path / "run" / "draft", embed_weight=target.embed_tokens.weight)
     ids = draft_to_target(loaded.d2t, torch.arange(64))
     assert torch.equal(target_to_draft(loaded.t2d)[ids], torch.arange(64))
     counts = np.load(data / "vocab_counts.npy")

@@ -17,9 +17,8 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]
 import serve_load as sl
 
 from eyas.bench.offline import run_engine, warm_up
-from eyas.bench.prompts import prompt_set
+from eyas.common.prompts import chat_ids, prompt_set
 from eyas.engine.sampling import SamplingParams
-from eyas.generate import chat_ids
 from eyas.pipeline import EngineArgs, build_engine
 
 before, after, model, out = sys.argv[1:5]

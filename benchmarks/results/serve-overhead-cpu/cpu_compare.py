@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 import serve_load as sl
 
-from eyas.bench.prompts import prompt_set
+from eyas.common.prompts import prompt_set
 
 before, after, model, out = sys.argv[1:5]
 reps = int(sys.argv[5]) if len(sys.argv) > 5 else 3

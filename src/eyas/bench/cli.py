@@ -16,9 +16,9 @@ import os
 import sys
 from pathlib import Path
 
+from ..common.prompts import prompt_set
 from ..errors import EyasError
 from ..pipeline import add_engine_arguments, engine_args_from
-from .prompts import prompt_set
 from .results import BenchResult, Level, table
 
 
@@ -133,10 +133,10 @@ def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
 
 
 def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
+    from ..common.prompts import chat_ids
     from ..engine.sampling import SamplingParams
-    from ..pipeline import build_engine
-    from ..generate import chat_ids
-    from .offline import baseline_engine, run_engine, warm_up
+    from ..pipeline import baseline_engine, build_engine
+    from .offline import run_engine, warm_up
 
     print("loading ...", file=sys.stderr, flush=True)
     engine = build_engine(engine_args_from(args))

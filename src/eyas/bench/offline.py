@@ -10,21 +10,9 @@ from __future__ import annotations
 
 import time
 
-from ..config import Algorithm, SpecConfig
 from ..engine.sampling import SamplingParams
 from ..engine.stats import SpecStats
 from .results import Request, Run
-
-
-def baseline_engine(engine):
-    """The same target and sizing, no draft, its CUDA graphs captured now: a baseline timed while it
-    captures graphs and compiles kernels on first use (as one built bare did) is not a baseline (on
-    the H200, eyas eval's measured 481 tok/s that way against 658-694 warmed up)."""
-    from ..engine.engine import Engine
-
-    plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE), **engine.sizing)
-    plain.warm_up(progress=False)
-    return plain
 
 
 def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurrency: int, label: str,

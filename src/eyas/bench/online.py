@@ -4,7 +4,7 @@ Each request streams ``/v1/chat/completions`` with ``stream_options.include_usag
 first chunk that carries text, output tokens come from the final usage (chunks counted when a
 server sends no usage). ``concurrency`` requests are in flight at once. Acceptance over the run
 comes from the server's ``/metrics`` before and after (exact counter deltas on eyas and vLLM, the
-gauge on SGLang; see ``eyas.doctor.servers``), and per request from ``usage.spec_accept_length``
+gauge on SGLang; see ``eyas.common.server_metrics``), and per request from ``usage.spec_accept_length``
 where the server reports it (eyas).
 """
 
@@ -16,7 +16,7 @@ import time
 
 import httpx
 
-from ..doctor import servers
+from ..common import server_metrics
 from .results import Request, Run
 
 
@@ -92,9 +92,9 @@ def scrape(url: str, timeout: float = 30.0, api_key: str | None = None):
         return None, None
     if r.status_code != 200:
         return None, None
-    samples = servers.parse(r.text)
-    kind = servers.detect(samples)
-    return kind, servers.snapshot(samples, kind)
+    samples = server_metrics.parse(r.text)
+    kind = server_metrics.detect(samples)
+    return kind, server_metrics.snapshot(samples, kind)
 
 
 def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int, label: str,
@@ -110,7 +110,7 @@ def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, c
     _, after = scrape(url, api_key=api_key)
     run = Run(label, concurrency, seconds, requests, errors=errors)
     if after is not None and after.has_spec_metrics:
-        acc = servers.acceptance(before, after)
+        acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:
             run.acceptance = {"tau": round(acc.tau, 4),
                               "accept_rate": round(acc.rate, 4) if acc.rate is not None else None,

@@ -119,10 +119,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..generate import chat_ids
+    from ..common.prompts import chat_ids, prompt_set
     from ..pipeline import build_engine
     from .cli import parse_levels
-    from .prompts import prompt_set
 
     sizes = parse_levels(args.batch_sizes)
     if args.num_prompts is not None and args.num_prompts < 1:

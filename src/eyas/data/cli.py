@@ -86,8 +86,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..common import dist
     from ..models.loading import load_target
-    from ..train import dist
     from . import mix
     from .prepare import PrepareConfig, prepare, select_only
     from .regenerate import RegenConfig

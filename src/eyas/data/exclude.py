@@ -18,7 +18,7 @@ from .split import fold
 
 def bench_sets() -> dict[str, list[str]]:
     """eyas bench's built-in prompt sets by name (the one place data reads bench's prompts)."""
-    from ..bench.prompts import SETS
+    from ..common.prompts import SETS
 
     return {name: list(prompts) for name, prompts in SETS.items()}
 

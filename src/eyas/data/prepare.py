@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -25,30 +25,10 @@ from . import holdout, sources
 from .chat import render
 from .files import read_inputs
 from .ledger import Ledger
-from .regenerate import RegenConfig, RegenStats, magpie_prompts, regenerate, self_prompts, with_system
+from .prepare_config import PrepareConfig
+from .regenerate import RegenStats, magpie_prompts, regenerate, self_prompts, with_system
 from .selection import select, selection_meta, write_jsonl
 from .tokenized import vocab_counts, write_split
-
-
-@dataclass
-class PrepareConfig:
-    inputs: list[str] = field(default_factory=list)  # conversation files, folders or globs (``files``)
-    sources: list[str] = field(default_factory=list)  # chatterbot, pydoc, self, magpie
-    limit: int | None = None  # per source
-    self_per_topic: int = 8
-    magpie_prompts: int = 2000  # prompts the target is asked to write (source magpie), before dedup
-    exclude: list[str] = field(default_factory=list)  # prompt sets (names, files) kept out of the data
-    source_weights: str | list | dict = field(default_factory=dict)  # the mix (``mix.parse``)
-    max_prompts: int | None = None  # the mix's total
-    mix_seed: int = 0
-    holdout_prompts: int = 0  # the chat evaluation set (``holdout``)
-    holdout_sources: list[str] = field(default_factory=list)  # drawn from these sources (default: all)
-    holdout_seed: int = 0
-    held_out: float = 0.02
-    max_length: int = 2048
-    regenerate: bool = False
-    keep_answers: bool = False  # with regenerate: keep the given answers beside the target's
-    regen: RegenConfig = field(default_factory=RegenConfig)
 
 
 def _sharded(fn, items: list, dist_ctx) -> list:

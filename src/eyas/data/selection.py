@@ -17,7 +17,7 @@ from .ledger import Ledger
 from .split import dedup, split
 
 if TYPE_CHECKING:
-    from .prepare import PrepareConfig
+    from .prepare_config import PrepareConfig
 
 
 def select(records: list[dict], cfg: PrepareConfig, ledger: Ledger, log=print):

@@ -23,7 +23,7 @@ class TokenizerTarget:
 
 
 def load_tokenizer_target(path_or_name: str, trust_remote_code: bool = False) -> TokenizerTarget:
-    from ..doctor.target_facts import read_target
+    from ..common.target_facts import read_target
     from ..models.loading import resolve
 
     folder, gguf = resolve(path_or_name)

@@ -65,7 +65,7 @@ def run(args) -> int:
                            api_key=args.api_key)
         report = diagnose_live(args.url, opts)
     else:
-        from ..pipeline import builtin_draft
+        from ..common.draft_registry import builtin_draft
         from .static import diagnose
 
         target = args.target or SMOLLM2

@@ -11,21 +11,18 @@ SLOWER THAN BASELINE against ``--baseline-url``/``--baseline-tps`` as further pr
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from . import servers
-from .servers import EYAS, LABEL, SGLANG, VLLM, Acceptance
+from ..common import server_metrics
+from ..common.server_metrics import EYAS, LABEL, SGLANG, VLLM, Acceptance
+from .live_view import LiveOptions, ProbeResult, ServerView
 from .verdict import OK, PROBLEM, WARNING, Report
-
-if TYPE_CHECKING:
-    from .live import LiveOptions, ProbeResult, ServerView
 
 NOT_ACCEPTED_TAU = 1.1  # below this nearly every proposal is rejected
 LOW_TAU = 1.5  # accepted, but too little to pay for drafting on most hardware
 MAX_DRAFT_TOKENS = 64  # when the server does not say: more than any EAGLE tree verifies in a step
 
 
-def _metrics_missing(report: Report, view: "ServerView") -> None:
+def _metrics_missing(report: Report, view: ServerView) -> None:
     status = view.metrics_status
     if view.metrics_error or status not in (None, 404, 401, 403):  # there, but it failed or is not Prometheus
         what = view.metrics_error or f"GET /metrics answered HTTP {status}: the server failed to produce its metrics"
@@ -79,14 +76,14 @@ def _causes(kind: str, configured: str | None = None) -> list[str]:
     elif kind == SGLANG and configured == "EAGLE3":
         flag = "not the flag: /get_server_info shows EAGLE3"
     return [flag,
-            "a draft of another target, or captured layer ids shifted by one (SGLang ids = eyas ids - 1): "
-            "run eyas doctor --draft DRAFT --target TARGET",
+            ("a draft of another target, or captured layer ids shifted by one (SGLang ids = eyas ids - 1): "
+             "run eyas doctor --draft DRAFT --target TARGET"),
             "an untrained or randomly initialised draft, or one trained on too little data (eyas eval shows its tau)",
             "chat template or thinking mode different from training",
             "prompts longer than the context the draft was trained at"]
 
 
-def judge(report: Report, view: "ServerView", before, after, result: "ProbeResult | None", opts: "LiveOptions",
+def judge(report: Report, view: ServerView, before, after, result: ProbeResult | None, opts: LiveOptions,
           baseline: tuple[float | None, str]) -> None:
     kind = view.kind
     if after is None:
@@ -116,18 +113,18 @@ def judge(report: Report, view: "ServerView", before, after, result: "ProbeResul
         return
     if not after.has_spec_metrics:
         if kind == VLLM:
-            msg, fix = ("no vllm:spec_decode_* metrics: vLLM registers them only when speculative decoding is "
-                        "configured, so speculation is off", "start vLLM with --speculative-config "
-                        "'{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 3}'")
+            msg = ("no vllm:spec_decode_* metrics: vLLM registers them only when speculative decoding is "
+                   "configured, so speculation is off")
+            fix = ("start vLLM with --speculative-config "
+                   "'{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 3}'")
             report.verdict = "SPECULATION OFF: vLLM has no speculative_config"
         else:
-            msg, fix = (f"{LABEL[kind]} exposes no acceptance metrics (no spec_accept_length, no spec_decode "
-                        "counters)", "use a server version that exports them (SGLang >= 0.4 with "
-                        "--enable-metrics, vLLM v1, eyas)")
+            msg = f"{LABEL[kind]} exposes no acceptance metrics (no spec_accept_length, no spec_decode counters)"
+            fix = "use a server version that exports them (SGLang >= 0.4 with --enable-metrics, vLLM v1, eyas)"
             report.verdict = "UNVERIFIED: no acceptance metrics to read"
         report.add("speculation", PROBLEM, msg, fix)
         return
-    acc = servers.acceptance(before, after)
+    acc = server_metrics.acceptance(before, after)
     if acc is None or acc.tau is None:
         why = acc.source if acc else "no figures"
         report.add("acceptance", PROBLEM, f"no verify step was recorded ({why}), although speculation metrics exist",
@@ -146,7 +143,7 @@ def judge(report: Report, view: "ServerView", before, after, result: "ProbeResul
     _acceptance_rows(report, kind, acc, result, opts, baseline)
 
 
-def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: "LiveOptions", baseline) -> None:
+def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: LiveOptions, baseline) -> None:
     tau = acc.tau
     per = ", ".join(f"{p:.2f}" for p in acc.per_position)
     rate = f", acceptance rate {acc.rate:.3f}" if acc.rate is not None else ""

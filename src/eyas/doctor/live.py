@@ -14,41 +14,17 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from ..common import server_metrics
+from ..common.server_metrics import LABEL
 from ..errors import EyasError
-from . import server_config, servers
+from . import server_config
 from .judge import judge
-from .servers import LABEL
+from .live_view import LiveOptions, ProbeResult, ServerView
 from .verdict import OK, PROBLEM, Report
-
-
-@dataclass
-class ProbeResult:
-    requests: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
-    per_request_tau: list[float] = field(default_factory=list)  # where responses carry spec_accept_length
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.completion_tokens / self.seconds if self.seconds > 0 and self.completion_tokens else None
-
-
-@dataclass
-class ServerView:
-    url: str
-    kind: str = servers.UNKNOWN
-    model: str | None = None
-    owned_by: str | None = None
-    metrics_status: int | None = None
-    metrics_error: str | None = None  # /metrics timed out, failed or answered text that is not Prometheus
-    error: str | None = None
-    timed_out: bool = False
 
 
 def _get(client: httpx.Client, url: str) -> tuple[httpx.Response | None, str | None, bool]:
@@ -81,11 +57,11 @@ def look(client: httpx.Client, url: str) -> tuple[ServerView, dict | None]:
     samples = None
     if m is not None and m.status_code == 200:
         try:
-            samples = servers.parse(m.text)
+            samples = server_metrics.parse(m.text)
         except ValueError as e:
             view.metrics_error = (f"GET {url}/metrics answered 200 with text that is not Prometheus exposition "
                                   f"format ({str(e)[:200]})")
-    view.kind = servers.detect(samples or {}, view.owned_by)
+    view.kind = server_metrics.detect(samples or {}, view.owned_by)
     return view, samples
 
 
@@ -149,27 +125,9 @@ def read_expect_tau(value: str | None) -> float | None:
         raise EyasError(f"{p} has no accept_length ({e})", "pass the file `eyas eval --json-out` wrote") from None
 
 
-@dataclass
-class LiveOptions:
-    probes: int = 5
-    no_probe: bool = False
-    max_tokens: int = 64
-    expect_tau: float | None = None
-    tau_tolerance: float = 0.1  # relative
-    baseline_url: str | None = None
-    baseline_tps: float | None = None
-    model: str | None = None
-    timeout: float = 300.0
-    api_key: str | None = None  # sent as "Authorization: Bearer KEY" (eyas/SGLang/vLLM --api-key)
-
-    def client(self) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        return httpx.Client(timeout=self.timeout, headers=headers)
-
-
 def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = None,
                   baseline_client: httpx.Client | None = None) -> Report:
-    from ..bench.prompts import prompt_set
+    from ..common.prompts import prompt_set
 
     url = url.rstrip("/")
     own = client is None
@@ -192,7 +150,7 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
             report.figures["server_algorithm"] = configured
         if server_config.num_draft_tokens(view.kind, info):
             report.figures["server_num_draft_tokens"] = server_config.num_draft_tokens(view.kind, info)
-        before = servers.snapshot(samples, view.kind) if samples is not None else None
+        before = server_metrics.snapshot(samples, view.kind) if samples is not None else None
         prompts = prompt_set("chat")[: max(opts.probes, 0)]
         result, baseline = None, (opts.baseline_tps, "--baseline-tps") if opts.baseline_tps else (None, "")
         if not opts.no_probe and prompts:
@@ -204,7 +162,7 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                 if base is not None:
                     baseline = (base.tokens_per_s, f"{opts.baseline_url.rstrip('/')}, same probes interleaved")
             view_after, samples_after = look(client, url)
-            after = servers.snapshot(samples_after, view.kind) if samples_after is not None else None
+            after = server_metrics.snapshot(samples_after, view.kind) if samples_after is not None else None
             if after is None:  # the second read failed: report how
                 view.metrics_status = view_after.metrics_status
                 view.metrics_error = view_after.metrics_error or view_after.error

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import httpx
 
+from ..common.server_metrics import EYAS, SGLANG
 from ..errors import EyasError
-from .servers import EYAS, SGLANG
 from .verdict import OK, PROBLEM, WARNING, Report
 
 

@@ -20,12 +20,12 @@ exception, so a person sees every problem at once.
 from __future__ import annotations
 
 from ..checks import check_algorithm, check_vocab_maps, draft_kind
+from ..common.target_facts import TargetFacts, read_target
+from ..common.training_record import read_record, template_sha
 from ..config import Algorithm
 from ..errors import EyasError
 from ..layers import check_aux_layers, default_aux_layers, to_sglang
 from ..models import formats
-from .target_facts import TargetFacts, read_target
-from .training_record import read_record, template_sha
 from .verdict import OK, PROBLEM, WARNING, Report
 
 FMT_NAMES = {"eyas": "eyas", "sglang": "SGLang/SpecForge", "speculators": "speculators (vLLM)",

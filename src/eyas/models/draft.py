@@ -185,6 +185,8 @@ class Eagle3Draft(nn.Module):
         return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
     def save_pretrained(self, path, include_embeddings: bool = False, dtype: torch.dtype | None = None) -> Path:
+        """Write the draft in eyas's format; ``eyas.models.formats.load_draft`` reads it back (and every other
+        format eyas reads)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = self.state_for_save(include_embeddings)
@@ -196,11 +198,3 @@ class Eagle3Draft(nn.Module):
         config["torch_dtype"] = str(dtype or self.fc.weight.dtype).replace("torch.", "")
         (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         return path
-
-    @classmethod
-    def from_pretrained(cls, path, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None,
-                        allow_pickle: bool = False) -> "Eagle3Draft":
-        """Load a draft folder in any format eyas reads (see ``eyas.models.formats``)."""
-        from .formats import load_draft
-
-        return load_draft(path, embed_weight=embed_weight, device=device, dtype=dtype, allow_pickle=allow_pickle)

@@ -23,7 +23,7 @@ def training_warnings(engine) -> list[str]:
     if engine.draft is None or not engine.spec.speculative:
         return []
     try:
-        from ..doctor.training_record import read_record
+        from ..common.training_record import read_record
 
         rec = read_record(getattr(engine.draft, "name_or_path", "."), engine.draft.config)
     except Exception:  # noqa: BLE001 - no record readable: nothing to compare

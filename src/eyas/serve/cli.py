@@ -139,8 +139,9 @@ def served_engine_args(args):
 
 def tensor_parallel_refusal(args) -> tuple[str, str]:
     """(problem, fix) for --tp N > 1: export the draft and serve it with SGLang or vLLM, the lines printed."""
+    from ..common.draft_registry import BUILTIN_DRAFTS, builtin_draft
     from ..export import launch_lines, public_target
-    from ..pipeline import BUILTIN_DRAFTS, builtin_draft, speculative_flags
+    from ..pipeline import speculative_flags
 
     flags = speculative_flags(args)
     shipped = BUILTIN_DRAFTS.get(args.model_path.lower()) if builtin_draft(args.model_path) else None

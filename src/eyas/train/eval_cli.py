@@ -86,8 +86,8 @@ def _decode(engine, prompts, params, batch_size):
 
 
 def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = False) -> dict:
-    from ..bench.offline import baseline_engine
     from ..engine.stats import SpecStats
+    from ..pipeline import baseline_engine
 
     engine.generate(prompts[:1], type(params)(max_new_tokens=4))  # warm-up
     outs, seconds = _decode(engine, prompts, params, batch_size)

@@ -23,11 +23,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..common import dist
 from ..data.tokenized import TokenizedSplit
 from ..errors import EyasError
 from ..models.draft import Eagle3Draft
 from ..models.vocab import build_vocab
-from . import checkpoint, dist, trackers
+from . import checkpoint, trackers
 from .batches import collate, epoch_batches, rank_rows, to_device
 from .evaluate import heldout_metrics
 from .logger import RunLog, Window

@@ -6,17 +6,18 @@ import torch
 
 from ..errors import EyasError
 from ..models.draft import Eagle3Draft
+from ..models.formats import load_draft
 
 
 def warm_start(draft: Eagle3Draft, path: str, target) -> None:
     """Start ``draft`` from a saved draft of the same target (any format eyas reads, or a shipped
     draft's name): every trainable tensor and the vocabulary maps (``lm_head``'s rows belong to
     them). Anything that does not fit is refused, so a warm start never silently scrambles weights."""
-    from ..pipeline import resolve_draft_path
+    from ..common.draft_registry import resolve_draft_path
 
     folder = resolve_draft_path(path)
-    src = Eagle3Draft.from_pretrained(folder, embed_weight=target.embed_tokens.weight.detach().float(),
-                                      dtype=torch.float32)  # raises if it was built for another vocabulary
+    src = load_draft(folder, embed_weight=target.embed_tokens.weight.detach().float(),
+                     dtype=torch.float32)  # raises if it was built for another vocabulary
     fix = "start from a draft trained for this target with the same draft.vocab_size and aux layers, or unset draft.init_from"
     want = draft.aux_layer_ids or target.aux_layer_ids
     have = src.aux_layer_ids or target.aux_layer_ids

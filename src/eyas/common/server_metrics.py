@@ -26,14 +26,15 @@ EYAS, SGLANG, VLLM, UNKNOWN = "eyas", "sglang", "vllm", "unknown"
 LABEL = {EYAS: "eyas", SGLANG: "SGLang", VLLM: "vLLM", UNKNOWN: "an unknown OpenAI-compatible server"}
 
 NAMES = {
-    EYAS: dict(drafts="eyas:spec_decode_num_drafts", draft_tokens="eyas:spec_decode_num_draft_tokens",
-               accepted="eyas:spec_decode_num_accepted_tokens",
-               per_pos="eyas:spec_decode_num_accepted_tokens_per_pos", gen="eyas:generation_tokens",
-               length="eyas:spec_accept_length", rate="eyas:spec_accept_rate"),
-    VLLM: dict(drafts="vllm:spec_decode_num_drafts", draft_tokens="vllm:spec_decode_num_draft_tokens",
-               accepted="vllm:spec_decode_num_accepted_tokens",
-               per_pos="vllm:spec_decode_num_accepted_tokens_per_pos", gen="vllm:generation_tokens"),
-    SGLANG: dict(gen="sglang:generation_tokens", length="sglang:spec_accept_length", rate="sglang:spec_accept_rate"),
+    EYAS: {"drafts": "eyas:spec_decode_num_drafts", "draft_tokens": "eyas:spec_decode_num_draft_tokens",
+           "accepted": "eyas:spec_decode_num_accepted_tokens",
+           "per_pos": "eyas:spec_decode_num_accepted_tokens_per_pos", "gen": "eyas:generation_tokens",
+           "length": "eyas:spec_accept_length", "rate": "eyas:spec_accept_rate"},
+    VLLM: {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+           "accepted": "vllm:spec_decode_num_accepted_tokens",
+           "per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos", "gen": "vllm:generation_tokens"},
+    SGLANG: {"gen": "sglang:generation_tokens", "length": "sglang:spec_accept_length",
+             "rate": "sglang:spec_accept_rate"},
 }
 
 
@@ -44,7 +45,7 @@ def parse(text: str) -> dict[str, list[tuple[dict, float]]]:
     out: dict[str, list[tuple[dict, float]]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            name = s.name[: -len("_total")] if s.name.endswith("_total") else s.name
+            name = s.name.removesuffix("_total")
             if name.endswith("_created"):
                 continue
             out.setdefault(name, []).append((dict(s.labels), float(s.value)))

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from eyas.bench.prompts import SETS, prompt_set, read_jsonl
+from eyas.common.prompts import SETS, prompt_set, read_jsonl
 from eyas.errors import EyasError
 
 

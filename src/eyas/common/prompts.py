@@ -149,3 +149,12 @@ def read_jsonl(path) -> list[str]:
     if not out:
         raise EyasError(f"{path} holds no prompts", "one {\"prompt\": ...} object per line")
     return out
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """One user message as the target sees it: through its chat template when it has one, plain text otherwise."""
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+        return tokenizer(rendered, add_special_tokens=False).input_ids
+    return tokenizer(text).input_ids

@@ -6,6 +6,7 @@ leaves both outputs as they are alone."""
 from __future__ import annotations
 
 import dataclasses
+import traceback
 
 import pytest
 import torch
@@ -108,3 +109,21 @@ def test_no_alternatives_and_the_cap(engines):
     assert len(out.logprobs) == len(out.output_ids) and all(lp.top == [] for lp in out.logprobs)
     with pytest.raises(Exception, match="logprobs must be an integer in \\[0, 20\\]"):
         SamplingParams(logprobs=21)
+
+
+def test_a_step_with_logprobs_reads_the_device_once_then_unpacks_on_the_host(engine, monkeypatch):
+    """The logprobs travel with the step's one readback (``_finish``): unpacking them reads host memory only."""
+    eng = Engine(engine.target, engine.draft, SpecConfig(Algorithm.EAGLE3, 3, 2, 6), max_batch=4)
+    asking, plain = (SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=k) for k in (3, None))
+    batch = eng.prefill([eng.new_sequence(_ids(eng, p), sp) for p, sp in zip(PROMPTS, (asking, plain))])
+    eng.step(batch)
+    reads, tolist = [], torch.Tensor.tolist
+
+    def recorded(t, *args, **kwargs):
+        reads.append(traceback.extract_stack()[-2].name)
+        return tolist(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", recorded)
+    eng.step(batch)
+    assert reads == ["_finish", "unpack"]
+    assert len(batch.seqs[0].logprobs) == len(batch.seqs[0].output_ids) and batch.seqs[1].logprobs is None

@@ -6,8 +6,9 @@ of id lists (or ``n > 1``) returns a list. Response: ``{"text", "output_ids", "m
 (``{"type": "stop", "matched": ...}``, ``{"type": "length", "length": n}`` or ``{"type": "abort"}``),
 ``e2e_latency``, ``ttft`` and, when speculating, ``spec_verify_ct``, ``spec_accept_length``,
 ``spec_accept_rate``, ``spec_draft_token_num``, ``spec_accept_token_num``,
-``spec_accepted_per_position``. A stream sends the cumulative object per update (as SGLang does),
-with an ``index`` for batches, then ``data: [DONE]``.
+``spec_accepted_per_position``; with ``return_logprob``, SGLang's ``output_token_logprobs`` (and
+``output_top_logprobs`` with ``top_logprobs_num``: ``logprobs.generate``). A stream sends the
+cumulative object per update (as SGLang does), with an ``index`` for batches, then ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from . import logprobs as lp
 from .api_errors import ApiError, bad_request
 from .inputs import check_model, generate_job, generate_prompts, parse_body
 from .openai_routes import failed_error, log_failure, log_prompt, spec_fields, sse, streaming
@@ -42,9 +44,10 @@ async def generate(request: Request):
     rids = _rids(req.rid, len(job.prompts) * job.n)
     run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
+    shape = (req.top_logprobs_num or 0, bool(req.return_text_in_logprobs)) if req.return_logprob else None
     log_prompt(request, prep)
     if req.stream:
-        return streaming(state, run, _stream(state, run, rids, batched, request.state.log), request.state.log)
+        return streaming(state, run, _stream(state, run, rids, batched, shape, request.state.log), request.state.log)
     results: list[dict | None] = [None] * len(run.works)
     try:
         async for index, event in run.events(request.receive):
@@ -52,7 +55,7 @@ async def generate(request: Request):
                 request.state.log["error"] = event.message
                 raise failed_error(event)
             if isinstance(event, Finished):
-                results[index] = _result(state, rids[index], event)
+                results[index] = _result(state, rids[index], event, shape)
     except ClientGone:
         return Response(status_code=499)
     fields = request.state.log
@@ -83,7 +86,8 @@ def _finish_reason(f: Finished) -> dict:
     return {"type": "abort", "message": "cancelled"}
 
 
-def _result(state, rid: str, f: Finished) -> dict:
+def _result(state, rid: str, f: Finished, shape: tuple[int, bool] | None) -> dict:
+    """The response of one output; ``shape`` (top_logprobs_num, return_text_in_logprobs) with return_logprob."""
     meta = {
         "id": rid,
         "prompt_tokens": f.prompt_tokens,
@@ -94,6 +98,8 @@ def _result(state, rid: str, f: Finished) -> dict:
     }
     if state.engine.spec.speculative:
         meta.update(spec_fields(f.stats))
+    if shape is not None:
+        meta.update(lp.generate(f.logprobs or [], *shape))
     return {"text": f.text, "output_ids": list(f.output_ids), "meta_info": meta}
 
 
@@ -106,9 +112,10 @@ async def _guarded(run: JobRun):
         yield None, e
 
 
-async def _stream(state, run: JobRun, rids: list[str], batched: bool, log_fields: dict):
+async def _stream(state, run: JobRun, rids: list[str], batched: bool, shape, log_fields: dict):
     texts = [""] * len(run.works)
     ids: list[list[int]] = [[] for _ in run.works]
+    entries: list[list] = [[] for _ in run.works]
     try:
         async for index, event in _guarded(run):
             if isinstance(event, ApiError):
@@ -118,11 +125,14 @@ async def _stream(state, run: JobRun, rids: list[str], batched: bool, log_fields
             if isinstance(event, Delta):
                 texts[index] += event.text
                 ids[index] += event.token_ids
+                entries[index] += event.logprobs or []
                 body = {"text": texts[index], "output_ids": list(ids[index]),
                         "meta_info": {"id": rids[index], "prompt_tokens": len(run.works[index].seq.prompt_ids),
                                       "completion_tokens": len(ids[index]), "finish_reason": None}}
+                if shape is not None:
+                    body["meta_info"].update(lp.generate(entries[index], *shape))
             elif isinstance(event, Finished):
-                body = _result(state, rids[index], event)
+                body = _result(state, rids[index], event, shape)
             elif isinstance(event, Failed):
                 log_failure(log_fields, event.message)
                 yield sse({"error": {"message": event.message, "type": "server_error", "code": "engine_error"}})

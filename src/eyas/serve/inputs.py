@@ -3,7 +3,7 @@
 Everything a client can get wrong is caught here, before the request reaches the engine thread:
 the bytes (UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values
 (``SamplingParams`` validates itself), the prompt against the context length, and knobs eyas does
-not implement (logprobs, tools, a minimum length), which are refused rather than silently ignored.
+not implement (prompt logprobs, tools, a minimum length), which are refused rather than silently ignored.
 Penalties, ``logit_bias`` and ``min_p`` reach ``SamplingParams``, which checks OpenAI's ranges; a
 ``logit_bias`` token outside the vocabulary is refused where the sequence is made (``sequences_for``).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from ..engine.sampling import SamplingParams
+from ..engine.sampling import MAX_LOGPROBS, SamplingParams
 from ..errors import EyasError
 from .api_errors import ApiError, bad_request
 from .json_body import INT64, load_object
@@ -169,11 +169,41 @@ def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
     return bias
 
 
+def _alternatives(param: str, n: int) -> int:
+    """How many alternatives per token a logprobs field asks for, within [0, MAX_LOGPROBS]."""
+    if not 0 <= n <= MAX_LOGPROBS:
+        raise bad_request(f"{param} must be in [0, {MAX_LOGPROBS}] (the most alternatives per token eyas returns, "
+                          f"vLLM's cap), got {n}; ask for at most {MAX_LOGPROBS}", param=param, code="invalid_value")
+    return n
+
+
+def _chat_logprobs(req: ChatCompletionRequest) -> int | None:
+    """OpenAI chat's ``logprobs`` (bool) and ``top_logprobs`` (n) -> SamplingParams.logprobs."""
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise bad_request("top_logprobs needs logprobs: true (OpenAI's rule); send both, or leave top_logprobs "
+                              "out", param="top_logprobs", code="invalid_value")
+        return None
+    return _alternatives("top_logprobs", req.top_logprobs or 0)
+
+
+def _generate_logprobs(req: GenerateRequest) -> int | None:
+    """SGLang's ``return_logprob`` and ``top_logprobs_num`` -> SamplingParams.logprobs (output tokens only)."""
+    if not req.return_logprob:
+        if req.top_logprobs_num:
+            raise bad_request("top_logprobs_num needs return_logprob: true; send both, or leave top_logprobs_num out",
+                              param="top_logprobs_num", code="invalid_value")
+        return None
+    if req.logprob_start_len not in (None, -1):
+        raise bad_request(f"logprob_start_len={req.logprob_start_len} asks for the prompt's logprobs, which eyas does "
+                          "not compute (only the output's); leave it out or send -1", param="logprob_start_len")
+    return _alternatives("top_logprobs_num", req.top_logprobs_num or 0)
+
+
 def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool) -> Job:
     _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
-        _refuse("logprobs", req.logprobs, False, "log probabilities are not returned")
-        _refuse("top_logprobs", req.top_logprobs, 0, "log probabilities are not returned")
+        logprobs = _chat_logprobs(req)
         _refuse("tools", req.tools, None, "no tool calling")
         _refuse("tool_choice", req.tool_choice, "none", "no tool calling")
         if req.response_format and req.response_format.get("type", "text") != "text":
@@ -182,8 +212,8 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     else:
-        _refuse("logprobs", req.logprobs, None, "log probabilities are not returned")
-        _refuse("echo", req.echo, False, "the prompt is not echoed")
+        logprobs = None if req.logprobs is None else _alternatives("logprobs", req.logprobs)
+        _refuse("echo", req.echo, False, "the prompt is not echoed, nor are its logprobs computed")
         _refuse("suffix", req.suffix, None, "no insertion mode")
         _refuse("best_of", req.best_of, 1, "no best-of sampling")
         max_tokens, param = req.max_tokens, "max_tokens"
@@ -202,15 +232,14 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
                      top_k=0 if req.top_k is None else req.top_k, min_p=req.min_p,
                      presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                      repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
-                     seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)
+                     seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
                max_tokens is not None or default is not None, param)
 
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     sp = req.sampling_params
-    _refuse("return_logprob", req.return_logprob, False, "log probabilities are not returned")
-    _refuse("top_logprobs_num", req.top_logprobs_num, 0, "log probabilities are not returned")
+    logprobs = _generate_logprobs(req)
     _refuse("lora_path", req.lora_path, None, "no LoRA adapters")
     _refuse("image_data", req.image_data, None, "text only")
     _refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
@@ -223,7 +252,7 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
                      presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
                      repetition_penalty=sp.repetition_penalty, seed=sp.seed if sp.seed is not None else sp.sampling_seed,
-                     stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos)
+                     stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")
 
 

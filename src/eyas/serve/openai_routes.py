@@ -5,6 +5,9 @@ Each response carries its own acceptance in ``usage`` (SGLang's ``meta_info`` na
 ``spec_accept_length`` (1 + accepted / steps), ``spec_accept_rate`` (accepted / draft tokens) and
 ``spec_accepted_per_position``. A stream sends them in the usage chunk
 (``stream_options.include_usage``) and, per choice, in ``meta_info`` on its last chunk.
+Logprobs (chat's ``logprobs``/``top_logprobs``, completions' ``logprobs``) are shaped by ``logprobs.py``;
+a streamed chunk carries those of the tokens its delta holds (of tokens whose text was held back, in the
+next chunk with text, or the last one).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ..engine.stats import SpecStats
+from . import logprobs as lp
 from .api_errors import ApiError, error_body
 from .inputs import chat_prompt, check_model, openai_job, parse_body, text_prompts
 from .prepare import Prepared, Preparer
@@ -87,7 +91,7 @@ async def chat_completions(request: Request):
     if finished is None:
         return Response(status_code=499)
     choices = [{"index": i, "message": {"role": "assistant", "content": f.text},
-                "finish_reason": f.reason, "logprobs": None} for i, f in enumerate(finished)]
+                "finish_reason": f.reason, "logprobs": lp.chat(f.logprobs)} for i, f in enumerate(finished)]
     body_usage = usage(state, run.prompt_tokens, finished)
     log_result(request.state.log, body_usage, finished)
     return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": body_usage})
@@ -107,7 +111,7 @@ async def completions(request: Request):
     finished = await _collect(run, request)
     if finished is None:
         return Response(status_code=499)
-    choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "logprobs": None}
+    choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "logprobs": lp.completion(f.logprobs)[0]}
                for i, f in enumerate(finished)]
     body_usage = usage(state, run.prompt_tokens, finished)
     log_result(request.state.log, body_usage, finished)
@@ -194,8 +198,9 @@ async def _chat_stream(state, run: JobRun, head: dict, options, log_fields: dict
         yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None, "logprobs": None}]})
 
-    def piece(index, text, reason):
-        return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": reason, "logprobs": None}
+    def piece(index, text, reason, items):
+        return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": reason,
+                "logprobs": lp.chat(items)}
 
     async for line in _stream(state, run, chunk, options, piece, log_fields):
         yield line
@@ -203,31 +208,36 @@ async def _chat_stream(state, run: JobRun, head: dict, options, log_fields: dict
 
 async def _completion_stream(state, run: JobRun, head: dict, options, log_fields: dict):
     chunk = {**head, "object": "text_completion"}
+    offsets: dict[int, int] = {}  # per choice: where its next token's text starts (text_offset)
 
-    def piece(index, text, reason):
-        return {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
+    def piece(index, text, reason, items):
+        logprobs, offsets[index] = lp.completion(items, offsets.get(index, 0))
+        return {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
 
     async for line in _stream(state, run, chunk, options, piece, log_fields):
         yield line
 
 
 async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: dict):
-    """SSE lines for either endpoint; ``piece(index, text, finish_reason)`` shapes one choice."""
+    """SSE lines for either endpoint; ``piece(index, text, finish_reason, logprob entries)`` shapes one choice."""
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
     done: list[Finished] = []
     generated = 0
+    pending: dict[int, list] = {}  # per choice: logprob entries not sent yet (their delta had no text)
     try:
         async for index, event in run.events():
             extra = {}
             if isinstance(event, Delta):
                 generated += len(event.token_ids)
+                pending.setdefault(index, []).extend(event.logprobs or [])
                 if not event.text:
                     continue
-                body = {**chunk, "choices": [piece(index, event.text, None)]}
+                body = {**chunk, "choices": [piece(index, event.text, None, pending.pop(index))]}
             elif isinstance(event, Finished):
                 done.append(event)
-                body = {**chunk, "choices": [piece(index, "", event.reason)], "meta_info": _meta(state, event)}
+                body = {**chunk, "choices": [piece(index, "", event.reason, pending.pop(index, None))],
+                        "meta_info": _meta(state, event)}
             else:  # Failed
                 log_failure(log_fields, event.message)
                 yield sse(error_body(event.message, "server_error", code="engine_error"))

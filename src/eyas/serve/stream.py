@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..engine.stats import SpecStats
 from .detokenize import Detokenizer
+from .logprobs import Entry, TokenTexts, entries
 from .metrics import ServeMetrics
 
 log = logging.getLogger("eyas.serve")
@@ -36,6 +37,7 @@ log = logging.getLogger("eyas.serve")
 class Delta:
     text: str
     token_ids: list[int]
+    logprobs: list[Entry] | None = None  # with logprobs asked: those of token_ids
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Finished:
     stats: SpecStats  # this request's acceptance (a copy)
     ttft: float | None
     e2e: float
+    logprobs: list[Entry] | None = None  # with logprobs asked: one per output id
 
 
 @dataclass
@@ -70,7 +73,8 @@ def coalesce(events: list[tuple[int, object]]) -> list[tuple[int, object]]:
     for index, event in events:
         if out and isinstance(event, Delta) and out[-1][0] == index and isinstance(out[-1][1], Delta):
             last = out[-1][1]
-            out[-1] = (index, Delta(last.text + event.text, last.token_ids + event.token_ids))
+            joined = None if last.logprobs is None else last.logprobs + (event.logprobs or [])
+            out[-1] = (index, Delta(last.text + event.text, last.token_ids + event.token_ids, joined))
         else:
             out.append((index, event))
     return out
@@ -86,6 +90,8 @@ class Receiver:
         self.text = ""
         self.first_token_at: float | None = None
         self.closed = False  # its last event (Finished or Failed) is queued: later payloads are dropped
+        self.received = 0  # tokens the engine emitted for this row so far (a stop string may keep fewer)
+        self.kept_logprobs: list[Entry] | None = None  # with logprobs asked: those of kept_ids
 
     def tokens(self, work, tokens: list[int]) -> int:
         """The engine emitted ``tokens`` for this row; returns how many are kept."""
@@ -97,10 +103,24 @@ class Receiver:
         if pushed.matched is not None:
             work.stopped = True  # the engine thread ends the row before its next step
         self.kept_ids += pushed.tokens
+        logprobs = self._logprobs(work.seq, tokens, pushed.tokens)
         if pushed.text or pushed.tokens:
             self.text += pushed.text
-            self.queue.put_nowait((self.index, Delta(pushed.text, pushed.tokens)))
+            self.queue.put_nowait((self.index, Delta(pushed.text, pushed.tokens, logprobs)))
         return len(pushed.tokens)
+
+    def _logprobs(self, seq, tokens: list[int], kept: list[int]) -> list[Entry] | None:
+        """The entries of the ``kept`` tokens of ``tokens`` (None when the row did not ask). The engine
+        thread appends a token's logprobs to ``seq.logprobs`` before it posts the token, so the entries
+        of every token received so far are there."""
+        if seq.logprobs is None:
+            return None
+        start, self.received = self.received, self.received + len(tokens)
+        new = entries(self.outbox.texts, kept, seq.logprobs[start:start + len(kept)])
+        if self.kept_logprobs is None:
+            self.kept_logprobs = []
+        self.kept_logprobs += new
+        return new
 
     def failed(self, failed: Failed) -> None:
         self.closed = True
@@ -129,7 +149,8 @@ class Receiver:
                      seq.rid, reason, len(seq.prompt_ids), len(self.kept_ids), e2e,
                      "-" if ttft is None else f"{ttft:.3f} s", spec)
         self.queue.put_nowait((self.index, Finished(reason, matched, list(self.kept_ids), self.text,
-                                                    len(work.seq.prompt_ids), ended.stats, ttft, e2e)))
+                                                    len(work.seq.prompt_ids), ended.stats, ttft, e2e,
+                                                    self.kept_logprobs)))
 
 
 class Outbox:
@@ -140,6 +161,7 @@ class Outbox:
 
     def __init__(self, loop, tokenizer, metrics: ServeMetrics, log_requests: bool = False):
         self.loop, self.tokenizer, self.metrics, self.log_requests = loop, tokenizer, metrics, log_requests
+        self.texts = TokenTexts(tokenizer)  # token texts for logprobs
         self._lock = threading.Lock()
         self._items: list[tuple[object, object]] = []
         self._scheduled = False

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import write
 
-from eyas.bench.online import scrape, served_model
+from eyas.bench.online import scrape, served_model, stream_chat
 from eyas.common import server_metrics
 from eyas.common.prompts import prompt_set, read_jsonl
 
@@ -60,30 +60,11 @@ def percentiles(xs: list[float]) -> dict | None:
 
 # -- over HTTP ------------------------------------------------------------------------------------
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
-    start = time.perf_counter()
-    arrivals, tokens = [], 0
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                raise RuntimeError(f"stream error: {event['error'].get('message')}")
-            now = time.perf_counter()
-            if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
-                arrivals.append(now)
-            if event.get("usage"):
-                tokens = int(event["usage"].get("completion_tokens") or tokens)
-    e2e = time.perf_counter() - start
-    if not arrivals:
+    s = await stream_chat(client, url, body)
+    if not s.arrivals:
         raise RuntimeError("the stream carried no text")
-    return {"tokens": tokens, "ttft": arrivals[0] - start, "e2e": e2e,
-            "gaps": [b - a for a, b in itertools.pairwise(arrivals)]}
+    return {"tokens": int((s.usage or {}).get("completion_tokens") or 0), "ttft": s.arrivals[0] - s.start,
+            "e2e": s.end - s.start, "gaps": [b - a for a, b in itertools.pairwise(s.arrivals)]}
 
 
 async def load(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int,
@@ -289,9 +270,8 @@ def main(argv=None) -> int:
 def in_process_engines(args, labels: list[str]) -> dict:
     """label -> (engine, chat prompt ids): the servers' engine built here, and its NONE twin."""
     from eyas.bench.offline import warm_up
-    from eyas.pipeline import baseline_engine
     from eyas.common.prompts import chat_ids
-    from eyas.pipeline import EngineArgs, build_engine
+    from eyas.pipeline import EngineArgs, baseline_engine, build_engine
 
     kw = {k: getattr(args, k) for k in ("speculative_algorithm", "speculative_draft_model_path",
                                         "speculative_num_steps", "speculative_eagle_topk",

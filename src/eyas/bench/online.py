@@ -1,11 +1,12 @@
 """Benchmark over HTTP against any OpenAI-compatible server (eyas, SGLang, vLLM, ...).
 
-Each request streams ``/v1/chat/completions`` with ``stream_options.include_usage``: TTFT is the
-first chunk that carries text, output tokens come from the final usage (chunks counted when a
-server sends no usage). ``concurrency`` requests are in flight at once. Acceptance over the run
-comes from the server's ``/metrics`` before and after (exact counter deltas on eyas and vLLM, the
-gauge on SGLang; see ``eyas.common.server_metrics``), and per request from ``usage.spec_accept_length``
-where the server reports it (eyas).
+Each request streams ``/v1/chat/completions`` with ``stream_options.include_usage``
+(``stream_chat``, also what ``benchmarks/serve_load.py`` sends): TTFT is the first chunk that carries
+text, output tokens come from the final usage (chunks counted when a server sends no usage); a stream
+with an ``error`` event is a failed request. ``concurrency`` requests are in flight at once.
+Acceptance over the run comes from the server's ``/metrics`` before and after (exact counter deltas
+on eyas and vLLM, the gauge on SGLang; see ``eyas.common.server_metrics``), and per request from
+``usage.spec_accept_length`` where the server reports it (eyas).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 
 import httpx
 
@@ -20,12 +22,21 @@ from ..common import server_metrics
 from .results import Request, Run
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-               temperature: float, top_p: float) -> Request:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": temperature, "top_p": top_p, "stream": True, "stream_options": {"include_usage": True}}
+@dataclass
+class Streamed:
+    """One streamed ``/v1/chat/completions`` as the client saw it (``time.perf_counter`` seconds)."""
+
+    start: float
+    end: float
+    arrivals: list[float]  # when each chunk that carried text arrived
+    usage: dict | None  # the last usage the stream carried (``stream_options.include_usage``)
+
+
+async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Streamed:
+    """POST ``body`` (with ``"stream": true``) and read its server-sent events to ``[DONE]``. A status other
+    than 200 or an ``error`` event raises RuntimeError with the server's message."""
     start = time.perf_counter()
-    ttft, chunks, usage = None, 0, None
+    arrivals, usage = [], None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             text = (await r.aread()).decode(errors="replace")
@@ -37,17 +48,25 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max
             if data == "[DONE]":
                 break
             event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(f"stream error: {(event['error'] or {}).get('message')}")
             if event.get("usage"):
                 usage = event["usage"]
-            for choice in event.get("choices") or []:
-                if (choice.get("delta") or {}).get("content"):
-                    chunks += 1
-                    if ttft is None:
-                        ttft = time.perf_counter() - start
-    e2e = time.perf_counter() - start
-    tokens = int(usage["completion_tokens"]) if usage and usage.get("completion_tokens") is not None else chunks
-    tau = usage.get("spec_accept_length") if usage else None
-    return Request(tokens, ttft, e2e, float(tau) if tau is not None else None)
+            if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+                arrivals.append(time.perf_counter())
+    return Streamed(start, time.perf_counter(), arrivals, usage)
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
+               temperature: float, top_p: float) -> Request:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": temperature, "top_p": top_p, "stream": True, "stream_options": {"include_usage": True}}
+    s = await stream_chat(client, url, body)
+    usage = s.usage or {}
+    tokens = int(usage["completion_tokens"]) if usage.get("completion_tokens") is not None else len(s.arrivals)
+    tau = usage.get("spec_accept_length")
+    ttft = s.arrivals[0] - s.start if s.arrivals else None
+    return Request(tokens, ttft, s.end - s.start, float(tau) if tau is not None else None)
 
 
 def _headers(api_key: str | None) -> dict | None:

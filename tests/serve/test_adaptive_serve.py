@@ -22,7 +22,7 @@ def served(*argv: str) -> EngineArgs:
 
 
 def test_auto_is_the_default_unless_a_tree_or_a_schedule_is_named():
-    assert served().speculative_batch_schedule == AUTO
+    assert served("--device", "cuda").speculative_batch_schedule == AUTO  # no flags: the device's (test_defaults.py)
     assert served("--speculative-draft-model-path", "d").speculative_batch_schedule == AUTO
     assert served("--speculative-num-steps", "3").speculative_batch_schedule is None
     assert served("--speculative-config", '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}'

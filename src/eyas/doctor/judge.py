@@ -105,6 +105,14 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
                    "see the server log for the failed requests")
         report.figures.update(probe_requests=result.requests, completion_tokens=result.completion_tokens,
                               probe_seconds=round(result.seconds, 3), tokens_per_s=round(tps, 2) if tps else None)
+    source = report.figures.get("server_setting_source") or ""
+    if kind == EYAS and after.algorithm == "NONE" and source.startswith("default"):
+        report.add("speculation", WARNING, f"speculation is off on this server by eyas serve's {source}: "
+                   f"{report.figures.get('server_setting_reason')}. Not a misconfiguration, and no acceptance "
+                   "to judge", "to check the draft's acceptance here, start the server with "
+                   "--speculative-algorithm EAGLE3 (adaptive) or a tree (--speculative-num-steps ...)")
+        report.verdict = f"SPECULATION OFF by choice (the {source}: plain decoding is faster here)"
+        return
     if kind == EYAS and after.algorithm == "NONE" or (kind == SGLANG and after.gauge_length == 0.0):
         report.add("speculation", PROBLEM, "speculation is off on this server"
                    + (" (eyas:spec_info algorithm NONE)" if kind == EYAS else " (sglang:spec_accept_length is 0)"),

@@ -148,6 +148,9 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
         configured = server_config.add_rows(report, view.kind, info)
         if configured:
             report.figures["server_algorithm"] = configured
+        if info and info.get("setting_source"):  # eyas serve: what chose the setting, and why
+            report.figures.update(server_setting_source=info["setting_source"],
+                                  server_setting_reason=info.get("setting_reason"))
         if server_config.num_draft_tokens(view.kind, info):
             report.figures["server_num_draft_tokens"] = server_config.num_draft_tokens(view.kind, info)
         before = server_metrics.snapshot(samples, view.kind) if samples is not None else None

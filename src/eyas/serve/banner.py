@@ -57,6 +57,9 @@ def describe(engine) -> dict:
         "speculative": s.speculative,
         "chat_template_sha256_16": template_sha(getattr(t.tokenizer, "chat_template", None)),
     }
+    choice = getattr(engine, "setting_choice", None)  # set by eyas serve (serve/defaults.py)
+    if choice is not None:
+        info.update(setting=choice.setting, setting_source=choice.source, setting_reason=choice.why)
     if s.speculative and d is not None:
         ids = list(t.aux_layer_ids)
         tree = next(o for o in s.options if o.speculative)  # with a schedule: the smallest batches' tree
@@ -103,8 +106,10 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
          f"{i['target_hidden_size']}, vocab {i['vocab_size']}), {i['dtype']} on {i['device']}"),
         f"engine: {engine.layout}",
     ]
+    choice = getattr(engine, "setting_choice", None)
     if not i["speculative"]:
-        lines.append("speculative algorithm: NONE (no draft: plain decoding, one token per target forward)")
+        lines.append("speculative algorithm: NONE (" + ("no draft: " if choice is None else "")
+                     + "plain decoding, one token per target forward)")
     else:
         ids, h, n = i["aux_layer_ids"], i["target_hidden_size"], len(i["aux_layer_ids"])
         shape = "chain" if i["eagle_topk"] == 1 else "tree"
@@ -125,6 +130,7 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
              f"tree per batch size: {i['batch_schedule']} (BOUND:num_steps,eagle_topk,num_draft_tokens for "
              "batches up to BOUND, the last entry also for larger ones; 0 = no speculation)"),
         ]
+    lines += [choice.line()] if choice is not None else []
     kernels = CHOICES.summary()  # after the warm-up, which times the projections' kernels on a GPU
     lines += [kernels] if kernels else []
     lines += [

@@ -122,19 +122,19 @@ def pasted_flags(args) -> None:
             f"{max(args.chunked_prefill_size, 1)}")
 
 
-TREE_FLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_config",
-              "speculative_batch_schedule")
-
-
 def served_engine_args(args):
-    """The engine's settings: adaptive speculation (``--speculative-batch-schedule auto``) unless the command
-    line names a tree or a schedule; without a draft, or with --speculative-algorithm NONE, auto is NONE."""
-    from dataclasses import replace
+    """The engine's settings (``served_choice``'s first half)."""
+    return served_choice(args)[0]
+
+
+def served_choice(args):
+    """(``EngineArgs``, ``SettingChoice``): the flags' settings, with the speculative setting the flags name or,
+    when they name none, the device's default (``defaults.py``: adaptive on CUDA, plain decoding on the CPU)."""
+    from .defaults import apply_choice, choose_setting
 
     engine_args = engine_args_from(args)
-    if any(getattr(args, name, None) is not None for name in TREE_FLAGS):
-        return engine_args
-    return replace(engine_args, speculative_batch_schedule="auto")
+    choice = choose_setting(args, engine_args)
+    return apply_choice(engine_args, choice), choice
 
 
 def tensor_parallel_refusal(args) -> tuple[str, str]:
@@ -242,7 +242,9 @@ def run(args) -> int:
         print(f"random seed: {args.random_seed}", flush=True)
     print(f"eyas serve: loading {args.model_path} ...", flush=True)
     start = time.perf_counter()
-    engine = build_engine(served_engine_args(args))
+    engine_args, choice = served_choice(args)
+    engine = build_engine(engine_args)
+    engine.setting_choice = choice  # the banner and /get_server_info say what runs and why
     loaded = time.perf_counter() - start
     if args.chat_template:
         set_chat_template(engine.target.tokenizer, args.chat_template)

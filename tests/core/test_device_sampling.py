@@ -9,6 +9,7 @@ settings (greedy, temperature, top-k, top-p, min-p); the test is shown to fail f
 
 import pytest
 import torch
+from distributions import CHAIN, TREE, batch_tree, emitted, pvalue, step_distribution, tree_and_logits
 from scipy.stats import chisquare
 
 from eyas.engine import sampler
@@ -22,77 +23,26 @@ V = 8
 SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3),
             SamplingParams(temperature=1.0, top_p=0.8), SamplingParams(temperature=1.3, min_p=0.15),
             SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05), SamplingParams()]  # the last greedy
-CHAIN = [-1, 0, 1, 2]  # parents: root -> 1 -> 2 -> 3
-TREE = [-1, 0, 0, 0, 1, 1, 2, 4]  # root: 3 children; node 1: 2; node 2: 1; node 4: 1
-
-
-def tree_and_logits(parents: list[int], seed: int) -> tuple[list[int], torch.Tensor]:
-    """Tokens (siblings distinct, the likelier ones first as a draft proposes them) and logits [T, V]."""
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(len(parents), V, generator=gen) * 1.6
-    tokens = [int(torch.randint(0, V, (), generator=gen))]
-    for j, p in enumerate(parents[1:], start=1):
-        siblings = [tokens[c] for c in range(1, j) if parents[c] == p]
-        order = [int(t) for t in logits[p].argsort(descending=True) if int(t) not in siblings]
-        tokens.append(order[0] if len(siblings) != 1 else order[2])  # a second child: a less likely token
-    return tokens, logits
 
 
 def exact(parents, tokens, logits, params: SamplingParams, n: int = 3) -> dict[tuple, float]:
-    """P(the first ``n`` tokens the step emits), by walking the tree: the reference ``probs`` at each node."""
-    out: dict[tuple, float] = {}
-
-    def walk(node, prefix, mass):
-        p = probs(logits[node], params).double()
-        kids = {tokens[c]: c for c in range(len(parents)) if parents[c] == node}
-        for a in range(V):
-            if p[a] == 0:
-                continue
-            seq = prefix + (a,)
-            if a in kids and len(seq) < n:
-                walk(kids[a], seq, mass * float(p[a]))
-            else:
-                out[seq] = out.get(seq, 0.0) + mass * float(p[a])
-
-    walk(0, (), 1.0)
-    return out
+    """P(the first ``n`` tokens the step emits), with the reference ``probs`` at each node."""
+    return step_distribution(parents, tokens, lambda node, prefix: probs(logits[node], params), n)
 
 
 def run(parents, tokens, logits, params: list[SamplingParams], rows: int, n: int = 3):
     """What ``accept_rows`` emits (the first ``n`` tokens as tuples) for ``rows`` rows cycling through ``params``."""
     plist = [params[r % len(params)] for r in range(rows)]
     sr = SamplingRows.build(plist, list(range(rows)), "cpu")
-    t = len(parents)
-    tree = Tree.from_parents(torch.tensor([tokens] * rows), torch.tensor([parents] * rows))
-    width = int(tree.depth.max()) + 1
-    k = max(sum(1 for p in parents if p == q) for q in range(t))
+    tree, width, k = batch_tree(parents, tokens, rows)
     u = draws(sr.seed, torch.full((rows,), 17), width, k)
-    cols, counts, bonus = accept_rows(tree, logits.expand(rows, t, V), width, sr.floats, sr.ints, u, True)
-    path = tree.tokens.gather(1, cols)
-    out = []
-    for r in range(rows):
-        c = int(counts[r])
-        out.append(tuple(path[r, 1:c].tolist() + [int(bonus[r])])[:n])
-    return out
-
-
-def pvalue(observed: list[tuple], expected: dict[tuple, float]) -> float:
-    """Chi-square goodness of fit, pooling cells whose expected count is below 5 (and anything unexpected)."""
-    total = len(observed)
-    counts: dict[tuple, int] = {}
-    for o in observed:
-        counts[o] = counts.get(o, 0) + 1
-    big = [key for key, p in expected.items() if p * total >= 5]
-    obs = [counts.get(key, 0) for key in big]
-    ex = [expected[key] * total for key in big]
-    obs.append(total - sum(obs))
-    ex.append(total - sum(ex))
-    return float(chisquare(obs, ex).pvalue)
+    cols, counts, bonus = accept_rows(tree, logits.expand(rows, len(parents), V), width, sr.floats, sr.ints, u, True)
+    return emitted(tree, cols, counts, bonus, n)
 
 
 @pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
 def test_one_batch_of_mixed_settings_emits_each_rows_exact_distribution(shape):
-    tokens, logits = tree_and_logits(shape, seed=len(shape))
+    tokens, logits = tree_and_logits(shape, seed=len(shape), vocab=V)
     rows = 8000 * len(SETTINGS)
     out = run(shape, tokens, logits, SETTINGS, rows)
     for i, params in enumerate(SETTINGS):
@@ -113,7 +63,7 @@ def test_a_biased_rule_fails_the_same_test(biased, monkeypatch):
     else:
         monkeypatch.setattr(sampler, "_residual", lambda weights, rejected: weights)
     params = SamplingParams(temperature=1.0)
-    tokens, logits = tree_and_logits(TREE, seed=len(TREE))
+    tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=V)
     out = run(TREE, tokens, logits, [params], 16000)
     assert pvalue(out, exact(TREE, tokens, logits, params)) < 1e-6
 

@@ -2,14 +2,14 @@
 
 The reference is written on the host from the definitions (vLLM's penalties, OpenAI's bias), for one
 context at a time: the prompt, the output so far and the drafted tokens on the path to a node. The
-exact distribution of what a step emits is enumerated along the tree (``test_device_sampling``'s walk)
+exact distribution of what a step emits is enumerated along the tree (``distributions.step_distribution``)
 and compared by chi-square with what ``sampler.accept`` emits for thousands of rows of one batch with
 different settings; counting only a node itself and not its drafted ancestors must fail the same test.
 """
 
 import pytest
 import torch
-from test_device_sampling import CHAIN, TREE, V, pvalue, tree_and_logits
+from distributions import CHAIN, TREE, batch_tree, emitted, pvalue, step_distribution, tree_and_logits
 
 from eyas.engine import sampler
 from eyas.engine.penalties import penalize, record
@@ -17,6 +17,7 @@ from eyas.engine.sampler import accept
 from eyas.engine.sampling import PENALIZED, SamplingParams, SamplingRows, probs
 from eyas.engine.tree import Tree
 
+V = 8
 PROMPT = [1, 2]
 OUTPUT = [4, 4]  # the output so far; its last token is the tree's root
 SETTINGS = [SamplingParams(temperature=1.0, presence_penalty=1.5),
@@ -43,22 +44,8 @@ def reference(logits: torch.Tensor, context: list[int], params: SamplingParams) 
 
 def walk(parents, tokens, logits, params: SamplingParams, n: int = 3) -> dict[tuple, float]:
     """P(the first ``n`` tokens a step emits) with every node's context: the output, then its path."""
-    out: dict[tuple, float] = {}
-
-    def go(node, prefix, mass):
-        p = probs(reference(logits[node], OUTPUT + list(prefix), params), params).double()
-        kids = {tokens[c]: c for c in range(len(parents)) if parents[c] == node}
-        for a in range(V):
-            if p[a] == 0:
-                continue
-            seq = prefix + (a,)
-            if a in kids and len(seq) < n:
-                go(kids[a], seq, mass * float(p[a]))
-            else:
-                out[seq] = out.get(seq, 0.0) + mass * float(p[a])
-
-    go(0, (), 1.0)
-    return out
+    return step_distribution(
+        parents, tokens, lambda node, prefix: probs(reference(logits[node], OUTPUT + list(prefix), params), params), n)
 
 
 def run(parents, tokens, logits, params: list[SamplingParams], rows: int, n: int = 3) -> list[tuple]:
@@ -67,17 +54,14 @@ def run(parents, tokens, logits, params: list[SamplingParams], rows: int, n: int
     assert sr.kind == PENALIZED
     out_ids = torch.tensor([OUTPUT] * rows)
     sr.pen.counts = record(sr.pen.counts, out_ids, torch.full((rows,), len(OUTPUT)))
-    tree = Tree.from_parents(torch.tensor([tokens] * rows), torch.tensor([parents] * rows))
-    width = int(tree.depth.max()) + 1
-    k = max(sum(1 for p in parents if p == q) for q in range(len(parents)))
+    tree, width, k = batch_tree(parents, tokens, rows)
     cols, counts, bonus = accept(tree, logits.expand(rows, len(parents), V), width, sr.kind, sr.floats, sr.ints,
                                  torch.full((rows,), 17), k, pen=sr.pen_tensors())
-    path = tree.tokens.gather(1, cols)
-    return [tuple(path[r, 1:int(counts[r])].tolist() + [int(bonus[r])])[:n] for r in range(rows)]
+    return emitted(tree, cols, counts, bonus, n)
 
 
 def shape_with_root(shape):
-    tokens, logits = tree_and_logits(shape, seed=len(shape))
+    tokens, logits = tree_and_logits(shape, seed=len(shape), vocab=V)
     tokens[0] = OUTPUT[-1]
     return tokens, logits
 

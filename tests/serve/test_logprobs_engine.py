@@ -15,6 +15,7 @@ from eyas.config import Algorithm, SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.penalties import Penalties, penalize
 from eyas.engine.sampling import SamplingParams, probs
+from eyas.models.target import Target
 
 PROMPTS = ["The quick brown fox", "abab abab ab", "hello there, how"]
 TOL = 1e-4  # float32 log-softmax of float64 logits
@@ -22,8 +23,11 @@ TOL = 1e-4  # float32 log-softmax of float64 logits
 
 @pytest.fixture(scope="module")
 def engines(engine):
-    """{"tree": the served EAGLE-3 tree engine, "chain": top-k 1, "none": plain decoding}, one target."""
+    """{"tree": the served EAGLE-3 tree engine, "chain": top-k 1, "generic": the tree on the Hugging Face
+    forward (a growing cache, no native path), "none": plain decoding}, one target."""
+    generic = Target(engine.target.model, engine.target.tokenizer, "generic", engine.target.aux_layer_ids)
     return {"tree": engine, "chain": Engine(engine.target, engine.draft, SpecConfig(Algorithm.EAGLE3, 3, 1, 4)),
+            "generic": Engine(generic, engine.draft, SpecConfig(Algorithm.EAGLE3, 3, 2, 6)),
             "none": Engine(engine.target, None, SpecConfig(Algorithm.NONE))}
 
 
@@ -38,7 +42,7 @@ def _hf_logits(engine, prompt: list[int], output: list[int]) -> torch.Tensor:
         return engine.target.model(ids).logits[0, len(prompt) - 1:].double()
 
 
-@pytest.mark.parametrize("kind", ["tree", "chain"])
+@pytest.mark.parametrize("kind", ["tree", "chain", "generic"])
 def test_speculative_logprobs_are_plain_decodings_and_the_targets(engines, kind):
     spec, none = engines[kind], engines["none"]
     prompts = [_ids(spec, p) for p in PROMPTS]

@@ -115,12 +115,12 @@ class GenerateRequest(_Strict):
     sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
     stream: bool = False
     rid: str | list[str] | None = None
-    return_logprob: bool = False
+    return_logprob: bool = False  # the output's logprobs in meta_info (serve/logprobs.py)
     model: str | None = None
-    # sent by SGLang clients (bench_serving, ...); neutral values only (inputs.py refuses the rest)
-    logprob_start_len: int | None = None
-    top_logprobs_num: int | None = None
+    logprob_start_len: int | None = None  # -1 (or none): the output's alone; prompt logprobs are refused
+    top_logprobs_num: int | None = None  # with return_logprob: alternatives per token, at most 20
     return_text_in_logprobs: bool | None = None
+    # sent by SGLang clients (bench_serving, ...); neutral values only (inputs.py refuses the rest)
     lora_path: str | None = None
     image_data: Any = None
     custom_logit_processor: str | None = None

@@ -32,6 +32,7 @@ accepted a stop token (it is complete).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -125,7 +126,7 @@ class Grammars:
             if spec.kind == "ebnf":
                 return compiler.compile_grammar(spec.source)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with the reason
-            reason = " ".join(str(e).split())
+            reason = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", " ".join(str(e).split()))  # xgrammar's C++ source line
             reason = reason if len(reason) <= 300 else reason[:297] + "..."
             raise GrammarError(f"{spec.param}: the {spec.kind.replace('_', ' ')} cannot be compiled into a grammar: "
                                f"{reason}", f"send a valid {spec.kind.replace('_', ' ')} (xgrammar's supported "

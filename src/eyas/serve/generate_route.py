@@ -26,6 +26,7 @@ from .prepare import Prepared, Preparer
 from .protocol import GenerateRequest
 from .runner import ClientGone, JobRun
 from .scheduler import Delta, Failed, Finished
+from .structured import generate_structure
 
 router = APIRouter()
 
@@ -33,7 +34,7 @@ router = APIRouter()
 def _prepare(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     req = parse_body(raw, GenerateRequest)
     check_model(req.model, p.served_names)
-    return p.prepared(req, generate_job(req, generate_prompts(p.tokenizer, req, p.max_chars)))
+    return p.prepared(req, generate_structure(generate_job(req, generate_prompts(p.tokenizer, req, p.max_chars)), req))
 
 
 @router.post("/generate")

@@ -3,7 +3,8 @@
 Everything a client can get wrong is caught here, before the request reaches the engine thread:
 the bytes (UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values
 (``SamplingParams`` validates itself), the prompt against the context length, and knobs eyas does
-not implement (prompt logprobs, tools, a minimum length), which are refused rather than silently ignored.
+not implement (prompt logprobs, a minimum length), which are refused rather than silently ignored;
+structured output and tools are read by ``structured.py`` and ``tools.py``.
 Penalties, ``logit_bias`` and ``min_p`` reach ``SamplingParams``, which checks OpenAI's ranges; a
 ``logit_bias`` token outside the vocabulary is refused where the sequence is made (``sequences_for``).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
@@ -26,7 +28,9 @@ from .protocol import (
     CompletionRequest,
     GenerateRequest,
 )
+from .tools import ToolPlan, template_message, template_tools
 
+log = logging.getLogger("eyas.serve")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 OPENAI_MAX_TEMPERATURE = 2.0  # OpenAI's bound on its routes; /generate keeps SamplingParams' own (SGLang's)
 
@@ -43,6 +47,7 @@ class Job:
     max_tokens_given: bool = True  # False: fill the context (chat without max_tokens)
     max_tokens_param: str = "max_tokens"
     n_param: str = "n"  # how the request named n (limits.Limits.check_job names it back)
+    tools: ToolPlan | None = None  # chat with tools: how calls are constrained and read back (``tools.py``)
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -111,12 +116,18 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             d["content"] = "\n".join(p.text for p in m.content)
-        messages.append(d)
+        messages.append(template_message(d))
+    tools = template_tools(req)
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
                                              **(req.chat_template_kwargs or {}))
-    except Exception as e:  # noqa: BLE001 - jinja raises its own types; the message is what matters
-        raise bad_request(f"the chat template could not render these messages: {e}", param="messages") from None
+    except Exception as e:  # noqa: BLE001 - jinja raises its own types; its text stays in the server's log
+        log.warning("the chat template could not render a request's messages: %s: %s", type(e).__name__, e)
+        which = ("these messages with their tools, tool calls or tool results (this model's template may not "
+                 "support tools)" if tools or any("tool_calls" in m or m["role"] == "tool" for m in messages)
+                 else "these messages (roles or contents this model's template does not accept)")
+        raise bad_request(f"the chat template of this model could not render {which}; the template's error is in "
+                          "the server's log", param="tools" if tools else "messages") from None
     return encode(tokenizer, text, "messages", max_chars, add_special_tokens=False)
 
 
@@ -204,11 +215,6 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
     _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
         logprobs = _chat_logprobs(req)
-        _refuse("tools", req.tools, None, "no tool calling")
-        _refuse("tool_choice", req.tool_choice, "none", "no tool calling")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise bad_request("response_format other than text is not supported by eyas (no constrained "
-                              "decoding); leave it out", param="response_format")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     else:

@@ -29,6 +29,8 @@ from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .runner import ClientGone, JobRun
 from .scheduler import Delta, Failed, Finished
+from .structured import chat_structure, completion_structure
+from .tools import ToolPlan, ToolStream, tool_delta, tool_message
 
 router = APIRouter()
 log = logging.getLogger("eyas.serve")
@@ -67,13 +69,15 @@ def failed_error(event: Failed) -> ApiError:
 def _chat(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     req = parse_body(raw, ChatCompletionRequest)
     check_model(req.model, p.served_names)
-    return p.prepared(req, openai_job(req, [chat_prompt(p.tokenizer, req, p.max_chars)], chat=True))
+    return p.prepared(req, chat_structure(openai_job(req, [chat_prompt(p.tokenizer, req, p.max_chars)], chat=True),
+                                          req))
 
 
 def _completion(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     req = parse_body(raw, CompletionRequest)
     check_model(req.model, p.served_names)
-    return p.prepared(req, openai_job(req, text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars), chat=False))
+    job = openai_job(req, text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars), chat=False)
+    return p.prepared(req, completion_structure(job, req))
 
 
 @router.post("/v1/chat/completions")
@@ -85,13 +89,16 @@ async def chat_completions(request: Request):
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     log_prompt(request, prep)
     if req.stream:
-        return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log),
+        return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log, job.tools),
                          request.state.log)
     finished = await _collect(run, request)
     if finished is None:
         return Response(status_code=499)
     choices = [{"index": i, "message": {"role": "assistant", "content": f.text},
                 "finish_reason": f.reason, "logprobs": lp.chat(f.logprobs)} for i, f in enumerate(finished)]
+    if job.tools is not None:  # the calls read back from the output (tools.py)
+        for c, f in zip(choices, finished):
+            tool_message(c, f.text, job.tools)
     body_usage = usage(state, run.prompt_tokens, finished)
     log_result(request.state.log, body_usage, finished)
     return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": body_usage})
@@ -192,15 +199,19 @@ async def _collect(run: JobRun, request: Request) -> list[Finished] | None:
     return finished  # type: ignore[return-value]
 
 
-async def _chat_stream(state, run: JobRun, head: dict, options, log_fields: dict):
+async def _chat_stream(state, run: JobRun, head: dict, options, log_fields: dict, tools: ToolPlan | None = None):
     chunk = {**head, "object": "chat.completion.chunk"}
     for i in range(len(run.works)):
         yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None, "logprobs": None}]})
 
+    held: dict[int, ToolStream] = {}  # with tools: each choice's text, held back from a possible tool call on
+
     def piece(index, text, reason, items):
-        return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": reason,
-                "logprobs": lp.chat(items)}
+        delta = {"content": text} if text else {}
+        if tools is not None:
+            delta, reason = tool_delta(held.setdefault(index, ToolStream(tools)), text, reason)
+        return {"index": index, "delta": delta, "finish_reason": reason, "logprobs": lp.chat(items)}
 
     async for line in _stream(state, run, chunk, options, piece, log_fields):
         yield line

@@ -24,6 +24,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..engine.grammar import GrammarError, grammars_for
 from .api_errors import ApiError, bad_request
 from .inputs import Job
 
@@ -47,6 +48,7 @@ class Preparer:
         self.served_names = served_names
         self.max_chars = prompt_char_bound(tok, max_prompt_tokens or engine.max_context)
         self.log_requests = log_requests
+        self.grammars = grammars_for(engine.target)  # structured output: compiled here, off the event loop
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyas-prepare")
 
     async def __call__(self, build, raw: bytes) -> Prepared:
@@ -62,6 +64,11 @@ class Preparer:
                               code="invalid_request") from None
 
     def prepared(self, req, job: Job) -> Prepared:
+        if job.params.grammar is not None:  # compiled now (kept in an LRU), so a bad schema is this request's 400
+            try:
+                self.grammars.compile(job.params.grammar)
+            except GrammarError as e:
+                raise bad_request(f"{e.problem}; {e.fix}", param=e.param, code="invalid_value") from None
         text = self.tokenizer.decode(job.prompts[0]) if self.log_requests else None
         return Prepared(req, job, text)
 

@@ -40,6 +40,41 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: OpenAI's ``{"name", "description", "schema", "strict"}``."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class _OpenAISampling(_Strict):
     model: str | None = None
     max_tokens: int | None = None
@@ -73,9 +108,9 @@ class ChatCompletionRequest(_OpenAISampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -84,6 +119,7 @@ class CompletionRequest(_OpenAISampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
+    response_format: ResponseFormat | None = None  # vLLM's extension: structured output on completions too
     suffix: str | None = None
     best_of: int | None = None
 
@@ -107,6 +143,9 @@ class GenerateSampling(_Strict):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
+    json_schema: str | None = None  # SGLang's structured output: a JSON schema (as a string), a regex, an EBNF
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class GenerateRequest(_Strict):
@@ -136,4 +175,5 @@ EXPECTED = {
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
     "rid": "a string or a list of strings",
     "role": "one of " + ", ".join(map(repr, get_args(Role))),
+    "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
 }

@@ -1,0 +1,212 @@
+"""Tool calling on ``/v1/chat/completions``: what ``tools`` and ``tool_choice`` ask for, and the calls in the output.
+
+``plan(req)`` reads the request into a ``ToolPlan``:
+
+- ``"none"``: the chat template still sees the tools, generation is free and nothing is parsed;
+- a named function (``{"type": "function", "function": {"name": ...}}``): the output is constrained to
+  that function's ``parameters`` schema and is the call's ``arguments`` (vLLM's way);
+- ``"required"``: the output is constrained to a JSON array of ``{"name": ..., "parameters": {...}}``
+  objects, each naming one of the tools with arguments that match its schema (one call at most with
+  ``parallel_tool_calls: false``);
+- ``"auto"`` (the default with tools): generation is free and calls are parsed from the text in the form
+  Hermes- and Qwen-style chat templates teach (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``),
+  or, failing that, a whole output that is one such JSON object (Llama-3-style templates).
+
+Each call comes back as OpenAI's ``{"id": "call_<hex>", "type": "function", "function": {"name",
+"arguments"}}`` with ``arguments`` a JSON string; ``ToolStream`` holds a stream's text back from the first
+possible ``<tool_call>`` on, so the calls arrive whole in the last chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from ..engine.grammar import GrammarSpec
+from .api_errors import bad_request
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_HERMES = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+
+
+@dataclass
+class ToolPlan:
+    mode: str  # "none" | "auto" | "required" | "named"
+    schemas: dict[str, dict]  # tool name -> its parameters' JSON schema
+    name: str | None = None  # with "named"
+    parallel: bool = True
+
+    def grammar(self) -> GrammarSpec | None:
+        """What the output is constrained to: none for "none" and "auto"."""
+        if self.mode == "named":
+            return GrammarSpec.json_schema(self.schemas[self.name], param="tool_choice")
+        if self.mode != "required":
+            return None
+        calls = [{"type": "object", "properties": {"name": {"enum": [n]}, "parameters": s},
+                  "required": ["name", "parameters"], "additionalProperties": False} for n, s in self.schemas.items()]
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if not self.parallel:
+            schema["maxItems"] = 1
+        return GrammarSpec.json_schema(schema, param="tool_choice")
+
+    def calls(self, text: str) -> tuple[str | None, list[dict]]:
+        """(content, tool calls) of a finished output; no calls: the text is the content."""
+        if self.mode == "named":
+            return None, [call(self.name, text)] if _loads(text, dict) is not None else []
+        if self.mode == "required":
+            items = _loads(text, list) or []
+            return None, [call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
+        if self.mode == "auto":
+            return parse_auto(text, self.schemas)
+        return text, []
+
+
+def plan(req) -> ToolPlan | None:
+    """The request's ``ToolPlan`` (None without tools); a 400 for a choice the tools cannot meet."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none"):
+            raise bad_request("tool_choice needs tools: send the functions in 'tools', or leave tool_choice out",
+                              param="tool_choice")
+        return None
+    schemas = {}
+    for i, tool in enumerate(req.tools):
+        name = tool.function.name
+        if name in schemas:
+            raise bad_request(f"tools has two functions named {name!r}; names must be unique", param=f"tools.{i}")
+        schemas[name] = tool.function.parameters if tool.function.parameters is not None else {"type": "object"}
+    parallel = req.parallel_tool_calls is not False
+    if choice is None or isinstance(choice, str):
+        return ToolPlan(choice or "auto", schemas, parallel=parallel)
+    name = choice.function.name
+    if name not in schemas:
+        raise bad_request(f"tool_choice names the function {name!r}, which is not among the tools "
+                          f"({', '.join(map(repr, schemas))})", param="tool_choice.function.name")
+    return ToolPlan("named", schemas, name, parallel)
+
+
+def template_tools(req) -> list[dict] | None:
+    """The tools as the chat template takes them (OpenAI's shape, as Hugging Face documents it)."""
+    return [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+
+
+def template_message(d: dict) -> dict:
+    """A history message for the chat template: an assistant's ``tool_calls`` carry their arguments as
+    objects (as Hugging Face's templates expect), not the JSON strings OpenAI's clients send back."""
+    calls = d.get("tool_calls")
+    if isinstance(calls, list):
+        d["tool_calls"] = [_with_object_arguments(c) for c in calls]
+    return d
+
+
+def _with_object_arguments(c):
+    fn = c.get("function") if isinstance(c, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        parsed = _loads(fn["arguments"], dict)
+        if parsed is not None:
+            return {**c, "function": {**fn, "arguments": parsed}}
+    return c
+
+
+def call(name: str, arguments: str) -> dict:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def parse_auto(text: str, schemas: dict[str, dict]) -> tuple[str | None, list[dict]]:
+    """Hermes/Qwen ``<tool_call>`` blocks (the last one may be cut off by the end of the output), else a
+    whole output that is one ``{"name", "arguments" | "parameters"}`` object naming a tool."""
+    calls, spans = [], []
+    for m in _HERMES.finditer(text):
+        c = _as_call(_loads(m.group(1), dict), schemas)
+        if c is not None:
+            calls.append(c)
+            spans.append(m.span())
+    if not calls:
+        c = _as_call(_loads(text.strip(), dict), schemas)
+        return (None, [c]) if c is not None else (text, [])
+    content, last = [], 0
+    for a, b in spans:
+        content.append(text[last:a])
+        last = b
+    content.append(text[last:])
+    rest = "".join(content).strip()
+    return rest or None, calls
+
+
+def _as_call(obj: dict | None, schemas: dict[str, dict]) -> dict | None:
+    if obj is None or obj.get("name") not in schemas:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return call(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+def _loads(text: str, kind: type):
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, kind) else None
+
+
+class ToolStream:
+    """A streamed choice's text under a plan: ``feed`` returns the content that can go out now (with
+    "auto", everything before a possible ``<tool_call>``; with a forced call, nothing), ``finish`` the
+    (content still held, tool calls) once the output is complete."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan, self.text, self.sent = plan, "", 0
+
+    def feed(self, text: str) -> str:
+        self.text += text
+        if self.plan.mode in ("named", "required"):
+            return ""
+        if self.plan.mode == "auto":
+            start = self.text.find(OPEN, self.sent)
+            safe = start if start >= 0 else len(self.text) - _partial_open(self.text)
+        else:
+            safe = len(self.text)
+        out, self.sent = self.text[self.sent:max(safe, self.sent)], max(safe, self.sent)
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        content, calls = self.plan.calls(self.text)
+        if not calls:
+            return self.text[self.sent:], []
+        held = (content or "")[self.sent:] if content and content.startswith(self.text[:self.sent]) else ""
+        return held, calls
+
+
+def _partial_open(text: str) -> int:
+    """Length of the longest end of ``text`` that begins ``<tool_call>`` (held back: it may become one)."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:n]):
+            return n
+    return 0
+
+
+def tool_message(choice: dict, text: str, plan: ToolPlan) -> None:
+    """A chat choice with the calls its finished output holds: ``message.tool_calls`` and finish_reason
+    "tool_calls" (a cut-off output, finish_reason "length", holds none it could be sure of)."""
+    if choice["finish_reason"] != "stop":
+        return
+    content, calls = plan.calls(text)
+    if calls:
+        choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+        choice["finish_reason"] = "tool_calls"
+
+
+def tool_delta(stream: ToolStream, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """A streamed chunk's (delta, finish_reason) under a plan: the content that can go out now; at the end
+    (``reason`` set) the rest of it and the calls in OpenAI's delta shape (each with its ``index``)."""
+    out = stream.feed(text)
+    if reason is None:
+        return ({"content": out} if out else {}), None
+    rest, calls = stream.finish() if reason == "stop" else (stream.text[stream.sent:], [])
+    delta = {"content": out + rest} if out + rest else {}
+    if calls:
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+        reason = "tool_calls"
+    return delta, reason

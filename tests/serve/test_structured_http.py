@@ -1,0 +1,176 @@
+"""Structured output and tools over real HTTP on loopback (in-process app, the tiny float64 pair).
+
+response_format answers parse and match their schema; SGLang's regex on /generate holds; tool_choice
+required and named come back as tool_calls the ``openai`` SDK parses (streamed too); auto parses a
+Hermes-style call; a history with tool calls and tool results renders through a template that knows
+tools, and one that does not is a 400 with no template text; a bad schema is a 400 while another
+request streams on untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import httpx
+import pytest
+from serve_helpers import InProcessServer
+
+from eyas.serve.app import ServeOptions, create_app
+from eyas.serve.tools import ToolPlan, ToolStream, parse_auto
+
+SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+          "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "the weather", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "time", "parameters": {
+             "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+             "additionalProperties": False}}}]
+TOOL_TEMPLATE = (  # a Hermes-style template: tools in a system turn, calls as <tool_call> blocks
+    "{% if tools %}<|im_start|>system\ntools: {{ tools | map(attribute='function.name') | join(', ') }}<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+MSG = [{"role": "user", "content": "weather?"}]
+
+
+@pytest.fixture(scope="module")
+def served(engine):
+    app = create_app(engine, ServeOptions(served_model_name="tiny", log_interval=0))
+    app.state.eyas.prepare.tokenizer.chat_template = TOOL_TEMPLATE  # the preparer's own tokenizer copy
+    with InProcessServer(app) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def plain_template(engine):
+    with InProcessServer(create_app(engine, ServeOptions(served_model_name="tiny", log_interval=0))) as s:
+        yield s
+
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def _chat(server, **kw) -> httpx.Response:
+    return _post(server, "/v1/chat/completions", {"messages": MSG, "temperature": 0, "max_tokens": 80, **kw})
+
+
+def test_json_schema_and_json_object_answers_parse(served):
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
+    for route, body in [("/v1/chat/completions", {"messages": MSG}), ("/v1/completions", {"prompt": "hi"})]:
+        for seed in range(3):
+            r = _post(served, route, {**body, "max_tokens": 40, "temperature": 1.0, "seed": seed,
+                                      "response_format": fmt})
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            text = choice["message"]["content"] if "message" in choice else choice["text"]
+            assert choice["finish_reason"] == "stop"
+            assert json.loads(text)["city"] in ("Paris", "Rome") and set(json.loads(text)) == {"city"}
+    # any JSON object: a bias toward "}" ends the random model's object at once
+    r = _chat(served, response_format={"type": "json_object"}, logit_bias={"125": 40})
+    assert json.loads(r.json()["choices"][0]["message"]["content"]) == {}
+
+
+def test_generate_regex_and_json_schema(served, engine):
+    r = _post(served, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 30, "temperature": 0,
+                                                                       "regex": "(ab|cd)+x[0-9]"}})
+    assert re.fullmatch("(ab|cd)+x[0-9]", r.json()["text"]), r.json()
+    r = _post(served, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 30, "temperature": 0,
+                                                                       "json_schema": json.dumps(SCHEMA)}})
+    assert json.loads(r.json()["text"])["city"] in ("Paris", "Rome")
+
+
+def test_tool_choice_required_and_named_through_the_openai_sdk(served):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", timeout=120, max_retries=0)
+    for choice in ["required", {"type": "function", "function": {"name": "time"}}]:
+        out = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice=choice,
+                                             temperature=0, max_tokens=80)
+        c = out.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        call = c.message.tool_calls[0]
+        assert call.id.startswith("call_") and call.type == "function"
+        args = json.loads(call.function.arguments)
+        if isinstance(choice, dict):
+            assert call.function.name == "time" and args["zone"] in ("UTC", "CET")
+        else:
+            assert call.function.name in ("weather", "time") and set(args) <= {"city", "zone"}
+        # streamed: the calls arrive whole in the last chunk, in OpenAI's delta shape
+        chunks = list(client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice=choice,
+                                                     temperature=0, max_tokens=80, stream=True))
+        last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][-1].choices[0]
+        assert last.finish_reason == "tool_calls"
+        streamed = last.delta.tool_calls[0]
+        assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
+
+
+def test_tool_history_renders_and_auto_and_none_generate_freely(served, plain_template):
+    history = MSG + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    for tc in ("auto", "none"):
+        r = _post(served, "/v1/chat/completions", {"messages": history, "tools": TOOLS, "tool_choice": tc,
+                                                   "temperature": 0, "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+    r = _post(plain_template, "/v1/chat/completions", {"messages": history, "tools": TOOLS, "max_tokens": 8})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    message = r.json()["error"]["message"]
+    assert "could not render" in message and "tools" in message
+    assert "jinja" not in message.lower() and "undefined" not in message.lower()
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
+])
+def test_bad_structured_requests_are_400s(served, body, param):
+    r = _chat(served, **body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    r = _post(served, "/generate", {"text": "hi", "sampling_params": {"regex": "[a-"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.regex"
+
+
+def test_a_bad_schema_leaves_a_running_stream_untouched(served, reference, engine):
+    prompt = engine.target.tokenizer("steady").input_ids
+    lines = []
+
+    def stream():
+        with httpx.stream("POST", served.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 24,
+                                                                        "temperature": 0, "stream": True,
+                                                                        "ignore_eos": True}, timeout=120) as r:
+            lines.extend(r.iter_lines())
+
+    t = threading.Thread(target=stream)
+    t.start()
+    for _ in range(3):
+        bad = _chat(served, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}})
+        assert bad.status_code == 400
+    t.join()
+    text = "".join(json.loads(x[6:])["choices"][0]["text"] for x in lines if x.startswith("data: {"))
+    want = reference([prompt], 24, ignore_eos=True)[0]
+    assert text == engine.target.tokenizer.decode(want)
+
+
+def test_auto_parsing_and_stream_hold_back():
+    schemas = {"weather": SCHEMA}
+    content, calls = parse_auto('Let me look.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Rome"}}\n'
+                                "</tool_call>", schemas)
+    assert content == "Let me look." and json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+    assert parse_auto('{"name": "weather", "parameters": {"city": "Paris"}}', schemas)[1][0]["function"]["name"] \
+        == "weather"
+    assert parse_auto('<tool_call>{"name": "other", "arguments": {}}</tool_call>', schemas)[1] == []
+    s = ToolStream(ToolPlan("auto", schemas))
+    sent = [s.feed(x) for x in ["Hi <to", "ol_", "call>", '{"name": "weather", "arguments": {}}</tool_call>']]
+    assert "".join(sent) == "Hi " and s.finish()[1][0]["function"]["name"] == "weather"
+    s = ToolStream(ToolPlan("auto", schemas))
+    assert s.feed("a <t") == "a " and s.feed("x") == "<tx" and s.feed("<") == "" and s.finish() == ("<", [])

@@ -239,7 +239,7 @@ def main(argv=None) -> int:
                 wanted.append(("NONE", engine_flags(args) + ["--speculative-algorithm", "NONE"]))
             started = [(name, *start_server(flags, work / f"{name}.log", stack), work / f"{name}.log")
                        for name, flags in wanted]
-            for name, url, proc, log_path in started:
+            for _name, url, proc, log_path in started:
                 wait_ready(url, proc, log_path)
                 targets.append((label_of(url), url))
             targets = list(dict.fromkeys(targets))  # the main server may itself be NONE

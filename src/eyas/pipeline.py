@@ -127,7 +127,8 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
     if resolved is None:
         check_algorithm(algorithm, draft_path, None, 0, 3)
     else:
-        cfg = formats.read_config(resolved, allow_pickle=args.allow_pickle)  # any format (eyas, SGLang, speculators, official), eyas-shaped
+        # any format (eyas, SGLang, speculators, official), eyas-shaped
+        cfg = formats.read_config(resolved, allow_pickle=args.allow_pickle)
         fc_in, n_aux = draft_fc_width(cfg)
         check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
                         ",".join(getattr(cfg, "architectures", None) or []))
@@ -201,7 +202,8 @@ def add_engine_arguments(parser) -> None:
                         "6,8,32) with the most expected tokens/s for its batch size, from step costs measured at "
                         "startup and the live acceptance (eyas serve's default with a draft, unless a tree "
                         "setting is given)")
-    g.add_argument("--device", default="auto", help="auto (default: cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
+    g.add_argument("--device", default="auto",
+                   help="auto (default: cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--tokenizer-path", default=None,
                    help="tokenizer folder (or .gguf file) instead of the target's own (default: the target's)")

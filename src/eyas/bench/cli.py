@@ -66,7 +66,8 @@ def parse_temperatures(text: str) -> list[float]:
     except ValueError:
         temps = []
     if not temps or not all(0.0 <= t <= 2.0 for t in temps):
-        raise EyasError(f"--temperature {text!r} is not a list of temperatures in [0, 2]", "e.g. --temperature 0,0.7,1.0")
+        raise EyasError(f"--temperature {text!r} is not a list of temperatures in [0, 2]",
+                        "e.g. --temperature 0,0.7,1.0")
     return temps
 
 

@@ -95,7 +95,8 @@ def run(args) -> int:
     try:
         kw = json.loads(args.template_kwargs)
     except json.JSONDecodeError as e:
-        raise EyasError(f"--template-kwargs is not JSON: {e.msg}", "e.g. --template-kwargs '{\"enable_thinking\": false}'")
+        raise EyasError(f"--template-kwargs is not JSON: {e.msg}",
+                        "e.g. --template-kwargs '{\"enable_thinking\": false}'") from None
     if args.thinking:
         kw["enable_thinking"] = args.thinking == "on"
     remote_flags = {"--served-model-name": args.served_model_name, "--api-key": args.api_key}
@@ -116,13 +117,15 @@ def run(args) -> int:
                             "write those prompts in an earlier prepare (--select-only or a GPU run) and pass its "
                             "train.jsonl with --input, or drop those sources")
     if args.keep_answers and not args.regenerate:
-        raise EyasError("--keep-answers only means something with --regenerate", "add --regenerate or drop --keep-answers")
+        raise EyasError("--keep-answers only means something with --regenerate",
+                        "add --regenerate or drop --keep-answers")
     if args.magpie_prompts < 1 and "magpie" in args.source:
         raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
     if args.max_prompts is not None and args.max_prompts < 1:
         raise EyasError(f"--max-prompts must be at least 1, got {args.max_prompts}", "e.g. --max-prompts 40000")
     if args.holdout_prompts < 0:
-        raise EyasError(f"--holdout-prompts must be 0 or more, got {args.holdout_prompts}", "e.g. --holdout-prompts 400")
+        raise EyasError(f"--holdout-prompts must be 0 or more, got {args.holdout_prompts}",
+                        "e.g. --holdout-prompts 400")
     if not 0.0 <= args.held_out < 1.0:
         raise EyasError(f"--held-out {args.held_out} must be in [0, 1)", "e.g. --held-out 0.02")
     holdout_sources = [s.strip() for s in (args.holdout_sources or "").split(",") if s.strip()]

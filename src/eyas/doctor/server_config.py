@@ -72,7 +72,8 @@ def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
         return None
     if kind == EYAS:
         alg = info.get("algorithm")
-        tree = f"steps {info.get('num_steps')}, topk {info.get('eagle_topk')}, draft tokens {info.get('num_draft_tokens')}"
+        tree = (f"steps {info.get('num_steps')}, topk {info.get('eagle_topk')}, "
+                f"draft tokens {info.get('num_draft_tokens')}")
         msg = (f"{alg}, draft {info.get('draft')}, captured layers {info.get('aux_layer_ids')} "
                f"(fc {info.get('fc_in')} -> {info.get('fc_out')}), {tree}" if info.get("speculative") else f"{alg}")
         for w in info.get("warnings") or []:
@@ -90,7 +91,8 @@ def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
     if str(alg).upper() == "EAGLE":
         eagle3 = draft_is_eagle3(draft)
         if eagle3:
-            report.add("configuration", PROBLEM, f"--speculative-algorithm EAGLE with {draft}, an EAGLE-3 draft: SGLang "
+            report.add("configuration", PROBLEM,
+                       f"--speculative-algorithm EAGLE with {draft}, an EAGLE-3 draft: SGLang "
                        "captures no aux states, skips fc and rejects every proposal (accept length 1.00), silently",
                        "restart SGLang with --speculative-algorithm EAGLE3")
         elif eagle3 is None:

@@ -208,7 +208,8 @@ def check_context_row(report: Report, folder, facts: TargetFacts, record, contex
     if record.max_length is None:
         report.add("context", WARNING if folder.format != "eyas" else OK,
                    f"serving context {serving or 'unknown'}; the draft's training length is not recorded"
-                   + (" (SGLang, speculators and official folders do not record it)" if folder.format != "eyas" else ""),
+                   + (" (SGLang, speculators and official folders do not record it)"
+                      if folder.format != "eyas" else ""),
                    "if the draft was trained at 2048 tokens (the usual), expect lower acceptance on longer prompts")
         return
     if serving and serving > record.max_length:

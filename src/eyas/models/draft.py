@@ -154,7 +154,8 @@ class Eagle3Draft(nn.Module):
             hidden_act=getattr(tc, "hidden_act", "silu"),
             rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
             max_position_embeddings=info.max_context or 2048,
-            rope_parameters=dict(getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}),
+            rope_parameters=dict(getattr(tc, "rope_parameters", None)
+                                 or {"rope_type": "default", "rope_theta": 10000.0}),
             num_hidden_layers=1,
             vocab_size=info.vocab_size,
             tie_word_embeddings=False,

@@ -43,7 +43,7 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict]:
             raise EyasError(f"no heldout.jsonl in {folder}", "pass the folder written by `eyas prepare`")
         meta = folder / "meta.json"
         chat = json.loads(meta.read_text()).get("chat", {}) if meta.is_file() else {}
-        records = [normalize(json.loads(l)) for l in path.open() if l.strip()]
+        records = [normalize(json.loads(line)) for line in path.open() if line.strip()]
     elif args.prompts:
         path = Path(args.prompts)
         if not path.is_file():
@@ -128,7 +128,8 @@ def run(args) -> int:
     print(f"tau (acceptance length): {res['accept_length']:.3f}   acceptance rate: {res['accept_rate']:.3f}")
     print(f"accepted per position: {res['accepted_per_position']}  (over {res['drafts']} verify steps)")
     print(f"{res['output_tokens']} tokens at {res['tokens_per_s']:.1f} tok/s"
-          + (f"; baseline {res['baseline_tokens_per_s']:.1f} tok/s, speedup {res['speedup']:.2f}x" if args.baseline else ""))
+          + (f"; baseline {res['baseline_tokens_per_s']:.1f} tok/s, speedup {res['speedup']:.2f}x"
+             if args.baseline else ""))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")

@@ -177,7 +177,8 @@ class Trainer:
         meta = json.loads(meta_file.read_text())
         want = meta.get("target", {})
         info = self.target.info
-        if want.get("vocab_size") not in (None, info.vocab_size) or want.get("hidden_size") not in (None, info.hidden_size):
+        if (want.get("vocab_size") not in (None, info.vocab_size)
+                or want.get("hidden_size") not in (None, info.hidden_size)):
             raise EyasError(f"the data in {data} was prepared for target {want.get('name')!r} "
                             f"(vocab {want.get('vocab_size')}, hidden {want.get('hidden_size')}), "
                             f"this target has vocab {info.vocab_size}, hidden {info.hidden_size}",

@@ -18,11 +18,13 @@ def warm_start(draft: Eagle3Draft, path: str, target) -> None:
     folder = resolve_draft_path(path)
     src = load_draft(folder, embed_weight=target.embed_tokens.weight.detach().float(),
                      dtype=torch.float32)  # raises if it was built for another vocabulary
-    fix = "start from a draft trained for this target with the same draft.vocab_size and aux layers, or unset draft.init_from"
+    fix = ("start from a draft trained for this target with the same draft.vocab_size and aux layers, "
+           "or unset draft.init_from")
     want = draft.aux_layer_ids or target.aux_layer_ids
     have = src.aux_layer_ids or target.aux_layer_ids
     if list(have) != list(want):
-        raise EyasError(f"draft.init_from {folder} fuses target layers {list(have)}, this run captures {list(want)}", fix)
+        raise EyasError(f"draft.init_from {folder} fuses target layers {list(have)}, "
+                        f"this run captures {list(want)}", fix)
     mine, theirs = draft.state_dict(), src.state_dict()
     keys = [k for k, p in draft.named_parameters() if p.requires_grad] + ["d2t", "t2d"]
     bad = [f"{k} {tuple(theirs[k].shape)} vs {tuple(mine[k].shape)}" for k in keys if theirs[k].shape != mine[k].shape]

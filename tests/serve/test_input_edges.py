@@ -73,6 +73,11 @@ CASES = [
                                                                      "{% for j in range(99999) %}x{% endfor %}"
                                                                      "{% endfor %}"}}), 400,
      "cannot bring its own chat template", "chat_template_kwargs.chat_template"),
+    # n is bounded (--max-n) before anything sized by it is made (a 2^40 rid list once hung the event loop)
+    ("generate n of 2^40", GEN, raw({"text": "a", "sampling_params": {"n": 2**40}}), 400, "--max-n",
+     "sampling_params.n"),
+    ("completions n of 2^40", COMP, raw({"prompt": "a", "n": 2**40}), 400, "--max-n", "n"),
+    ("chat n of 2^40", CHAT, raw({"messages": MSG, "n": 2**40, "stream": True}), 400, "--max-n", "n"),
     ("invalid role", CHAT, raw({"messages": [{"role": "wizard", "content": "hi"}]}), 400,
      "'system', 'developer', 'user', 'assistant', 'tool', got \"wizard\"", "messages.0.role"),
 ]
@@ -196,7 +201,7 @@ def test_parsing_runs_off_the_event_loop(inprocess):
             start = time.monotonic()
             health = httpx.get(srv.url + "/health", timeout=60)
             health_s = time.monotonic() - start
-            for line in lines:
+            for _line in lines:
                 stamps.append(time.monotonic())
                 if "end" in slow:
                     break

@@ -42,6 +42,7 @@ async def generate(request: Request):
     state = request.app.state.eyas
     prep = await state.prepare(_prepare, await request.body())
     req, job = prep.req, prep.job
+    state.options.limits.check_job(job, state.scheduler.max_running, state.scheduler.max_queued)  # n bounded first
     rids = _rids(req.rid, len(job.prompts) * job.n)
     run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))

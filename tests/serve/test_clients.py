@@ -1,9 +1,10 @@
 """The clients vLLM and SGLang users bring, against real ``python -m eyas.serve`` processes on loopback.
 
 langchain's ``ChatOpenAI`` (``invoke``, ``stream``, ``with_structured_output`` by json_schema, json_mode and
-function calling, ``bind_tools`` with a named and a required choice, ``logprobs``) and litellm's
-``hosted_vllm/`` and ``openai/`` providers (plain, streamed with usage, ``response_format``, ``tools``) each run
-against the speculative server (the tiny float64 EAGLE-3 pair, a topk-2 tree) and a NONE server on the same
+function calling, ``bind_tools`` with a named and a required choice, ``logprobs``), litellm's ``hosted_vllm/``
+and ``openai/`` providers (plain, streamed with usage, ``response_format``, ``tools``) and the ``openai`` SDK's
+``parse`` helpers each run against the speculative server (the tiny float64 EAGLE-3 pair, a topk-2 tree) and a
+NONE server on the same
 target. Every greedy answer is compared between the two (speculation is lossless, so they must be equal: text,
 parsed objects, tool calls, logprobs to float tolerance) and the plain ones against the target's own greedy
 decoding. The schemas are small (enums, bounded integers, a 4-character string) so the random tiny model
@@ -24,7 +25,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of 
 os.environ.pop("LANGCHAIN_TRACING_V2", None)  # no LangSmith traces
 os.environ.pop("LANGSMITH_TRACING", None)
 langchain_openai = pytest.importorskip("langchain_openai")
-pytestmark = pytest.mark.filterwarnings("ignore:Item .* ReadOnly:UserWarning")  # litellm's types, on import
+pytestmark = pytest.mark.filterwarnings("ignore:Items? .*ReadOnly:UserWarning")  # litellm's types, on import
 litellm = pytest.importorskip("litellm")
 
 MSG = [{"role": "user", "content": "Plan a trip."}]
@@ -192,6 +193,8 @@ def test_litellm_response_format_and_tools(urls, provider):
               "max_tokens": 120, "num_retries": 0, "timeout": 120}
         fmt = {"type": "json_schema", "json_schema": {"name": "trip", "schema": TRIP_SCHEMA, "strict": True}}
         trip = Trip.model_validate_json(litellm.completion(**kw, response_format=fmt).choices[0].message.content)
+        as_model = litellm.completion(**kw, response_format=Trip).choices[0].message.content  # litellm converts it
+        assert Trip.model_validate_json(as_model) == trip
         calls = []
         for choice in ({"type": "function", "function": {"name": "clock"}}, "required"):
             out = litellm.completion(**kw, tools=TOOLS, tool_choice=choice).choices[0]
@@ -206,5 +209,24 @@ def test_litellm_response_format_and_tools(urls, provider):
         assert [(d[0].function.name, json.loads(d[0].function.arguments)) for d in streamed] == [calls[1]]
         assert calls[0][0] == "clock" and 0 <= calls[0][1]["hour"] <= 23
         return trip, calls
+
+    both(urls, ask)
+
+
+def test_openai_sdk_parse_helpers(urls):
+    """The SDK's ``chat.completions.parse``: a pydantic ``response_format`` and a strict pydantic function tool."""
+    openai = pytest.importorskip("openai")
+
+    def ask(url):
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+        kw = {"model": "tiny", "messages": MSG, "temperature": 0, "max_tokens": 120}
+        parsed = client.chat.completions.parse(**kw, response_format=Trip).choices[0].message.parsed
+        assert isinstance(parsed, Trip)
+        tool = openai.pydantic_function_tool(Trip, name="plan")
+        msg = client.chat.completions.parse(**kw, tools=[tool], tool_choice={
+            "type": "function", "function": {"name": "plan"}}).choices[0].message
+        (call,) = msg.tool_calls
+        assert call.function.name == "plan" and isinstance(call.function.parsed_arguments, Trip)
+        return parsed, call.function.parsed_arguments
 
     both(urls, ask)

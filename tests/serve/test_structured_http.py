@@ -3,8 +3,8 @@
 response_format answers parse and match their schema; SGLang's regex on /generate holds; tool_choice
 required and named come back as tool_calls the ``openai`` SDK parses (streamed too); auto parses a
 Hermes-style call; a history with tool calls and tool results renders through a template that knows
-tools, and one that does not is a 400 with no template text; a bad schema is a 400 while another
-request streams on untouched.
+tools and through one that does not (the calls written as <tool_call> blocks), and one that cannot render
+is a 400 with no template text; a bad schema is a 400 while another request streams on untouched.
 """
 
 from __future__ import annotations
@@ -45,6 +45,20 @@ def served(engine):
 @pytest.fixture(scope="module")
 def plain_template(engine):
     with InProcessServer(create_app(engine, ServeOptions(served_model_name="tiny", log_interval=0))) as s:
+        yield s
+
+
+STRICT_TEMPLATE = (  # refuses any role but system, user and assistant, as some models' templates do
+    "{% for m in messages %}{% if m.role not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('Conversation roles must be system, user or assistant') }}{% endif %}"
+    "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def strict_template(engine):
+    app = create_app(engine, ServeOptions(served_model_name="tiny", log_interval=0))
+    app.state.eyas.prepare.tokenizer.chat_template = STRICT_TEMPLATE
+    with InProcessServer(app) as s:
         yield s
 
 
@@ -105,7 +119,7 @@ def test_tool_choice_required_and_named_through_the_openai_sdk(served):
         assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
 
 
-def test_tool_history_renders_and_auto_and_none_generate_freely(served, plain_template):
+def test_tool_history_renders_and_auto_and_none_generate_freely(served, plain_template, strict_template):
     history = MSG + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Rome"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
@@ -115,6 +129,8 @@ def test_tool_history_renders_and_auto_and_none_generate_freely(served, plain_te
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["finish_reason"] == "length"
     r = _post(plain_template, "/v1/chat/completions", {"messages": history, "tools": TOOLS, "max_tokens": 8})
+    assert r.status_code == 200, r.text  # a template with no tool format: the calls go in as <tool_call> text
+    r = _post(strict_template, "/v1/chat/completions", {"messages": history, "tools": TOOLS, "max_tokens": 8})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
     message = r.json()["error"]["message"]
     assert "could not render" in message and "tools" in message
@@ -174,3 +190,33 @@ def test_auto_parsing_and_stream_hold_back():
     assert "".join(sent) == "Hi " and s.finish()[1][0]["function"]["name"] == "weather"
     s = ToolStream(ToolPlan("auto", schemas))
     assert s.feed("a <t") == "a " and s.feed("x") == "<tx" and s.feed("<") == "" and s.finish() == ("<", [])
+
+
+def test_a_template_without_a_tool_format_sees_the_calls_as_text(engine):
+    """An agent's second turn (assistant content null beside its tool_calls, then the tool's result) renders
+    through a template that knows no tools: the call is in the prompt in the form auto mode parses back."""
+    import copy
+
+    from eyas.serve.inputs import chat_prompt
+    from eyas.serve.protocol import ChatCompletionRequest
+
+    tok = copy.deepcopy(engine.target.tokenizer)
+    assert "tool_calls" not in str(tok.chat_template)
+    history = MSG + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    text = tok.decode(chat_prompt(tok, ChatCompletionRequest(messages=history, tools=TOOLS)))
+    block = '<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>'
+    assert block in text and "sunny" in text
+    assert parse_auto(block, {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS})[1][0][
+        "function"] == {"name": "weather", "arguments": '{"city": "Rome"}'}
+
+
+def test_a_json_schema_answer_keeps_the_schemas_key_order(served):
+    """The output follows the properties in the order the schema gives them (models answer "reasoning"
+    before "answer" when asked to), not sorted."""
+    schema = {"type": "object", "properties": {"zeta": {"enum": ["a"]}, "alpha": {"enum": ["b"]}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    r = _chat(served, response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": schema}})
+    assert r.status_code == 200, r.text
+    assert list(json.loads(r.json()["choices"][0]["message"]["content"])) == ["zeta", "alpha"]

@@ -67,8 +67,8 @@ class GrammarError(EyasError):
 @dataclass(frozen=True)
 class GrammarSpec:
     """What a request constrains its output to: ``kind`` (one of ``KINDS``) and ``source`` (the schema as
-    canonical JSON, the regex or the EBNF text; empty for json_object); ``param`` names the request
-    field, for errors."""
+    JSON in the request's key order, which the output follows; the regex or the EBNF text; empty for
+    json_object); ``param`` names the request field, for errors."""
 
     kind: str
     source: str = ""
@@ -76,7 +76,7 @@ class GrammarSpec:
 
     @classmethod
     def json_schema(cls, schema, param: str = "response_format") -> GrammarSpec:
-        return cls("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False), param)
+        return cls("json_schema", json.dumps(schema, ensure_ascii=False), param)
 
 
 class Grammars:

@@ -111,12 +111,12 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         raise bad_request("a request cannot bring its own chat template: it would run the client's template code "
                           "on the server, and no draft was trained with it; the server's template is set with "
                           "--chat-template", param="chat_template_kwargs.chat_template")
-    messages = []
+    messages, knows_calls = [], "tool_calls" in str(tokenizer.chat_template)
     for m in req.messages:
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             d["content"] = "\n".join(p.text for p in m.content)
-        messages.append(template_message(d))
+        messages.append(template_message(d, knows_calls))
     tools = template_tools(req)
     try:
         text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
@@ -257,7 +257,8 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
                      "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
                      presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
-                     repetition_penalty=sp.repetition_penalty, seed=sp.seed if sp.seed is not None else sp.sampling_seed,
+                     repetition_penalty=sp.repetition_penalty,
+                     seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")
 

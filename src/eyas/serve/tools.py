@@ -92,12 +92,27 @@ def template_tools(req) -> list[dict] | None:
     return [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
 
 
-def template_message(d: dict) -> dict:
+def template_message(d: dict, template_knows_calls: bool) -> dict:
     """A history message for the chat template: an assistant's ``tool_calls`` carry their arguments as
-    objects (as Hugging Face's templates expect), not the JSON strings OpenAI's clients send back."""
+    objects (as Hugging Face's templates expect), not the JSON strings OpenAI's clients send back, and a
+    missing content is "" (clients send null beside tool calls; templates read it).
+
+    A template with no tool-call format (``template_knows_calls`` false: it never mentions ``tool_calls``)
+    gets the calls written into the content in the form ``parse_auto`` reads back (``<tool_call>`` blocks),
+    so an agent's second turn renders with its calls in the prompt instead of failing or dropping them."""
     calls = d.get("tool_calls")
-    if isinstance(calls, list):
-        d["tool_calls"] = [_with_object_arguments(c) for c in calls]
+    if not isinstance(calls, list):
+        return d
+    calls = [_with_object_arguments(c) for c in calls]
+    if d.get("content") is None:
+        d["content"] = ""
+    if template_knows_calls:
+        d["tool_calls"] = calls
+        return d
+    blocks = [f"{OPEN}{json.dumps(c['function'], ensure_ascii=False)}{CLOSE}" for c in calls
+              if isinstance(c, dict) and isinstance(c.get("function"), dict)]
+    d["content"] = "\n".join(([d["content"]] if d["content"] else []) + blocks)
+    del d["tool_calls"]
     return d
 
 

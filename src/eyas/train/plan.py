@@ -8,6 +8,9 @@ same ``Eagle3Draft.config_for_target`` the trainer uses. The rest follows from t
 - target weights at the training dtype (bf16 on a GPU, fp32 on the CPU), whole on every GPU, or with
   ``train.shard_target`` a 1/N shard plus two whole decoder layers (FSDP2 gathers the layer that
   runs and the next one; an MoE layer is gathered with all its experts);
+- loading, before any of that: every rank loads the whole target onto its device and builds the whole
+  draft, and only then does FSDP2 shard them (on the CPU the checkpoint's mapped file pages count too),
+  so a sharded run's peak is the larger of loading and the training step;
 - the draft in fp32 (its frozen copy of the embeddings included), its gradients, AdamW's two
   moments, and DDP's gradient buckets under torchrun (``train.parallel=fsdp``: all of it 1/N);
 - activations at ``data.tokens_per_batch`` tokens a rank: the target's logits and captured states,
@@ -15,7 +18,8 @@ same ``Eagle3Draft.config_for_target`` the trainer uses. The rest follows from t
 - offline mode's disk: per token, the captured states and the state entering ``lm_head``.
 
 The figures are estimates written from what the code keeps alive; on the CPU, fp32, a tiny target's
-figure is within 20% of the measured peak (``tests/train/test_plan.py``).
+figure is within 20% of the measured peak, in one process and sharded over two (``tests/train/test_plan.py``,
+``tests/train/test_plan_sharded.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Shapes:
     hidden: int
     vocab: int
     target_params: int
+    stored_bytes: int  # bytes per parameter in the checkpoint (its config's dtype)
     largest_layer: int  # parameters of the largest decoder layer (what FSDP2 gathers at once)
     mlp_width: int  # widest MLP activation a token makes in one layer (dense, or experts x active)
     aux_layer_ids: list[int]
@@ -63,9 +68,12 @@ class Plan:
     gpu_memory: int
     tokens_per_batch: int
     ttt_steps: int
-    parts: dict[str, int]  # bytes per GPU (or per process on the CPU)
+    parts: dict[str, int]  # bytes per GPU (or per process on the CPU) during a training step
+    phases: dict[str, int]  # the activations part: the larger of the target's forward and the draft's step
+    loading: dict[str, int]  # bytes per GPU (or process) while the target loads, before it is sharded
     min_gpus: int | None  # fewest GPUs the recipe runs on; None: no count does
     min_gpus_sharded: int | None  # the same with train.shard_target on
+    min_gpus_step: int | None  # fewest GPUs the sharded training step alone needs (were the target loaded sharded)
     offline_per_token: int
     offline_fixed: int  # lm_head copy beside the shards
     offline_tokens: int | None  # tokens in the recipe's data, when it exists
@@ -74,6 +82,15 @@ class Plan:
     @property
     def total(self) -> int:
         return sum(self.parts.values())
+
+    @property
+    def load_total(self) -> int:
+        return sum(self.loading.values())
+
+    @property
+    def peak(self) -> int:
+        """What the run needs per GPU (or process): the larger of loading and the training step."""
+        return max(self.total, self.load_total)
 
 
 def meta_target(path: str, trust_remote_code: bool = False):
@@ -124,9 +141,12 @@ def read_shapes(recipe: Recipe, trust_remote_code: bool = False) -> Shapes:
     with torch.device("meta"):
         draft = Eagle3Draft(config)
     attn = draft.midlayer.self_attn
+    stored = getattr(target.model.config, "dtype", None) or getattr(target.model.config, "torch_dtype", None)
+    stored_bytes = DTYPE_BYTES.get(str(stored).lower().removeprefix("torch."), 2)
     return Shapes(
         name=recipe.target, architecture=info.architecture, layers=info.num_layers, hidden=info.hidden_size,
         vocab=info.vocab_size, target_params=sum(p.numel() for p in target.model.parameters()),
+        stored_bytes=stored_bytes,
         largest_layer=max(sum(p.numel() for p in layer.parameters()) for layer in target.layers),
         mlp_width=_mlp_width(target.text_config), aux_layer_ids=list(target.aux_layer_ids),
         fc_in=draft.fc.in_features, draft_hidden=config.hidden_size, draft_intermediate=config.intermediate_size,
@@ -148,8 +168,11 @@ def _dtypes(recipe: Recipe) -> tuple[str, int, int]:
     return device, target_bytes, 2 if autocast else 4
 
 
-def activations(s: Shapes, tokens: int, steps: int, target_bytes: int, act_bytes: int) -> int:
-    """Bytes alive at a training step's peak, for ``tokens`` tokens a rank."""
+def step_phases(s: Shapes, tokens: int, steps: int, target_bytes: int, act_bytes: int,
+                gathered: int = 0) -> dict[str, int]:
+    """Bytes of activations a rank holds in each phase of a training step, for ``tokens`` tokens a rank:
+    the target's forward (with ``gathered`` bytes of whole layers FSDP2 holds while it runs, freed after
+    each layer's forward), then the draft's TTT unroll and its backward. The step needs the larger."""
     n = tokens
     # The target's forward: one layer's hidden, norm, attention and MLP tensors at a time.
     target_forward = n * (8 * s.hidden + 3 * s.mlp_width) * target_bytes
@@ -164,36 +187,60 @@ def activations(s: Shapes, tokens: int, steps: int, target_bytes: int, act_bytes
     hidden_step = n * (12 * s.draft_hidden + 2 * s.draft_attn_width + 4 * s.draft_intermediate) * act_bytes
     ttt = steps * (vocab_step + hidden_step)
     backward = 2 * n * s.draft_vocab * 4  # the loss's gradient through one step's logits
-    return max(target_forward, kept) + ttt + backward
+    return {"target forward": gathered + target_forward + kept, "draft TTT step": kept + ttt + backward}
+
+
+def phases(s: Shapes, recipe: Recipe, gpus: int, shard_target: bool | None = None) -> dict[str, int]:
+    """``step_phases`` for the recipe at ``gpus`` ranks: a sharded target gathers two whole decoder layers
+    (the one running and the next; an MoE layer with all its experts) during its forward."""
+    _, target_bytes, act_bytes = _dtypes(recipe)
+    shard = recipe.train.shard_target if shard_target is None else shard_target
+    gathered = 2 * s.largest_layer * target_bytes if shard and gpus > 1 else 0
+    return step_phases(s, recipe.data.tokens_per_batch, recipe.train.ttt_steps, target_bytes, act_bytes, gathered)
 
 
 def memory_parts(s: Shapes, recipe: Recipe, gpus: int, shard_target: bool | None = None) -> dict[str, int]:
-    device, target_bytes, act_bytes = _dtypes(recipe)
+    device, target_bytes, _ = _dtypes(recipe)
     t = recipe.train
     shard = t.shard_target if shard_target is None else shard_target
     world = max(1, gpus)
-    if shard and world > 1:
-        target = s.target_params * target_bytes // world + 2 * s.largest_layer * target_bytes
-    else:
-        target = s.target_params * target_bytes
+    sharded = shard and world > 1
     split = world if (t.parallel == "fsdp" and world > 1) else 1
+    target = s.target_params * target_bytes
     parts = {
-        "target weights": target,
+        f"target shard (1/{world})" if sharded else "target weights": target // world if sharded else target,
         "draft weights (fp32)": s.draft_params * 4 // split,
         "draft gradients": s.draft_trainable * 4 // split,
         "optimizer (AdamW)": 2 * s.draft_trainable * 4 // split,
     }
     if world > 1 and t.parallel == "ddp":
         parts["DDP gradient buckets"] = s.draft_trainable * 4
-    parts["activations"] = activations(s, recipe.data.tokens_per_batch, t.ttt_steps, target_bytes, act_bytes)
+    parts["activations"] = max(phases(s, recipe, world, shard).values())
     if device == "cuda":
         parts["CUDA context and slack"] = GPU_OVERHEAD
     return parts
 
 
+def loading_parts(s: Shapes, recipe: Recipe) -> dict[str, int]:
+    """Bytes per GPU (or process) while loading: ``load_target`` puts the whole target on the rank's device
+    and the whole draft is built beside it; ``train.shard_target`` and ``train.parallel=fsdp`` shard only
+    after that. On the CPU the safetensors file stays mapped while the weights are copied out of it."""
+    device, target_bytes, _ = _dtypes(recipe)
+    parts = {"target": s.target_params * target_bytes}
+    if device == "cpu":
+        parts["its file's pages"] = s.target_params * s.stored_bytes
+    parts["draft"] = s.draft_params * 4
+    if device == "cuda":
+        parts["CUDA context"] = GPU_OVERHEAD
+    return parts
+
+
 def fewest_gpus(s: Shapes, recipe: Recipe, gpu_memory: int, shard_target: bool | None = None,
-                most: int = 4096) -> int | None:
-    """The smallest GPU count whose per-GPU need fits ``gpu_memory``; None when none up to ``most`` does."""
+                most: int = 4096, loading: bool = True) -> int | None:
+    """The smallest GPU count whose per-GPU need fits ``gpu_memory``; None when none up to ``most`` does.
+    ``loading=False``: the training step alone, as if each rank loaded only its shard."""
+    if loading and sum(loading_parts(s, recipe).values()) > gpu_memory:
+        return None  # every rank holds the whole target first, whatever the count
     n = 1
     while n <= most:
         if sum(memory_parts(s, recipe, n, shard_target).values()) <= gpu_memory:
@@ -225,18 +272,21 @@ def make_plan(recipe: Recipe, gpu_memory: int = 80 * GB, gpus: int | None = None
     shard = recipe.train.shard_target
     least = fewest_gpus(s, recipe, gpu_memory)
     least_sharded = least if shard else fewest_gpus(s, recipe, gpu_memory, shard_target=True)
-    shown = gpus or least or 1
+    step_sharded = fewest_gpus(s, recipe, gpu_memory, shard_target=True, loading=False)
+    shown = gpus or least or (step_sharded if shard else None) or 1
     offline_bytes = DTYPE_BYTES[recipe.train.offline_dtype]
     notes = []
     if shard or (least is None and least_sharded is not None):
         notes.append(f"train.shard_target gathers one whole decoder layer at a time on every GPU: the largest "
                      f"holds {s.largest_layer / 1e9:,.2f} B parameters "
                      f"({s.largest_layer * target_bytes / GB:,.1f} GB), "
-                     "counted twice (the layer running and the next one)")
+                     "counted twice (the layer running and the next one), during the target's forward only")
     return Plan(
         shapes=s, device=device, gpus=shown, gpu_memory=gpu_memory, tokens_per_batch=recipe.data.tokens_per_batch,
-        ttt_steps=recipe.train.ttt_steps, parts=memory_parts(s, recipe, shown), min_gpus=least,
-        min_gpus_sharded=least_sharded, offline_per_token=(len(s.aux_layer_ids) + 1) * s.hidden * offline_bytes,
+        ttt_steps=recipe.train.ttt_steps, parts=memory_parts(s, recipe, shown),
+        phases=phases(s, recipe, shown), loading=loading_parts(s, recipe),
+        min_gpus=least, min_gpus_sharded=least_sharded, min_gpus_step=step_sharded,
+        offline_per_token=(len(s.aux_layer_ids) + 1) * s.hidden * offline_bytes,
         offline_fixed=s.vocab * s.hidden * 4, offline_tokens=_data_tokens(recipe), notes=notes,
     )
 
@@ -265,13 +315,27 @@ def format_plan(plan: Plan, recipe: Recipe) -> str:
          f"{target_bytes * 8}-bit"),
         f"memory per {per.split(' ')[0]}:",
     ]
+    gathered = f" with {_size(s.largest_layer * target_bytes * 2)} of gathered layers" * (
+        t.shard_target and plan.gpus > 1)
+    forward, draft_step = plan.phases.values()
+    phases = f"   the larger of the target's forward {_size(forward)}{gathered} and the draft's TTT {_size(draft_step)}"
     for name, value in plan.parts.items():
-        lines.append(f"  {name:<26}{_size(value):>12}")
-    lines.append(f"  {'total':<26}{_size(plan.total):>12}   (of {_size(plan.gpu_memory)})")
+        lines.append(f"  {name:<26}{_size(value):>12}{phases if name == 'activations' else ''}")
+    lines.append(f"  {'training step':<26}{_size(plan.total):>12}")
+    loaded = " + ".join(f"{name} {_size(value)}" for name, value in plan.loading.items())
+    lines.append(f"  {'loading':<26}{_size(plan.load_total):>12}   {loaded}, whole on each before sharding")
+    lines.append(f"  {'peak':<26}{_size(plan.peak):>12}   (of {_size(plan.gpu_memory)})")
     if plan.device == "cuda":
+        nodes = lambda n: " (counted in 8-GPU nodes above 16)" if n > 16 else ""  # noqa: E731
         if plan.min_gpus is not None:
-            step = " (counted in 8-GPU nodes above 16)" if plan.min_gpus > 16 else ""
-            lines.append(f"fewest GPUs {plan.min_gpus} of {_size(plan.gpu_memory)}{step} (fewer cannot hold the run)")
+            lines.append(f"fewest GPUs {plan.min_gpus} of {_size(plan.gpu_memory)}{nodes(plan.min_gpus)} "
+                         "(fewer cannot hold the run)")
+        elif plan.load_total > plan.gpu_memory:
+            lines.append(f"fewest GPUs none: every GPU loads the whole target before FSDP2 shards it "
+                         f"({_size(plan.load_total)} with the draft, of {_size(plan.gpu_memory)})")
+            if plan.min_gpus_step is not None:
+                lines.append(f"            the sharded training step alone fits {plan.min_gpus_step} GPUs"
+                             f"{nodes(plan.min_gpus_step)}: it needs each rank to load only its shard (not built)")
         else:
             lines.append(f"fewest GPUs none: with this recipe no number of {_size(plan.gpu_memory)} GPUs holds the run")
             if plan.min_gpus_sharded is not None and not t.shard_target:

@@ -75,16 +75,17 @@ def test_plan_for_kimi_k25_and_llama_70b(capsys):
                  "--set", "train.shard_target=true", "--set", "data.tokens_per_batch=4096"]) == 0
     llama = capsys.readouterr().out
     assert "70.55 B parameters" in llama and "captures layers [2, 40, 77]" in llama
-    # every GPU holds the whole target before FSDP2 shards it: no count runs it today, and the plan says so
-    assert "fewest GPUs none: every GPU loads the whole target before FSDP2 shards it (152.4 GB" in llama
-    assert "the sharded training step alone fits 6 GPUs" in llama
+    # each rank loads only its shard: the count is the sharded training step's, the whole target is rank 0's host
+    assert "fewest GPUs 6 of" in llama and "in rank 0's host memory, each GPU gets its shard" in llama
 
 
 def test_fewest_gpus_follows_the_gpu_memory():
     recipe = load_recipe(None, [f"target={FIXTURES / 'llama-3.1-70b-instruct'}", "train.shard_target=true",
                                 "data.tokens_per_batch=4096"])
     small, large = make_plan(recipe, 80 * GB), make_plan(recipe, 141 * GB)
-    assert small.min_gpus is None and large.min_gpus is None  # the whole 141 GB target loads on each first
+    assert (small.min_gpus, large.min_gpus) == (small.min_gpus_step, large.min_gpus_step)  # loading bars no count
+    whole = make_plan(load_recipe(None, [f"target={FIXTURES / 'llama-3.1-70b-instruct'}"]), 80 * GB)
+    assert whole.min_gpus is None and whole.load_total > 80 * GB  # unsharded: every GPU loads the whole target
     assert small.min_gpus_step is not None and large.min_gpus_step is not None
     assert large.min_gpus_step < small.min_gpus_step
     assert small.gpus == small.min_gpus_step and small.total <= 80 * GB and large.total <= 141 * GB

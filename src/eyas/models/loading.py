@@ -190,3 +190,23 @@ def load_target(
     model.to(device)
     name = path_or_name if path_or_name.lower() == SMOLLM2 else source
     return Target(model, tokenizer, name=name, aux_layer_ids=aux_layer_ids)
+
+
+def build_target_on_meta(path_or_name: str, dtype: torch.dtype, aux_layer_ids=None,
+                         trust_remote_code: bool = False) -> Target:
+    """The target's architecture on the ``meta`` device (no weights read, no memory taken) with its
+    tokenizer, for a rank that receives its shard of the weights from rank 0 (``train.shard_target``)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, gguf = resolve(path_or_name)
+    cached = gguf_cache_dir(folder, gguf, dtype) if gguf else None
+    if cached is not None and (cached / "config.json").is_file():
+        folder, gguf = cached, None
+    kwargs = dict(local_files_only=True, trust_remote_code=trust_remote_code, **({"gguf_file": gguf} if gguf else {}))
+    config = AutoConfig.from_pretrained(folder, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    with torch.device("meta"):
+        model = model_class(config.model_type).from_config(config, dtype=dtype, attn_implementation="sdpa",
+                                                            trust_remote_code=trust_remote_code)
+    name = path_or_name if path_or_name.lower() == SMOLLM2 else str(folder / gguf if gguf else folder)
+    return Target(model, tokenizer, name=name, aux_layer_ids=aux_layer_ids)

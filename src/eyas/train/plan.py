@@ -8,9 +8,10 @@ same ``Eagle3Draft.config_for_target`` the trainer uses. The rest follows from t
 - target weights at the training dtype (bf16 on a GPU, fp32 on the CPU), whole on every GPU, or with
   ``train.shard_target`` a 1/N shard plus two whole decoder layers (FSDP2 gathers the layer that
   runs and the next one; an MoE layer is gathered with all its experts);
-- loading, before any of that: every rank loads the whole target onto its device and builds the whole
-  draft, and only then does FSDP2 shard them (on the CPU the checkpoint's mapped file pages count too),
-  so a sharded run's peak is the larger of loading and the training step;
+- loading, before any of that: without ``train.shard_target`` every rank loads the whole target onto its
+  device beside the draft (on the CPU the checkpoint's mapped file pages count too); with it, under
+  torchrun, each rank allocates only its shard and rank 0 alone reads the whole target into host memory
+  (file pages included) and sends each rank its part, so loading costs rank 0's host, not any GPU;
 - the draft in fp32 (its frozen copy of the embeddings included), its gradients, AdamW's two
   moments, and DDP's gradient buckets under torchrun (``train.parallel=fsdp``: all of it 1/N);
 - activations at ``data.tokens_per_batch`` tokens a rank: the target's logits and captured states,
@@ -70,7 +71,7 @@ class Plan:
     ttt_steps: int
     parts: dict[str, int]  # bytes per GPU (or per process on the CPU) during a training step
     phases: dict[str, int]  # the activations part: the larger of the target's forward and the draft's step
-    loading: dict[str, int]  # bytes per GPU (or process) while the target loads, before it is sharded
+    loading: dict[str, int]  # bytes per GPU (or process) while the target loads; sharded: rank 0's host
     min_gpus: int | None  # fewest GPUs the recipe runs on; None: no count does
     min_gpus_sharded: int | None  # the same with train.shard_target on
     min_gpus_step: int | None  # fewest GPUs the sharded training step alone needs (were the target loaded sharded)
@@ -78,6 +79,7 @@ class Plan:
     offline_fixed: int  # lm_head copy beside the shards
     offline_tokens: int | None  # tokens in the recipe's data, when it exists
     notes: list[str] = field(default_factory=list)
+    sharded_load: bool = False  # train.shard_target over several ranks: ``loading`` is rank 0's host memory
 
     @property
     def total(self) -> int:
@@ -89,8 +91,14 @@ class Plan:
 
     @property
     def peak(self) -> int:
-        """What the run needs per GPU (or process): the larger of loading and the training step."""
-        return max(self.total, self.load_total)
+        """What the run needs per GPU (or process), on rank 0 where ranks differ. A sharded load is host
+        memory: on a GPU the training step alone; on the CPU rank 0 holds the whole target beside its shard."""
+        if not self.sharded_load:
+            return max(self.total, self.load_total)
+        if self.device == "cuda":
+            return self.total
+        shard = next(v for k, v in self.parts.items() if k.startswith("target shard"))
+        return max(self.total, self.load_total + shard + self.parts["draft weights (fp32)"])
 
 
 def meta_target(path: str, trust_remote_code: bool = False):
@@ -221,11 +229,14 @@ def memory_parts(s: Shapes, recipe: Recipe, gpus: int, shard_target: bool | None
     return parts
 
 
-def loading_parts(s: Shapes, recipe: Recipe) -> dict[str, int]:
+def loading_parts(s: Shapes, recipe: Recipe, sharded: bool = False) -> dict[str, int]:
     """Bytes per GPU (or process) while loading: ``load_target`` puts the whole target on the rank's device
-    and the whole draft is built beside it; ``train.shard_target`` and ``train.parallel=fsdp`` shard only
-    after that. On the CPU the safetensors file stays mapped while the weights are copied out of it."""
+    and the whole draft is built beside it. On the CPU the safetensors file stays mapped while the weights
+    are copied out of it. ``sharded`` (``train.shard_target`` over several ranks): rank 0's host memory,
+    the whole target and its file's pages; no GPU holds more than its shard."""
     device, target_bytes, _ = _dtypes(recipe)
+    if sharded:
+        return {"target": s.target_params * target_bytes, "its file's pages": s.target_params * s.stored_bytes}
     parts = {"target": s.target_params * target_bytes}
     if device == "cpu":
         parts["its file's pages"] = s.target_params * s.stored_bytes
@@ -239,7 +250,8 @@ def fewest_gpus(s: Shapes, recipe: Recipe, gpu_memory: int, shard_target: bool |
                 most: int = 4096, loading: bool = True) -> int | None:
     """The smallest GPU count whose per-GPU need fits ``gpu_memory``; None when none up to ``most`` does.
     ``loading=False``: the training step alone, as if each rank loaded only its shard."""
-    if loading and sum(loading_parts(s, recipe).values()) > gpu_memory:
+    shard = recipe.train.shard_target if shard_target is None else shard_target
+    if loading and not shard and sum(loading_parts(s, recipe).values()) > gpu_memory:
         return None  # every rank holds the whole target first, whatever the count
     n = 1
     while n <= most:
@@ -284,7 +296,8 @@ def make_plan(recipe: Recipe, gpu_memory: int = 80 * GB, gpus: int | None = None
     return Plan(
         shapes=s, device=device, gpus=shown, gpu_memory=gpu_memory, tokens_per_batch=recipe.data.tokens_per_batch,
         ttt_steps=recipe.train.ttt_steps, parts=memory_parts(s, recipe, shown),
-        phases=phases(s, recipe, shown), loading=loading_parts(s, recipe),
+        phases=phases(s, recipe, shown), loading=loading_parts(s, recipe, shard and shown > 1),
+        sharded_load=shard and shown > 1,
         min_gpus=least, min_gpus_sharded=least_sharded, min_gpus_step=step_sharded,
         offline_per_token=(len(s.aux_layer_ids) + 1) * s.hidden * offline_bytes,
         offline_fixed=s.vocab * s.hidden * 4, offline_tokens=_data_tokens(recipe), notes=notes,
@@ -323,7 +336,8 @@ def format_plan(plan: Plan, recipe: Recipe) -> str:
         lines.append(f"  {name:<26}{_size(value):>12}{phases if name == 'activations' else ''}")
     lines.append(f"  {'training step':<26}{_size(plan.total):>12}")
     loaded = " + ".join(f"{name} {_size(value)}" for name, value in plan.loading.items())
-    lines.append(f"  {'loading':<26}{_size(plan.load_total):>12}   {loaded}, whole on each before sharding")
+    where = "in rank 0's host memory, each GPU gets its shard" if plan.sharded_load else "whole on each"
+    lines.append(f"  {'loading':<26}{_size(plan.load_total):>12}   {loaded}, {where}")
     lines.append(f"  {'peak':<26}{_size(plan.peak):>12}   (of {_size(plan.gpu_memory)})")
     if plan.device == "cuda":
         nodes = lambda n: " (counted in 8-GPU nodes above 16)" if n > 16 else ""  # noqa: E731
@@ -331,11 +345,11 @@ def format_plan(plan: Plan, recipe: Recipe) -> str:
             lines.append(f"fewest GPUs {plan.min_gpus} of {_size(plan.gpu_memory)}{nodes(plan.min_gpus)} "
                          "(fewer cannot hold the run)")
         elif plan.load_total > plan.gpu_memory:
-            lines.append(f"fewest GPUs none: every GPU loads the whole target before FSDP2 shards it "
+            lines.append(f"fewest GPUs none: every GPU loads the whole target "
                          f"({_size(plan.load_total)} with the draft, of {_size(plan.gpu_memory)})")
             if plan.min_gpus_step is not None:
-                lines.append(f"            the sharded training step alone fits {plan.min_gpus_step} GPUs"
-                             f"{nodes(plan.min_gpus_step)}: it needs each rank to load only its shard (not built)")
+                lines.append(f"            with --set train.shard_target=true: {plan.min_gpus_step} GPUs"
+                             f"{nodes(plan.min_gpus_step)}, each loading only its shard")
         else:
             lines.append(f"fewest GPUs none: with this recipe no number of {_size(plan.gpu_memory)} GPUs holds the run")
             if plan.min_gpus_sharded is not None and not t.shard_target:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from ..common import dist
@@ -33,6 +34,7 @@ from .batches import collate, epoch_batches, rank_rows, to_device
 from .evaluate import heldout_metrics
 from .logger import RunLog, Window
 from .recipe import Recipe
+from .sharded_target import broadcast_module, load_sharded_target, shard_target
 from .states import OfflineStates, OnlineStates, build_cache, cache_complete
 from .ttt import ttt_loss
 from .warm_start import warm_start
@@ -68,6 +70,13 @@ def _target_norm(target):
     return None
 
 
+def blank_draft(target, recipe: Recipe) -> Eagle3Draft:
+    """A draft of ``build_draft``'s shapes with any values, for a rank that receives rank 0's."""
+    r = recipe
+    size = min(r.draft.vocab_size, target.info.vocab_size)
+    return Eagle3Draft(Eagle3Draft.config_for_target(target, size, r.draft.aux_layer_ids)).float()
+
+
 def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
     r = recipe
     vocab = target.info.vocab_size
@@ -91,27 +100,20 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
     return draft
 
 
-def shard_target(target) -> None:
-    """FSDP2-shard a frozen target across the ranks (each decoder layer, experts included, then the
-    root), for targets that do not fit one GPU. Aux capture still works: its pre-hooks see each layer's
-    input. The root reshards after forward too: FSDP2 keeps a root gathered for the backward that
-    follows, but a frozen target has none, and its embedding and head would stay whole on every rank."""
-    from torch.distributed.fsdp import fully_shard
-
-    for p in target.model.parameters():
-        p.requires_grad_(False)
-    for layer in target.layers:
-        fully_shard(layer)
-    fully_shard(target.model, reshard_after_forward=True)
-
-
 class Trainer:
     def __init__(self, recipe: Recipe, target=None, ctx: dist.DistContext | None = None, log=print):
         self.r = r = recipe.validate()
         self.ctx = ctx or dist.init(r.train.device)
         self.tracker_names = trackers.requested(r.log)  # a missing package stops every rank before any load
         self.print = log if self.ctx.main else (lambda *a, **k: None)
-        if target is None:
+        whole = None  # with train.shard_target: the whole target on rank 0's host, until the draft is made
+        sharded = r.train.shard_target and self.ctx.active
+        if target is None and sharded:
+            from ..models.loading import parse_dtype
+
+            dtype = parse_dtype(r.train.target_dtype, self.ctx.device)
+            target, whole = load_sharded_target(r.target, self.ctx, dtype, r.draft.aux_layer_ids)
+        elif target is None:
             from ..models.loading import load_target
 
             target = load_target(r.target, device=self.ctx.device, dtype=r.train.target_dtype)
@@ -134,9 +136,16 @@ class Trainer:
             self.heldout = None
         counts_file = data / "vocab_counts.npy"
         counts = np.load(counts_file) if counts_file.is_file() else np.ones(target.info.vocab_size, dtype=np.int64)
-        self.draft = build_draft(target, r, counts).to(self.ctx.device)
-        if r.train.shard_target and self.ctx.active:
-            shard_target(target)  # after the draft copied the target's embeddings and head
+        if sharded and not isinstance(target.embed_tokens.weight, DTensor):
+            self.draft = build_draft(target, r, counts).to(self.ctx.device)
+            shard_target(target)  # a target passed in whole: after the draft copied its embeddings and head
+        elif sharded:  # made on rank 0 from the whole weights, then sent to every rank
+            self.draft = (build_draft(whole, r, counts) if whole is not None else blank_draft(target, r)).to(
+                self.ctx.device)
+            broadcast_module(self.draft)
+            del whole
+        else:
+            self.draft = build_draft(target, r, counts).to(self.ctx.device)
         self.module = TTTModule(self.draft, r.train.ttt_steps, r.train.decay)
         self.wrapped = self._wrap(self.module)
         params = [p for p in self.module.parameters() if p.requires_grad]

@@ -16,7 +16,7 @@ import pytest
 from eyas.common.draft_registry import builtin_draft
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--num-prompts", "2", "--max-tokens", "32", "--probes", "2"]
+SMALL = ["--num-prompts", "2", "--max-tokens", "16", "--probes", "1"]
 
 
 def listening(url: str) -> bool:

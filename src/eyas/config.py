@@ -34,7 +34,7 @@ class Algorithm(str, Enum):
     EAGLE3 = "EAGLE3"
 
     @classmethod
-    def parse(cls, value: "str | Algorithm | None") -> "Algorithm":
+    def parse(cls, value: str | Algorithm | None) -> Algorithm:
         if value is None:
             return cls.NONE
         if isinstance(value, Algorithm):

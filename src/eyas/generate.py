@@ -48,8 +48,8 @@ def run(args) -> int:
 
     baseline = None
     if s.speculative and not args.no_baseline:
+        from .config import Algorithm, SpecConfig
         from .engine.engine import Engine
-        from .config import SpecConfig, Algorithm
 
         plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE))
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up

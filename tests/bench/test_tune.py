@@ -7,8 +7,8 @@ import json
 import pytest
 
 from eyas.bench.tune import parse_candidate, recommend_schedule, sweep
-from eyas.config import SpecConfig, parse_schedule
 from eyas.cli import main
+from eyas.config import SpecConfig, parse_schedule
 from eyas.errors import EyasError
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import byte_tokenizer, tiny_config
 from torch import nn
 from transformers import LlamaModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -13,7 +14,6 @@ from eyas.layers import check_aux_layers, default_aux_layers, from_sglang, to_sg
 from eyas.models import kv_cache
 from eyas.models.target import Target, find_decoder_layers
 from eyas.train.ttt import target_states
-from helpers import byte_tokenizer, tiny_config
 
 
 def test_default_layers_follow_the_reference_convention():
@@ -101,8 +101,8 @@ def test_wrapped_language_model_is_found_and_decodes_losslessly():
     with torch.no_grad():
         for _ in range(24):
             seq.append(int(wrapped(torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
-    from eyas.models.draft import Eagle3Draft
     from eyas.config import SpecConfig
+    from eyas.models.draft import Eagle3Draft
 
     d = Eagle3Draft.for_target(target)
     out = Engine(target, d, SpecConfig("EAGLE3", 3, 2, 5)).generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))

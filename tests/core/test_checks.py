@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from helpers import save_tiny_model, tiny_target
 
 from eyas.checks import check_spec, check_vocab_maps
 from eyas.config import Algorithm, SpecConfig
@@ -12,7 +13,6 @@ from eyas.engine.engine import Engine
 from eyas.errors import EyasError
 from eyas.models.draft import Eagle3Draft
 from eyas.pipeline import EngineArgs, build_engine
-from helpers import save_tiny_model, tiny_target
 
 
 def refuse(target, draft, spec, path="draft/", match=""):

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 import torch
+from helpers import reference_greedy
+from test_native import PROMPTS, family_model
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
@@ -23,8 +25,6 @@ from eyas.models.llama import RopeTable
 from eyas.models.native import NativeTarget
 from eyas.models.ops import TORCH, ops_for
 from eyas.models.static_cache import StaticKV
-from helpers import reference_greedy
-from test_native import PROMPTS, family_model
 
 kernels = pytest.importorskip("eyas.models.kernels", reason="Triton is not installed (pip install triton)")
 TRITON = kernels.TRITON

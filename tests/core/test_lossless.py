@@ -1,13 +1,13 @@
 """Greedy speculative output equals the target's own greedy output, token for token."""
 
 import pytest
+from helpers import reference_greedy
 
 from eyas.config import SpecConfig, parse_schedule
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.stats import SpecStats
 from eyas.models.native import NativeTarget
-from helpers import reference_greedy
 
 PROMPTS = [
     [72, 101, 108, 108, 111],

@@ -6,8 +6,17 @@ tests check everything the GPU replays except the capture itself.
 
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from helpers import reference_greedy, tiny_target
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from eyas.config import SpecConfig, parse_schedule
 from eyas.engine.engine import Engine
@@ -18,7 +27,6 @@ from eyas.models.llama import NativeLlama, native_support
 from eyas.models.native import NativeTarget, choose, plan_pool
 from eyas.models.static_cache import StaticKV
 from eyas.models.target import Target
-from helpers import reference_greedy, tiny_target
 
 SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
@@ -282,9 +290,10 @@ def test_choose_is_automatic_and_says_why():
 
 
 def test_build_engine_takes_the_native_path_when_asked(tmp_path):
+    from helpers import save_tiny_model
+
     from eyas.pipeline import EngineArgs, build_engine
     from eyas.serve.banner import banner_lines
-    from helpers import save_tiny_model
 
     save_tiny_model(tmp_path / "t")
     args = EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE", engine="native", max_batch=3)

@@ -4,11 +4,11 @@ import pickle
 
 import pytest
 import torch
+from helpers import save_tiny_model
 
 from eyas.errors import EyasError
 from eyas.models import formats
 from eyas.models.loading import load_target
-from helpers import save_tiny_model
 
 
 class Payload:

@@ -6,6 +6,7 @@ by enumeration; samples from the speculative engine are compared with it by chi-
 
 import pytest
 import torch
+from helpers import byte_tokenizer, tiny_model, train_draft
 from scipy.stats import chisquare
 
 from eyas.config import SpecConfig
@@ -13,7 +14,6 @@ from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams, probs
 from eyas.engine.stats import SpecStats
 from eyas.models.target import Target
-from helpers import byte_tokenizer, tiny_model, train_draft
 
 V = 16
 PROMPT = [3, 1, 4, 1, 5]

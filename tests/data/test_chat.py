@@ -1,10 +1,10 @@
 """Chat rendering and the assistant-only loss mask, checked by decoding what the mask covers."""
 
 import pytest
+from helpers import byte_tokenizer
 
 from eyas.data.chat import decode_masked, normalize, render
 from eyas.errors import EyasError
-from helpers import byte_tokenizer
 
 CONV = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"},
         {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4."}]

@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import byte_tokenizer, save_tiny_model, tiny_target
 
 from eyas.cli import main
 from eyas.data.prepare import PrepareConfig, prepare
 from eyas.data.regenerate import RegenConfig
 from eyas.data.tokenized import TokenizedSplit
 from eyas.errors import EyasError
-from helpers import byte_tokenizer, save_tiny_model, tiny_target
 
 
 def _jsonl(path, n=30, answers=True):

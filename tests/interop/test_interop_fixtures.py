@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import reference_greedy, save_tiny_model
 from interop_helpers import DRAFT_VOCAB, WRITERS, sglang_tensors
 
 from eyas.config import SpecConfig
@@ -11,7 +12,6 @@ from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.models import formats
 from eyas.models.draft import Eagle3Draft
-from helpers import reference_greedy, save_tiny_model
 
 PROMPTS = [[72, 101, 108, 108, 111], [256, 87, 104, 97, 116, 32]]
 NEW = 10

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import save_tiny_model
 from interop_helpers import DRAFT_VOCAB, sglang_tensors
 from safetensors.torch import load_file
 
 from eyas.models import formats
 from eyas.models.draft import Eagle3Draft
-from helpers import save_tiny_model
 
 INSTALL = "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 loguru==0.7.3"
 PROBE = Path(__file__).with_name("speculators_probe.py")

@@ -84,9 +84,10 @@ def test_prefill_budget_admits_in_waves_and_stays_lossless(inprocess, engine, re
 def test_native_engine_serves_bursts_through_graph_prefill_groups(models, reference):
     """The native path's prefill (graph-sized groups, caches lent until each group joins) behind the
     real scheduler: ten clients at once, every answer the target's own greedy one."""
+    from serve_helpers import InProcessServer
+
     from eyas.pipeline import EngineArgs, build_engine
     from eyas.serve.app import ServeOptions, create_app
-    from serve_helpers import InProcessServer
 
     tiny, draft = models
     native = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(draft), dtype="float64",

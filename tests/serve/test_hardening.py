@@ -9,9 +9,8 @@ import threading
 import time
 
 import httpx
-import torch
 import pytest
-
+import torch
 from serve_helpers import scrape
 
 CHAT = "/v1/chat/completions"

@@ -18,10 +18,11 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from eyas.models.draft import Eagle3Draft  # noqa: E402
-from eyas.train.ttt import target_states, ttt_loss  # noqa: E402
 from profile_step import size_arguments, tiny_on  # noqa: E402
 from test_ttt_fast import reference_ttt_loss  # noqa: E402
+
+from eyas.models.draft import Eagle3Draft  # noqa: E402
+from eyas.train.ttt import target_states, ttt_loss  # noqa: E402
 
 
 def main() -> None:

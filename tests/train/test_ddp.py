@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from helpers import tiny_target
 from train_fixtures import make_data
 

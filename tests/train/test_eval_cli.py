@@ -2,11 +2,10 @@
 
 import json
 
-import torch
+from helpers import save_tiny_model
+from train_fixtures import make_data, tiny_recipe
 
 from eyas.cli import main
-from helpers import save_tiny_model, tiny_target
-from train_fixtures import make_data, tiny_recipe
 from eyas.train.trainer import Trainer
 
 
@@ -33,8 +32,9 @@ def test_eval_cli_reports_acceptance(tmp_path, capsys):
 def test_eval_counts_a_prompt_once_when_the_data_holds_two_answers(tmp_path):
     from argparse import Namespace
 
-    from eyas.train.eval_cli import load_prompts
     from helpers import byte_tokenizer
+
+    from eyas.train.eval_cli import load_prompts
 
     rows = [{"messages": [{"role": "user", "content": f"q{i % 3}"}, {"role": "assistant", "content": f"a{i}"}]}
             for i in range(6)]

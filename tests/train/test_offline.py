@@ -1,14 +1,14 @@
 """Offline mode (cached, memory-mapped states) gives the online loss on the same batch."""
 
 import torch
+from helpers import tiny_target
+from train_fixtures import make_data, tiny_recipe
 
 from eyas.data.tokenized import TokenizedSplit
 from eyas.train.batches import collate
 from eyas.train.states import OfflineStates, OnlineStates, build_cache
 from eyas.train.trainer import Trainer
 from eyas.train.ttt import ttt_loss
-from helpers import tiny_target
-from train_fixtures import make_data, tiny_recipe
 
 
 def test_offline_equals_online(tmp_path):

@@ -4,12 +4,12 @@ and under bf16 autocast (loosely). ``reference_ttt_loss`` is the old code, kept 
 
 import pytest
 import torch
+from helpers import tiny_target
 
 from eyas.models import kv_cache
 from eyas.models.draft import Eagle3Draft
 from eyas.models.vocab import build_vocab
 from eyas.train.ttt import target_states, ttt_loss
-from helpers import tiny_target
 
 
 def _ttt_mask(length: int, step: int, valid: torch.Tensor, dtype) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """The TTT loss falls on a tiny target and per-step accuracy rises far above chance."""
 
 import torch
-
-from eyas.train.trainer import Trainer
 from helpers import tiny_target
 from train_fixtures import make_data, tiny_recipe
+
+from eyas.train.trainer import Trainer
 
 
 def test_loss_decreases_and_accuracy_rises(tmp_path):

@@ -3,11 +3,11 @@ that do not fit (another vocabulary size, target, or aux layers) with errors tha
 
 import pytest
 import torch
+from helpers import tiny_target
+from train_fixtures import make_data, tiny_recipe
 
 from eyas.errors import EyasError
 from eyas.train.trainer import Trainer
-from helpers import tiny_target
-from train_fixtures import make_data, tiny_recipe
 
 
 @pytest.fixture(scope="module")

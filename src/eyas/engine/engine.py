@@ -257,7 +257,7 @@ class Engine:
         if self.prefiller:
             self.prefiller.reset()
 
-    def _own(self, batch: "Batch") -> None:
+    def _own(self, batch: Batch) -> None:
         """Native path: move a freshly prefilled batch's rows into the preallocated caches."""
         if self.static and batch.target_cache is not self.target_pool:
             batch.target_cache = self.target_pool.adopt(batch.target_cache)

@@ -31,7 +31,7 @@ class SpecStats:
         for i in range(accepted):
             self.accepted_per_position[i] += 1
 
-    def add(self, other: "SpecStats") -> "SpecStats":
+    def add(self, other: SpecStats) -> SpecStats:
         self.drafts += other.drafts
         self.draft_tokens += other.draft_tokens
         self.accepted += other.accepted

@@ -27,7 +27,7 @@ class Tree:
         return self.tokens.shape[1]
 
     @classmethod
-    def root_only(cls, root: torch.Tensor) -> "Tree":  # root [B]
+    def root_only(cls, root: torch.Tensor) -> Tree:  # root [B]
         b = root.shape[0]
         dev = root.device
         return cls(
@@ -38,7 +38,7 @@ class Tree:
         )
 
     @classmethod
-    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> "Tree":
+    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> Tree:
         """Depth and ancestor mask from parent pointers (parents precede children): ``ops.ancestors``."""
         depth, mask = ancestors(parents, max_depth)
         return cls(tokens=tokens, parents=parents, depth=depth, mask=mask)

@@ -35,7 +35,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def parse_dtype(dtype: "str | torch.dtype | None", device: str) -> torch.dtype:
+def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
@@ -142,7 +142,7 @@ def model_class(model_type: str | None):
 def load_target(
     path_or_name: str,
     device: str = "cpu",
-    dtype: "str | torch.dtype | None" = "auto",
+    dtype: str | torch.dtype | None = "auto",
     aux_layer_ids=None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,

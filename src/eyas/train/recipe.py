@@ -96,7 +96,7 @@ class Recipe:
     def dump(self, path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
-    def validate(self) -> "Recipe":
+    def validate(self) -> Recipe:
         t, o = self.train, self.optim
         checks = [
             (t.mode in ("online", "offline"), "train.mode", t.mode, "online or offline"),

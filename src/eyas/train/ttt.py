@@ -73,7 +73,7 @@ class Layout:
     width: int  # dim + extra, the extra rounded up to a multiple of 8
 
     @classmethod
-    def make(cls, dim: int, max_diag: int, dtype: torch.dtype, pad: bool) -> "Layout":
+    def make(cls, dim: int, max_diag: int, dtype: torch.dtype, pad: bool) -> Layout:
         parts = 1 if dtype in (torch.float32, torch.float64) else 2
         need = max_diag * parts + int(pad)
         return cls(dim, parts, pad, dim + -(-need // 8) * 8)  # need 0: no extra dimensions

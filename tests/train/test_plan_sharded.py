@@ -3,7 +3,7 @@
 Two gloo processes on the CPU under torchrun train a tiny Qwen3-MoE target (115 MB in fp32) with
 ``train.shard_target``, once with few tokens a rank (rank 0's peak is the loading: it reads the whole
 target and its checkpoint's pages beside its own shard; rank 1 never holds more than its half) and once
-with many (the peak is the training step: a half of the target, two gathered layers, the draft and the
+with many (the peak is the training step: a half of the target, four gathered layers, the draft and the
 activations). Each rank measures its own peak as test_plan.py does (VmHWM minus VmRSS before the run,
 freed memory returned to the OS at once, a fresh process per run), and the plan's figure for two ranks
 (``peak`` for rank 0, the training step for the others) must be within 20% of it.
@@ -23,7 +23,7 @@ from train_fixtures import make_data
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from eyas.models.target import Target
-from eyas.train.plan import make_plan
+from eyas.train.plan import gathered_bytes, make_plan
 from eyas.train.recipe import load_recipe
 
 # Each rank: import everything, note the RSS, train, print the peak above it.
@@ -84,8 +84,8 @@ def test_plan_memory_agrees_with_each_sharded_rank(tmp_path):
         s = plan.shapes
         assert plan.device == "cpu" and plan.gpus == 2
         assert plan.parts["target shard (1/2)"] == s.target_params * 4 // 2
-        # two whole layers gathered while the target runs (the draft's TTT, later, needs more here)
-        assert plan.phases["target forward"] > 2 * s.largest_layer * 4
+        # four whole layers gathered while the target runs (the draft's TTT, later, needs more here)
+        assert plan.phases["target forward"] > gathered_bytes(s, 4) == 4 * s.largest_layer * 4
         assert plan.sharded_load and plan.loading == {"target": s.target_params * 4,
                                                       "its file's pages": s.target_params * 4}
     assert plans["loading"].peak > 1.5 * plans["loading"].total  # each run tests a different phase
@@ -99,9 +99,8 @@ def test_plan_memory_agrees_with_each_sharded_rank(tmp_path):
         peak = measured[name][rank]
         assert peak > 100e6  # the run's own memory, well above the noise of a Python process
         assert abs(want - peak) <= 0.2 * peak, (name, rank, want, peak, plans[name].parts, plans[name].loading)
-    # Only rank 0 reads the whole target: rank 1 of the few-token run stays far below rank 0 and below what
-    # every rank held when each loaded the whole target (it, its file's pages and the draft). Its own figure
-    # (about 150 MB measured) is above the plan's training step (104 MB): not modelled yet.
-    s = plans["loading"].shapes
+    # Only rank 0 reads the whole target: rank 1 of the few-token run stays far below rank 0, at what the plan
+    # gives its training step (165.6 MB measured against 131.0 planned: at this size the rank's own start, the
+    # tokenizer, the model's skeleton and gloo, about 30 MB, is a fifth of it and the plan leaves it out).
     assert measured["loading"][1] < 0.6 * measured["loading"][0], measured
-    assert measured["loading"][1] < 0.7 * (2 * s.target_params + s.draft_params) * 4, measured
+    assert abs(plans["loading"].total - measured["loading"][1]) <= 0.3 * measured["loading"][1], measured

@@ -50,6 +50,7 @@ class Shapes:
     target_params: int
     stored_bytes: int  # bytes per parameter in the checkpoint (its config's dtype)
     largest_layer: int  # parameters of the largest decoder layer (what FSDP2 gathers at once)
+    tied: bool  # the head is the embedding (FSDP2 keeps it with the root, gathered for the whole forward)
     mlp_width: int  # widest MLP activation a token makes in one layer (dense, or experts x active)
     aux_layer_ids: list[int]
     fc_in: int
@@ -156,6 +157,8 @@ def read_shapes(recipe: Recipe, trust_remote_code: bool = False) -> Shapes:
         vocab=info.vocab_size, target_params=sum(p.numel() for p in target.model.parameters()),
         stored_bytes=stored_bytes,
         largest_layer=max(sum(p.numel() for p in layer.parameters()) for layer in target.layers),
+        tied=target.model.get_output_embeddings() is not None
+        and target.model.get_output_embeddings().weight is target.model.get_input_embeddings().weight,
         mlp_width=_mlp_width(target.text_config), aux_layer_ids=list(target.aux_layer_ids),
         fc_in=draft.fc.in_features, draft_hidden=config.hidden_size, draft_intermediate=config.intermediate_size,
         draft_attn_width=sum(p.out_features for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)),
@@ -198,12 +201,23 @@ def step_phases(s: Shapes, tokens: int, steps: int, target_bytes: int, act_bytes
     return {"target forward": gathered + target_forward + kept, "draft TTT step": kept + ttt + backward}
 
 
+def gathered_bytes(s: Shapes, target_bytes: int) -> int:
+    """What a target sharded by ``shard_target`` holds gathered at most during its forward. FSDP2 keeps the
+    running layer whole and prefetches the next, and each gather passes through a buffer of the whole
+    layer before it is copied out: about four layers (measured on two gloo ranks, tests/train/
+    test_plan_sharded.py). An untied head is its own unit (itself and its buffer, at the end); a tied
+    one stays with the root, gathered beside the layers for the whole forward."""
+    table = s.vocab * s.hidden
+    layers = 4 * s.largest_layer + (table if s.tied else 0)
+    return max(layers, 0 if s.tied else 2 * table) * target_bytes
+
+
 def phases(s: Shapes, recipe: Recipe, gpus: int, shard_target: bool | None = None) -> dict[str, int]:
-    """``step_phases`` for the recipe at ``gpus`` ranks: a sharded target gathers two whole decoder layers
-    (the one running and the next; an MoE layer with all its experts) during its forward."""
+    """``step_phases`` for the recipe at ``gpus`` ranks: a sharded target gathers ``gathered_bytes`` during
+    its forward (an MoE layer with all its experts)."""
     _, target_bytes, act_bytes = _dtypes(recipe)
     shard = recipe.train.shard_target if shard_target is None else shard_target
-    gathered = 2 * s.largest_layer * target_bytes if shard and gpus > 1 else 0
+    gathered = gathered_bytes(s, target_bytes) if shard and gpus > 1 else 0
     return step_phases(s, recipe.data.tokens_per_batch, recipe.train.ttt_steps, target_bytes, act_bytes, gathered)
 
 
@@ -285,14 +299,15 @@ def make_plan(recipe: Recipe, gpu_memory: int = 80 * GB, gpus: int | None = None
     least = fewest_gpus(s, recipe, gpu_memory)
     least_sharded = least if shard else fewest_gpus(s, recipe, gpu_memory, shard_target=True)
     step_sharded = fewest_gpus(s, recipe, gpu_memory, shard_target=True, loading=False)
-    shown = gpus or least or (step_sharded if shard else None) or 1
+    # sharded and no count fits: shown over as many GPUs as the target has layers, a shard no larger than a layer
+    shown = gpus or least or (step_sharded or max(2, s.layers) if shard else None) or 1
     offline_bytes = DTYPE_BYTES[recipe.train.offline_dtype]
     notes = []
     if shard or (least is None and least_sharded is not None):
-        notes.append(f"train.shard_target gathers one whole decoder layer at a time on every GPU: the largest "
+        notes.append(f"train.shard_target gathers whole decoder layers on every GPU: the largest "
                      f"holds {s.largest_layer / 1e9:,.2f} B parameters "
-                     f"({s.largest_layer * target_bytes / GB:,.1f} GB), "
-                     "counted twice (the layer running and the next one), during the target's forward only")
+                     f"({s.largest_layer * target_bytes / GB:,.1f} GB), counted four times (the layer running, "
+                     "the next one, and the buffer each passes through), during the target's forward only")
     return Plan(
         shapes=s, device=device, gpus=shown, gpu_memory=gpu_memory, tokens_per_batch=recipe.data.tokens_per_batch,
         ttt_steps=recipe.train.ttt_steps, parts=memory_parts(s, recipe, shown),
@@ -328,7 +343,7 @@ def format_plan(plan: Plan, recipe: Recipe) -> str:
          f"{target_bytes * 8}-bit"),
         f"memory per {per.split(' ')[0]}:",
     ]
-    gathered = f" with {_size(s.largest_layer * target_bytes * 2)} of gathered layers" * (
+    gathered = f" with {_size(gathered_bytes(s, target_bytes))} of gathered layers" * (
         t.shard_target and plan.gpus > 1)
     forward, draft_step = plan.phases.values()
     phases = f"   the larger of the target's forward {_size(forward)}{gathered} and the draft's TTT {_size(draft_step)}"
@@ -344,6 +359,15 @@ def format_plan(plan: Plan, recipe: Recipe) -> str:
         if plan.min_gpus is not None:
             lines.append(f"fewest GPUs {plan.min_gpus} of {_size(plan.gpu_memory)}{nodes(plan.min_gpus)} "
                          "(fewer cannot hold the run)")
+        elif t.shard_target:
+            gathered = gathered_bytes(s, target_bytes)
+            lines.append(f"fewest GPUs none: with this recipe no number of {_size(plan.gpu_memory)} GPUs holds the run;"
+                         f" every GPU gathers {_size(gathered)} of whole layers whatever the count")
+            if gathered + GPU_OVERHEAD >= plan.gpu_memory:
+                lines.append("            no recipe setting lowers that: use GPUs with more memory (--gpu-memory)")
+            else:
+                lines.append("            lower data.tokens_per_batch or draft.vocab_size, set train.parallel=fsdp, "
+                             "or use GPUs with more memory (--gpu-memory)")
         elif plan.load_total > plan.gpu_memory:
             lines.append(f"fewest GPUs none: every GPU loads the whole target "
                          f"({_size(plan.load_total)} with the draft, of {_size(plan.gpu_memory)})")

@@ -17,16 +17,22 @@ from ..common.dist import DistContext
 
 
 def shard_target(target) -> None:
-    """FSDP2-shard a frozen target across the ranks (each decoder layer, experts included, then the
-    root), for targets that do not fit one GPU. Aux capture still works: its pre-hooks see each layer's
-    input. The root reshards after forward too: FSDP2 keeps a root gathered for the backward that
-    follows, but a frozen target has none, and its embedding and head would stay whole on every rank."""
+    """FSDP2-shard a frozen target across the ranks, for targets that do not fit one GPU: each decoder
+    layer (experts included), an untied embedding and head each on its own, then the root, so a rank
+    gathers one part at a time. Aux capture still works: its pre-hooks see each layer's input. The root
+    reshards after forward too: FSDP2 keeps a root gathered for the backward that follows, but a frozen
+    target has none, and a tied embedding (which stays with the root) would stay whole on every rank."""
     from torch.distributed.fsdp import fully_shard
 
     for p in target.model.parameters():
         p.requires_grad_(False)
     for layer in target.layers:
         fully_shard(layer)
+    embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
+    if head is None or head.weight is not embed.weight:  # tied: both uses must share the root's gather
+        for part in (embed, head):
+            if part is not None:
+                fully_shard(part)
     fully_shard(target.model, reshard_after_forward=True)
 
 

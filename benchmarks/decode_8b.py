@@ -8,7 +8,7 @@ native path eager (``--disable-cuda-graph``), with CUDA graphs but the torch ops
 Triton kernels (``EYAS_KERNELS=torch``), with the kernels but cuBLAS for every projection
 (``TritonOps.fused_linears = False``: the norms, the activation and the residual adds as separate
 kernels), the default without programmatic dependent launch (``TritonOps.pdl = False``), the step by
-parts (``Engine.whole_step_graphs = False``: the mask, accept and commit launched around the target's
+parts (``whole_step_graphs=False``: the mask, accept and commit launched around the target's
 graph), and the default
 (a decode step's projections as ``_linear_kernel``, every kernel launched dependent on the one
 before). Each row records whether its tokens equal the default's. The limit is bandwidth divided
@@ -153,9 +153,9 @@ def main() -> None:
     for name in args.rows.split(","):
         graphs, ops_mode, fused, pdl, whole = ROWS[name]
         os.environ["EYAS_KERNELS"] = ops_mode
-        TritonOps.fused_linears, TritonOps.pdl, Engine.whole_step_graphs = fused, pdl, whole
+        TritonOps.fused_linears, TritonOps.pdl = fused, pdl
         CHOICES.measure, CHOICES.picks = name != "graphs-default-kernels", {}
-        engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs)
+        engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs, whole_step_graphs=whole)
         tps, tokens[name] = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
         tps = runs.get(name, {}).get("tok_s", []) + [round(x, 2) for x in tps]  # a row named again: interleaved
         runs[name] = {"tok_s": tps, "median": round(statistics.median(tps), 2),
@@ -168,7 +168,7 @@ def main() -> None:
               f"{runs[name].get('graph_replay_ms_by_window')} ms by window")
         del engine
     os.environ.pop("EYAS_KERNELS")
-    TritonOps.fused_linears = TritonOps.pdl = Engine.whole_step_graphs = True
+    TritonOps.fused_linears = TritonOps.pdl = True
     for name in runs:
         if "graphs" in tokens:
             runs[name]["tokens_equal_graphs"] = tokens[name] == tokens["graphs"]

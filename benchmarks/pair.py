@@ -9,7 +9,7 @@ seeded by its index, so runs at T = 0, 0.7 and 1.0 can be set side by side), one
 static cache, CUDA graphs) without speculation; the HF-path baseline is recorded for reference.
 For each tree setting: tokens/s end to end and for decoding alone (prefill timed apart), the step's
 milliseconds, tau, per-position acceptance, speedup. Side by side in the same run: the baseline
-with its step by parts (``Engine.whole_step_graphs = False``), and the last setting by parts and
+with its step by parts (``whole_step_graphs=False``), and the last setting by parts and
 with its several-row projections on cuBLAS (``TritonOps.row_linears = False``); ``--by-parts-specs``
 and ``--cublas-rows-specs`` pick other settings (none: nothing); ``--flip-prologues-specs`` runs
 settings with the norm and activation inside the several-row kernel flipped from the default,
@@ -119,7 +119,7 @@ def main() -> None:
                     help="settings also run with the step by parts (drafter, verify, extend as three replays with "
                          "acceptance and commit launched between them); default: the last of --specs")
     ap.add_argument("--eager-prefill-specs", nargs="*", default=[],
-                    help="settings also run with the eager prefill (Engine.prefill_graphs off), side by side; the "
+                    help="settings also run with the eager prefill (prefill_graphs=False), side by side; the "
                          "baseline always is")
     ap.add_argument("--cublas-rows-specs", nargs="*", default=None,
                     help="settings also run with the projections of several rows (verify, draft levels, extend) on "
@@ -161,11 +161,11 @@ def main() -> None:
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
-    Engine.whole_step_graphs = False  # the step by parts (the baseline before engine/decode.py), side by side
-    parts = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
-    Engine.whole_step_graphs, Engine.prefill_graphs = True, False  # the prefill before engine/prefill.py
-    eager_prefill = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
-    Engine.prefill_graphs = True
+    # the step by parts (the baseline before engine/decode.py), and the prefill before engine/prefill.py
+    parts = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1, whole_step_graphs=False), prompts,
+                    args.new_tokens)
+    eager_prefill = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1, prefill_graphs=False), prompts,
+                            args.new_tokens)
     base = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
     print(f"baseline (native, graphs): {base['tok_s']} tok/s (decode {base['decode_tok_s']}, prefill "
           f"{base['prefill_ms_median']} ms); step by parts: {parts['tok_s']} tok/s (decode {parts['decode_tok_s']}); "
@@ -187,14 +187,14 @@ def main() -> None:
                  + [f"{t} {flipped}" for t in args.flip_prologues_specs]
                  + [f"{t} {flipped_apart}" for t in args.flip_norm_apart_specs]):
         steps, topk, tokens = (int(x) for x in text.split()[0].split(","))
-        Engine.whole_step_graphs = not text.endswith("by parts")
-        Engine.prefill_graphs = not text.endswith("eager prefill")
+        routes = {"whole_step_graphs": not text.endswith("by parts"),
+                  "prefill_graphs": not text.endswith("eager prefill")}
         TritonOps.row_linears = not text.endswith("cublas rows") and not args.cublas_linears
         TritonOps.row_prologues = prologues != text.endswith(flipped)
         TritonOps.row_norm_apart = apart != text.endswith(flipped_apart)
-        r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), prompts,
+        r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1, **routes), prompts,
                     args.new_tokens)
-        Engine.whole_step_graphs, Engine.prefill_graphs, TritonOps.row_linears = True, True, not args.cublas_linears
+        TritonOps.row_linears = not args.cublas_linears
         TritonOps.row_prologues, TritonOps.row_norm_apart = prologues, apart
         same = [o == b for o, b in zip(r["outputs"], base["outputs"])] if greedy else [False]
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
@@ -213,9 +213,7 @@ def main() -> None:
         b32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1), few, 128)
         steps, topk, tokens = (int(x) for x in args.specs[-1].split(","))
         s32 = run_all(Engine(t32, d32, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), few, 128)
-        Engine.prefill_graphs = False
-        e32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1), few, 128)
-        Engine.prefill_graphs = True
+        e32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1, prefill_graphs=False), few, 128)
         fp32 = {"spec": args.specs[-1], "prompts": len(few),
                 "identical": sum(a == b for a, b in zip(b32["outputs"], s32["outputs"])),
                 "baseline_identical_with_eager_prefill": sum(a == b for a, b in zip(b32["outputs"], e32["outputs"])),

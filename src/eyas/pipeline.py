@@ -15,6 +15,7 @@ from pathlib import Path
 from .checks import check_algorithm
 from .common.draft_registry import default_draft_for, resolve_draft_path
 from .config import AUTO, Algorithm, SpecConfig, parse_schedule
+from .engine_config import EngineConfig
 from .errors import EyasError
 from .models import formats
 from .models.loading import SMOLLM2, load_target, resolve_device
@@ -43,6 +44,10 @@ class EngineArgs:
     cuda_graph_max_bs: int | None = None  # largest batch with CUDA graphs (default: max_batch)
     mem_fraction_static: float | None = None  # SGLang's: weights + KV pools within this share of memory
     tokenizer_path: str | None = None  # a tokenizer other than the target's own
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(max_batch=self.max_batch, cuda_graphs=self.cuda_graphs,
+                            graph_max_batch=self.cuda_graph_max_bs, mem_fraction_static=self.mem_fraction_static)
 
 
 def draft_fc_width(cfg) -> tuple[int | None, int]:
@@ -152,9 +157,7 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
     if resolved is not None:
         draft = formats.load_draft(resolved, embed_weight=target.embed_tokens.weight,
                                    device=device, dtype=target.dtype, allow_pickle=args.allow_pickle)
-    engine = Engine(target, draft, spec, draft_path=str(resolved) if resolved else None,
-                    max_batch=args.max_batch, cuda_graphs=args.cuda_graphs,
-                    graph_max_batch=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static)
+    engine = Engine(target, draft, spec, draft_path=str(resolved) if resolved else None, config=args.engine_config())
     if generic_reason:
         engine.layout += f" ({generic_reason})"
     if args.mem_fraction_static is not None and not engine.static:
@@ -172,7 +175,7 @@ def baseline_engine(engine):
     the H200, eyas eval's measured 481 tok/s that way against 658-694 warmed up)."""
     from .engine.engine import Engine
 
-    plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE), **engine.sizing)
+    plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE), config=engine.config)
     plain.warm_up(progress=False)
     return plain
 

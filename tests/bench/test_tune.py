@@ -20,7 +20,7 @@ def test_sweep_measures_every_candidate_at_every_batch_size(target, draft, monke
     batches = []
     generate = Engine.generate
     monkeypatch.setattr(Engine, "generate", lambda self, ps, params=None: (
-        batches.append((self.sizing["max_batch"], len(ps), self.spec.speculative)), generate(self, ps, params))[1])
+        batches.append((self.config.max_batch, len(ps), self.spec.speculative)), generate(self, ps, params))[1])
     prompts = [[65, 66, 67], [70, 71], [80, 81, 82, 83], [90, 91]]
     cands = [parse_candidate("3,1,4"), parse_candidate("2,2,4")]
     rows = sweep(target, draft, prompts, [1, 3], cands, new_tokens=8, log=lambda s: None)

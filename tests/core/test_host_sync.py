@@ -80,9 +80,8 @@ ROWS = {"greedy": [GREEDY] * 3,  # sampled rows beside a greedy one; with top-p 
 def test_a_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec, path, rows, monkeypatch):
     """Greedy or sampled (drawn on the device, inside the whole-step graph where one is replayed)."""
     model = target if path == "generic" else NativeTarget.from_target(target)
-    monkeypatch.setattr(Engine, "whole_step_graphs", not path.endswith("by-parts"))
     engine = Engine(model, draft if spec.speculative else None, spec, max_batch=4,
-                    cuda_graphs=path.startswith("native-graph"))
+                    cuda_graphs=path.startswith("native-graph"), whole_step_graphs=not path.endswith("by-parts"))
     prompts = ([72, 101, 108], [7] * 9, [200, 13])
     batch = engine.prefill([engine.new_sequence(p, params) for p, params in zip(prompts, ROWS[rows])])
     engine.step(batch)  # the first step on the native path moves the rows into the engine's cache

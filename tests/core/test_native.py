@@ -95,8 +95,8 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     outs = engine.generate(prompts, params)
     assert [o.output_ids for o in outs] == [refs[0], refs[1], refs[2][:12]]
     assert engine.decoder.steps == 39  # every step after prefill's token, the batch filtered as rows finish
-    monkeypatch.setattr(Engine, "whole_step_graphs", False)
-    parts = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True)
+    parts = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True,
+                   whole_step_graphs=False)
     assert parts.decoder is None and [o.output_ids for o in parts.generate(prompts, params)] == [o.output_ids for o in outs]
     mixed = [params[0], SamplingParams(max_new_tokens=8, temperature=0.7, seed=1), params[2]]
     before = engine.decoder.steps
@@ -121,9 +121,9 @@ def test_native_engine_is_lossless(target, draft, references, name, path, monkey
     replay, and through the same buckets step by parts (drafter, target and draft extend replayed
     one after the other, acceptance and commit between them, as batches with a sampled row run)."""
     spec, graphs = SPECS[name], path != "eager"
-    monkeypatch.setattr(Engine, "whole_step_graphs", path != "graph-buffers-by-parts")
     native = NativeTarget.from_target(target)
-    engine = Engine(native, draft if spec.speculative else None, spec, max_batch=8, cuda_graphs=graphs)
+    engine = Engine(native, draft if spec.speculative else None, spec, max_batch=8, cuda_graphs=graphs,
+                    whole_step_graphs=path != "graph-buffers-by-parts")
     assert engine.static and "static KV cache 8 x" in engine.layout
     outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
     assert [o.output_ids for o in outs] == references
@@ -313,8 +313,8 @@ def test_graph_paths_draft_what_the_eager_path_drafts(target, draft, name, monke
     params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
     runs = {}
     for graphs, whole in ((False, True), (True, True), (True, False)):
-        monkeypatch.setattr(Engine, "whole_step_graphs", whole)
-        engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, cuda_graphs=graphs)
+        engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, cuda_graphs=graphs,
+                        whole_step_graphs=whole)
         runs[graphs, whole] = [o.stats.as_dict() for o in engine.generate(PROMPTS, params)]
         if graphs:
             parts = [engine.drafters[spec], *engine.extenders.values()]

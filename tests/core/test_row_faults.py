@@ -30,8 +30,8 @@ def poison(cache, row: int, slot: int = 0) -> None:
 
 def engine_for(target, draft, spec, path, monkeypatch):
     model = target if path == "generic" else NativeTarget.from_target(target)
-    monkeypatch.setattr(Engine, "whole_step_graphs", path != "native-by-parts")
-    return Engine(model, draft if spec.speculative else None, spec, max_batch=4, cuda_graphs=path == "native-graph")
+    return Engine(model, draft if spec.speculative else None, spec, max_batch=4, cuda_graphs=path == "native-graph",
+                  whole_step_graphs=path != "native-by-parts")
 
 
 def run(engine, batch):

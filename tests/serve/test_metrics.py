@@ -75,7 +75,7 @@ def test_every_series_carries_the_served_model_name_and_engine(metrics, server):
 
 
 def test_kv_usage_counts_the_running_rows_and_falls_to_zero(inprocess, engine):
-    capacity = engine.sizing["max_batch"] * engine.max_context
+    capacity = engine.config.max_batch * engine.max_context
     with inprocess(step_delay=0.05) as srv:
         body = {"prompt": "kv usage " * 4, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
         answer = {}

@@ -38,6 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..checks import check_spec
 from ..config import Algorithm, SpecConfig
+from ..engine_config import EngineConfig
 from ..errors import EyasError
 from ..models import kv_cache
 from ..models.graphs import buckets
@@ -118,26 +119,20 @@ class Output:
 
 
 class Engine:
-    """``max_batch``, ``cuda_graphs``, ``graph_max_batch`` and ``mem_fraction_static`` matter on the native
-    path only (a ``NativeTarget``): they size the preallocated KV caches, say whether forwards replay CUDA
-    graphs, cap the batch sizes that have graphs (larger batches run eagerly), and bound the caches' memory
-    (``models.native.kv_budget``)."""
-
-    whole_step_graphs = True  # a greedy step as one graph (``decode.py``), with a draft or without; False: by parts
-    prefill_graphs = True  # short prompts prefilled from graphs (``prefill.py``); False: eagerly
+    """Generation over a target (and a draft): ``prefill`` new sequences, ``step`` a batch. How it runs is one
+    ``EngineConfig`` (``config``, or its fields as keyword arguments: ``Engine(target, max_batch=4)``)."""
 
     def __init__(self, target, draft=None, spec: SpecConfig | None = None, draft_path: str | None = None,
-                 max_batch: int = 64, cuda_graphs: bool = True, graph_max_batch: int | None = None,
-                 mem_fraction_static: float | None = None):
+                 config: EngineConfig | None = None, **settings):
         spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
+        config = (config or EngineConfig()).with_(**settings)
         if draft is not None and draft.aux_layer_ids is not None:
             target.set_aux_layers(draft.aux_layer_ids)
         if draft is not None and draft_path is None:
             draft_path = "<in-memory draft>"
         check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)
         self.target, self.draft, self.spec, self.draft_path = target, draft, spec, draft_path
-        self.sizing = {"max_batch": max_batch, "cuda_graphs": cuda_graphs, "graph_max_batch": graph_max_batch,
-                       "mem_fraction_static": mem_fraction_static}
+        self.config = config
         self.device = target.device
         self.tree_size = max(spec.verify_sizes)  # the largest tree any step verifies
         self.max_context = target.info.max_context or 1 << 30
@@ -149,33 +144,31 @@ class Engine:
         self.static = isinstance(target, NativeTarget)
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
-            if graph_max_batch is not None and graph_max_batch < 1:
-                raise EyasError(f"--cuda-graph-max-bs must be at least 1, got {graph_max_batch}",
-                                "pass a batch size, or leave it out to capture up to the max batch")
-            self._attach_pools(max_batch, cuda_graphs, min(graph_max_batch or max_batch, max_batch))
-        rows = buckets(min(graph_max_batch or max_batch, max_batch))
+            self._attach_pools()
+        rows = buckets(config.graph_rows)
         self.chooser = Chooser(spec.options, model_costs(spec.options, rows)) if spec.adaptive else None
 
-    def _attach_pools(self, max_batch: int, cuda_graphs: bool, graph_max_batch: int) -> None:
+    def _attach_pools(self) -> None:
         """Preallocate the target's and the draft's KV caches and their graph runners, sized for the
         largest setting of the schedule, with graph buckets for every setting's shapes."""
-        spec = self.spec
+        spec, c = self.spec, self.config
+        max_batch, cuda_graphs = c.max_batch, c.cuda_graphs
         drafting = [s for s in spec.options if s.speculative]
         draft_tokens = buckets(max(max(s.eagle_topk, s.num_steps + 1) for s in drafting)) if drafting else []
         spans = [s.num_steps * s.eagle_topk for s in drafting]  # draft slots a tree's levels take
         slack = max([self.tree_size] + draft_tokens + spans) + 1
         context = min(self.max_context, 1 << 20)
         per_slot = self.target.bytes_per_slot() + (self.draft_steps.bytes_per_slot() if spec.speculative else 0)
-        budget = kv_budget(self.device, self.sizing["mem_fraction_static"])  # --mem-fraction-static
+        budget = kv_budget(self.device, c.mem_fraction_static)  # --mem-fraction-static
         plan = plan_pool(max_batch, context, slack, per_slot, budget)
         if plan.slots - slack < context:
             self.max_context = plan.slots - slack
         graphs = cuda_graphs and self.device.type == "cuda"
-        rows = buckets(graph_max_batch)
+        rows = buckets(c.graph_rows)
         like = torch.zeros(1, dtype=self.target.dtype, device=self.device)
         self.target_pool = self.target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
                                                 capture_aux=spec.speculative)
-        if not spec.speculative and self.whole_step_graphs:
+        if not spec.speculative and c.whole_step_graphs:
             self.decoder = StaticDecoder(self.target.native, self.target_pool, rows, cuda_graphs)
         if spec.speculative:
             pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
@@ -183,11 +176,11 @@ class Engine:
                              for s in drafting}
             widths = sorted({s.path_width for s in spec.options})
             self.extenders = {w: StaticExtender(self.draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
-            if self.whole_step_graphs:
+            if c.whole_step_graphs:
                 aux = tuple(self.target.aux_layer_ids)
                 self.speculators = {s: StaticSpeculator(self.target.native, self.target_pool, aux, self.draft_steps.net,
                                                         pool, s, rows, cuda_graphs) for s in spec.options}
-        if cuda_graphs and self.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
+        if cuda_graphs and c.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
             aux = tuple(self.target.aux_layer_ids) if spec.speculative else ()
             self.prefiller = StaticPrefill(self.target, self.draft_steps if spec.speculative else None, max_batch,
                                            self.max_context, aux, cuda_graphs)
@@ -207,7 +200,7 @@ class Engine:
         # drafters and extenders beside whole-step graphs: a step that no whole-step bucket fits fits none
         # of theirs either (the same rows and window buckets).
         extra = ([d.graph for d in self.drafters.values()] + [e.graph for e in self.extenders.values()]
-                 if self.spec.speculative and not self.whole_step_graphs else [])
+                 if self.spec.speculative and not self.config.whole_step_graphs else [])
         whole = [g for w in ([self.decoder] if self.decoder else self.speculators.values())
                  for kind, g in w.graphs.items() if kind in STARTUP_KINDS]  # the penalized ones: on first use
         prefill = self.prefiller.graphs() if self.prefiller else []
@@ -326,7 +319,7 @@ class Engine:
         rows of ``batch`` hold: prompt plus output, less the root not yet in the cache. Host lists
         only, no device read."""
         held = sum(len(s.prompt_ids) + len(s.output_ids) - 1 for s in batch.seqs) if batch is not None else 0
-        return held / (self.sizing["max_batch"] * self.max_context)
+        return held / (self.config.max_batch * self.max_context)
 
     # -- the two forward kinds ----------------------------------------------------------------
     def prefill_groups(self, seqs: list[Sequence]) -> list[list[int]]:

@@ -126,7 +126,7 @@ def main() -> None:
     if args.linear_configs:
         import json
 
-        from eyas.models import kernels
+        from eyas.models.kernels import linear as kernels
 
         for r in json.loads(open(args.linear_configs).read())["results"]:
             if "sweep_best" in r:
@@ -148,7 +148,7 @@ def main() -> None:
     target = NativeTarget(model, name="llama-3.1-8b-shape")
     target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
     runs, tokens = {}, {}
-    from eyas.models.kernels import TritonOps
+    from eyas.models.kernels.triton_ops import TritonOps
 
     for name in args.rows.split(","):
         graphs, ops_mode, fused, pdl, whole = ROWS[name]

@@ -17,7 +17,7 @@ import sys
 import torch
 from common import ROOT  # noqa: F401 - puts src on the path
 
-from eyas.models.kernels import TRITON, TritonOps
+from eyas.models.kernels.triton_ops import TRITON, TritonOps
 from eyas.models.ops import TORCH
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (6144, 4096), (4096, 14336)]  # (N, K); gate/up: 2N

@@ -21,8 +21,8 @@ import statistics
 import torch
 from common import write
 
-from eyas.models import kernels
-from eyas.models.kernels import TRITON, TritonOps
+from eyas.models.kernels import linear as kernels
+from eyas.models.kernels.triton_ops import TRITON, TritonOps
 from eyas.models.ops import TORCH
 
 # (name, N, K, kind): kind "norm" = rms_norm then linear; "add" = linear + residual; "norm_silu" = rms_norm,

@@ -146,8 +146,8 @@ def main() -> None:
     args = ap.parse_args()
     SAMPLING.update(temperature=args.temperature, top_p=args.top_p)
     greedy = SamplingParams(**SAMPLING).greedy
-    from eyas.models import kernels
-    from eyas.models.kernels import TritonOps
+    from eyas.models.kernels import linear as kernels
+    from eyas.models.kernels.triton_ops import TritonOps
 
     for path in args.linear_configs:
         for r in json.loads(open(path).read())["results"]:

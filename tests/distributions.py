@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from eyas.engine.tree import Tree
+from eyas.spec.tree import Tree
 
 CHAIN = [-1, 0, 1, 2]  # parents: root -> 1 -> 2 -> 3
 TREE = [-1, 0, 0, 0, 1, 1, 2, 4]  # root: 3 children; node 1: 2; node 2: 1; node 4: 1

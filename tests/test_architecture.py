@@ -20,9 +20,6 @@ ALLOWED_APP_IMPORTS = {
 }
 # What the engine (and the model code below it) must never import, directly or through others.
 ABOVE_ENGINE = (*APPS, "eyas.common", "eyas.pipeline", "eyas.cli", "eyas.demo", "eyas.export", "eyas.generate")
-# Circles that are known and owned by other work; each entry must still exist (see the last test), so the
-# list only shrinks. models.kernels <-> models.ops goes with issue 28 item 3 (the speculative package).
-KNOWN_CYCLES = {frozenset({"eyas.models.kernels", "eyas.models.ops"})}
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +78,9 @@ def describe(graph, component: frozenset[str]) -> str:
 
 
 def test_no_module_imports_one_that_imports_it(graph):
-    new = [c for c in cycles(graph) if c not in KNOWN_CYCLES]
-    assert not new, ("import circles (move the shared piece below both modules):\n"
-                     + "\n".join(describe(graph, c) for c in new))
+    found = cycles(graph)
+    assert not found, ("import circles (move the shared piece below both modules):\n"
+                       + "\n".join(describe(graph, c) for c in found))
 
 
 def test_cycle_finder_finds_a_circle():
@@ -123,9 +120,3 @@ def test_shared_pieces_import_no_app(graph):
     bad = [graph.find_shortest_chain(importer="eyas.common", imported=app, as_packages=True) for app in APPS]
     bad = [c for c in bad if c]
     assert not bad, "eyas.common reaches an app: " + "; ".join(" -> ".join(c) for c in bad)
-
-
-def test_known_cycles_still_exist(graph):
-    """An entry of KNOWN_CYCLES that was fixed must leave the list, so the exception cannot outlive it."""
-    gone = KNOWN_CYCLES - set(cycles(graph))
-    assert not gone, f"these circles are gone, remove them from KNOWN_CYCLES: {sorted(map(sorted, gone))}"

@@ -16,8 +16,8 @@ from eyas.engine import sampler
 from eyas.engine.rng import uniform
 from eyas.engine.sampler import accept_rows, draws
 from eyas.engine.sampling import SamplingParams, SamplingRows, probs
-from eyas.engine.tree import Tree
-from eyas.engine.verify import accept_greedy, accept_greedy_batch
+from eyas.spec.tree import Tree
+from eyas.spec.verify import accept_greedy, accept_greedy_batch
 
 V = 8
 SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3),

@@ -13,7 +13,7 @@ import torch
 from eyas.models.kernel_choice import KernelChoices, row_bucket, shape_key
 from eyas.models.ops import TORCH
 
-kernels = pytest.importorskip("eyas.models.kernels", reason="Triton is not installed (pip install triton)")
+kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")
 GPU = torch.device("cuda")  # a name only: nothing runs on it here
 
 

@@ -1,4 +1,4 @@
-"""The Triton kernels (``eyas.models.kernels``) against the torch ops they replace.
+"""The Triton kernels (``eyas.models.kernels``, ``eyas.spec.tree_kernels``) against the torch ops they replace.
 
 Without a GPU they run in Triton's interpreter (``conftest`` sets ``TRITON_INTERPRET=1``): the same
 kernel code, its loads, masks, strides and stores, executed program by program on the CPU.
@@ -23,11 +23,14 @@ from eyas.errors import EyasError
 from eyas.models import kv_cache
 from eyas.models.llama import RopeTable
 from eyas.models.native import NativeTarget
-from eyas.models.ops import TORCH, ops_for
 from eyas.models.static_cache import StaticKV
+from eyas.spec.ops import TORCH, ops_for
 
-kernels = pytest.importorskip("eyas.models.kernels", reason="Triton is not installed (pip install triton)")
-TRITON = kernels.TRITON
+kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")
+from eyas.models.kernels import linear
+from eyas.spec import tree_kernels
+
+TRITON = tree_kernels.TRITON
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: Triton's interpreter
 
 
@@ -188,7 +191,7 @@ def test_linear_kernels_take_up_to_64_rows(monkeypatch):
     monkeypatch.setattr(kernels.TritonOps, "row_linears", False)
     assert torch.equal(TRITON.linear(x, w), TORCH.linear(x, w))
     head = torch.randn(16384, 32, device=DEVICE)
-    assert kernels.linear_config(16384, 32, 4) is None
+    assert linear.linear_config(16384, 32, 4) is None
     assert torch.equal(TRITON.linear(x[:1], head), TORCH.linear(x[:1], head))
     with pytest.raises(RuntimeError, match="no kernel for this GPU"):
         TRITON.linear(x[:1], w)
@@ -201,7 +204,7 @@ def test_linear_kernels_take_up_to_64_rows(monkeypatch):
 HOPPER_COMPILE = """
 import triton
 from triton.backends.compiler import GPUTarget
-from eyas.models.kernels import _linear_kernel
+from eyas.models.kernels.linear import _linear_kernel
 sig = {"x": "*bf16", "w": "*bf16", "s_w": "i32", "bias": "*bf16", "res": "*bf16", "nw": "*bf16", "out": "*bf16",
        "N": "i32", "K": "i32", "eps": "fp32"}
 for norm, silu, has_bias, has_res, row_p2, pdl in [(False, False, False, True, 0, True), (True, False, False, False, 4096, False),
@@ -219,7 +222,7 @@ for norm, silu, has_bias, has_res, row_p2, pdl in [(False, False, False, True, 0
                        options={"num_warps": 8, "num_stages": 3})
     assert ("griddepcontrol.wait" in ptx) == const["PDL"], const  # the dependent launch's wait, only with PDL
     assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
-from eyas.models.kernels import _linear_rows_kernel
+from eyas.models.kernels.linear import _linear_rows_kernel
 for dt, norm, silu, has_bias, has_res, block_m, exact in [("bf16", True, False, False, False, 64, False),
                                                           ("bf16", True, True, False, False, 16, False),
                                                           ("bf16", False, False, True, True, 32, False),
@@ -401,8 +404,8 @@ def test_a_tree_drafted_through_the_kernels_is_the_torch_ops_tree(steps, k, tota
     """``drafter._grow`` (top children, next frontier, the selection at the end) on the kernels and on
     the torch ops, fed the same draft logits: the same tree, token for token, parent for parent, with
     depths and ancestor masks that a walk up the parents confirms."""
-    from eyas.engine.drafter import _grow
-    from eyas.engine.tree import Tree
+    from eyas.spec.drafter import _grow
+    from eyas.spec.tree import Tree
 
     gen = torch.Generator().manual_seed(steps * 31 + k)
     v, bsz = 300, 3
@@ -439,7 +442,7 @@ class CannotCompile:
 def _random_trees(bsz: int, size: int, seed: int):
     """Random trees (parents before children, several branches) with target choices that follow some
     branches and leave others, as a verify sees them."""
-    from eyas.engine.tree import Tree
+    from eyas.spec.tree import Tree
 
     g = torch.Generator().manual_seed(seed)
     parents = torch.full((bsz, size), -1, dtype=torch.long)
@@ -457,7 +460,7 @@ def _random_trees(bsz: int, size: int, seed: int):
 def test_accept_greedy_kernel_matches_torch(bsz, size, width):
     """Greedy acceptance of a tree in one kernel: the same path, count and bonus token as the torch
     reference (and as the host's walk), ragged tree sizes included."""
-    from eyas.engine.verify import accept_greedy
+    from eyas.spec.verify import accept_greedy
 
     for seed in range(4):
         tree, choice = _random_trees(bsz, size, seed)
@@ -507,7 +510,7 @@ def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     """The drafter's kernel failing leaves the forward's kernels on."""
     monkeypatch.setattr(kernels.TritonOps, "failed", None)
     monkeypatch.setattr(kernels.TritonOps, "top_children_failed", None)
-    monkeypatch.setattr(kernels, "_top_children_kernel", CannotCompile())
+    monkeypatch.setattr(tree_kernels, "_top_children_kernel", CannotCompile())
     monkeypatch.setenv("EYAS_KERNELS", "auto")
     x = torch.randn(2, 3, 500, device=DEVICE)
     to_target = torch.arange(500, device=DEVICE) + 7
@@ -585,7 +588,7 @@ def test_a_kernel_that_cannot_run_leaves_dependent_launch_on(monkeypatch, caplog
     monkeypatch.setattr(kernels.TritonOps, "pdl_failed", None)
     monkeypatch.setattr(kernels.TritonOps, "top_children_failed", None)
     monkeypatch.setattr(kernels, "_pdl", lambda device: True)
-    monkeypatch.setattr(kernels, "_top_children_kernel", CannotCompile())
+    monkeypatch.setattr(tree_kernels, "_top_children_kernel", CannotCompile())
     monkeypatch.setenv("EYAS_KERNELS", "auto")
     x, to_target = torch.randn(2, 300, device=DEVICE), torch.arange(300, device=DEVICE)
     with caplog.at_level("WARNING", logger="eyas.kernels"):

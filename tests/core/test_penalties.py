@@ -15,7 +15,7 @@ from eyas.engine import sampler
 from eyas.engine.penalties import penalize, record
 from eyas.engine.sampler import accept
 from eyas.engine.sampling import PENALIZED, SamplingParams, SamplingRows, probs
-from eyas.engine.tree import Tree
+from eyas.spec.tree import Tree
 
 V = 8
 PROMPT = [1, 2]

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from eyas.config import SpecConfig
-from eyas.engine.drafter import draft_tree
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
-from eyas.engine.tree import Tree
-from eyas.engine.verify import accept_greedy, accept_greedy_batch
+from eyas.spec.drafter import draft_tree
+from eyas.spec.tree import Tree
+from eyas.spec.verify import accept_greedy, accept_greedy_batch
 
 
 def force_matches(tree: Tree, argmax: torch.Tensor, gen: torch.Generator, share: float) -> torch.Tensor:
@@ -100,7 +100,7 @@ def test_tree_mask_and_depth_match_a_walk_up_the_parents(size):
 
 
 def test_two_stage_topk_is_topk():
-    from eyas.models.ops import topk
+    from eyas.spec.tree_ops import topk
 
     gen = torch.Generator().manual_seed(0)
     for x in (torch.randn(3, 8, 16384, generator=gen), torch.randn(64, 8, 16384, generator=gen),
@@ -115,7 +115,7 @@ def test_two_stage_topk_is_topk():
 def test_a_certain_draft_still_keeps_every_parent():
     """When the draft is certain, log-probabilities tie at 0 down every path; the selection must
     still take parents before children (the CPU path raises if a chosen node lost its parent)."""
-    from eyas.engine.drafter import _grow
+    from eyas.spec.drafter import _grow
 
     class Certain:
         d2t = torch.zeros(64, dtype=torch.long)
@@ -138,7 +138,7 @@ def test_a_certain_draft_still_keeps_every_parent():
 def test_ranking_puts_every_parent_strictly_above_its_children():
     """What keeps parents in the tree whatever order ``topk`` gives ties: a child (score <= its
     parent's) always ranks strictly lower, at 0, at float32's coarse magnitudes, for every depth."""
-    from eyas.engine.drafter import _deeper
+    from eyas.spec.drafter import _deeper
 
     parent = torch.tensor([0.0, -1e-30, -1e-8, -0.3, -7.0, -19.99, -80.5, -1e4])
     for depth in range(12):

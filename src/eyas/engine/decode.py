@@ -9,7 +9,7 @@ draft's last output, and the slots the new keys go to), so it is captured whole:
 input copies, one replay and the readback.
 
 - ``decode_static`` / ``StaticDecoder``: without a draft (mask, forward, the token, commit).
-- ``speculate_static`` / ``StaticSpeculator``: with one (the tree drafting of ``drafter.py``, the
+- ``speculate_static`` / ``StaticSpeculator``: with one (the tree drafting of ``spec/drafter.py``, the
   verify mask, the target's forward over the tree, acceptance, the commit, and the draft
   extend that leaves the draft's output for the next step): about 60 launches around three graph
   replays became one replay.
@@ -32,13 +32,13 @@ import torch
 from ..config import SpecConfig
 from ..models import consts
 from ..models.graphs import BatchGraph, window_buckets
-from ..models.ops import ops_for
-from .drafter import draft_extend_static, draft_tree_static
+from ..spec.drafter import draft_extend_static, draft_tree_static
+from ..spec.ops import ops_for
+from ..spec.tree import Tree
+from ..spec.verify import accepted_path, finite_rows
 from .penalties import record
 from .sampler import accept
 from .sampling import GREEDY, KINDS, PENALIZED
-from .tree import Tree
-from .verify import accepted_path, finite_rows
 
 STARTUP_KINDS = KINDS[:-1]  # the variants ``Engine.warm_up`` captures; PENALIZED's on first use
 PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts")  # the penalized variant's extra inputs

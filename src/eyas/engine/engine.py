@@ -45,9 +45,11 @@ from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
 from ..models.ops import ops_for
 from ..models.static_cache import StaticKV
+from ..spec.drafter import StaticDrafter, StaticExtender, draft_tree
+from ..spec.tree import Tree
+from ..spec.verify import accepted_path, finite_rows
 from .adaptive import Chooser, measure_step_costs, model_costs
 from .decode import STARTUP_KINDS, StaticDecoder, StaticSpeculator
-from .drafter import StaticDrafter, StaticExtender, draft_tree
 from .grammar import RowGrammar, constrain, constrained, grammars_for
 from .logprobs import Pending, TokenLogprob, first_logprobs, path_logprobs
 from .penalties import record
@@ -55,8 +57,6 @@ from .prefill import StaticPrefill
 from .sampler import accept, first_tokens
 from .sampling import SamplingParams, SamplingRows
 from .stats import SpecStats
-from .tree import Tree
-from .verify import accepted_path, finite_rows
 
 _ids = itertools.count()
 

@@ -26,8 +26,8 @@ import torch
 
 from ..models import consts
 from ..models.graphs import BatchGraph, buckets
-from ..models.ops import ops_for
-from .drafter import StaticExtender
+from ..spec.drafter import StaticExtender
+from ..spec.ops import ops_for
 
 PREFILL_TOKENS = 1024  # the longest prompt a graph prefills
 PREFILL_ROWS = 4  # the most prompts one graph prefills

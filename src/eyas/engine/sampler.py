@@ -25,12 +25,12 @@ from __future__ import annotations
 import torch
 
 from ..models import consts
-from ..models.ops import TORCH
+from ..spec.ops import TORCH
+from ..spec.tree import Tree
+from ..spec.verify import accept_greedy_batch
 from .penalties import penalize
 from .rng import uniform
 from .sampling import FILTERED, GREEDY, PENALIZED, distribution
-from .tree import Tree
-from .verify import accept_greedy_batch
 
 
 def draws(seed: torch.Tensor, lengths: torch.Tensor, width: int, k: int) -> torch.Tensor:

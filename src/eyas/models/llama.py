@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from . import consts
-from .ops import TorchOps, ops_for
+from .ops import ops_for
+from .torch_ops import TorchOps
 
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -5,7 +5,7 @@ on. The bonus token is the target's argmax at the last accepted node. ``accept_g
 the same for every row at once with tensor operations only (no host sync, static shapes): it is
 what the engine runs; ``accept_greedy`` is the plain walk it is tested against.
 
-Sampling (tree-aware multi-candidate rejection sampling) is ``sampler.py``: the same walk on the
+Sampling (tree-aware multi-candidate rejection sampling) is ``engine/sampler.py``: the same walk on the
 device for every row at once, greedy rows of the batch included.
 
 ``finite_rows`` is the guard around all of it: a row whose logits hold a NaN or an infinity (a
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..models import consts
-from ..models.ops import TORCH
+from .ops import TORCH
 from .tree import Tree
 
 

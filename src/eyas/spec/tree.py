@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models import consts
-from ..models.ops import ancestors
+from .tree_ops import ancestors
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Tree:
 
     @classmethod
     def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor, max_depth: int | None = None) -> Tree:
-        """Depth and ancestor mask from parent pointers (parents precede children): ``ops.ancestors``."""
+        """Depth and ancestor mask from parent pointers (parents precede children): ``tree_ops.ancestors``."""
         depth, mask = ancestors(parents, max_depth)
         return cls(tokens=tokens, parents=parents, depth=depth, mask=mask)
 

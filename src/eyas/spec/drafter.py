@@ -23,7 +23,7 @@ import torch
 
 from ..config import SpecConfig
 from ..models import consts, kv_cache
-from ..models.ops import TORCH, ops_for
+from .ops import TORCH, ops_for
 from .tree import Tree
 
 

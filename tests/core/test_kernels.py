@@ -22,6 +22,7 @@ from eyas.engine.sampling import SamplingParams
 from eyas.errors import EyasError
 from eyas.models import kv_cache
 from eyas.models.llama import RopeTable
+from eyas.models.kernel_choice import CHOICES
 from eyas.models.native import NativeTarget
 from eyas.models.static_cache import StaticKV
 from eyas.spec.ops import TORCH, ops_for
@@ -33,6 +34,14 @@ from eyas.spec import tree_kernels
 TRITON = tree_kernels.TRITON
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: Triton's interpreter
 
+
+
+@pytest.fixture(autouse=True)
+def built_in_kernels(monkeypatch):
+    """On a GPU each projection shape runs the kernel ``kernel_choice`` timed fastest, often cuBLAS; these
+    tests check eyas's own kernels, so each takes the built-in choice there, as on the CPU."""
+    monkeypatch.setattr(CHOICES, "measure", False)
+    monkeypatch.setattr(CHOICES, "picks", {})
 
 
 @pytest.fixture(autouse=True)

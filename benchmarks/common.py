@@ -150,7 +150,9 @@ def wrap_phases(engine, wrap):
     undo = []
 
     def patch(owner, attr, name):
-        fn = getattr(owner, attr)
+        fn = getattr(owner, attr, None)
+        if fn is None:  # a phase the engine no longer has as its own function (acceptance: sampler.accept)
+            return
         setattr(owner, attr, wrap(fn, name))
         undo.append(lambda: setattr(owner, attr, fn))
 

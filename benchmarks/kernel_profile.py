@@ -26,6 +26,7 @@ from common import (
     llama31_8b_config,
     load_pair,
     random_model,
+    smollm2_135m_config,
     sync,
     wrap_phases,
     write,
@@ -77,9 +78,10 @@ def analyse(trace: dict, steps: int) -> dict:
     return out
 
 
-def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Path | None) -> dict:
+def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Path | None,
+                   temperature: float = 0.0, top_p: float = 1.0) -> dict:
     restore = wrap_phases(engine, labelled)
-    params = SamplingParams(max_new_tokens=10_000, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=10_000, ignore_eos=True, temperature=temperature, top_p=top_p)
     batch = engine.prefill([engine.new_sequence(prompt, params) for _ in range(engine.rows)])
     for _ in range(5):
         engine.step(batch)
@@ -103,13 +105,17 @@ def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Pa
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model-path", default="smollm2-135m-instruct", help="or '8b' for the random Llama-3.1-8B shape")
+    ap.add_argument("--model-path", default="smollm2-135m-instruct",
+                    help="or '8b' for the random Llama-3.1-8B shape (NONE only), 'smollm2-shape' for a random SmolLM2 "
+                         "shape with the shipped draft (kernels and their time, not acceptance)")
     ap.add_argument("--draft", default=None)
     ap.add_argument("--specs", nargs="+", default=["none", "6,8,48"])
     ap.add_argument("--max-batch", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rows", type=int, default=1, help="rows decoding together")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--trace-dir", default=None, help="keep each setting's chrome trace (gzipped) here")
     ap.add_argument("--out", default="benchmarks/results/kernel-profile-smollm2.json")
     args = ap.parse_args()
@@ -122,6 +128,17 @@ def main() -> None:
         target.info = type(target.info)(**{**target.info.__dict__, "max_context": 4096})
         prompt = list(range(1000, 1128))
         args.specs = ["none"]
+    elif args.model_path == "smollm2-shape":
+        from eyas.common.draft_registry import BUILTIN_DRAFTS, resolve_draft_path
+        from eyas.models import formats
+        from eyas.models.native import NativeTarget
+
+        target = NativeTarget(random_model(smollm2_135m_config(), device=args.device), name="smollm2-shape")
+        target.info = type(target.info)(**{**target.info.__dict__, "max_context": 4096})
+        path = resolve_draft_path(args.draft or BUILTIN_DRAFTS["smollm2-135m-instruct"])
+        draft = formats.load_draft(path, embed_weight=target.embed_tokens.weight, device=args.device,
+                                   dtype=target.dtype)
+        prompt = list(range(1000, 1128))
     else:
         target, draft = load_pair(args.model_path, args.draft, device=args.device)
         prompt = chat_prompts(target.tokenizer, "chat", 1)[0]
@@ -134,7 +151,7 @@ def main() -> None:
         trace = Path(args.trace_dir) / f"trace-{text.replace(',', '-')}-mb{args.max_batch}.json" if args.trace_dir else None
         if trace:
             trace.parent.mkdir(parents=True, exist_ok=True)
-        results[text] = profile_engine(engine, prompt, args.steps, trace)
+        results[text] = profile_engine(engine, prompt, args.steps, trace, args.temperature, args.top_p)
         r = results[text]
         print(f"{text:>8} max-batch {args.max_batch}: {r.get('kernels_per_step')} kernels, busy "
               f"{r.get('device_busy_ms_per_step')} ms of {r.get('device_span_ms_per_step')} ms per step; "

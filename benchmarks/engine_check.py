@@ -10,8 +10,8 @@ few seconds (the tests' own helpers):
 - greedy: NONE, a chain and a tree, native eager and native graphs, a batch of prompts, each output
   equal to HF ``generate``'s greedy continuation;
 - sampled: a seeded request gives the same tokens alone, among greedy and sampled neighbours at any
-  row, and when it joins a running batch (the device sampler and tree verifier inside the graphs),
-  and another seed gives other tokens.
+  row, when it joins a running batch (the device sampler and tree verifier inside the graphs) and
+  eagerly (its draws in torch ops, not the kernel), and another seed gives other tokens.
 
 Prints each check and exits 1 on any mismatch.
 """
@@ -105,12 +105,17 @@ def main() -> int:
         record(f"sampled: seeded request at row {row} of 4", outs[row].output_ids == alone.output_ids)
     record("sampled: seeded request joining a running batch", joined_late(engine) == alone.output_ids)
     other = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=1235, ignore_eos=True)
-    record("sampled: another seed, other tokens", engine.generate([PROMPTS[0]], other)[0].output_ids != alone.output_ids)
+    record("sampled: another seed, other tokens",
+           engine.generate([PROMPTS[0]], other)[0].output_ids != alone.output_ids)
+    eager = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8).generate([PROMPTS[0]], MINE)[0]
+    record("sampled: the eager path (draws in torch ops) gives the graphs' tokens (draws in a kernel)",
+           eager.output_ids == alone.output_ids)
     record("sampled: the filtered whole-step graph ran", bool(engine.speculators[spec].graphs["filtered"].graphs))
     seconds = time.perf_counter() - start
     print(f"{len(checks) - failed}/{len(checks)} checks passed in {seconds:.0f} s")
     if args.out:
-        write(args.out, "the engine on the GPU against HF greedy; seeded sampling in any batch", {"checks": checks, "failed": failed, "seconds": round(seconds, 1)})
+        write(args.out, "the engine on the GPU against HF greedy; seeded sampling in any batch",
+              {"checks": checks, "failed": failed, "seconds": round(seconds, 1)})
     return 1 if failed else 0
 
 

@@ -116,9 +116,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--torch-draws", action="store_true",
+                    help="the sampled step's draws in integer torch ops instead of their kernel (before/after)")
     ap.add_argument("--trace-dir", default=None, help="keep each setting's chrome trace (gzipped) here")
     ap.add_argument("--out", default="benchmarks/results/kernel-profile-smollm2.json")
     args = ap.parse_args()
+    if args.torch_draws:
+        from eyas.spec.tree_kernels import TritonTreeOps
+        from eyas.spec.tree_ops import TreeOps
+
+        TritonTreeOps.uniform = TreeOps.uniform
 
     if args.model_path == "8b":
         from eyas.models.native import NativeTarget

@@ -29,14 +29,13 @@ from ..spec.ops import TORCH
 from ..spec.tree import Tree
 from ..spec.verify import accept_greedy_batch
 from .penalties import penalize
-from .rng import uniform
 from .sampling import FILTERED, GREEDY, PENALIZED, distribution
 
 
-def draws(seed: torch.Tensor, lengths: torch.Tensor, width: int, k: int) -> torch.Tensor:
-    """[B, width, k + 1] uniforms of a step whose rows start at ``lengths`` [B] (the seeds ``seed`` [B])."""
-    lane = consts.arange(width * (k + 1), seed.device).view(1, width, k + 1)
-    return uniform(seed[:, None, None], lengths[:, None, None], lane)
+def draws(seed: torch.Tensor, lengths: torch.Tensor, width: int, k: int, ops=TORCH) -> torch.Tensor:
+    """[B, width, k + 1] uniforms of a step whose rows start at ``lengths`` [B] (the seeds ``seed`` [B]):
+    ``spec.rng.uniform`` at lane ``depth * (k + 1) + i``, one kernel on a GPU (``ops.uniform``)."""
+    return ops.uniform(seed, lengths, width * (k + 1)).view(-1, width, k + 1)
 
 
 def accept(tree: Tree, logits: torch.Tensor, width: int, kind: str, floats: torch.Tensor | None,
@@ -51,7 +50,7 @@ def accept(tree: Tree, logits: torch.Tensor, width: int, kind: str, floats: torc
         return accept_greedy_batch(tree, logits.argmax(dim=-1), width, ops)
     if kind == PENALIZED:
         logits = penalize(logits, tree.tokens, tree.mask, *pen)
-    u = draws(ints[:, 1], lengths, width, k if tree.size > 1 else 0)
+    u = draws(ints[:, 1], lengths, width, k if tree.size > 1 else 0, ops)
     return accept_rows(tree, logits, width, floats, ints, u, kind in (FILTERED, PENALIZED))
 
 

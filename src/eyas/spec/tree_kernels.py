@@ -13,7 +13,9 @@ in fewer launches.
   writes its tokens, parents, depths and ancestor mask (about 30 torch kernels before: ``cat``s,
   ``topk``, ``sort``, ``searchsorted``, and the ancestor closure's batched matmuls);
 - ``accept_greedy``, ``tree_mask`` / ``block_mask``: greedy acceptance of a verified tree, and the
-  verify's and the draft extend's additive masks, one kernel each.
+  verify's and the draft extend's additive masks, one kernel each;
+- ``uniform``: a sampled step's counter-based draws (``rng.uniform``), one kernel for the about 90
+  integer torch ops of the reference.
 
 They launch through ``models.kernels.triton_ops._launch`` and fall back through ``TritonOps._or_torch``,
 under ``TritonOps``'s switches and failure flags (``top_children_failed`` is the drafting kernels').
@@ -218,6 +220,35 @@ def _new_block_mask_kernel(lengths, tree, s_tb, counts, prefix, out, T, W, low, 
     tl.store(out + r * W + c, tl.where(visible, 0.0, low).to(out.dtype.element_ty), mask=c < W)
 
 
+@triton.jit
+def _lowbias32(x):
+    """``rng._mix`` on uint32 values, whose products wrap modulo 2^32 by themselves."""
+    x = x ^ (x >> 16)
+    x = x * tl.full(x.shape, 0x7FEB352D, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full(x.shape, 0x846CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _uniform_kernel(seed, position, out, LANES, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """``TreeOps.uniform`` for row ``b`` (program ``b``): ``rng.uniform(seed[b], position[b], lane)`` at every
+    lane, the same bits (the seed's halves and the position cut to 32 bits in int64 first, as there)."""
+    _after_previous_kernel(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    lane = tl.arange(0, BLOCK)
+    s = tl.load(seed + b + lane * 0)  # [BLOCK] copies: the hash then runs on vectors alone
+    pos = tl.load(position + b + lane * 0)
+    lo = (s & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    h = _lowbias32(lo ^ tl.full(lo.shape, 0x9E3779B9, tl.uint32))
+    h = _lowbias32(h ^ hi)
+    h = _lowbias32(h ^ (pos & 0xFFFFFFFF).to(tl.uint32))
+    h = _lowbias32(h ^ lane.to(tl.uint32))
+    u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
+    tl.store(out + b * LANES + lane, u, mask=lane < LANES)
+
+
 def _batch_rows(t: torch.Tensor) -> bool:
     """Whether the top-children kernels can address ``t`` in place: batch row ``b`` at ``b *
     t.stride(0)``, its entries back to back (any batch stride: slices of a tree's candidate buffers)."""
@@ -260,6 +291,16 @@ class TritonTreeOps(TreeOps):
     def block_mask(self, lengths, counts, prefix, width: int, window: int, dtype: torch.dtype):
         return self._or_torch(lambda: self._block_mask(lengths, counts, prefix, width, window, dtype),
                               lambda: TreeOps.block_mask(self, lengths, counts, prefix, width, window, dtype))
+
+    def uniform(self, seed: torch.Tensor, position: torch.Tensor, lanes: int) -> torch.Tensor:
+        return self._or_torch(lambda: self._uniform(seed, position, lanes),
+                              lambda: TreeOps.uniform(self, seed, position, lanes))
+
+    def _uniform(self, seed, position, lanes):
+        out = torch.empty((seed.shape[0], lanes), dtype=torch.float32, device=seed.device)
+        _launch(_uniform_kernel, (seed.shape[0],), seed.contiguous(), position.contiguous(), out, lanes,
+                BLOCK=max(16, triton.next_power_of_2(lanes)), num_warps=1)
+        return out
 
     def _accept_greedy(self, tokens, parents, depth, mask, choice, width):
         bsz, t = tokens.shape

@@ -17,6 +17,7 @@ the transformer block's ops (``models.torch_ops``, ``models.kernels``) as the en
     select_tree(scores, tokens, frontiers, root, scale, shift, size, k)
                                    -> the drafted tree: the best candidates, their parents, depths
                                       and ancestor mask
+    uniform(seed, position, lanes) -> a sampled step's counter-based uniforms (``rng.uniform``), [B, lanes]
 """
 
 from __future__ import annotations
@@ -27,10 +28,16 @@ import math
 import torch
 
 from ..models import consts, kv_cache
+from .rng import uniform
 
 
 class TreeOps:
     """The tree's ops on any device; a mixin over the block's ops (``spec.ops``)."""
+
+    def uniform(self, seed: torch.Tensor, position: torch.Tensor, lanes: int) -> torch.Tensor:
+        """``rng.uniform`` of each row's ``seed`` [B] and ``position`` [B] at lanes ``0..lanes-1``: float32
+        [B, lanes], the draws of one sampled step (``engine.sampler.draws``)."""
+        return uniform(seed[:, None], position[:, None], consts.arange(lanes, seed.device)[None])
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
                      base: torch.Tensor | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None

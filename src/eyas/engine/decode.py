@@ -97,13 +97,13 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
     row 0 is a real one) keeps its keys where they were written, never over committed slots."""
     # [B, 1, 1, window]: the committed slots and its own (the verify's mask of a tree of the root alone)
-    mask = ops_for(pool, lengths, native.rope).tree_mask(lengths, Tree.root_only(root).mask, prefix, window,
-                                                         pool.buf.dtype)
+    ops = ops_for(pool, lengths, native.rope)
+    mask = ops.tree_mask(lengths, Tree.root_only(root).mask, prefix, window, pool.buf.dtype)
     pool.window, pool.write_slots = window, prefix
     logits, _ = native(root[:, None], lengths[:, None], mask, pool, ())
     src = prefix.expand(len(root), 1)
     pool.commit(torch.where(live > 0, lengths, prefix), src, live)
-    token = accept(Tree.root_only(root), logits[:, -1:], 1, kind, floats, ints, lengths, 0, pen=pen)[2]
+    token = accept(Tree.root_only(root), logits[:, -1:], 1, kind, floats, ints, lengths, 0, ops, pen)[2]
     one = consts.full(token.shape, 1, token.dtype, token.device)
     host = torch.stack([token, one, lengths + 1, token, finite_rows(logits).long()], dim=1)
     return (host,) if pen is None else (host, record(pen[3], token[:, None], one))

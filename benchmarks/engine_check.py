@@ -25,41 +25,22 @@ import time
 import torch
 from common import ROOT, write
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "core")]
 
 from helpers import tiny_target, train_draft  # noqa: E402
+from test_seeded_rows import MINE, OTHERS, PROMPT, joined_late  # noqa: E402  the CPU test's request and batch
 
 from eyas.config import SpecConfig, setting_name  # noqa: E402
 from eyas.engine.engine import Engine  # noqa: E402
 from eyas.engine.sampling import SamplingParams  # noqa: E402
 from eyas.models.native import NativeTarget  # noqa: E402
 
-PROMPTS = [[72, 101, 108, 108, 111], [7] * 9, [200, 13], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+PROMPTS = [PROMPT, [7] * 9, [200, 13], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
 SPECS = [SpecConfig("NONE"), SpecConfig("EAGLE3", 5, 1, 6), SpecConfig("EAGLE3", 4, 2, 6)]
-MINE = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
-OTHERS = [([7] * 9, SamplingParams(max_new_tokens=32, ignore_eos=True)),
-          ([200, 13], SamplingParams(max_new_tokens=12, temperature=1.3, min_p=0.1, ignore_eos=True)),
-          ([5, 6, 7, 8, 9, 10], SamplingParams(max_new_tokens=28, temperature=0.6, top_k=5, seed=9, ignore_eos=True))]
-
-
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
     return out[0, len(prompt):].tolist()
-
-
-def joined_late(engine: Engine) -> list[int]:
-    batch = engine.prefill_all([engine.new_sequence(p, sp) for p, sp in OTHERS])
-    for _ in range(3):
-        engine.step(batch)
-    seq = engine.new_sequence(PROMPTS[0], MINE)
-    batch = engine.merge(batch, engine.prefill([seq]))
-    while not seq.finished:
-        alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
-        if len(alive) < len(batch):
-            batch = engine.filter(batch, alive)
-        engine.step(batch)
-    return seq.output_ids
 
 
 def main() -> int:
@@ -104,7 +85,7 @@ def main() -> int:
         outs = engine.generate([p for p, _ in batch], [sp for _, sp in batch])
         record(f"sampled: seeded request at row {row} of 4", outs[row].output_ids == alone.output_ids)
     record("sampled: seeded request joining a running batch", joined_late(engine) == alone.output_ids)
-    other = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=1235, ignore_eos=True)
+    other = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1235, ignore_eos=True)
     record("sampled: another seed, other tokens",
            engine.generate([PROMPTS[0]], other)[0].output_ids != alone.output_ids)
     eager = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8).generate([PROMPTS[0]], MINE)[0]

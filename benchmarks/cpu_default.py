@@ -166,8 +166,8 @@ def main() -> None:
         result = {
             "what": "SmolLM2-135M-Instruct + shipped EAGLE-3 draft on the CPU, batch 1, greedy, chat prompts: "
                     "verify cost per k and tok/s per setting, side by side",
-            "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python benchmarks/cpu_default.py " + " ".join(
-                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+            "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python benchmarks/cpu_default.py "
+                       + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
             "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "machine": {"cpus": torch.get_num_threads(), "processor": platform.processor() or platform.machine(),
                         "torch": torch.__version__, "python": platform.python_version()},

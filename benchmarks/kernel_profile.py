@@ -70,7 +70,8 @@ def analyse(trace: dict, steps: int) -> dict:
                           for n, t in by_name.most_common(25)]
     if kernels:
         out["device_busy_ms_per_step"] = round(sum(k["dur"] for k in kernels) / 1e3 / steps, 4)
-        out["device_span_ms_per_step"] = round((kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]) / 1e3 / steps, 4)
+        span = kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]
+        out["device_span_ms_per_step"] = round(span / 1e3 / steps, 4)
         out["kernels_per_step"] = round(len(kernels) / steps, 1)
     copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
     out["memcpy_memset_per_step"] = round(len(copies) / steps, 1)
@@ -155,7 +156,8 @@ def main() -> None:
         engine = Engine(target, None if text == "none" else draft, spec, max_batch=args.max_batch)
         engine.rows = args.rows
         engine.warm_up(progress=False)
-        trace = Path(args.trace_dir) / f"trace-{text.replace(',', '-')}-mb{args.max_batch}.json" if args.trace_dir else None
+        name = f"trace-{text.replace(',', '-')}-mb{args.max_batch}.json"
+        trace = Path(args.trace_dir) / name if args.trace_dir else None
         if trace:
             trace.parent.mkdir(parents=True, exist_ok=True)
         results[text] = profile_engine(engine, prompt, args.steps, trace, args.temperature, args.top_p)

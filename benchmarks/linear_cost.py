@@ -119,17 +119,18 @@ def main() -> None:
             configs[key] = default or (16, 256, 4, 2)  # timed even where the default is cuBLAS
             with torch.no_grad():
                 TritonOps.fused_linears = False
-                base = graph_us(lambda w: call(TRITON, w), ws, args.reps)  # norm/silu kernels + cuBLAS
+                base = graph_us(lambda w, call=call: call(TRITON, w), ws, args.reps)  # norm/silu kernels + cuBLAS
                 TritonOps.fused_linears, TritonOps.pdl = True, False
-                plain = graph_us(lambda w: call(TRITON, w), ws, args.reps)  # launched the plain way
+                plain = graph_us(lambda w, call=call: call(TRITON, w), ws, args.reps)  # launched the plain way
                 TritonOps.pdl = True
-                fused = graph_us(lambda w: call(TRITON, w), ws, args.reps)
+                fused = graph_us(lambda w, call=call: call(TRITON, w), ws, args.reps)
                 if TritonOps.linear_failed:
                     raise SystemExit(f"_linear_kernel failed for {name} ({n} x {k}): {TritonOps.linear_failed}")
                 want, got = call(TORCH, ws[0]), call(TRITON, ws[0])
                 err = (got.float() - want.float()).abs().max().item()
                 row = {"model": model, "name": name, "n": n, "k": k, "kind": kind, "default_config": default,
-                       "rows": args.rows, "config": configs[key], "cublas_us": round(base, 2), "fused_no_pdl_us": round(plain, 2),
+                       "rows": args.rows, "config": configs[key], "cublas_us": round(base, 2),
+                       "fused_no_pdl_us": round(plain, 2),
                        "fused_us": round(fused, 2),
                        "fused_over_cublas": round(fused / base, 3), "max_abs_diff": err,
                        "fused_weight_TBps": round(n * k * 2 / fused / 1e6, 3)}
@@ -141,7 +142,7 @@ def main() -> None:
                             continue
                         configs[key] = cfg
                         try:
-                            us = graph_us(lambda w: call(TRITON, w), ws, max(5, args.reps // 4))
+                            us = graph_us(lambda w, call=call: call(TRITON, w), ws, max(5, args.reps // 4))
                         except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
                             TritonOps.linear_failed = f"{type(e).__name__}: {e}"
                         if TritonOps.linear_failed:  # the kernel fell back to cuBLAS inside: not this config's time
@@ -158,7 +159,8 @@ def main() -> None:
             results.append(row)
             del ws
             torch.cuda.empty_cache()
-            write(args.out, "a decode step's projections: _linear_kernel against norm/silu kernel + cuBLAS, us per call",
+            write(args.out,
+                  "a decode step's projections: _linear_kernel against norm/silu kernel + cuBLAS, us per call",
                   {"settings": vars(args), "results": results})  # after each case: a sweep cut short keeps its rows
 
 

@@ -4,9 +4,10 @@
     python benchmarks/pair.py --model-path /tmp/smollm2.gguf --out results/pair-smollm2.json
 
 Greedy by default (``--temperature 0``; ``--temperature 0.7 --top-p 0.95`` samples, each prompt
-seeded by its index, so runs at T = 0, 0.7 and 1.0 can be set side by side), one prompt at a time, the chat prompt set, up to ``--new-tokens`` each
-(ending at end-of-turn as a user would see it). Baseline = eyas's own fast path (native forward,
-static cache, CUDA graphs) without speculation; the HF-path baseline is recorded for reference.
+seeded by its index, so runs at T = 0, 0.7 and 1.0 can be set side by side), one prompt at a time,
+the chat prompt set, up to ``--new-tokens`` each (ending at end-of-turn as a user would see it).
+Baseline = eyas's own fast path (native forward, static cache, CUDA graphs) without speculation; the
+HF-path baseline is recorded for reference.
 For each tree setting: tokens/s end to end and for decoding alone (prefill timed apart), the step's
 milliseconds, tau, per-position acceptance, speedup. Side by side in the same run: the baseline
 with its step by parts (``whole_step_graphs=False``), and the last setting by parts and
@@ -224,7 +225,8 @@ def main() -> None:
     best = max(results.values(), key=lambda r: r["tok_s"])
     write(args.out, f"SmolLM2-135M-Instruct + EAGLE-3 draft at batch 1, temperature {args.temperature:g}"
           f"{f', top-p {args.top_p:g}' if args.top_p < 1 else ''}, chat prompts", {
-        "settings": vars(args), "kernel_choices": dict(CHOICES.picks), "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
+        "settings": vars(args), "kernel_choices": dict(CHOICES.picks),
+        "baseline_native_graphs": {k: v for k, v in base.items() if k != "outputs"},
         "baseline_step_by_parts": {k: v for k, v in parts.items() if k != "outputs"},
         "baseline_eager_prefill": {k: v for k, v in eager_prefill.items() if k != "outputs"},
         "baseline_outputs_equal_eager_prefill": base["outputs"] == eager_prefill["outputs"],

@@ -245,7 +245,8 @@ def main() -> int:
     summary = summarise(args, result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
     summary["meta"] = {"commit": commit, "machine": f"{os.uname().nodename} {os.cpu_count()} cpus",
                        "args": {k: v for k, v in vars(args).items()}}
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))

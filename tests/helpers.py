@@ -82,7 +82,8 @@ def reference_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def train_draft(target: Target, steps: int = 120, seed: int = 0, ttt_steps: int = 3, draft_vocab_size=None) -> Eagle3Draft:
+def train_draft(target: Target, steps: int = 120, seed: int = 0, ttt_steps: int = 3,
+                draft_vocab_size=None) -> Eagle3Draft:
     """A draft trained for a few seconds on the target's own sampled text, with the real TTT loss."""
     from eyas.train.ttt import target_states, ttt_loss
 

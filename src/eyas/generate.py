@@ -37,12 +37,14 @@ def run(args) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
     s = engine.spec
-    print(f"target: {engine.target.name} ({engine.target.info.num_layers} layers, hidden {engine.target.info.hidden_size})")
+    info = engine.target.info
+    print(f"target: {engine.target.name} ({info.num_layers} layers, hidden {info.hidden_size})")
     if s.speculative:
         h, ids = engine.target.info.hidden_size, engine.target.aux_layer_ids
         print(f"speculative: {s.algorithm.value}, draft {engine.draft_path}, "
               f"steps={s.num_steps} topk={s.eagle_topk} draft_tokens={s.num_draft_tokens}")
-        print(f"aux hidden states: layers {ids}, {len(ids)} x {h} = {len(ids) * h} -> fc -> {engine.draft.config.hidden_size}")
+        print(f"aux hidden states: layers {ids}, {len(ids)} x {h} = {len(ids) * h} -> fc -> "
+              f"{engine.draft.config.hidden_size}")
     else:
         print("speculative: NONE (no draft)")
 

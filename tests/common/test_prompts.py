@@ -24,7 +24,8 @@ def test_jsonl_prompt_and_messages(tmp_path):
     assert prompt_set(str(f)) == ["one", "two"]
 
 
-@pytest.mark.parametrize("text,msg", [("not json\n", "is not JSON"), ('{"x": 1}\n', "has no prompt"), ("", "no prompts")])
+@pytest.mark.parametrize("text,msg", [("not json\n", "is not JSON"), ('{"x": 1}\n', "has no prompt"),
+                                      ("", "no prompts")])
 def test_jsonl_errors(tmp_path, text, msg):
     f = tmp_path / "bad.jsonl"
     f.write_text(text)

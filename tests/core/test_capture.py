@@ -105,7 +105,8 @@ def test_wrapped_language_model_is_found_and_decodes_losslessly():
     from eyas.models.draft import Eagle3Draft
 
     d = Eagle3Draft.for_target(target)
-    out = Engine(target, d, SpecConfig("EAGLE3", 3, 2, 5)).generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))
+    out = Engine(target, d, SpecConfig("EAGLE3", 3, 2, 5)).generate([prompt],
+                                                                    SamplingParams(max_new_tokens=24, ignore_eos=True))
     assert out[0].output_ids == seq[len(prompt):]
 
 

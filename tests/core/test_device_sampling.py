@@ -13,9 +13,9 @@ from distributions import CHAIN, TREE, batch_tree, emitted, pvalue, step_distrib
 from scipy.stats import chisquare
 
 from eyas.engine import sampler
-from eyas.spec.rng import uniform
 from eyas.engine.sampler import accept_rows, draws
 from eyas.engine.sampling import SamplingParams, SamplingRows, probs
+from eyas.spec.rng import uniform
 from eyas.spec.tree import Tree
 from eyas.spec.verify import accept_greedy, accept_greedy_batch
 

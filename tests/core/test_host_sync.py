@@ -57,7 +57,7 @@ class HostReads(TorchDispatchMode):
 def host_reads(monkeypatch):
     mode = HostReads()
     for name in ("tolist", "cpu", "numpy"):
-        def recorded(t, *args, _method=getattr(torch.Tensor, name), _name=name, **kwargs):
+        def recorded(t, *args, _method=getattr(torch.Tensor, name), _name=name, **kwargs):  # noqa: B008 - bound per name
             out = _method(t, *args, **kwargs)
             mode.record(_name)
             return out

@@ -219,9 +219,12 @@ from triton.backends.compiler import GPUTarget
 from eyas.models.kernels.linear import _linear_kernel
 sig = {"x": "*bf16", "w": "*bf16", "s_w": "i32", "bias": "*bf16", "res": "*bf16", "nw": "*bf16", "out": "*bf16",
        "N": "i32", "K": "i32", "eps": "fp32"}
-for norm, silu, has_bias, has_res, row_p2, pdl in [(False, False, False, True, 0, True), (True, False, False, False, 4096, False),
-                                                   (True, False, True, False, 0, True), (True, True, False, False, 4096, True),
-                                                   (False, True, True, False, 0, False), (False, False, True, True, 0, True)]:
+for norm, silu, has_bias, has_res, row_p2, pdl in [(False, False, False, True, 0, True),
+                                                   (True, False, False, False, 4096, False),
+                                                   (True, False, True, False, 0, True),
+                                                   (True, True, False, False, 4096, True),
+                                                   (False, True, True, False, 0, False),
+                                                   (False, False, True, True, 0, True)]:
     const = dict(NORM=norm, SILU=silu, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_N=8, BLOCK_K=512, ROW_P2=row_p2,
                  PDL=pdl)
     src = triton.compiler.ASTSource(fn=_linear_kernel, signature={**sig, **{k: "constexpr" for k in const}},
@@ -229,9 +232,9 @@ for norm, silu, has_bias, has_res, row_p2, pdl in [(False, False, False, True, 0
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
     if not norm and has_res:  # down's configuration: 16 rows of 1024, three stages (shared memory)
         const.update(BLOCK_N=16, BLOCK_K=1024)
-        triton.compile(triton.compiler.ASTSource(fn=_linear_kernel, signature={**sig, **{k: "constexpr" for k in const}},
-                                                 constexprs=const), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 8, "num_stages": 3})
+        src = triton.compiler.ASTSource(fn=_linear_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                                        constexprs=const)
+        triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
     assert ("griddepcontrol.wait" in ptx) == const["PDL"], const  # the dependent launch's wait, only with PDL
     assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
 from eyas.models.kernels.linear import _linear_rows_kernel
@@ -244,9 +247,9 @@ for dt, norm, silu, has_bias, has_res, block_m, exact in [("bf16", True, False, 
            "nw": f"*{dt}", "out": f"*{dt}", "s_o": "i32", "M": "i32", "N": "i32", "K": "i32", "eps": "fp32"}
     const = dict(NORM=norm, SILU=silu, HAS_BIAS=has_bias, HAS_RES=has_res, BLOCK_M=block_m, BLOCK_N=32,
                  BLOCK_K=128 if dt == "bf16" else 64, EXACT=exact, UPCAST=False, PDL=True)
-    ptx = triton.compile(triton.compiler.ASTSource(fn=_linear_rows_kernel, signature={**sig, **{k: "constexpr" for k in const}},
-                                                   constexprs=const), target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
+    src = triton.compiler.ASTSource(fn=_linear_rows_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                                    constexprs=const)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
     assert ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
 print("compiled")
 """
@@ -687,7 +690,8 @@ def test_batch_one_decode_through_the_linear_kernel_is_hugging_faces(name, monke
     ref = reference_greedy(model, PROMPTS[0], 6)
     launched = []
     launch = kernels._launch
-    monkeypatch.setattr(kernels, "_launch", lambda kernel, *a, **kw: (launched.append(kernel), launch(kernel, *a, **kw)))
+    monkeypatch.setattr(kernels, "_launch",
+                        lambda kernel, *a, **kw: (launched.append(kernel), launch(kernel, *a, **kw)))
     monkeypatch.setenv("EYAS_KERNELS", "triton")
     engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=1, cuda_graphs=True)
     assert engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=6, ignore_eos=True))[0].output_ids == ref

@@ -50,7 +50,8 @@ def test_greedy_speculation_is_lossless(target, draft, references, name, batch):
 
 
 def test_no_speculation_is_the_same_code_path_and_lossless(target, references):
-    outs = Engine(target, None, SpecConfig("NONE")).generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    outs = Engine(target, None, SpecConfig("NONE")).generate(PROMPTS, params)
     assert [o.output_ids for o in outs] == references
     assert all(o.stats.drafts == 0 for o in outs)
 
@@ -118,7 +119,8 @@ def test_statistics_are_consistent(target, draft):
     # tokens: one from prefill, then (accepted + 1) per verify step, cut at max_new_tokens
     assert len(out.output_ids) <= 1 + s.drafts + s.accepted
     d = s.as_dict()
-    assert set(d) == {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "accept_length", "accept_rate"}
+    assert set(d) == {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "accept_length",
+                      "accept_rate"}
 
 
 @pytest.mark.parametrize("path", ["generic", "native"])

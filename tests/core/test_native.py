@@ -97,7 +97,8 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     assert engine.decoder.steps == 39  # every step after prefill's token, the batch filtered as rows finish
     parts = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True,
                    whole_step_graphs=False)
-    assert parts.decoder is None and [o.output_ids for o in parts.generate(prompts, params)] == [o.output_ids for o in outs]
+    assert parts.decoder is None
+    assert [o.output_ids for o in parts.generate(prompts, params)] == [o.output_ids for o in outs]
     mixed = [params[0], SamplingParams(max_new_tokens=8, temperature=0.7, seed=1), params[2]]
     before = engine.decoder.steps
     outs = engine.generate(prompts, mixed)
@@ -152,7 +153,8 @@ def test_warm_up_builds_every_bucket_and_changes_no_output(target, draft, refere
     """What startup capture runs on the GPU, run eagerly: every bucket built, the caches emptied
     again, then the same tokens and acceptance as an engine that built its buckets lazily."""
     params = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
-    lazy = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, graph_max_batch=4).generate(PROMPTS, params)
+    lazy = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8,
+                  graph_max_batch=4).generate(PROMPTS, params)
     engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, graph_max_batch=4)
     assert "n/a on the CPU" in engine.warm_up()  # a CPU server skips it
     summary = engine.warm_up(on_cpu=True)
@@ -256,7 +258,8 @@ def test_pool_plan_fits_the_budget():
 
 
 def test_engine_caps_context_to_the_pool(target, monkeypatch):
-    monkeypatch.setattr("eyas.engine.engine.kv_budget", lambda device, fraction=None: 2 * 300 * NativeTarget.from_target(target).bytes_per_slot())
+    per_slot = NativeTarget.from_target(target).bytes_per_slot()
+    monkeypatch.setattr("eyas.engine.engine.kv_budget", lambda device, fraction=None: 2 * 300 * per_slot)
     engine = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=2)
     assert engine.max_context == 298 and "context 298" in engine.layout
     with pytest.raises(EyasError, match="at most"):
@@ -299,7 +302,8 @@ def test_build_engine_takes_the_native_path_when_asked(tmp_path):
     args = EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE", engine="native", max_batch=3)
     engine = build_engine(args)
     assert engine.static and engine.target_pool.capacity_rows == 3
-    assert any(line.startswith("engine: native Llama forward, static KV cache 3 x") for line in banner_lines(engine, 3, 8))
+    assert any(line.startswith("engine: native Llama forward, static KV cache 3 x")
+               for line in banner_lines(engine, 3, 8))
     generic = build_engine(EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE"))
     assert not generic.static and "CUDA devices" in generic.layout
 

@@ -96,7 +96,8 @@ def test_integer_data_where_floats_belong_is_refused(tmp_path):
 
 @pytest.mark.parametrize("make,why", [
     (lambda f: f.symlink_to(f.name), "is a symbolic link that loops back on itself"),
-    (lambda f: f.symlink_to("elsewhere.safetensors"), "is a symbolic link to elsewhere.safetensors, which does not exist"),
+    (lambda f: f.symlink_to("elsewhere.safetensors"),
+     "is a symbolic link to elsewhere.safetensors, which does not exist"),
     (lambda f: f.mkdir(), "is a directory; a file was expected there"),
 ])
 def test_weight_files_that_are_not_files_are_named(tmp_path, draft, make, why):

@@ -22,7 +22,8 @@ N = 3000
 
 @pytest.fixture(scope="module")
 def small():
-    model = tiny_model(seed=3, vocab_size=V, num_hidden_layers=6, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = tiny_model(seed=3, vocab_size=V, num_hidden_layers=6, eos_token_id=None, bos_token_id=None,
+                       pad_token_id=None)
     with torch.no_grad():
         model.lm_head.weight.mul_(4.0)  # peaky enough that acceptance is common, not certain
     target = Target(model, byte_tokenizer(), name="tiny-16", aux_layer_ids=[1, 3, 4])
@@ -98,7 +99,9 @@ def test_the_test_can_fail(small):
 def test_seeds_make_sampling_reproducible(small):
     target, draft = small
     engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 6))
-    run = lambda seed: engine.generate([PROMPT], SamplingParams(max_new_tokens=20, temperature=1.0, seed=seed, ignore_eos=True))[0].output_ids  # noqa: E731
+    def run(seed):
+        params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=seed, ignore_eos=True)
+        return engine.generate([PROMPT], params)[0].output_ids
     assert run(7) == run(7)
     assert any(run(7) != run(s) for s in (8, 9, 10))
     # a row's randomness is its own: the same seed gives the same tokens inside a batch

@@ -1,4 +1,5 @@
-"""Every accepted sampling setting gives a distribution: a tiny temperature is greedy, a tiny top_p keeps the top token."""
+"""Every accepted sampling setting gives a distribution: a tiny temperature is greedy, a tiny top_p keeps the
+top token."""
 
 import pytest
 import torch

@@ -106,7 +106,8 @@ def test_weight_specs_parse_from_flags_and_recipes():
 
 
 def test_unknown_source_names_are_refused_with_the_known_ones(corpus):
-    with pytest.raises(mix.EyasError, match="(?s)--source-weights names mth.*the sources here are: chat, math, roleplay"):
+    with pytest.raises(mix.EyasError,
+                       match="(?s)--source-weights names mth.*the sources here are: chat, math, roleplay"):
         _select(corpus, source_weights="mth=0.2")
     with pytest.raises(mix.EyasError, match="--holdout-sources names chatt"):
         _select(corpus, holdout_prompts=3, holdout_sources=["chatt"])

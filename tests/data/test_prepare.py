@@ -27,7 +27,8 @@ def _jsonl(path, n=30, answers=True):
 def test_prepare_from_jsonl(tmp_path):
     target = tiny_target(dtype=torch.float32)
     src = _jsonl(tmp_path / "in.jsonl")
-    meta = prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.2, max_length=64), tmp_path / "out", log=lambda *a: None)
+    meta = prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.2, max_length=64), tmp_path / "out",
+                   log=lambda *a: None)
     train = TokenizedSplit(tmp_path / "out", "train")
     assert len(train) == meta["splits"]["train"]["rows"] and len(train) + meta["splits"]["heldout"]["rows"] == 30
     ids, mask = train.row(0)
@@ -46,7 +47,7 @@ def test_prepare_regenerates_with_the_target(tmp_path):
     meta = prepare(target, cfg, tmp_path / "out", log=lambda *a: None)
     stats = meta["regeneration"]["stats"]["train"]
     assert stats["prompts"] == 6 and stats["answer_tokens"] > 0 and meta["regeneration"]["temperature"] == 0.8
-    rows = [json.loads(l) for l in (tmp_path / "out" / "train.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").open()]
     assert all(r["regenerated"] and r["messages"][-1]["role"] == "assistant" for r in rows)
 
 
@@ -54,7 +55,8 @@ def test_prepare_refuses_conversations_without_answers(tmp_path):
     target = tiny_target(dtype=torch.float32)
     src = _jsonl(tmp_path / "in.jsonl", n=5, answers=False)
     with pytest.raises(EyasError, match="no conversation has an assistant turn"):
-        prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=64), tmp_path / "o", log=lambda *a: None)
+        prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=64), tmp_path / "o",
+                log=lambda *a: None)
 
 
 def test_prepare_cli_errors_cleanly(tmp_path, capsys):
@@ -70,7 +72,7 @@ def test_prepare_keeps_given_answers_beside_regenerated_ones(tmp_path):
     cfg = PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=128, regenerate=True, keep_answers=True,
                         regen=RegenConfig(max_new_tokens=8, batch_size=4, temperature=0.0))
     meta = prepare(target, cfg, tmp_path / "out", log=lambda *a: None)
-    rows = [json.loads(l) for l in (tmp_path / "out" / "train.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").open()]
     given = sorted(r["messages"][-1]["content"] for r in rows if not r.get("regenerated"))
     assert given == sorted(f"answer {i}" for i in range(6))
     assert sum(bool(r.get("regenerated")) for r in rows) == 6
@@ -94,9 +96,11 @@ def test_greedy_answers_from_the_engine_equal_hf_generate():
     prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 9, 3, 12, 7, 4, 10)]
     eos = target.eos_token_ids[0]
     prompts.append(prompts[0][:2] + [eos])  # a prompt whose answer may stop at once
-    hf = generate_batched(target, prompts, RegenConfig(temperature=0.0, max_new_tokens=12, batch_size=3, engine="generic"),
+    hf = generate_batched(target, prompts,
+                          RegenConfig(temperature=0.0, max_new_tokens=12, batch_size=3, engine="generic"),
                           progress=False)
-    eng = generate_batched(target, prompts, RegenConfig(temperature=0.0, max_new_tokens=12, batch_size=3, engine="native"),
+    eng = generate_batched(target, prompts,
+                           RegenConfig(temperature=0.0, max_new_tokens=12, batch_size=3, engine="native"),
                            progress=False)
     assert eng == hf
     assert target.info.max_context == tiny_target().info.max_context  # the caller's target is not resized
@@ -127,7 +131,8 @@ def test_magpie_prompts_continue_the_templates_user_turn(monkeypatch):
     target = tiny_target(dtype=torch.float32)
     tok = target.tokenizer
     seen = {}
-    texts = ["How do I bake bread at home?", "How do  I bake BREAD at home?", "short", "What is a prime number?", "cut off"]
+    texts = ["How do I bake bread at home?", "How do  I bake BREAD at home?", "short", "What is a prime number?",
+             "cut off"]
 
     def fake(t, prompts, cfg, progress=True):
         seen["prompt"], seen["cfg"] = prompts[0], cfg
@@ -154,9 +159,10 @@ def test_magpie_source_end_to_end_and_benchmark_prompts_excluded(tmp_path):
                            for p in ("  what is PHOTOSYNTHESIS? ", "keep me")))
     logs = []
     cfg = PrepareConfig(inputs=[str(src)], sources=["magpie"], magpie_prompts=6, exclude=["chat"], held_out=0.0,
-                        max_length=256, regenerate=True, regen=RegenConfig(max_new_tokens=6, batch_size=4, temperature=0.0))
+                        max_length=256, regenerate=True,
+                        regen=RegenConfig(max_new_tokens=6, batch_size=4, temperature=0.0))
     meta = prepare(target, cfg, tmp_path / "out", log=logs.append)
-    rows = [json.loads(l) for l in (tmp_path / "out" / "train.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").open()]
     users = [r["messages"][-2]["content"] for r in rows]
     assert "keep me" in users and not any("photosynthesis" in u.lower() for u in users)
     assert meta["excluded"] == {"sets": ["chat"], "records": 1} and meta["magpie_prompts"] == 6

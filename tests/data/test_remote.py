@@ -224,7 +224,8 @@ def test_a_server_restart_and_a_killed_client_lose_and_repeat_nothing(chatty, se
     before = server.chat_requests()
     assert main(args) == 0
     said = capsys.readouterr().out
-    assert f"{len(kept)} prompts answered in an earlier run are taken from" in said and f"; {n - len(kept)} to ask" in said
+    assert f"{len(kept)} prompts answered in an earlier run are taken from" in said
+    assert f"; {n - len(kept)} to ask" in said
     assert server.chat_requests() - before == n - len(kept) + 1  # the rest, once each, and the one-token probe
     entries = lines(out / ANSWERS)
     assert len(entries) == len({e["key"] for e in entries}) == n  # none lost, none twice

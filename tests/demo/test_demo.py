@@ -40,7 +40,8 @@ def test_demo_end_to_end(tmp_path):
     urls = ready_urls(text)
     plain = "speculative setting: no speculation (plain decoding)" in text  # the CPU's default (serve/defaults.py)
     assert len(urls) == (3 if plain else 2) and not any(listening(u) for u in urls)  # all it started is stopped
-    assert re.search(r"^eyas:spec_accept_length\{[^}]*model_name=[^}]*\} \d", text, re.MULTILINE) and "eyas:spec_decode_num_accepted_tokens_total" in text
+    assert re.search(r"^eyas:spec_accept_length\{[^}]*model_name=[^}]*\} \d", text, re.MULTILINE)
+    assert "eyas:spec_decode_num_accepted_tokens_total" in text
     assert "fix: use --speculative-algorithm EAGLE3" in text and "refused before any weight was loaded" in text
     bench = json.loads((out / "bench.json").read_text())
     assert bench["levels"][0]["speedup"] > 0 and (out / "throughput.png").is_file()

@@ -260,7 +260,8 @@ def test_recipe_named_in_the_config(saved, tmp_path):
     repo = tmp_path / "repo"
     (repo / "recipes").mkdir(parents=True)
     (repo / "recipes" / "r.yaml").write_text(yaml.safe_dump({"data": {"path": "data/x", "max_length": 128}}))
-    d = edit_config(copy(draft, repo / "src" / "pkg" / "drafts" / "d"), lambda c: c["eyas"].update(recipe="recipes/r.yaml"))
+    d = edit_config(copy(draft, repo / "src" / "pkg" / "drafts" / "d"),
+                    lambda c: c["eyas"].update(recipe="recipes/r.yaml"))
     r = diagnose(d, str(tf))
     assert row(r, "context").status == "warning" and "at most 128 tokens" in row(r, "context").message
     assert row(r, "chat template").status == "ok" and "meta.json is not here" in row(r, "chat template").message

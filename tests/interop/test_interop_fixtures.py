@@ -85,7 +85,8 @@ def test_build_engine_accepts_every_format(tmp_path, fixture_dirs):
     model_dir = save_tiny_model(tmp_path / "target")
     reference = None
     for name in ("speculators", "eagle3"):  # eyas/SGLang folders went through this path before
-        engine = build_engine(EngineArgs(model_path=str(model_dir), speculative_draft_model_path=str(fixture_dirs[name]),
+        engine = build_engine(EngineArgs(model_path=str(model_dir),
+                                         speculative_draft_model_path=str(fixture_dirs[name]),
                                          speculative_num_steps=3, speculative_eagle_topk=1,
                                          speculative_num_draft_tokens=4))
         assert engine.target.aux_layer_ids == (EXPECTED[name][1] or [2, 4, 5])

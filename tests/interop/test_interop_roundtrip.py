@@ -64,7 +64,8 @@ def test_sglang_export_layout(eyas_dir, tmp_path):
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and "eyas" not in config
     assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 2, 5], "use_aux_hidden_state": True}
     assert config["eagle_aux_hidden_state_layer_ids"] == AUX  # what vLLM reads, in its own indexing
-    assert (config["num_hidden_layers"], config["draft_vocab_size"], config["target_hidden_size"]) == (1, DRAFT_VOCAB, 64)
+    shape = (config["num_hidden_layers"], config["draft_vocab_size"], config["target_hidden_size"])
+    assert shape == (1, DRAFT_VOCAB, 64)
     assert config["rope_theta"] == 10000.0  # for transformers-4 readers
     tensors = _file_tensors(out)
     assert set(tensors) == set(sglang_tensors())  # fc, midlayer.*, norm, lm_head, d2t, t2d; no embeddings
@@ -80,7 +81,8 @@ def test_speculators_export_layout(eyas_dir, tmp_path):
     assert spec["proposal_methods"][0]["speculative_tokens"] == 3
     assert spec["verifier"] == {"name_or_path": "tiny-llama", "architectures": ["LlamaForCausalLM"]}
     layer = config["transformer_layer_config"]
-    assert (layer["model_type"], layer["vocab_size"], layer["hidden_size"], layer["num_hidden_layers"]) == ("llama", 320, 64, 1)
+    shape = (layer["model_type"], layer["vocab_size"], layer["hidden_size"], layer["num_hidden_layers"])
+    assert shape == ("llama", 320, 64, 1)
     assert config["norm_before_residual"] is False  # explicit: vLLM assumes True when absent
     assert config["eagle_aux_hidden_state_layer_ids"] == AUX
     assert (config["draft_vocab_size"], config["target_hidden_size"]) == (DRAFT_VOCAB, 64)
@@ -109,6 +111,8 @@ def test_export_command_prints_eagle3_launch_lines(eyas_dir, tmp_path, capsys, f
     assert bool(algorithms) == (fmt == "sglang")  # SGLang does not read speculators folders
     assert "vllm serve org/tiny-llama --speculative-config" in printed
     if fmt == "sglang":
-        assert f"--model-path org/tiny-llama --speculative-algorithm EAGLE3 --speculative-draft-model-path {out.resolve()}" in printed
+        launch = ("--model-path org/tiny-llama --speculative-algorithm EAGLE3 "
+                  f"--speculative-draft-model-path {out.resolve()}")
+        assert launch in printed
     assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(out)]) == 2  # never overwrites
     assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(tmp_path / "b"), "--include-embeddings"]) == 2

@@ -61,8 +61,8 @@ def test_speculators_package_loads_export_and_matches_logits(target, tmp_path):
             "Dataset = object\n")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stub.parent), env.get("PYTHONPATH")]))
     resaved = tmp_path / "resaved"
-    run = subprocess.run([sys.executable, str(PROBE), str(export), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt"),
-                          str(resaved)], env=env, capture_output=True, text=True, timeout=240)
+    run = subprocess.run([sys.executable, str(PROBE), str(export), str(tmp_path / "inputs.pt"),
+                          str(tmp_path / "out.pt"), str(resaved)], env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-4000:]
     got = torch.load(tmp_path / "out.pt")
 

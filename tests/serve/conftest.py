@@ -65,8 +65,8 @@ def server(models, tmp_path_factory):
     tiny, draft = models
     s = ServerProcess(["--model-path", str(tiny), "--speculative-algorithm", "EAGLE3",
                        "--speculative-draft-model-path", str(draft), "--dtype", "float64",
-                       "--served-model-name", "tiny", "--log-interval", "1", "--metrics-window", "1000000", "--log-requests",
-                       *SPEC_FLAGS],
+                       "--served-model-name", "tiny", "--log-interval", "1", "--metrics-window", "1000000",
+                       "--log-requests", *SPEC_FLAGS],
                       tmp_path_factory.mktemp("server"))
     s.wait_ready()
     yield s

@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from serve_helpers import scrape
 
-COUNTERS = ["eyas:engine_step_batch_size_sum", "eyas:engine_steps_total", "eyas:spec_decode_num_drafts_total", "eyas:spec_decode_num_draft_tokens_total",
+COUNTERS = ["eyas:engine_step_batch_size_sum", "eyas:engine_steps_total", "eyas:spec_decode_num_drafts_total",
+            "eyas:spec_decode_num_draft_tokens_total",
             "eyas:spec_decode_num_accepted_tokens_total", "eyas:generation_tokens_total", "eyas:prompt_tokens_total",
             'eyas:requests_total{outcome="length"}', 'eyas:requests_total{outcome="stop"}']
 
@@ -99,8 +100,8 @@ def test_native_engine_serves_bursts_through_graph_prefill_groups(models, refere
     want = reference(ids, 12)
 
     def call(url: str, i: int) -> list[int]:
-        r = httpx.post(url + "/generate", json={"input_ids": ids[i], "sampling_params": {"max_new_tokens": 12,
-                                                                                         "temperature": 0}}, timeout=300)
+        body = {"input_ids": ids[i], "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
+        r = httpx.post(url + "/generate", json=body, timeout=300)
         assert r.status_code == 200, r.text
         return r.json()["output_ids"]
 

@@ -48,7 +48,8 @@ def test_flags_always_win(device):
     choice, e = chosen(device, "--speculative-batch-schedule", "1:3,1,4;8:0")
     assert choice.setting == "1:3,1,4;8:0" and e.speculative_batch_schedule == "1:3,1,4;8:0"
     assert chosen(device, "--speculative-batch-schedule", "Auto")[0].setting == AUTO
-    choice, e = chosen(device, "--speculative-config", '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}')
+    config = '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}'
+    choice, e = chosen(device, "--speculative-config", config)
     assert choice.setting == "3,1,4" and e.speculative_draft_model_path == "d"
     # speculation asked for without a tree: adaptive, on every device (it may still run no speculation)
     for argv in (["--speculative-algorithm", "EAGLE3"], ["--speculative-draft-model-path", "d"]):

@@ -174,7 +174,7 @@ def test_client_storm_leaves_nothing_behind(server):
         except httpx.HTTPError as e:
             dropped.append(type(e).__name__)
 
-    for wave in range(4):
+    for _wave in range(4):
         threads = [threading.Thread(target=client, args=(i,)) for i in range(50)]
         for t in threads:
             t.start()

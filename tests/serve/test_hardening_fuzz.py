@@ -35,20 +35,25 @@ def test_no_5xx_and_responses_match_the_schema(server):
     assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/generate"}
     failures = []
     for op in operations:
-        @given(data=st.data())
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                  database=None)
-        def fuzz(data):
-            case = data.draw(op.as_strategy())
-            _bounded(case)
-            response = case.call(timeout=60)
-            if response.status_code >= 500:
-                failures.append((op.method, op.path, response.status_code, response.text[:300], case.body))
-                return
-            case.validate_response(response, checks=[status_code_conformance, response_schema_conformance])
-
-        fuzz()
+        _fuzz(op, failures)
     assert not failures, failures[:5]
+
+
+def _fuzz(op, failures: list) -> None:
+    """25 generated requests to one operation; a 5xx is recorded, any other answer checked against the schema."""
+    @given(data=st.data())
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+              database=None)
+    def fuzz(data):
+        case = data.draw(op.as_strategy())
+        _bounded(case)
+        response = case.call(timeout=60)
+        if response.status_code >= 500:
+            failures.append((op.method, op.path, response.status_code, response.text[:300], case.body))
+            return
+        case.validate_response(response, checks=[status_code_conformance, response_schema_conformance])
+
+    fuzz()
 
 
 # -- values at JSON's edges, sent as raw text (json.dumps cannot write some of them) -----------------

@@ -112,7 +112,8 @@ def test_generate_return_logprob_in_sglangs_shape(server, engine, plain):
     assert [e[1] for e in meta["output_token_logprobs"]] == r["output_ids"]
     assert [e[2] for e in meta["output_token_logprobs"]] == [tok.decode([t]) for t in r["output_ids"]]
     assert [e[0] for e in meta["output_token_logprobs"]] == pytest.approx([x.logprob for x in want.logprobs], abs=TOL)
-    assert [[e[1] for e in top] for top in meta["output_top_logprobs"]] == [[i for i, _ in x.top] for x in want.logprobs]
+    assert [[e[1] for e in top] for top in meta["output_top_logprobs"]] == [[i for i, _ in x.top]
+                                                                            for x in want.logprobs]
     assert meta["input_token_logprobs"] == []
     last = _events(server.url, "/generate", body)[-1]["meta_info"]
     assert last["output_token_logprobs"] == meta["output_token_logprobs"]

@@ -162,7 +162,8 @@ def fp32_server(models):
 def test_greedy_streams_of_16_concurrent_clients_equal_those_served_one_at_a_time(fp32_server):
     requests = []
     for i in range(16):
-        requests.append({"model": "tiny", "messages": [{"role": "user", "content": f"client {i}: " + "xyz"[: i % 3] * i}],
+        content = f"client {i}: " + "xyz"[: i % 3] * i
+        requests.append({"model": "tiny", "messages": [{"role": "user", "content": content}],
                          "max_tokens": 8 + (5 * i) % 21, "temperature": 0, "stream": True, "ignore_eos": True})
 
     async def one(client, body) -> tuple[str, str]:

@@ -5,7 +5,8 @@
 
 Same draft, same batch (last row padded to 3/4), old and new alternately, median of ``--reps``
 wall times (and, on the CPU, of the process's CPU seconds, which other processes on a shared
-machine disturb less); prints one JSON line. Not a test (pytest does not collect it); the reference lives in test_ttt_fast.
+machine disturb less); prints one JSON line. Not a test (pytest does not collect it); the reference lives
+in test_ttt_fast.
 """
 
 import json

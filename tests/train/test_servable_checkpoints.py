@@ -56,7 +56,8 @@ def test_export_takes_an_intermediate_checkpoint(run, tmp_path, capsys):
 
 def test_the_engine_generates_losslessly_with_an_intermediate_checkpoint(run):
     folder, model, _, _ = run
-    engine = build_engine(EngineArgs(model_path=str(model), speculative_draft_model_path=str(folder / "checkpoints/step-30"),
+    engine = build_engine(EngineArgs(model_path=str(model),
+                                     speculative_draft_model_path=str(folder / "checkpoints/step-30"),
                                      speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
                                      device="cpu", dtype="float32"))
     prompts = [[256, 72, 101, 108, 108, 111], [256, 40, 41, 42]]

@@ -25,7 +25,8 @@ def test_vocab_round_trip_draft_target_draft(tmp_path):
     # and through a saved draft trained by eyas
     target = tiny_target(dtype=torch.float32)
     data = make_data(target, tmp_path / "data", rows=16)
-    trainer = Trainer(tiny_recipe(data, tmp_path / "run", **{"draft.vocab_size": 64, "train.max_steps": 1}), target=target)
+    recipe = tiny_recipe(data, tmp_path / "run", **{"draft.vocab_size": 64, "train.max_steps": 1})
+    trainer = Trainer(recipe, target=target)
     trainer.fit()
     loaded = load_draft(tmp_path / "run" / "draft", embed_weight=target.embed_tokens.weight)
     ids = draft_to_target(loaded.d2t, torch.arange(64))

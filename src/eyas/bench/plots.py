@@ -51,7 +51,8 @@ def write_plots(result: BenchResult, out) -> list[Path]:
     for lv in levels:
         per = (lv.speculative.acceptance.get("per_position") if lv.speculative else None) or []
         if per:
-            ax.plot(range(1, len(per) + 1), per, marker="o", label=f"T={lv.temperature:g}, concurrency {lv.concurrency}")
+            ax.plot(range(1, len(per) + 1), per, marker="o",
+                    label=f"T={lv.temperature:g}, concurrency {lv.concurrency}")
     ax.set_xlabel("draft position (depth)")
     ax.set_ylabel("share of verify steps accepting it")
     ax.set_ylim(0, 1.05)

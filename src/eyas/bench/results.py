@@ -90,8 +90,8 @@ class BenchResult:
 
 def table(result: BenchResult) -> str:
     """A short text table: one row per (temperature, concurrency level)."""
-    head = f"{'T':>4}  {'conc':>4}  {'baseline tok/s':>14}  {'spec tok/s':>10}  {'speedup':>7}  {'tau':>5}  {'rate':>5}  " \
-           f"{'TTFT ms':>7}  {'TPOT ms':>7}  per-position acceptance"
+    head = (f"{'T':>4}  {'conc':>4}  {'baseline tok/s':>14}  {'spec tok/s':>10}  {'speedup':>7}  {'tau':>5}  "
+            f"{'rate':>5}  {'TTFT ms':>7}  {'TPOT ms':>7}  per-position acceptance")
     lines = [head]
     for lv in result.levels:
         b, s = lv.baseline, lv.speculative

@@ -1,7 +1,8 @@
 """Conversation files on disk: a file, a folder or a glob of JSONL / JSON files, gzipped or not.
 
-A folder means its ``.jsonl`` and ``.jsonl.gz`` files. A file is read as one JSON array of records when its first non-blank character is ``[`` (the form
-ShareGPT and many others are published in), else as JSON Lines, streamed a line at a time. Gzip is
+A folder means its ``.jsonl`` and ``.jsonl.gz`` files. A file is read as one JSON array of records
+when its first non-blank character is ``[`` (the form ShareGPT and many others are published in),
+else as JSON Lines, streamed a line at a time. Gzip is
 recognised by its magic bytes, so ``.jsonl.gz`` and ``.json.gz`` need no flag. Each record becomes
 ``{"messages", "source"}`` where the source is the file's stem (``sharegpt-v3-pypi`` for
 ``sharegpt-v3-pypi.jsonl.gz``): that is the name per-source weights, caps and the summary use. A
@@ -78,7 +79,8 @@ def read_objects(path) -> Iterator[tuple[str, object]]:
                     values = json.loads(line + f.read())
                 except json.JSONDecodeError as e:
                     raise EyasError(f"{path} starts like a JSON array but is not valid JSON ({e.msg}, "
-                                    f"line {e.lineno + n - 1})", "a JSON array of records, or one JSON object a line") from None
+                                    f"line {e.lineno + n - 1})",
+                                    "a JSON array of records, or one JSON object a line") from None
                 for i, value in enumerate(values):
                     yield f"{path}[{i}]", value
                 return

@@ -29,7 +29,8 @@ def stratum(record: dict) -> str:
     return f"{source_key(record)}/{category.split('/')[0]}" if category else source_key(record)
 
 
-def pick(records: list[dict], n: int, sources: list[str] | None, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+def pick(records: list[dict], n: int, sources: list[str] | None,
+         seed: int) -> tuple[list[dict], list[dict], list[dict]]:
     """(the rest, the held-out prompts, records of the rest dropped because a user turn of theirs is
     a held-out prompt). Candidates are records of one user turn and no answer from ``sources``
     (every source when None)."""

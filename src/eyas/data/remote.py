@@ -62,7 +62,8 @@ class RemoteConfig:
         if self.concurrency < 1:
             raise EyasError(f"--concurrency must be at least 1, got {self.concurrency}", "e.g. --concurrency 32")
         if not self.request_timeout > 0:
-            raise EyasError(f"--request-timeout must be positive, got {self.request_timeout}", "e.g. --request-timeout 600")
+            raise EyasError(f"--request-timeout must be positive, got {self.request_timeout}",
+                            "e.g. --request-timeout 600")
         if not self.retry_for >= 0:
             raise EyasError(f"--retry-for must be 0 or more seconds, got {self.retry_for}", "e.g. --retry-for 600")
 
@@ -107,7 +108,8 @@ class RemoteRegenerator:
     def __init__(self, target, cfg: RegenConfig, remote: RemoteConfig, out, model_path: str, log=print,
                  progress: bool = True):
         self.target, self.cfg, self.remote, self.log, self.progress = target, cfg, remote, log, progress
-        with httpx.Client(base_url=remote.url, headers=remote.headers(), timeout=min(60.0, remote.request_timeout)) as c:
+        timeout = min(60.0, remote.request_timeout)
+        with httpx.Client(base_url=remote.url, headers=remote.headers(), timeout=timeout) as c:
             self.served = check(c, remote.url, target, cfg, model_path, remote.served_model_name)
         log(f"{remote.url} serves {self.served.model!r}: checked {', '.join(self.served.checked)}")
         for note in self.served.notes:
@@ -133,7 +135,8 @@ class RemoteRegenerator:
                     answers[entry["key"]] = entry
                 except (ValueError, KeyError, TypeError):
                     bad += 1  # a line cut by an interruption: that prompt is asked again
-        self.log(f"{self.path}: {len(answers)} answers from earlier runs" + (f", {bad} unreadable lines" if bad else ""))
+        self.log(f"{self.path}: {len(answers)} answers from earlier runs"
+                 + (f", {bad} unreadable lines" if bad else ""))
         return answers
 
     def regenerate(self, records: list[dict]) -> tuple[list[dict], RegenStats]:
@@ -195,7 +198,8 @@ class RemoteRegenerator:
                         f.flush()
                         self.answers[key] = fresh[key] = entry
                         tokens[0] += entry.get("completion_tokens") or 0
-                        bar.set_postfix_str(f"{tokens[0] / max(time.perf_counter() - t0, 1e-9):.0f} tok/s", refresh=False)
+                        rate = tokens[0] / max(time.perf_counter() - t0, 1e-9)
+                        bar.set_postfix_str(f"{rate:.0f} tok/s", refresh=False)
                         bar.update(1)
 
                 tasks = [asyncio.create_task(worker()) for _ in range(n)]

@@ -39,7 +39,8 @@ class TokenizedSplit:
         self.mask = np.load(folder / f"{split}.mask.npy", mmap_mode="r")
         self.offsets = np.load(folder / f"{split}.offsets.npy")
         if len(self.offsets) < 2:
-            raise EyasError(f"the {split} split in {folder} is empty", "prepare more data (check the sources and filters)")
+            raise EyasError(f"the {split} split in {folder} is empty",
+                            "prepare more data (check the sources and filters)")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

@@ -127,8 +127,8 @@ class StaticDecoder:
 
     def _example(self, rows: int, kind: str):
         ids = torch.zeros(rows, dtype=torch.long, device=self.pool.buf.device)
-        return ({"lengths": ids, "root": ids, "live": ids, **rows_example(kind, rows, ids.device, vocab_of(self.native))},
-                {"prefix": 0})
+        rows_in = rows_example(kind, rows, ids.device, vocab_of(self.native))
+        return {"lengths": ids, "root": ids, "live": ids, **rows_in}, {"prefix": 0}
 
     @torch.inference_mode()
     def __call__(self, lengths: torch.Tensor, root: torch.Tensor, rows):
@@ -189,7 +189,8 @@ class StaticSpeculator:
     ``graphs[kind]``."""
 
     def __init__(self, native, tpool, aux_ids, draft, dpool, spec: SpecConfig, rows: list[int], enabled: bool):
-        self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec = native, tpool, aux_ids, draft, dpool, spec
+        self.native, self.tpool, self.aux_ids = native, tpool, aux_ids
+        self.draft, self.dpool, self.spec = draft, dpool, spec
         self.steps = 0  # steps run whole (the rest ran by parts)
         self._live = None
         # the most slots past a prefix any part writes: the tree's levels or the verified tree (the extend's

@@ -518,7 +518,8 @@ class Engine:
         return out
 
     # -- the simple static-batch loop ---------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Output]:
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[Output]:
         if not prompts:
             return []
         params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)

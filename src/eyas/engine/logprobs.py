@@ -54,7 +54,8 @@ class Pending:
             if want is None:
                 out.append(None)
                 continue
-            out.append([TokenLogprob(v[0], [(int(v[1 + n + i]), v[1 + i]) for i in range(want)]) for v in data[k][:count]])
+            out.append([TokenLogprob(v[0], [(int(v[1 + n + i]), v[1 + i]) for i in range(want)])
+                        for v in data[k][:count]])
             k += 1
         return out
 

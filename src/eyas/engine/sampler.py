@@ -131,8 +131,9 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
     xf = x.gather(1, f[..., None].expand(b, 1, v))[:, 0]  # [B, V]
     wf = torch.exp(xf - m.gather(1, f)) * (xf >= thr.gather(1, f))
     if k > 0 and t > 1:  # its children were all rejected: their mass leaves the residual
+        at_f = f[..., None].expand(b, 1, k)
         hit = torch.zeros((b, v), dtype=torch.long, device=dev).scatter_add_(
-            1, tok.gather(1, f[..., None].expand(b, 1, k))[:, 0], valid.gather(1, f[..., None].expand(b, 1, k))[:, 0].long())
+            1, tok.gather(1, at_f)[:, 0], valid.gather(1, at_f)[:, 0].long())
         wf = _residual(wf, hit > 0)
     cum = wf.cumsum(-1)
     ub = u[:, :, k].gather(1, counts[:, None] - 1)  # [B, 1] lane (depth of the last node, K)

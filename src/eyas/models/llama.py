@@ -175,7 +175,8 @@ class RopeTable:
         self.kept = []  # earlier tables: CUDA graphs captured against them still read them
 
     def extend(self, size: int, like: torch.Tensor) -> None:
-        """Cover positions ``0..size - 1`` (never shrinks; every static pool calls it for its slots before capturing)."""
+        """Cover positions ``0..size - 1`` (never shrinks; every static pool calls it for its slots before
+        capturing)."""
         if size <= self.size:
             return
         with torch.no_grad():

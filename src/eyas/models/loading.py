@@ -80,7 +80,8 @@ def resolve(path_or_name: str) -> tuple[Path, str | None]:
                 f"{p} holds several GGUF files ({', '.join(g.name for g in ggufs)})",
                 "pass the .gguf file itself as the model path",
             )
-        raise EyasError(f"{p} has no config.json and no .gguf file", "point at a Hugging Face model folder or a .gguf file")
+        raise EyasError(f"{p} has no config.json and no .gguf file",
+                        "point at a Hugging Face model folder or a .gguf file")
     raise EyasError(
         f"model {path_or_name!r} is neither a local folder, a .gguf file, nor a built-in name",
         f"pass a local Hugging Face folder (config.json + *.safetensors), a .gguf file, or {SMOLLM2!r}; "

@@ -47,7 +47,8 @@ def _numpy_globals() -> list:
     import numpy as np
 
     reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]
-    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct")]
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct,
+            (reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
 def load_torch_file(path, numpy_arrays: bool = False):

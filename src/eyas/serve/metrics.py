@@ -124,7 +124,8 @@ class ServeMetrics:
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens returned to clients", registry=r)
         self.requests = Counter(p + "requests", "Finished requests by outcome: stop, length, abort (client "
-                                "gone or shutdown), rejected (503), invalid (4xx), error (5xx)", ["outcome"], registry=r)
+                                "gone or shutdown), rejected (503), invalid (4xx), error (5xx)", ["outcome"],
+                                registry=r)
         for o in OUTCOMES:
             self.requests.labels(outcome=o)
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS,

@@ -1,4 +1,5 @@
-"""Structured output on the routes: a request's ``response_format``, tools or SGLang grammar fields -> the job's grammar.
+"""Structured output on the routes: a request's ``response_format``, tools or SGLang grammar fields -> the
+job's grammar.
 
 - ``/v1/chat/completions`` and ``/v1/completions``: ``response_format`` ``{"type": "json_object"}`` (any
   JSON object) or ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``; chat also

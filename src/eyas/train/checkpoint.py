@@ -249,7 +249,8 @@ def recipe_changes(saved: dict | None, now: dict) -> list[str]:
         return []
     a, b = flat_recipe(saved), flat_recipe(now)
     keys = list(b) + [k for k in a if k not in b]
-    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in keys if not k.startswith(NOT_COMPARED) and a.get(k) != b.get(k)]
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in keys
+            if not k.startswith(NOT_COMPARED) and a.get(k) != b.get(k)]
 
 
 def apply_optim(optimizer, scheduler, optim: dict) -> None:

@@ -76,8 +76,8 @@ def run(args) -> int:
     if args.resume:
         trainer.resume(args.resume, args.allow_pickle, args.allow_recipe_change)
     summary = trainer.fit()
-    trainer.print(f"done: {summary['steps']} steps, {summary['tokens_per_s']:.0f} tokens/s on {summary['ranks']} rank(s); "
-                  f"draft saved to {trainer.out / 'draft'}")
+    trainer.print(f"done: {summary['steps']} steps, {summary['tokens_per_s']:.0f} tokens/s on {summary['ranks']} "
+                  f"rank(s); draft saved to {trainer.out / 'draft'}")
     if summary.get("heldout"):
         trainer.print(f"held-out accuracy per TTT step: {summary['heldout']['acc']}")
     trainer.ctx.close()

@@ -114,7 +114,8 @@ class Recipe:
             (t.offline_dtype in ("float16", "float32"), "train.offline_dtype", t.offline_dtype, "float16 or float32"),
         ]
         checks.append((not (self.draft.init_from and self.draft.init_head_from_target), "draft.init_head_from_target",
-                       self.draft.init_head_from_target, "false when draft.init_from is set (the warm start sets the head)"))
+                       self.draft.init_head_from_target,
+                       "false when draft.init_from is set (the warm start sets the head)"))
         for ok, key, value, want in checks:
             if not ok:
                 raise EyasError(f"recipe key {key} = {value!r} is invalid", f"set {key} to {want}")

@@ -68,12 +68,13 @@ def build_cache(target, split, folder, max_length: int, dtype: str = "float16", 
         width = target.info.hidden_size
         aux_out = np.lib.format.open_memmap(folder / f"shard-{k}.aux.tmp.npy", "w+", np_dtype,
                                             (int(offsets[-1]), len(target.aux_layer_ids) * width))
-        fin_out = np.lib.format.open_memmap(folder / f"shard-{k}.final.tmp.npy", "w+", np_dtype, (int(offsets[-1]), width))
+        fin_out = np.lib.format.open_memmap(folder / f"shard-{k}.final.tmp.npy", "w+", np_dtype,
+                                            (int(offsets[-1]), width))
         for s in range(0, len(rows), batch_rows):
             part = rows[s: s + batch_rows]
             b = collate(split, part, max_length)
             aux, fin, _ = capture_with_final(target, b.input_ids.to(dev), b.valid.sum(1).to(dev))
-            for r, i in enumerate(part):
+            for r, _ in enumerate(part):
                 a, z = int(offsets[s + r]), int(offsets[s + r + 1])
                 aux_out[a:z] = aux[r, : z - a].float().cpu().numpy().astype(np_dtype)
                 fin_out[a:z] = fin[r, : z - a].float().cpu().numpy().astype(np_dtype)

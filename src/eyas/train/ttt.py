@@ -172,7 +172,7 @@ def ttt_loss(
         target_top = target_p.argmax(-1)
     layer = draft.midlayer
     attn = layer.self_attn
-    heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    heads, dim = attn.num_heads, attn.head_dim
     scale = dim ** -0.5
     hidden = draft.project(aux)
     pos = torch.arange(length, device=dev)[None, :].expand(bsz, length)
@@ -189,7 +189,8 @@ def ttt_loss(
         ids[:, : length - shift] = input_ids[:, shift:]
         cos, sin = draft.rotary_emb(hidden, pos + i)
         x = torch.cat([layer.input_layernorm(draft.embed(ids)), layer.hidden_norm(hidden)], dim=-1)
-        q, k, v = (proj(x).view(bsz, length, -1, dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k, v = (proj(x).view(bsz, length, -1, dim).transpose(1, 2)
+                   for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if i == 0:
             slots = min(steps, length - 1) - 1  # diagonal keys of the last step
@@ -228,7 +229,8 @@ def target_states(target, input_ids: torch.Tensor, lengths: torch.Tensor | None 
     dev = input_ids.device
     lengths = torch.full((bsz,), length, device=dev) if lengths is None else lengths.to(dev)
     idx = torch.arange(length, device=dev)
-    visible = (idx[None, :, None] >= idx[None, None, :]) & ((idx[None, None, :] < lengths[:, None, None]) | (idx[None, :, None] == idx[None, None, :]))
+    row, col = idx[None, :, None], idx[None, None, :]
+    visible = (row >= col) & ((col < lengths[:, None, None]) | (row == col))
     mask = kv_cache.attention_mask(torch.zeros_like(lengths), 0, visible, target.dtype)
     # No KV cache: nothing reads it, and it would hold every layer's keys and values until the logits
     # exist (an MLA target's decompressed keys are 61 x 64 x 320 numbers a token for Kimi-K2.5).

@@ -145,18 +145,17 @@ def wrap_phases(engine, wrap):
     """Wrap each phase of ``engine.step`` as ``wrap(fn, name)`` (tree drafting, target verify,
     acceptance, commit, the verify mask, crop, draft extend); return the function that undoes it.
     The target and ``kv_cache`` may be shared with other engines: undo before building the next."""
+    from eyas.engine import engine as engine_module
     from eyas.models import kv_cache
 
     undo = []
 
     def patch(owner, attr, name):
-        fn = getattr(owner, attr, None)
-        if fn is None:  # a phase the engine no longer has as its own function (acceptance: sampler.accept)
-            return
+        fn = getattr(owner, attr)
         setattr(owner, attr, wrap(fn, name))
         undo.append(lambda: setattr(owner, attr, fn))
 
-    patch(engine, "_accept", "accept")
+    patch(engine_module, "accept", "accept")  # sampler.accept, as the step by parts calls it
     patch(engine, "_draft_extend", "draft_extend")
     patch(engine.target, "forward", "verify")
     for name in ("commit", "attention_mask", "crop"):
@@ -174,15 +173,20 @@ def wrap_phases(engine, wrap):
 
 def load_pair(model_path: str, draft_path: str | None, dtype: str = "bfloat16", device: str = "cuda"):
     """(native target, draft) through eyas's own checked loading; the shipped draft by default."""
-    from eyas.common.draft_registry import BUILTIN_DRAFTS, resolve_draft_path
-    from eyas.models import formats
     from eyas.models.loading import load_target
     from eyas.models.native import choose
 
     target, _ = choose(load_target(model_path, device=device, dtype=dtype), "native")
+    return target, load_draft_for(target, draft_path, device)
+
+
+def load_draft_for(target, draft_path: str | None, device: str = "cuda"):
+    """The draft at ``draft_path`` (the shipped one by default) over ``target``'s embedding."""
+    from eyas.common.draft_registry import BUILTIN_DRAFTS, resolve_draft_path
+    from eyas.models import formats
+
     path = resolve_draft_path(draft_path or BUILTIN_DRAFTS["smollm2-135m-instruct"])
-    draft = formats.load_draft(path, embed_weight=target.embed_tokens.weight, device=device, dtype=target.dtype)
-    return target, draft
+    return formats.load_draft(path, embed_weight=target.embed_tokens.weight, device=device, dtype=target.dtype)
 
 
 def chat_prompts(tokenizer, sets: str = "chat", n: int = 0) -> list[list[int]]:

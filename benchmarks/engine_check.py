@@ -27,7 +27,7 @@ from common import ROOT, write
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "core")]
 
-from helpers import tiny_target, train_draft  # noqa: E402
+from helpers import reference_greedy, tiny_target, train_draft  # noqa: E402
 from test_seeded_rows import MINE, OTHERS, PROMPT, joined_late  # noqa: E402  the CPU test's request and batch
 
 from eyas.config import SpecConfig, setting_name  # noqa: E402
@@ -37,10 +37,6 @@ from eyas.models.native import NativeTarget  # noqa: E402
 
 PROMPTS = [PROMPT, [7] * 9, [200, 13], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
 SPECS = [SpecConfig("NONE"), SpecConfig("EAGLE3", 5, 1, 6), SpecConfig("EAGLE3", 4, 2, 6)]
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
 
 
 def main() -> int:
@@ -56,7 +52,7 @@ def main() -> int:
     draft = train_draft(target)
     target.model.to(args.device)
     draft.to(args.device)
-    want = [hf_greedy(target.model, p, args.new_tokens) for p in PROMPTS]
+    want = [reference_greedy(target.model, p, args.new_tokens) for p in PROMPTS]
     checks, failed = [], 0
 
     def record(name: str, ok: bool, detail: str = "") -> None:

@@ -24,6 +24,7 @@ import torch
 from common import (
     chat_prompts,
     llama31_8b_config,
+    load_draft_for,
     load_pair,
     random_model,
     smollm2_135m_config,
@@ -128,25 +129,18 @@ def main() -> None:
 
         TritonTreeOps.uniform = TreeOps.uniform
 
-    if args.model_path == "8b":
+    if args.model_path in ("8b", "smollm2-shape"):
         from eyas.models.native import NativeTarget
 
-        model = random_model(llama31_8b_config(), device=args.device)
-        target, draft = NativeTarget(model, name="llama-3.1-8b-shape"), None
+        eight_b = args.model_path == "8b"
+        config = llama31_8b_config() if eight_b else smollm2_135m_config()
+        name = "llama-3.1-8b-shape" if eight_b else "smollm2-shape"
+        target = NativeTarget(random_model(config, device=args.device), name=name)
         target.info = type(target.info)(**{**target.info.__dict__, "max_context": 4096})
+        draft = None if eight_b else load_draft_for(target, args.draft, args.device)
         prompt = list(range(1000, 1128))
-        args.specs = ["none"]
-    elif args.model_path == "smollm2-shape":
-        from eyas.common.draft_registry import BUILTIN_DRAFTS, resolve_draft_path
-        from eyas.models import formats
-        from eyas.models.native import NativeTarget
-
-        target = NativeTarget(random_model(smollm2_135m_config(), device=args.device), name="smollm2-shape")
-        target.info = type(target.info)(**{**target.info.__dict__, "max_context": 4096})
-        path = resolve_draft_path(args.draft or BUILTIN_DRAFTS["smollm2-135m-instruct"])
-        draft = formats.load_draft(path, embed_weight=target.embed_tokens.weight, device=args.device,
-                                   dtype=target.dtype)
-        prompt = list(range(1000, 1128))
+        if eight_b:
+            args.specs = ["none"]
     else:
         target, draft = load_pair(args.model_path, args.draft, device=args.device)
         prompt = chat_prompts(target.tokenizer, "chat", 1)[0]
@@ -156,8 +150,8 @@ def main() -> None:
         engine = Engine(target, None if text == "none" else draft, spec, max_batch=args.max_batch)
         engine.rows = args.rows
         engine.warm_up(progress=False)
-        name = f"trace-{text.replace(',', '-')}-mb{args.max_batch}.json"
-        trace = Path(args.trace_dir) / name if args.trace_dir else None
+        trace_name = f"trace-{text.replace(',', '-')}-mb{args.max_batch}.json"
+        trace = Path(args.trace_dir) / trace_name if args.trace_dir else None
         if trace:
             trace.parent.mkdir(parents=True, exist_ok=True)
         results[text] = profile_engine(engine, prompt, args.steps, trace, args.temperature, args.top_p)

@@ -77,8 +77,9 @@ def save_tiny_model(path, seed: int = 0, dtype=torch.float32, **overrides):
 
 def reference_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     """The target's own greedy continuation via Hugging Face generate (no eos stop)."""
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, pad_token_id=0, eos_token_id=None)
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                         eos_token_id=None)
     return out[0, len(prompt):].tolist()
 
 

@@ -114,12 +114,21 @@ REASONING = [
 SETS = {"chat": CHAT, "code": CODE, "reasoning": REASONING}
 
 
+def builtin_set(name: str) -> list[tuple[str, str]] | None:
+    """A built-in set by name, or ``all`` for every set interleaved, as (set name, prompt) pairs;
+    None when ``name`` is neither."""
+    if name == "all":
+        return [pair for group in zip(*([(n, p) for p in prompts] for n, prompts in SETS.items())) for pair in group]
+    if name in SETS:
+        return [(name, p) for p in SETS[name]]
+    return None
+
+
 def prompt_set(name: str) -> list[str]:
     """A built-in set by name, ``all`` for every set interleaved, or a JSONL file path."""
-    if name == "all":
-        return [p for group in zip(CHAT, CODE, REASONING) for p in group]
-    if name in SETS:
-        return list(SETS[name])
+    builtin = builtin_set(name)
+    if builtin is not None:
+        return [p for _, p in builtin]
     path = Path(name)
     if path.suffix in (".jsonl", ".json") or path.is_file():
         return read_jsonl(path)

@@ -1,45 +1,81 @@
-"""eyas eval runs real speculative decoding and reports tau, rate and per-position acceptance."""
+"""eyas eval runs real speculative decoding and reports tau, rate and per-position acceptance, overall
+and per prompt category."""
 
 import json
+from argparse import Namespace
 
-from helpers import save_tiny_model
+from helpers import byte_tokenizer, save_tiny_model
 from train_fixtures import make_data, tiny_recipe
 
 from eyas.cli import main
+from eyas.train.eval_cli import load_prompts
 from eyas.train.trainer import Trainer
 
+SPEC = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
 
-def test_eval_cli_reports_acceptance(tmp_path, capsys):
+
+def trained(tmp_path):
+    """(a tiny target's folder, a draft trained on it for a few seconds)."""
     model = save_tiny_model(tmp_path / "tiny")
     from eyas.models.loading import load_target
 
     target = load_target(str(model), "cpu", "float32")
     data = make_data(target, tmp_path / "data", rows=48)
     Trainer(tiny_recipe(data, tmp_path / "run", **{"train.max_steps": 60}), target=target).fit()
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"hello {i}"}) for i in range(3)) + "\n")
-    out = tmp_path / "eval.json"
-    rc = main(["eval", "--model-path", str(model), "--speculative-draft-model-path", str(tmp_path / "run" / "draft"),
-               "--prompts", str(prompts), "--max-new-tokens", "16", "--baseline", "--json-out", str(out),
-               "--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"])
+    return model, tmp_path / "run" / "draft"
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def eval_json(model, draft, prompts, out, *extra):
+    rc = main(["eval", "--model-path", str(model), "--speculative-draft-model-path", str(draft),
+               "--prompts", str(prompts), "--max-new-tokens", "16", "--json-out", str(out), *SPEC, *extra])
     assert rc == 0
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_eval_cli_reports_acceptance(tmp_path, capsys):
+    model, draft = trained(tmp_path)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"hello {i}"} for i in range(3)])
+    res = eval_json(model, draft, prompts, tmp_path / "eval.json", "--baseline")
     assert res["accept_length"] > 1.0 and res["greedy_identical"] is True
     assert res["spec"]["eagle_topk"] == 2 and len(res["accepted_per_position"]) >= 1
-    assert "tau" in capsys.readouterr().out
+    assert "per_category" not in res  # prompts without a category: the report is as it was
+    out = capsys.readouterr().out
+    assert "tau" in out and "category" not in out
+
+
+def test_eval_cli_reports_tau_per_category(tmp_path, capsys):
+    model, draft = trained(tmp_path)
+    rows = [{"prompt": "hello 0", "category": "math/gsm8k"}, {"prompt": "say hi 1", "category": "coding"},
+            {"prompt": "hello 0", "category": "coding"},  # a repeat of a math prompt: counted once, as math
+            {"prompt": "what 2", "source": "gpteacher"}, {"prompt": "hello 3", "category": "math/arith/x"},
+            {"prompt": "plain 4"}]
+    res = eval_json(model, draft, write_jsonl(tmp_path / "p.jsonl", rows), tmp_path / "eval.json")
+    cats = res["per_category"]
+    assert {g: c["prompts"] for g, c in cats.items()} == {"(none)": 1, "coding": 1, "gpteacher": 1, "math": 2}
+    assert sum(c["drafts"] for c in cats.values()) == res["drafts"] > 0
+    assert sum(c["accepted_tokens"] for c in cats.values()) == res["accepted_tokens"]
+    for c in cats.values():
+        assert c["accept_length"] == round(1 + c["accepted_tokens"] / c["drafts"], 4)
+    out = capsys.readouterr().out
+    table = out[out.index("category "):].splitlines()
+    assert table[0].split() == ["category", "prompts", "steps", "tau"] and len(table) == 5
+    assert table[4].split() == ["math", "2", str(cats["math"]["drafts"]), f"{cats['math']['accept_length']:.3f}"]
+    # the math group's figures are those of its two prompts decoded on their own
+    alone = eval_json(model, draft, write_jsonl(tmp_path / "m.jsonl", [rows[0], rows[4]]), tmp_path / "m.json")
+    assert (cats["math"]["drafts"], cats["math"]["accepted_tokens"]) == (alone["drafts"], alone["accepted_tokens"])
 
 
 def test_eval_counts_a_prompt_once_when_the_data_holds_two_answers(tmp_path):
-    from argparse import Namespace
-
-    from helpers import byte_tokenizer
-
-    from eyas.train.eval_cli import load_prompts
-
-    rows = [{"messages": [{"role": "user", "content": f"q{i % 3}"}, {"role": "assistant", "content": f"a{i}"}]}
-            for i in range(6)]
-    (tmp_path / "heldout.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    ids, _ = load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=10), byte_tokenizer())
-    assert len(ids) == 3 and len({tuple(i) for i in ids}) == 3
-    ids, _ = load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=2), byte_tokenizer())
-    assert len(ids) == 2
+    rows = [{"messages": [{"role": "user", "content": f"q{i % 3}"}, {"role": "assistant", "content": f"a{i}"}],
+             "source": "pydoc:os", "category": ["stem/mmlu/astronomy", None, None][i % 3]} for i in range(6)]
+    rows[2]["source"] = rows[5]["source"] = ""
+    write_jsonl(tmp_path / "heldout.jsonl", rows)
+    ids, _, groups = load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=10), byte_tokenizer())
+    assert len(ids) == 3 and len({tuple(i) for i in ids}) == 3 and groups == ["stem", "pydoc", None]
+    ids, _, groups = load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=2), byte_tokenizer())
+    assert len(ids) == 2 and len(groups) == 2

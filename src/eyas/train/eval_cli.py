@@ -2,7 +2,9 @@
 
 Reports acceptance length tau, acceptance rate, per-position acceptance, tokens/s with and
 without speculation and the speedup. Prompts come from a prepared data folder's held-out split
-(rendered with the chat settings the data was made with) or a JSONL/text file.
+(rendered with the chat settings the data was made with) or a JSONL/text file. Where the
+prompts carry a ``category`` (or at least a ``source``), tau is also reported per category: its
+first part, ``math/gsm8k`` -> ``math``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from pathlib import Path
 
 from ..errors import EyasError
+
+NONE = "(none)"  # the group of prompts without a category or source, where others have one
 
 
 def register(sub) -> None:
@@ -30,12 +34,45 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict]:
+def category_of(record) -> str | None:
+    """The group a prompt's tau is reported under: the first part of its ``category``
+    (``stem/mmlu/astronomy`` -> ``stem``), else its ``source`` (``pydoc:os`` -> ``pydoc``), else None."""
+    from ..data.mix import source_key
+
+    if not isinstance(record, dict):
+        return None
+    if record.get("category"):
+        return str(record["category"]).split("/")[0]
+    return source_key(record) if record.get("source") else None
+
+
+def _file_records(path: Path) -> list[tuple[list[dict], str | None]]:
+    from ..data.chat import normalize
+
+    out = []
+    for line in path.open():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = line.strip()
+        if isinstance(rec, str):
+            out.append(([{"role": "user", "content": rec}], None))
+        elif "prompt" in rec:
+            out.append(([{"role": "user", "content": str(rec["prompt"])}], category_of(rec)))
+        else:
+            out.append((normalize(rec), category_of(rec)))
+    return out
+
+
+def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | None]]:
+    """(token ids of each distinct prompt, the data's chat settings, each prompt's category or None)."""
     from ..data.chat import normalize, prompt_messages
     from ..data.regenerate import with_system
 
     chat: dict = {}
-    records: list[list[dict]] = []
+    records: list[tuple[list[dict], str | None]] = []
     if args.data:
         folder = Path(args.data)
         path = folder / "heldout.jsonl"
@@ -43,29 +80,20 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict]:
             raise EyasError(f"no heldout.jsonl in {folder}", "pass the folder written by `eyas prepare`")
         meta = folder / "meta.json"
         chat = json.loads(meta.read_text()).get("chat", {}) if meta.is_file() else {}
-        records = [normalize(json.loads(line)) for line in path.open() if line.strip()]
+        for line in path.open():
+            if line.strip():
+                rec = json.loads(line)
+                records.append((normalize(rec), category_of(rec)))
     elif args.prompts:
         path = Path(args.prompts)
         if not path.is_file():
             raise EyasError(f"no prompt file {path}", "pass a JSONL or text file")
-        for line in path.open():
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                rec = line.strip()
-            if isinstance(rec, str):
-                records.append([{"role": "user", "content": rec}])
-            elif "prompt" in rec:
-                records.append([{"role": "user", "content": str(rec["prompt"])}])
-            else:
-                records.append(normalize(rec))
+        records = _file_records(path)
     else:
         raise EyasError("no prompts given", "pass --data FOLDER (held-out split) or --prompts FILE")
     kw = chat.get("template_kwargs") or {}
-    ids, seen = [], set()
-    for msgs in records:  # a prompt counts once, also where the data holds several answers to it
+    ids, groups, seen = [], [], set()
+    for msgs, group in records:  # a prompt counts once, also where the data holds several answers to it
         if len(ids) >= args.num_prompts:
             break
         msgs = with_system(prompt_messages(msgs), chat.get("system_prompt"))
@@ -73,9 +101,10 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict]:
         if text not in seen:
             seen.add(text)
             ids.append(tokenizer(text, add_special_tokens=False).input_ids)
+            groups.append(group)
     if not ids:
         raise EyasError("the prompt set is empty", "check the file or folder")
-    return ids, chat
+    return ids, chat, groups
 
 
 def _decode(engine, prompts, params, batch_size):
@@ -85,7 +114,25 @@ def _decode(engine, prompts, params, batch_size):
     return outs, time.perf_counter() - t
 
 
-def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = False) -> dict:
+def per_category(outs, groups: list[str | None]) -> dict:
+    """{category: {prompts, drafts (verify steps), accepted_tokens, accept_length}}, by name; prompts
+    without a category are counted under ``NONE`` so the groups' steps add up to the total."""
+    from ..engine.stats import SpecStats
+
+    stats: dict[str, SpecStats] = {}
+    counts: dict[str, int] = {}
+    for o, g in zip(outs, groups, strict=True):
+        g = g or NONE
+        stats.setdefault(g, SpecStats()).add(o.stats)
+        counts[g] = counts.get(g, 0) + 1
+    return {g: {"prompts": counts[g], "drafts": s.drafts, "accepted_tokens": s.accepted,
+                "accept_length": round(s.accept_length, 4)} for g, s in sorted(stats.items())}
+
+
+def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = False,
+             groups: list[str | None] | None = None) -> dict:
+    """The figures over all prompts; with ``groups`` (a category or None per prompt, some not None)
+    also ``per_category``."""
     from ..engine.stats import SpecStats
     from ..pipeline import baseline_engine
 
@@ -100,6 +147,8 @@ def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = Fals
                     "num_draft_tokens": s.num_draft_tokens},
            "prompts": len(prompts), "output_tokens": n, "seconds": round(seconds, 2),
            "tokens_per_s": round(n / seconds, 2), **total.as_dict()}
+    if groups and any(g is not None for g in groups):
+        res["per_category"] = per_category(outs, groups)
     if baseline:
         plain = baseline_engine(engine)
         base, base_s = _decode(plain, prompts, params, batch_size)
@@ -111,6 +160,14 @@ def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = Fals
     return res
 
 
+def category_table(rows: dict) -> str:
+    """``per_category`` as a few aligned lines: category, prompts, verify steps, tau."""
+    w = max(len("category"), *map(len, rows))
+    lines = [f"{'category':<{w}}  prompts  steps    tau"]
+    lines += [f"{g:<{w}}  {r['prompts']:>7}  {r['drafts']:>5}  {r['accept_length']:>5.3f}" for g, r in rows.items()]
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     from ..engine.sampling import SamplingParams
     from ..pipeline import build_engine, engine_args_from
@@ -119,9 +176,9 @@ def run(args) -> int:
     if not engine.spec.speculative:
         raise EyasError("eval needs a draft: speculation is off for this target",
                         "pass --speculative-draft-model-path DRAFT (and --speculative-algorithm EAGLE3)")
-    prompts, chat = load_prompts(args, engine.target.tokenizer)
+    prompts, chat, groups = load_prompts(args, engine.target.tokenizer)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0)
-    res = evaluate(engine, prompts, params, args.batch_size, args.baseline)
+    res = evaluate(engine, prompts, params, args.batch_size, args.baseline, groups)
     res.update({"target": engine.target.name, "draft": getattr(engine.draft, "name_or_path", None),
                 "device": str(engine.device), "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                 "chat": chat})
@@ -130,6 +187,8 @@ def run(args) -> int:
     print(f"{res['output_tokens']} tokens at {res['tokens_per_s']:.1f} tok/s"
           + (f"; baseline {res['baseline_tokens_per_s']:.1f} tok/s, speedup {res['speedup']:.2f}x"
              if args.baseline else ""))
+    if "per_category" in res:
+        print(category_table(res["per_category"]))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")

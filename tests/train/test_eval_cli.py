@@ -79,3 +79,8 @@ def test_eval_counts_a_prompt_once_when_the_data_holds_two_answers(tmp_path):
     assert len(ids) == 3 and len({tuple(i) for i in ids}) == 3 and groups == ["stem", "pydoc", None]
     ids, _, groups = load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=2), byte_tokenizer())
     assert len(ids) == 2 and len(groups) == 2
+
+
+def test_eval_takes_a_builtin_prompt_set_named_by_its_set():
+    ids, _, groups = load_prompts(Namespace(data=None, prompts="all", num_prompts=4), byte_tokenizer())
+    assert len(ids) == 4 and groups == ["chat", "code", "reasoning", "chat"]

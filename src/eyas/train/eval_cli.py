@@ -2,9 +2,9 @@
 
 Reports acceptance length tau, acceptance rate, per-position acceptance, tokens/s with and
 without speculation and the speedup. Prompts come from a prepared data folder's held-out split
-(rendered with the chat settings the data was made with) or a JSONL/text file. Where the
-prompts carry a ``category`` (or at least a ``source``), tau is also reported per category: its
-first part, ``math/gsm8k`` -> ``math``.
+(rendered with the chat settings the data was made with), a JSONL/text file or a built-in set.
+Where the prompts carry a ``category`` (or at least a ``source``), tau is also reported per
+category: its first part, ``math/gsm8k`` -> ``math``; a built-in set's prompts carry its name.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def register(sub) -> None:
     p = sub.add_parser("eval", help="measure a draft's acceptance (tau) and speedup on held-out prompts")
     add_engine_arguments(p)
     p.add_argument("--data", default=None, help="folder from `eyas prepare`: its held-out prompts are used")
-    p.add_argument("--prompts", default=None, help="JSONL (messages/conversations/prompt) or text file, one per line")
+    p.add_argument("--prompts", default=None, help="JSONL (messages/conversations/prompt) or text file, one per "
+                   "line; or a built-in set: chat, code, reasoning, all")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -68,11 +69,13 @@ def _file_records(path: Path) -> list[tuple[list[dict], str | None]]:
 
 def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | None]]:
     """(token ids of each distinct prompt, the data's chat settings, each prompt's category or None)."""
+    from ..common.prompts import SETS, builtin_set
     from ..data.chat import normalize, prompt_messages
     from ..data.regenerate import with_system
 
     chat: dict = {}
     records: list[tuple[list[dict], str | None]] = []
+    builtin = builtin_set(args.prompts) if args.prompts else None
     if args.data:
         folder = Path(args.data)
         path = folder / "heldout.jsonl"
@@ -84,10 +87,13 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | Non
             if line.strip():
                 rec = json.loads(line)
                 records.append((normalize(rec), category_of(rec)))
+    elif builtin:
+        records = [([{"role": "user", "content": p}], name) for name, p in builtin]
     elif args.prompts:
         path = Path(args.prompts)
         if not path.is_file():
-            raise EyasError(f"no prompt file {path}", "pass a JSONL or text file")
+            raise EyasError(f"no prompt file {path}",
+                            f"pass a JSONL or text file, or a built-in set: {', '.join([*SETS, 'all'])}")
         records = _file_records(path)
     else:
         raise EyasError("no prompts given", "pass --data FOLDER (held-out split) or --prompts FILE")

@@ -6,8 +6,8 @@
 In one run: the device-to-device copy bandwidth, HF transformers ``generate`` (eager), eyas's
 native path eager (``--disable-cuda-graph``), with CUDA graphs but the torch ops in place of the
 Triton kernels (``EYAS_KERNELS=torch``), with the kernels but cuBLAS for every projection
-(``TritonOps.fused_linears = False``: the norms, the activation and the residual adds as separate
-kernels), the default without programmatic dependent launch (``TritonOps.pdl = False``), the step by
+(``KernelSettings.fused_linears`` off: the norms, the activation and the residual adds as separate
+kernels), the default without programmatic dependent launch (``KernelSettings.pdl`` off), the step by
 parts (``whole_step_graphs=False``: the mask, accept and commit launched around the target's
 graph), and the default
 (a decode step's projections as ``_linear_kernel``, every kernel launched dependent on the one
@@ -19,7 +19,6 @@ weights, embedding included, is recorded too.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -38,11 +37,12 @@ from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.models.kernel_choice import CHOICES
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.native import NativeTarget
 
-# row: (CUDA graphs, EYAS_KERNELS, one-row projections as _linear_kernel, dependent launch, the plain step as
-# one graph). "graphs-torch-ops": graphs without the Triton kernels, the kernels' effect side by side;
-# "graphs-by-parts": the target's graph with the mask, accept and commit around it from the host;
+# row: (CUDA graphs, the kernels' mode (as EYAS_KERNELS names it), one-row projections as _linear_kernel, dependent
+# launch, the plain step as one graph). "graphs-torch-ops": graphs without the Triton kernels, the kernels' effect
+# side by side; "graphs-by-parts": the target's graph with the mask, accept and commit around it from the host;
 # "graphs" is the default path.
 ROWS = {
     "eager": (False, "auto", True, True, True),
@@ -148,27 +148,25 @@ def main() -> None:
     target = NativeTarget(model, name="llama-3.1-8b-shape")
     target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_length})
     runs, tokens = {}, {}
-    from eyas.models.kernels.triton_ops import TritonOps
+    from eyas.models.kernels.triton_ops import failures
 
     for name in args.rows.split(","):
         graphs, ops_mode, fused, pdl, whole = ROWS[name]
-        os.environ["EYAS_KERNELS"] = ops_mode
-        TritonOps.fused_linears, TritonOps.pdl = fused, pdl
-        CHOICES.measure, CHOICES.picks = name != "graphs-default-kernels", {}
-        engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs, whole_step_graphs=whole)
+        kernels = KernelSettings(mode=ops_mode, measure=name != "graphs-default-kernels", fused_linears=fused, pdl=pdl)
+        CHOICES.picks = {}  # each row chooses afresh, not from the rows before it
+        engine = Engine(target, None, SpecConfig("NONE"), max_batch=1, cuda_graphs=graphs, whole_step_graphs=whole,
+                        kernels=kernels)
         tps, tokens[name] = eyas_decode_tps(engine, prompt, args.new_tokens, args.reps)
         tps = runs.get(name, {}).get("tok_s", []) + [round(x, 2) for x in tps]  # a row named again: interleaved
         runs[name] = {"tok_s": tps, "median": round(statistics.median(tps), 2),
                       "layout": engine.layout,  # and any kernel that fell back, so a row never hides one
-                      "kernel_failures": TritonOps.failures()}
+                      "kernel_failures": failures()}
         if graphs:
             runs[name]["graph_replay_ms_by_window"] = graph_replay_ms(engine)
             runs[name]["step_ms"] = round(1e3 / runs[name]["median"], 4)
         print(f"eyas native {name}: {statistics.median(tps):.1f} tok/s ({engine.layout}); one-token graph alone: "
               f"{runs[name].get('graph_replay_ms_by_window')} ms by window")
         del engine
-    os.environ.pop("EYAS_KERNELS")
-    TritonOps.fused_linears = TritonOps.pdl = True
     for name in runs:
         if "graphs" in tokens:
             runs[name]["tokens_equal_graphs"] = tokens[name] == tokens["graphs"]

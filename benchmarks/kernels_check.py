@@ -13,14 +13,18 @@ mismatch.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import torch
 from common import ROOT  # noqa: F401 - puts src on the path
 
-from eyas.models.kernels.triton_ops import TRITON, TritonOps
+from eyas.models.kernel_settings import KernelSettings
+from eyas.models.kernels.triton_ops import TritonOps, failures
 from eyas.models.ops import TORCH
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (6144, 4096), (4096, 14336)]  # (N, K); gate/up: 2N
+# every variant of the kernels, also those the engine leaves out
+TRITON = TritonOps(replace(KernelSettings.from_env(), row_prologues=True))
 
 
 def check(rows: int, n: int, k: int, dtype, kind: str) -> float:
@@ -41,7 +45,6 @@ def check(rows: int, n: int, k: int, dtype, kind: str) -> float:
 
 
 def main() -> int:
-    TritonOps.row_prologues = True  # every variant of the kernels, also those the engine leaves out
     bad = 0
     for dtype, tol in ((torch.bfloat16, 0.05), (torch.float32, 1e-4)):
         for rows in (1, 2, 8, 16, 48, 64):
@@ -53,8 +56,8 @@ def main() -> int:
                     if not ok or rows in (1, 48):
                         print(f"{'ok ' if ok else 'BAD'} {str(dtype)[6:]:>8} rows {rows:>2} {n:>5} x {k:>5} {kind:<9} "
                               f"max rel diff {err:.2e}")
-    print(f"kernel failures: {TritonOps.failures() or 'none'}; {bad} mismatches")
-    return 1 if bad or TritonOps.failures() else 0
+    print(f"kernel failures: {failures() or 'none'}; {bad} mismatches")
+    return 1 if bad or failures() else 0
 
 
 if __name__ == "__main__":

@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+from dataclasses import replace
 
 import torch
 from common import write
 
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.kernels import linear as kernels
-from eyas.models.kernels.triton_ops import TRITON, TritonOps
+from eyas.models.kernels.triton_ops import FAILURES, TritonOps
 from eyas.models.ops import TORCH
 
 # (name, N, K, kind): kind "norm" = rms_norm then linear; "add" = linear + residual; "norm_silu" = rms_norm,
@@ -100,7 +102,10 @@ def main() -> None:
     rows_kernel = args.rows > 1
     # the rows kernel with the norm and silu inside, or (--norm-apart, what the engine runs) the norm kernel
     # before it and silu inside
-    TritonOps.row_prologues = not args.norm_apart
+    settings = replace(KernelSettings.from_env(), row_prologues=not args.norm_apart)
+    fused_ops = TritonOps(settings)
+    cublas_ops = TritonOps(replace(settings, fused_linears=False))  # norm/silu kernels + cuBLAS
+    plain_ops = TritonOps(replace(settings, pdl=False))  # the kernels launched the plain way
     configs = kernels.LINEAR_ROWS_CONFIGS if rows_kernel else kernels.LINEAR_CONFIGS
     if rows_kernel and args.grid == ap.get_default("grid"):
         args.grid = "16,32,64;64,128,256;2,4;1,3"
@@ -118,15 +123,12 @@ def main() -> None:
                 default = default and kernels.linear_rows_config(args.rows, *key)[1:]
             configs[key] = default or (16, 256, 4, 2)  # timed even where the default is cuBLAS
             with torch.no_grad():
-                TritonOps.fused_linears = False
-                base = graph_us(lambda w, call=call: call(TRITON, w), ws, args.reps)  # norm/silu kernels + cuBLAS
-                TritonOps.fused_linears, TritonOps.pdl = True, False
-                plain = graph_us(lambda w, call=call: call(TRITON, w), ws, args.reps)  # launched the plain way
-                TritonOps.pdl = True
-                fused = graph_us(lambda w, call=call: call(TRITON, w), ws, args.reps)
-                if TritonOps.linear_failed:
-                    raise SystemExit(f"_linear_kernel failed for {name} ({n} x {k}): {TritonOps.linear_failed}")
-                want, got = call(TORCH, ws[0]), call(TRITON, ws[0])
+                base = graph_us(lambda w, call=call: call(cublas_ops, w), ws, args.reps)
+                plain = graph_us(lambda w, call=call: call(plain_ops, w), ws, args.reps)
+                fused = graph_us(lambda w, call=call: call(fused_ops, w), ws, args.reps)
+                if FAILURES.get("linear_failed"):
+                    raise SystemExit(f"_linear_kernel failed for {name} ({n} x {k}): {FAILURES['linear_failed']}")
+                want, got = call(TORCH, ws[0]), call(fused_ops, ws[0])
                 err = (got.float() - want.float()).abs().max().item()
                 row = {"model": model, "name": name, "n": n, "k": k, "kind": kind, "default_config": default,
                        "rows": args.rows, "config": configs[key], "cublas_us": round(base, 2),
@@ -142,12 +144,11 @@ def main() -> None:
                             continue
                         configs[key] = cfg
                         try:
-                            us = graph_us(lambda w, call=call: call(TRITON, w), ws, max(5, args.reps // 4))
+                            us = graph_us(lambda w, call=call: call(fused_ops, w), ws, max(5, args.reps // 4))
                         except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
-                            TritonOps.linear_failed = f"{type(e).__name__}: {e}"
-                        if TritonOps.linear_failed:  # the kernel fell back to cuBLAS inside: not this config's time
-                            print("  skip", cfg, TritonOps.linear_failed[:200])
-                            TritonOps.linear_failed = None
+                            FAILURES["linear_failed"] = f"{type(e).__name__}: {e}"
+                        if FAILURES.get("linear_failed"):  # the kernel fell back to cuBLAS inside: not its time
+                            print("  skip", cfg, FAILURES.pop("linear_failed")[:200])
                             continue
                         if best is None or us < best[1]:
                             best = (cfg, us)

@@ -11,7 +11,7 @@ HF-path baseline is recorded for reference.
 For each tree setting: tokens/s end to end and for decoding alone (prefill timed apart), the step's
 milliseconds, tau, per-position acceptance, speedup. Side by side in the same run: the baseline
 with its step by parts (``whole_step_graphs=False``), and the last setting by parts and
-with its several-row projections on cuBLAS (``TritonOps.row_linears = False``); ``--by-parts-specs``
+with its several-row projections on cuBLAS (``KernelSettings.row_linears`` off); ``--by-parts-specs``
 and ``--cublas-rows-specs`` pick other settings (none: nothing); ``--flip-prologues-specs`` runs
 settings with the norm and activation inside the several-row kernel flipped from the default,
 ``--flip-norm-apart-specs`` with the norm apart and silu inside it (or cuBLAS between the two) flipped.
@@ -30,6 +30,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 from common import chat_prompts, load_pair, sync, write
@@ -39,6 +40,7 @@ from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.models import kv_cache
 from eyas.models.kernel_choice import CHOICES
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.target import Target
 
 SAMPLING = {"temperature": 0.0, "top_p": 1.0}  # --temperature / --top-p
@@ -126,12 +128,12 @@ def main() -> None:
                     help="settings also run with the projections of several rows (verify, draft levels, extend) on "
                          "cuBLAS instead of _linear_rows_kernel; default: the last of --specs")
     ap.add_argument("--flip-prologues-specs", nargs="*", default=[],
-                    help="settings also run with TritonOps.row_prologues flipped from its default (the RMSNorm and "
-                         "silu(gate) * up inside _linear_rows_kernel, or as their own kernels around cuBLAS)")
+                    help="settings also run with KernelSettings.row_prologues flipped from its default (the RMSNorm "
+                         "and silu(gate) * up inside _linear_rows_kernel, or as their own kernels around cuBLAS)")
     ap.add_argument("--flip-norm-apart-specs", nargs="*", default=[],
-                    help="settings also run with TritonOps.row_norm_apart flipped from its default (a norm before a "
-                         "projection of several rows as its own kernel, then _linear_rows_kernel with silu(gate) * up "
-                         "inside; or the norm kernel, cuBLAS and the silu kernel)")
+                    help="settings also run with KernelSettings.row_norm_apart flipped from its default (a norm before "
+                         "a projection of several rows as its own kernel, then _linear_rows_kernel with silu(gate) * "
+                         "up inside; or the norm kernel, cuBLAS and the silu kernel)")
     ap.add_argument("--cublas-linears", action="store_true",
                     help="every projection on cuBLAS (no fused one-row _linear_kernel), for a side-by-side run")
     ap.add_argument("--kernels", choices=["measured", "default"], default="measured",
@@ -148,7 +150,7 @@ def main() -> None:
     SAMPLING.update(temperature=args.temperature, top_p=args.top_p)
     greedy = SamplingParams(**SAMPLING).greedy
     from eyas.models.kernels import linear as kernels
-    from eyas.models.kernels.triton_ops import TritonOps
+    from eyas.models.kernels.triton_ops import failures
 
     for path in args.linear_configs:
         for r in json.loads(open(path).read())["results"]:
@@ -156,18 +158,17 @@ def main() -> None:
                 table = kernels.LINEAR_ROWS_CONFIGS if r.get("rows", 1) > 1 else kernels.LINEAR_CONFIGS
                 table[(r["n"], r["k"], 2)] = tuple(r["sweep_best"]["config"])
 
-    TritonOps.fused_linears, TritonOps.pdl = not args.cublas_linears, not args.no_pdl
-    CHOICES.measure = args.kernels == "measured"
-    TritonOps.row_linears = not args.cublas_linears
+    ops = replace(KernelSettings.from_env(), measure=args.kernels == "measured", fused_linears=not args.cublas_linears,
+                  row_linears=not args.cublas_linears, pdl=not args.no_pdl)  # every engine's, unless a run flips one
 
     target, draft = load_pair(args.model_path, args.draft, device=args.device)
     prompts = chat_prompts(target.tokenizer, args.prompts, args.num_prompts)
     # the step by parts (the baseline before engine/decode.py), and the prefill before engine/prefill.py
-    parts = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1, whole_step_graphs=False), prompts,
-                    args.new_tokens)
-    eager_prefill = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1, prefill_graphs=False), prompts,
-                            args.new_tokens)
-    base = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1), prompts, args.new_tokens)
+    parts = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1, whole_step_graphs=False, kernels=ops),
+                    prompts, args.new_tokens)
+    eager_prefill = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1, prefill_graphs=False, kernels=ops),
+                            prompts, args.new_tokens)
+    base = run_all(Engine(target, None, SpecConfig("NONE"), max_batch=1, kernels=ops), prompts, args.new_tokens)
     print(f"baseline (native, graphs): {base['tok_s']} tok/s (decode {base['decode_tok_s']}, prefill "
           f"{base['prefill_ms_median']} ms); step by parts: {parts['tok_s']} tok/s (decode {parts['decode_tok_s']}); "
           f"eager prefill: {eager_prefill['tok_s']} tok/s (prefill {eager_prefill['prefill_ms_median']} ms)")
@@ -179,9 +180,9 @@ def main() -> None:
     results = {}
     by_parts = args.specs[-1:] if args.by_parts_specs is None else args.by_parts_specs
     cublas_rows = args.specs[-1:] if args.cublas_rows_specs is None else args.cublas_rows_specs
-    prologues = TritonOps.row_prologues
+    prologues = ops.row_prologues
     flipped = f"row prologues {'off' if prologues else 'on'}"
-    apart = TritonOps.row_norm_apart
+    apart = ops.row_norm_apart
     flipped_apart = f"norm apart {'off' if apart else 'on'}"
     for text in (args.specs + [f"{t} by parts" for t in by_parts] + [f"{t} cublas rows" for t in cublas_rows]
                  + [f"{t} eager prefill" for t in args.eager_prefill_specs]
@@ -190,13 +191,11 @@ def main() -> None:
         steps, topk, tokens = (int(x) for x in text.split()[0].split(","))
         routes = {"whole_step_graphs": not text.endswith("by parts"),
                   "prefill_graphs": not text.endswith("eager prefill")}
-        TritonOps.row_linears = not text.endswith("cublas rows") and not args.cublas_linears
-        TritonOps.row_prologues = prologues != text.endswith(flipped)
-        TritonOps.row_norm_apart = apart != text.endswith(flipped_apart)
-        r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1, **routes), prompts,
-                    args.new_tokens)
-        TritonOps.row_linears = not args.cublas_linears
-        TritonOps.row_prologues, TritonOps.row_norm_apart = prologues, apart
+        kernels = replace(ops, row_linears=ops.row_linears and not text.endswith("cublas rows"),
+                          row_prologues=prologues != text.endswith(flipped),
+                          row_norm_apart=apart != text.endswith(flipped_apart))
+        r = run_all(Engine(target, draft, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1, kernels=kernels,
+                           **routes), prompts, args.new_tokens)
         same = [o == b for o, b in zip(r["outputs"], base["outputs"])] if greedy else [False]
         diffs = [first_difference(target, p, b, o) for p, b, o, s in zip(prompts, base["outputs"], r["outputs"], same)
                  if not s] if greedy else None
@@ -211,10 +210,10 @@ def main() -> None:
     if args.fp32_prompts and greedy:
         t32, d32 = load_pair(args.model_path, args.draft, dtype="float32", device=args.device)
         few = prompts[: args.fp32_prompts]
-        b32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1), few, 128)
+        b32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1, kernels=ops), few, 128)
         steps, topk, tokens = (int(x) for x in args.specs[-1].split(","))
-        s32 = run_all(Engine(t32, d32, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1), few, 128)
-        e32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1, prefill_graphs=False), few, 128)
+        s32 = run_all(Engine(t32, d32, SpecConfig("EAGLE3", steps, topk, tokens), max_batch=1, kernels=ops), few, 128)
+        e32 = run_all(Engine(t32, None, SpecConfig("NONE"), max_batch=1, prefill_graphs=False, kernels=ops), few, 128)
         fp32 = {"spec": args.specs[-1], "prompts": len(few),
                 "identical": sum(a == b for a, b in zip(b32["outputs"], s32["outputs"])),
                 "baseline_identical_with_eager_prefill": sum(a == b for a, b in zip(b32["outputs"], e32["outputs"])),
@@ -233,7 +232,7 @@ def main() -> None:
         "baseline_outputs_equal_by_parts": base["outputs"] == parts["outputs"],
         "baseline_generic_hf_path": hf and {k: v for k, v in hf.items() if k != "outputs"},
         "eagle3": results, "best_speedup": best["speedup"], "fp32_lossless": fp32,
-        "kernel_failures": TritonOps.failures(),  # any kernel that fell back in this process
+        "kernel_failures": failures(),  # any kernel that fell back in this process
     })
 
 

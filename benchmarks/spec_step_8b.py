@@ -18,6 +18,7 @@ import argparse
 import gc
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 from common import llama31_8b_config, qwen3_8b_config, random_model, sync, write
@@ -27,6 +28,7 @@ from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.models.draft import Eagle3Draft
 from eyas.models.kernel_choice import CHOICES
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.native import NativeTarget
 from eyas.models.target import Target
 
@@ -55,8 +57,9 @@ def step_ms(engine: Engine, batch_size: int, context: int, steps: int, vocab: in
     return statistics.median(times), gained
 
 
-def measure(shape: str, model, args) -> dict:
-    """Every setting's step for one target ``model`` (an HF causal LM of the shape named ``shape``)."""
+def measure(shape: str, model, args, kernels: KernelSettings) -> dict:
+    """Every setting's step for one target ``model`` (an HF causal LM of the shape named ``shape``), the
+    engine's kernels under ``kernels``."""
     base = Target(model, name=f"{shape}-shape")
     target = NativeTarget.from_target(base)
     target.info = type(target.info)(**{**target.info.__dict__, "max_context": args.context_limit})
@@ -66,7 +69,7 @@ def measure(shape: str, model, args) -> dict:
     for text in ["none", *args.specs]:
         spec = SpecConfig("NONE") if text == "none" else SpecConfig("EAGLE3", *(int(x) for x in text.split(",")))
         start = time.perf_counter()
-        engine = Engine(target, None if text == "none" else draft, spec, max_batch=max(args.batches))
+        engine = Engine(target, None if text == "none" else draft, spec, max_batch=max(args.batches), kernels=kernels)
         warm = engine.warm_up(progress=False)
         built = time.perf_counter() - start
         with torch.inference_mode():
@@ -108,8 +111,8 @@ def main() -> None:
     ap.add_argument("--default-kernels", action="store_true",
                     help="the built-in kernel choice for every shape, none timed (the comparison run)")
     args = ap.parse_args()
-    CHOICES.measure = not args.default_kernels
-    results = {shape: measure(shape, random_model(SHAPES[shape]()), args) for shape in args.shapes}
+    kernels = replace(KernelSettings.from_env(), measure=not args.default_kernels)
+    results = {shape: measure(shape, random_model(SHAPES[shape]()), args, kernels) for shape in args.shapes}
     write(args.out, "a whole speculative step at 8B shape against the plain step (median ms, random weights)", {
         "settings": vars(args), "kernels": CHOICES.summary() or "built-in defaults, none timed",
         "kernel_choices": dict(CHOICES.picks), "kernel_timings_us": CHOICES.timings, "steps": results,

@@ -16,19 +16,22 @@ side: the projections' built-in kernel choice, then each shape's fastest as time
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 from common import llama31_8b_config, qwen3_8b_config, random_model, summary, time_ms, write
 
 from eyas.models.kernel_choice import CHOICES
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.native import NativeTarget, PoolPlan
 from eyas.models.target import Target
 
 
-def curve(target: NativeTarget, contexts: list[int], ks: list[int], reps: int, graphs: bool) -> dict:
+def curve(target: NativeTarget, contexts: list[int], ks: list[int], reps: int, graphs: bool,
+          kernels: KernelSettings) -> dict:
     per_slot = target.bytes_per_slot()
     plan = PoolPlan(1, max(contexts) + 2 * max(ks), (max(contexts) + 2 * max(ks)) * per_slot)
-    pool = target.new_pool(plan, [1], ks, graphs, capture_aux=True)
+    pool = target.new_pool(plan, [1], ks, graphs, capture_aux=True, kernels=kernels)
     pool.n = 1
     dev, vocab = target.device, target.info.vocab_size
     out = {}
@@ -77,10 +80,11 @@ def main() -> None:
     results, k16 = {}, {}
     for kernels in args.kernels:
         print(f"projection kernels: {kernels}")
-        CHOICES.measure, CHOICES.picks = kernels == "measured", {}
+        CHOICES.picks = {}  # each run chooses afresh, not from the one before it
+        settings = replace(KernelSettings.from_env(), measure=kernels == "measured")
         with torch.inference_mode():
             modes = ("graphs", "eager") if kernels == args.kernels[-1] else ("graphs",)
-            results[kernels] = {mode: curve(target, args.contexts, args.ks, args.reps, mode == "graphs")
+            results[kernels] = {mode: curve(target, args.contexts, args.ks, args.reps, mode == "graphs", settings)
                                 for mode in modes}
         k16[kernels] = {ctx: results[kernels]["graphs"][str(ctx)].get("16", {}).get("relative")
                         for ctx in args.contexts}

@@ -9,14 +9,17 @@ only (a ``NativeTarget``): they size the preallocated KV caches, say whether for
 cap the batch sizes that have graphs (larger batches run eagerly), and bound the caches' memory
 (``models.native.kv_budget``). ``whole_step_graphs`` and ``prefill_graphs`` pick a route, for
 benchmarks that compare them side by side: False runs the step by parts (``engine/decode.py`` not
-used) or the prompts' prefill eagerly (``engine/prefill.py`` not used).
+used) or the prompts' prefill eagerly (``engine/prefill.py`` not used). ``kernels`` says which kernels
+the native path's forwards run (``models.kernel_settings``); left out, ``EYAS_KERNELS`` picks their mode,
+read here, once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .errors import EyasError
+from .models.kernel_settings import KernelSettings
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class EngineConfig:
     mem_fraction_static: float | None = None  # weights + KV pools within this share of the GPU's memory
     whole_step_graphs: bool = True  # a step as one graph (engine/decode.py); False: by parts
     prefill_graphs: bool = True  # short prompts prefilled from graphs (engine/prefill.py); False: eagerly
+    kernels: KernelSettings = field(default_factory=KernelSettings.from_env)  # the Triton kernels' settings
 
     def __post_init__(self):
         if self.max_batch < 1:

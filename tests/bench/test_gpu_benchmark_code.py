@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.native import NativeTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -21,7 +22,7 @@ def test_verify_cost_curve_runs_eager_and_on_graph_buffers():
     target = NativeTarget(LlamaForCausalLM(cfg).eval())
     with torch.inference_mode():
         for graphs in (True, False):
-            out = verify_cost.curve(target, [16, 40], [1, 4], reps=1, graphs=graphs)
+            out = verify_cost.curve(target, [16, 40], [1, 4], reps=1, graphs=graphs, kernels=KernelSettings())
             assert set(out) == {"16", "40"} and set(out["16"]) == {"1", "4"}
             assert out["40"]["1"]["relative"] == 1.0 and out["40"]["4"]["median"] > 0
             # the pool built the rope table, so on a GPU this forward takes the engine's kernels, not the
@@ -39,7 +40,7 @@ def test_spec_step_8b_measures_every_setting_against_the_plain_step():
                       num_key_value_heads=1, max_position_embeddings=256)
     args = argparse.Namespace(specs=["2,2,4", "3,1,4"], batches=[1, 2], context=12, context_limit=128, steps=3,
                               draft_vocab=48, taus=[3.0])
-    rows = spec_step_8b.measure("tiny", LlamaForCausalLM(cfg).eval(), args)
+    rows = spec_step_8b.measure("tiny", LlamaForCausalLM(cfg).eval(), args, KernelSettings())
     assert {"none batch 1", "none batch 2", "2,2,4 batch 1", "3,1,4 batch 2", "3,1,4 build"} <= set(rows)
     row = rows["2,2,4 batch 2"]
     assert row["step_ms"] > 0 and row["tokens_per_row_per_step"] >= 1

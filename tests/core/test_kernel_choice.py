@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from eyas.models.kernel_choice import KernelChoices, row_bucket, shape_key
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.ops import TORCH
 
 kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")
@@ -27,6 +28,16 @@ class FakeTimer:
         name = fn()
         self.calls.append(name)
         return self.us[name]
+
+
+class Spy:
+    """``TritonOps._linear_rows`` that records the tile each call launches with."""
+
+    def __init__(self, real):
+        self.real, self.tiles = real, []
+
+    def __get__(self, ops, owner):
+        return lambda *a: (self.tiles.append(a[-1]), self.real(ops, *a))[1]
 
 
 def candidates(*names):
@@ -82,13 +93,21 @@ def test_a_failing_candidate_is_skipped_and_a_corrupt_file_is_timed_again(tmp_pa
     assert c.pick("k2", candidates("broken"), GPU) == "broken"  # one candidate: nothing to time
 
 
-def test_nothing_is_timed_off_a_gpu_or_when_measuring_is_off(tmp_path):
+def test_nothing_is_timed_off_a_gpu_or_when_measuring_is_off(tmp_path, monkeypatch):
     timer = FakeTimer({"a": 9.0, "b": 1.0})
-    assert choices(tmp_path, timer).pick("k", candidates("a", "b"), torch.device("cpu")) == "a"
-    off = KernelChoices(tmp_path, measure=False, timer=timer, machine=lambda d: "FakeGPU")
-    assert off.pick("k", candidates("a", "b"), GPU) == "a"
+    off_gpu = choices(tmp_path, timer)
+    assert off_gpu.pick("k", candidates("a", "b"), torch.device("cpu")) == "a"
     assert timer.calls == [] and not (tmp_path / "kernel-choices.json").exists()
-    assert off.summary() is None
+    assert off_gpu.summary() is None
+    chosen = KernelChoices(tmp_path, timer=timer, machine=lambda d: "FakeGPU")
+    chosen.picks[shape_key(3, 72, 200, torch.float32, "add")] = "cublas"  # what measuring would run
+    monkeypatch.setattr(kernels, "CHOICES", chosen)
+    spy = Spy(kernels.TritonOps._linear_rows)
+    monkeypatch.setattr(kernels.TritonOps, "_linear_rows", spy)
+    x, w, res = torch.randn(3, 200), torch.randn(72, 200) / 200 ** 0.5, torch.randn(3, 72)
+    got = kernels.TritonOps(KernelSettings(measure=False)).linear_add(res, x, w)  # the built-in tile, not the pick
+    torch.testing.assert_close(got, TORCH.linear_add(res, x, w), rtol=1e-5, atol=1e-5)
+    assert spy.tiles == [next(iter(kernels.linear_candidates(3, 72, 200, 4).values()))] and timer.calls == []
 
 
 def test_row_buckets_follow_the_rows_kernel_tiles():
@@ -114,7 +133,7 @@ def test_candidates_put_the_built_in_default_first():
 def test_triton_ops_run_what_was_chosen(which, tmp_path, monkeypatch):
     """A choice routes the projection: cuBLAS never launches the rows kernel; a tile choice launches it
     with that tile; either way the result is the torch op's."""
-    chosen = KernelChoices(tmp_path, measure=False)
+    chosen = KernelChoices(tmp_path)
     monkeypatch.setattr(kernels, "CHOICES", chosen)
     torch.manual_seed(3)
     x, w = torch.randn(5, 200), torch.randn(72, 200) / 200 ** 0.5
@@ -122,17 +141,11 @@ def test_triton_ops_run_what_was_chosen(which, tmp_path, monkeypatch):
     configs = kernels.linear_candidates(5, 72, 200, 4)
     pick = list(configs)[which]
     chosen.picks[shape_key(5, 72, 200, torch.float32, "add")] = pick
-    tiles = []
-    real = kernels.TritonOps._linear_rows
-
-    def spy(self, *a):
-        tiles.append(a[-1])
-        return real(self, *a)
-
+    spy = Spy(kernels.TritonOps._linear_rows)
     monkeypatch.setattr(kernels.TritonOps, "_linear_rows", spy)
-    got = kernels.TRITON.linear_add(res, x, w)
+    got = kernels.TritonOps().linear_add(res, x, w)
     torch.testing.assert_close(got, TORCH.linear_add(res, x, w), rtol=1e-5, atol=1e-5)
-    assert tiles == ([] if pick == "cublas" else [configs[pick]])
+    assert spy.tiles == ([] if pick == "cublas" else [configs[pick]])
 
 
 def test_timing_a_fused_projection_never_meets_another_choice(tmp_path, monkeypatch):
@@ -152,7 +165,7 @@ def test_timing_a_fused_projection_never_meets_another_choice(tmp_path, monkeypa
     torch.manual_seed(4)
     x, w = torch.randn(3, 64), torch.randn(2 * 40, 64) / 8
     out = []
-    worker = threading.Thread(target=lambda: out.append(kernels.TRITON.linear_silu(x, w)), daemon=True)
+    worker = threading.Thread(target=lambda: out.append(kernels.TritonOps().linear_silu(x, w)), daemon=True)
     worker.start()
     worker.join(120)
     assert not worker.is_alive(), "choosing gate/up's kernel hung"

@@ -7,6 +7,7 @@ kernel code, its loads, masks, strides and stores, executed program by program o
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,41 +20,39 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
+from eyas.engine_config import EngineConfig
 from eyas.errors import EyasError
 from eyas.models import kv_cache
-from eyas.models.kernel_choice import CHOICES
+from eyas.models.kernel_settings import KernelSettings
 from eyas.models.llama import RopeTable
 from eyas.models.native import NativeTarget
 from eyas.models.static_cache import StaticKV
-from eyas.spec.ops import TORCH, ops_for
+from eyas.spec.ops import TORCH, kernel_ops, ops_for
 
 kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")
 from eyas.models.kernels import linear
 from eyas.spec import tree_kernels
 
-TRITON = tree_kernels.TRITON
+# On a GPU each projection shape runs the kernel ``kernel_choice`` timed fastest, often cuBLAS; these tests
+# check eyas's own kernels, so they take the built-in choice there (``measure``), as on the CPU.
+SETTINGS = KernelSettings(measure=False)
+FORCED = replace(SETTINGS, mode="triton")  # the kernels on the CPU too, and their errors stand
+TRITON = tree_kernels.SpecTritonOps(SETTINGS)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: Triton's interpreter
 
 
-
-@pytest.fixture(autouse=True)
-def built_in_kernels():
-    """On a GPU each projection shape runs the kernel ``kernel_choice`` timed fastest, often cuBLAS; these
-    tests check eyas's own kernels, so each takes the built-in choice there, as on the CPU. (Not through
-    ``monkeypatch``: that would undo the tests' own patches only after ``no_kernel_fell_back`` looked.)"""
-    measure, picks = CHOICES.measure, CHOICES.picks
-    CHOICES.measure, CHOICES.picks = False, {}
-    yield
-    CHOICES.measure, CHOICES.picks = measure, picks
+def ops_with(**changes) -> tree_kernels.SpecTritonOps:
+    """The kernels under ``SETTINGS`` with ``changes`` (``row_linears=False``, ``mode="triton"``...)."""
+    return tree_kernels.SpecTritonOps(replace(SETTINGS, **changes))
 
 
 @pytest.fixture(autouse=True)
 def no_kernel_fell_back():
     """A kernel that raised falls back to the torch op it replaces (``TritonOps._or_torch``), which
     would make its comparison here pass without it: every test must end with no family fallen back
-    (the tests that make one fail on purpose restore the flags through ``monkeypatch`` first)."""
+    (the tests that make one fail on purpose restore ``FAILURES`` through ``monkeypatch`` first)."""
     yield
-    assert kernels.TritonOps.failures() == {}
+    assert kernels.failures() == {}
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [64, 576, 100])
@@ -149,12 +148,12 @@ def test_linear_silu_matches_torch(dtype, inter, k, norm, bias):
 @pytest.mark.parametrize("rows", [(2,), (1, 7), (3, 16), (1, 64)])  # a pair of rows; an extend; a verify of 48; 64
 @pytest.mark.parametrize("kind", ["norm", "norm-bias", "residual", "silu-norm", "silu-bias"])
 @pytest.mark.parametrize("norm_inside", [False, True])
-def test_linear_rows_match_torch(dtype, rows, kind, norm_inside, monkeypatch):
+def test_linear_rows_match_torch(dtype, rows, kind, norm_inside):
     """A few rows at once (a tree's verify, a draft level, the draft extend) through
     ``_linear_rows_kernel``: the bias, the residual or silu(gate) * up inside, the norm as its own
     kernel before it (the default, ``row_norm_apart``) or inside (``row_prologues``, as the benchmarks
     time it), ragged blocks of rows, columns and K (SmolLM2's 576)."""
-    monkeypatch.setattr(kernels.TritonOps, "row_prologues", norm_inside)
+    ops = ops_with(row_prologues=norm_inside)
     torch.manual_seed(8)
     silu = kind.startswith("silu")
     n, k = (40, 576) if silu else (72, 200)
@@ -169,13 +168,13 @@ def test_linear_rows_match_torch(dtype, rows, kind, norm_inside, monkeypatch):
             launched.append(grid), kernel[grid])[1]})())
         if kind == "residual":
             res = torch.randn(*rows, n, dtype=dtype, device=DEVICE) * 4
-            got, want = TRITON.linear_add(res, x, w), TORCH.linear_add(res, x, w)
+            got, want = ops.linear_add(res, x, w), TORCH.linear_add(res, x, w)
         elif silu:
-            got = TRITON.linear_silu(x, w, b, nrm)
+            got = ops.linear_silu(x, w, b, nrm)
             want = TORCH.linear_silu(x.float(), w.float(), None if b is None else b.float(),
                                      nrm and (nrm[0].float(), nrm[1])).to(dtype)  # see test_linear_silu_matches_torch
         else:
-            got, want = TRITON.linear(x, w, b, nrm), TORCH.linear(x, w, b, nrm)
+            got, want = ops.linear(x, w, b, nrm), TORCH.linear(x, w, b, nrm)
     assert launched and got.shape == want.shape == (*rows, n) and got.dtype == dtype
     loose = silu and dtype == torch.bfloat16  # the normed row, gate and up each rounded: a few ulps of 576 terms
     torch.testing.assert_close(got, want, **(dict(rtol=0.04, atol=0.1) if loose else _tol(dtype)))
@@ -186,31 +185,31 @@ def test_linear_kernels_take_up_to_64_rows(monkeypatch):
     cuBLAS; one row is ``_linear_kernel``'s, 2 to 64 ``_linear_rows_kernel``'s."""
     monkeypatch.setattr(kernels, "_linear_kernel", CannotCompile())
     monkeypatch.setattr(kernels, "_linear_rows_kernel", CannotCompile())
-    monkeypatch.setenv("EYAS_KERNELS", "triton")  # a launch would raise
+    ops = ops_with(mode="triton")  # a launch would raise
     x, w = torch.randn(2, 32, device=DEVICE), torch.randn(24, 32, device=DEVICE)
     with pytest.raises(RuntimeError, match="no kernel for this GPU"):
-        TRITON.linear(x, w)
+        ops.linear(x, w)
     many = torch.randn(kernels.ROWS_MAX + 1, 32, device=DEVICE)
-    assert torch.equal(TRITON.linear(many, w), TORCH.linear(many, w))
+    assert torch.equal(ops.linear(many, w), TORCH.linear(many, w))
     norm = (torch.rand(32, device=DEVICE) + 0.5, 1e-5)  # the norm apart (its kernel), then the rows kernel
     with pytest.raises(RuntimeError, match="no kernel for this GPU"):
-        TRITON.linear(x, w, None, norm)
+        ops.linear(x, w, None, norm)
     with pytest.raises(RuntimeError, match="no kernel for this GPU"):
-        TRITON.linear_silu(x, w, None, norm)
-    monkeypatch.setattr(kernels.TritonOps, "row_norm_apart", False)  # the path before: norm kernel + cuBLAS (+ silu)
-    torch.testing.assert_close(TRITON.linear(x, w, None, norm), TORCH.linear(x, w, None, norm))  # the norm's rounding
-    torch.testing.assert_close(TRITON.linear_silu(x, w, None, norm), TORCH.linear_silu(x, w, None, norm))  # silu kernel
-    monkeypatch.setattr(kernels.TritonOps, "row_linears", False)
-    assert torch.equal(TRITON.linear(x, w), TORCH.linear(x, w))
+        ops.linear_silu(x, w, None, norm)
+    ops = ops_with(mode="triton", row_norm_apart=False)  # the path before: norm kernel + cuBLAS (+ silu)
+    torch.testing.assert_close(ops.linear(x, w, None, norm), TORCH.linear(x, w, None, norm))  # the norm's rounding
+    torch.testing.assert_close(ops.linear_silu(x, w, None, norm), TORCH.linear_silu(x, w, None, norm))  # silu kernel
+    ops = ops_with(mode="triton", row_norm_apart=False, row_linears=False)
+    assert torch.equal(ops.linear(x, w), TORCH.linear(x, w))
     head = torch.randn(16384, 32, device=DEVICE)
     assert linear.linear_config(16384, 32, 4) is None
-    assert torch.equal(TRITON.linear(x[:1], head), TORCH.linear(x[:1], head))
+    assert torch.equal(ops.linear(x[:1], head), TORCH.linear(x[:1], head))
     with pytest.raises(RuntimeError, match="no kernel for this GPU"):
-        TRITON.linear(x[:1], w)
+        ops.linear(x[:1], w)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a wrong width is torch's error, not a stray read
-        TRITON.linear(x[:1, :31], w)
-    monkeypatch.setattr(kernels.TritonOps, "fused_linears", False)
-    assert torch.equal(TRITON.linear(x[:1], w), TORCH.linear(x[:1], w))
+        ops.linear(x[:1, :31], w)
+    ops = ops_with(mode="triton", row_norm_apart=False, row_linears=False, fused_linears=False)
+    assert torch.equal(ops.linear(x[:1], w), TORCH.linear(x[:1], w))
 
 
 HOPPER_COMPILE = """
@@ -536,10 +535,9 @@ def test_block_mask_kernel_matches_torch(dtype, width, window, prefix):
 
 def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     """The drafter's kernel failing leaves the forward's kernels on."""
-    monkeypatch.setattr(kernels.TritonOps, "failed", None)
-    monkeypatch.setattr(kernels.TritonOps, "top_children_failed", None)
+    monkeypatch.setitem(kernels.FAILURES, "failed", None)
+    monkeypatch.setitem(kernels.FAILURES, "top_children_failed", None)
     monkeypatch.setattr(tree_kernels, "_top_children_kernel", CannotCompile())
-    monkeypatch.setenv("EYAS_KERNELS", "auto")
     x = torch.randn(2, 3, 500, device=DEVICE)
     to_target = torch.arange(500, device=DEVICE) + 7
     with caplog.at_level("WARNING", logger="eyas.kernels"):
@@ -547,27 +545,26 @@ def test_top_children_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     want = TORCH.top_children(x, 4, to_target)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert "top_children kernel failed (RuntimeError: no kernel for this GPU)" in caplog.text
-    assert kernels.TritonOps.failed is None  # rms_norm, rope_store, attend: still the kernels
+    assert kernels.FAILURES["failed"] is None  # rms_norm, rope_store, attend: still the kernels
 
 
 def test_linear_kernel_that_cannot_run_falls_back_alone(monkeypatch, caplog):
     """A GPU where the one-row projection kernel cannot compile keeps cuBLAS for the projections and
     the other kernels for the rest."""
-    monkeypatch.setattr(kernels.TritonOps, "failed", None)
-    monkeypatch.setattr(kernels.TritonOps, "linear_failed", None)
+    monkeypatch.setitem(kernels.FAILURES, "failed", None)
+    monkeypatch.setitem(kernels.FAILURES, "linear_failed", None)
     monkeypatch.setattr(kernels, "_linear_kernel", CannotCompile())
-    monkeypatch.setenv("EYAS_KERNELS", "auto")
     x, w, res = torch.randn(1, 32, device=DEVICE), torch.randn(48, 32, device=DEVICE), torch.randn(1, 24, device=DEVICE)
     with caplog.at_level("WARNING", logger="eyas.kernels"):
         got = TRITON.linear_silu(x, w)
     torch.testing.assert_close(got, TORCH.linear_silu(x, w))  # cuBLAS, then the silu kernel
     torch.testing.assert_close(TRITON.linear_add(res, got, w[:24, :24]), TORCH.linear_add(res, got, w[:24, :24]))
     assert "linear kernel failed (RuntimeError: no kernel for this GPU); projections use cuBLAS" in caplog.text
-    assert kernels.TritonOps.failed is None and kernels.TritonOps.linear_failed
+    assert kernels.FAILURES["failed"] is None and kernels.FAILURES["linear_failed"]
 
 
 def test_a_kernel_that_cannot_run_falls_back_to_the_torch_ops(monkeypatch, caplog):
-    monkeypatch.setattr(kernels.TritonOps, "failed", None)
+    monkeypatch.setitem(kernels.FAILURES, "failed", None)
     monkeypatch.setattr(kernels, "_attend_kernel", CannotCompile())
     torch.manual_seed(4)
     q = torch.randn(1, 2, 6, 16).to(DEVICE)  # 4 query heads, 2 KV heads, 3 tokens, folded
@@ -575,11 +572,9 @@ def test_a_kernel_that_cannot_run_falls_back_to_the_torch_ops(monkeypatch, caplo
     mask = kv_cache.additive(torch.rand(1, 3, 10, device=DEVICE) < 0.7, torch.float32)
     heads = (4, 2, 16)
     want = TORCH.attend(q, keys, values, TORCH.fold_mask(mask, 2), 0.25, heads)
-    monkeypatch.setenv("EYAS_KERNELS", "triton")  # forced: the error stands
     with pytest.raises(RuntimeError, match="no kernel for this GPU"):
-        TRITON.attend(q, keys, values, mask, 0.25, heads)
-    assert kernels.TritonOps.failed is None
-    monkeypatch.setenv("EYAS_KERNELS", "auto")
+        ops_with(mode="triton").attend(q, keys, values, mask, 0.25, heads)  # forced: the error stands
+    assert kernels.FAILURES["failed"] is None
     with caplog.at_level("WARNING", logger="eyas.kernels"):
         got = TRITON.attend(q, keys, values, mask, 0.25, heads)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
@@ -594,16 +589,15 @@ def test_a_dependent_launch_that_fails_falls_back_to_the_plain_launch(monkeypatc
     once, with the same result, and the failure is recorded for the benchmarks."""
     real = kernels._pdl
     assert not real(torch.device("cpu"))  # the plain launch off the GPU
-    monkeypatch.setattr(kernels.TritonOps, "pdl_failed", None)
-    monkeypatch.setattr(kernels, "_pdl", lambda device: kernels.TritonOps.pdl_failed is None)
-    monkeypatch.delenv("EYAS_KERNELS", raising=False)
+    monkeypatch.setitem(kernels.FAILURES, "pdl_failed", None)
+    monkeypatch.setattr(kernels, "_pdl", lambda device: kernels.FAILURES["pdl_failed"] is None)
     x, w = torch.randn(3, 96, device=DEVICE), torch.randn(96, device=DEVICE)
     with caplog.at_level("WARNING", logger="eyas.kernels"):
         got = TRITON.rms_norm(x, w, 1e-6)
     torch.testing.assert_close(got, TORCH.rms_norm(x, w, 1e-6), **_tol(torch.float32))
     if DEVICE == "cpu":
         assert "programmatic dependent launch failed" in caplog.text
-        assert "pdl_failed" in kernels.TritonOps.failures() and kernels.TritonOps.failed is None
+        assert "pdl_failed" in kernels.failures() and not kernels.FAILURES.get("failed")
     torch.testing.assert_close(TRITON.rms_norm(x, w, 1e-6), got, atol=0, rtol=0)  # plain from now on (CPU)
     if DEVICE == "cpu":  # on a GPU whose PDL works nothing failed, and it stays on
         assert not real(torch.device(DEVICE))
@@ -613,39 +607,56 @@ def test_a_kernel_that_cannot_run_leaves_dependent_launch_on(monkeypatch, caplog
     """A kernel that fails with and without programmatic dependent launch is the kernel's failure:
     it falls back alone, and the other kernels keep launching with PDL (before, its failed PDL launch
     turned PDL off for the whole process)."""
-    monkeypatch.setattr(kernels.TritonOps, "pdl_failed", None)
-    monkeypatch.setattr(kernels.TritonOps, "top_children_failed", None)
+    monkeypatch.setitem(kernels.FAILURES, "pdl_failed", None)
+    monkeypatch.setitem(kernels.FAILURES, "top_children_failed", None)
     monkeypatch.setattr(kernels, "_pdl", lambda device: True)
     monkeypatch.setattr(tree_kernels, "_top_children_kernel", CannotCompile())
-    monkeypatch.setenv("EYAS_KERNELS", "auto")
     x, to_target = torch.randn(2, 300, device=DEVICE), torch.arange(300, device=DEVICE)
     with caplog.at_level("WARNING", logger="eyas.kernels"):
         got = TRITON.top_children(x, 4, to_target)
     assert torch.equal(got[1], TORCH.top_children(x, 4, to_target)[1])
-    assert kernels.TritonOps.pdl_failed is None and "top_children kernel failed" in caplog.text
+    assert kernels.FAILURES["pdl_failed"] is None and "top_children kernel failed" in caplog.text
     assert "programmatic dependent launch failed" not in caplog.text
 
 
-def test_ops_for_takes_the_kernels_only_where_asked(monkeypatch):
-    qkv, rope, positions, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
+def test_ops_for_takes_the_kernels_only_where_asked():
+    _, rope, _, _, (static, _) = _cache_case(16, 4, 2, torch.float32, False)
     x = torch.zeros(2, 3, device=DEVICE)
-    monkeypatch.delenv("EYAS_KERNELS", raising=False)
-    assert ops_for(static, x, rope) is (TORCH if DEVICE == "cpu" else TRITON)  # auto: the kernels are for the GPU
-    monkeypatch.setenv("EYAS_KERNELS", "triton")
-    assert ops_for(static, x, rope) is TRITON
+
+    def cache(settings):
+        return StaticKV(1, 1, 1, 8, 4, torch.float32, DEVICE, settings)
+
+    auto = ops_for(static, x, rope)  # a cache built without settings: the default's
+    assert auto is (TORCH if DEVICE == "cpu" else kernel_ops(KernelSettings()))  # kernels for the GPU
+    forced = ops_for(cache(FORCED), x, rope)
+    assert isinstance(forced, tree_kernels.SpecTritonOps) and forced.settings is FORCED
+    assert forced is ops_for(cache(replace(SETTINGS, mode="triton")), x, rope)  # one instance for equal settings
     assert ops_for(kv_cache.new_cache(), x, rope) is TORCH  # prefill on a growing cache
-    assert ops_for(static, x, RopeTable(rope.rotary)) is TORCH  # no table built yet
-    assert ops_for(static, torch.zeros(2, 3, device=DEVICE, requires_grad=True), rope) is TORCH  # autograd
+    assert ops_for(cache(FORCED), x, RopeTable(rope.rotary)) is TORCH  # no table built yet
+    assert ops_for(cache(FORCED), torch.zeros(2, 3, device=DEVICE, requires_grad=True), rope) is TORCH  # autograd
+    assert ops_for(cache(KernelSettings(mode="torch")), x, rope) is TORCH
+
+
+def test_eyas_kernels_is_read_once_when_the_settings_are_built(monkeypatch):
+    """``EYAS_KERNELS`` sets the mode of the settings an engine config takes by default; changing it later
+    changes nothing already built, and a mode it does not name is refused where it is read."""
+    monkeypatch.setenv("EYAS_KERNELS", "Triton")
+    config = EngineConfig()
+    assert config.kernels == KernelSettings(mode="triton") == KernelSettings.from_env()
     monkeypatch.setenv("EYAS_KERNELS", "torch")
-    assert ops_for(static, x, rope) is TORCH
+    assert config.kernels.mode == "triton" and EngineConfig().kernels.mode == "torch"
+    monkeypatch.delenv("EYAS_KERNELS")
+    assert EngineConfig().kernels == KernelSettings()
     monkeypatch.setenv("EYAS_KERNELS", "cuda")
     with pytest.raises(EyasError, match="EYAS_KERNELS='cuda' is not one of auto, torch, triton"):
-        ops_for(static, x, rope)
+        EngineConfig()
+    with pytest.raises(EyasError, match="kernel mode 'cuda' is not one of auto, torch, triton"):
+        KernelSettings(mode="cuda")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(DEVICE == "cuda", reason="the CPU fixtures' check; on a GPU the benchmarks' fp32 pair checks it")
-def test_engine_with_kernels_is_lossless(target, draft, monkeypatch):
+def test_engine_with_kernels_is_lossless(target, draft):
     """Greedy speculation through the kernels (target verify, draft tree and extend, on the graph
     runners' padded buffers) emits the same tokens as HF's greedy decoding.
 
@@ -654,9 +665,8 @@ def test_engine_with_kernels_is_lossless(target, draft, monkeypatch):
     tokens a step), so it finishes early and leaves the batch while the first keeps decoding."""
     prompts = [[72, 101, 108, 108, 111], [30, 31, 32]]
     refs = [reference_greedy(target.model, p, 6) for p in prompts]
-    monkeypatch.setenv("EYAS_KERNELS", "triton")
     engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 3, 2, 6), max_batch=2,
-                    cuda_graphs=True)
+                    cuda_graphs=True, kernels=FORCED)
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
     assert [o.output_ids for o in outs] == refs
     assert outs[0].stats.accepted == 0 < outs[1].stats.accepted  # rejections beside acceptances, in one batch
@@ -667,13 +677,12 @@ def test_engine_with_kernels_is_lossless(target, draft, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(DEVICE == "cuda", reason="the CPU fixtures' check; on a GPU the benchmarks' fp32 pair checks it")
 @pytest.mark.parametrize("name", ["qwen3-qk-norm", "qwen2-bias"])
-def test_other_families_decode_like_hugging_face_through_the_kernels(name, monkeypatch):
+def test_other_families_decode_like_hugging_face_through_the_kernels(name):
     """Qwen3's per-head q/k norms (applied inside ``rope_store``) and Qwen2's q/k/v biases, over a
     batch of two (the prefill of 32 slots a row is most of the interpreter's time, then 4 steps)."""
     model = family_model(name)
     refs = [reference_greedy(model, p, 5) for p in PROMPTS[:2]]
-    monkeypatch.setenv("EYAS_KERNELS", "triton")
-    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=2, cuda_graphs=True)
+    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=2, cuda_graphs=True, kernels=FORCED)
     assert engine.layout.endswith("triton kernels")
     outs = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=5, ignore_eos=True))
     assert [o.output_ids for o in outs] == refs
@@ -689,11 +698,10 @@ def test_batch_one_decode_through_the_linear_kernel_is_hugging_faces(name, monke
     model = family_model(name).float()
     ref = reference_greedy(model, PROMPTS[0], 6)
     launched = []
-    launch = kernels._launch
-    monkeypatch.setattr(kernels, "_launch",
-                        lambda kernel, *a, **kw: (launched.append(kernel), launch(kernel, *a, **kw)))
-    monkeypatch.setenv("EYAS_KERNELS", "triton")
-    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=1, cuda_graphs=True)
+    launch = kernels.TritonOps._launch
+    monkeypatch.setattr(kernels.TritonOps, "_launch",
+                        lambda self, kernel, *a, **kw: (launched.append(kernel), launch(self, kernel, *a, **kw)))
+    engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=1, cuda_graphs=True, kernels=FORCED)
     assert engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=6, ignore_eos=True))[0].output_ids == ref
     assert launched.count(kernels._linear_kernel) >= 5 * model.config.num_hidden_layers * 4  # 4 a layer, 5 steps
 
@@ -715,8 +723,7 @@ def test_speculation_through_the_rows_kernel_is_hugging_faces(monkeypatch):
     linear_rows = kernels.TritonOps._linear_rows
     monkeypatch.setattr(kernels.TritonOps, "_linear_rows", lambda self, x, *a: (rows.append(x.numel() // x.shape[-1]),
                                                                                 linear_rows(self, x, *a))[1])
-    monkeypatch.setenv("EYAS_KERNELS", "triton")
-    engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 6), max_batch=2, cuda_graphs=True)
+    engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 6), max_batch=2, cuda_graphs=True, kernels=FORCED)
     outs = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert [o.output_ids for o in outs] == refs
     assert {12, 4, 8} <= set(rows)  # the verify (2 rows x 6 tokens), a draft level (2 x 2), the extend (2 x 4)

@@ -167,11 +167,11 @@ class Engine:
         rows = buckets(c.graph_rows)
         like = torch.zeros(1, dtype=self.target.dtype, device=self.device)
         self.target_pool = self.target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
-                                                capture_aux=spec.speculative)
+                                                capture_aux=spec.speculative, kernels=c.kernels)
         if not spec.speculative and c.whole_step_graphs:
             self.decoder = StaticDecoder(self.target.native, self.target_pool, rows, cuda_graphs)
         if spec.speculative:
-            pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs)
+            pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs, c.kernels)
             self.drafters = {s: StaticDrafter(self.draft_steps.net, pool, s, self.draft_steps, rows, cuda_graphs)
                              for s in drafting}
             widths = sorted({s.path_width for s in spec.options})
@@ -183,7 +183,7 @@ class Engine:
         if cuda_graphs and c.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
             aux = tuple(self.target.aux_layer_ids) if spec.speculative else ()
             self.prefiller = StaticPrefill(self.target, self.draft_steps if spec.speculative else None, max_batch,
-                                           self.max_context, aux, cuda_graphs)
+                                           self.max_context, aux, cuda_graphs, c.kernels)
         kernels = ops_for(self.target_pool, like, self.target.native.rope).name
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}, "

@@ -26,6 +26,7 @@ import torch
 
 from ..models import consts
 from ..models.graphs import BatchGraph, buckets
+from ..models.kernel_settings import KernelSettings
 from ..spec.drafter import StaticExtender
 from ..spec.ops import ops_for
 
@@ -55,12 +56,12 @@ class StaticPrefill:
     where it does not apply; the engine then prefills eagerly."""
 
     def __init__(self, target, draft_steps, max_batch: int, max_context: int, aux_ids: tuple[int, ...],
-                 enabled: bool):
+                 enabled: bool, kernels: KernelSettings):
         self.native, self.aux_ids = target.native, aux_ids
         self.tokens = buckets(max(1, min(PREFILL_TOKENS, max_context)), 32)
         self.rows = buckets(max(1, min(PREFILL_ROWS, max_batch)))
-        self.target_cache = target.static_cache(self.rows[-1], self.tokens[-1])
-        self.draft_cache = draft_steps.static_cache(self.rows[-1], self.tokens[-1]) if draft_steps else None
+        self.target_cache = target.static_cache(self.rows[-1], self.tokens[-1], kernels)
+        self.draft_cache = draft_steps.static_cache(self.rows[-1], self.tokens[-1], kernels) if draft_steps else None
         self.targets, self.drafts = {}, {}
         for t in self.tokens:
             rows = [r for r in self.rows if r * t <= PREFILL_CELLS] or [1]

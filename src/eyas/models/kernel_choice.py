@@ -12,7 +12,8 @@ twice before capturing it, so every shape a graph holds is met first there), eve
 run on that call's own inputs and timed with CUDA events; the fastest is kept for the process and
 written to ``<cache>/kernel-choices.json`` under the GPU's name and the Triton and torch versions,
 so later processes on that GPU skip the timing. On the CPU (Triton's interpreter: the tests) and
-inside a capture nothing is timed: the first candidate, the built-in default, runs.
+inside a capture nothing is timed: the first candidate, the built-in default, runs. Ops whose
+``KernelSettings.measure`` is off never ask: they run the built-in default everywhere.
 
     # the file: {"NVIDIA H200 | triton 3.5.0 | torch 2.11.0": {"rows<=16 4096x4096 bf16 add": "cublas", ...}}
 """
@@ -72,13 +73,13 @@ def _machine(device: torch.device) -> str | None:
 
 
 class KernelChoices:
-    """Per-shape picks among named candidates; ``measure=False`` always takes the first (the default).
+    """Per-shape picks among named candidates, the process's (``CHOICES``): the first is the built-in default.
 
     ``timer(fn) -> microseconds`` times a candidate (CUDA events) and ``machine(device)`` names the
     file's section (the GPU, Triton, torch); tests give their own."""
 
-    def __init__(self, folder: Path | None = None, measure: bool = True, timer=_time_us, machine=_machine):
-        self.folder, self.measure, self.timer, self.machine = folder, measure, timer, machine
+    def __init__(self, folder: Path | None = None, timer=_time_us, machine=_machine):
+        self.folder, self.timer, self.machine = folder, timer, machine
         self.picks: dict[str, str] = {}  # this process's choices (key -> candidate name)
         self.timings: dict[str, dict[str, float]] = {}  # key -> candidate -> us, for those timed here
         self.loaded: dict[str, str] = {}  # the file's choices for this machine
@@ -90,7 +91,7 @@ class KernelChoices:
         if key in self.picks:
             return self.picks[key]
         default = next(iter(candidates))
-        if len(candidates) == 1 or not self.measure:
+        if len(candidates) == 1:
             return default
         with self._lock:
             if not self._load(device):

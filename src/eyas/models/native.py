@@ -14,6 +14,7 @@ import torch
 
 from ..errors import EyasError
 from .graphs import GraphRunner, window_buckets
+from .kernel_settings import KernelSettings
 from .llama import NativeEagle3, NativeLlama, native_support
 from .static_cache import StaticKV
 from .target import Target
@@ -86,19 +87,20 @@ class NativeTarget(Target):
         n = self.native
         return n.num_layers * 2 * n.num_kv_heads * n.head_dim * self.dtype.itemsize
 
-    def static_cache(self, rows: int, slots: int) -> StaticKV:
-        """A preallocated cache of ``rows`` x ``slots``, the rope table covering every slot (built before
-        any graph captures against it)."""
+    def static_cache(self, rows: int, slots: int, kernels: KernelSettings) -> StaticKV:
+        """A preallocated cache of ``rows`` x ``slots`` whose forwards run under ``kernels``, the rope table
+        covering every slot (built before any graph captures against it)."""
         n = self.native
-        cache = StaticKV(n.num_layers, rows, n.num_kv_heads, slots, n.head_dim, self.dtype, self.device)
+        cache = StaticKV(n.num_layers, rows, n.num_kv_heads, slots, n.head_dim, self.dtype, self.device, kernels)
         n.rope.extend(slots, cache.buf)
         return cache
 
-    def new_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool, capture_aux: bool) -> StaticKV:
-        """A preallocated cache for one engine, with its graph runner (buckets ``rows`` x ``tokens`` x
-        windows) as ``pool.runner``."""
+    def new_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool, capture_aux: bool,
+                 kernels: KernelSettings) -> StaticKV:
+        """A preallocated cache for one engine (its ``kernels``), with its graph runner (buckets ``rows`` x
+        ``tokens`` x windows) as ``pool.runner``."""
         n = self.native
-        pool = self.static_cache(plan.rows, plan.slots)
+        pool = self.static_cache(plan.rows, plan.slots, kernels)
         aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
 
         def fn(inputs, mask):
@@ -133,9 +135,10 @@ class DraftSteps:
         self.net = NativeEagle3(draft)
         self.pool: StaticKV | None = None
 
-    def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool) -> StaticKV:
+    def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool,
+                    kernels: KernelSettings) -> StaticKV:
         d = self.net
-        self.pool = self.static_cache(plan.rows, plan.slots)
+        self.pool = self.static_cache(plan.rows, plan.slots, kernels)
 
         def fn(inputs, mask):
             h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)
@@ -150,11 +153,12 @@ class DraftSteps:
                                        name="draft", example=example)
         return self.pool
 
-    def static_cache(self, rows: int, slots: int) -> StaticKV:
+    def static_cache(self, rows: int, slots: int, kernels: KernelSettings) -> StaticKV:
         """The draft's ``NativeTarget.static_cache``: one layer."""
         d = self.net
         attn = d.midlayer.self_attn
-        cache = StaticKV(1, rows, attn.num_kv_heads, slots, attn.head_dim, d.fc.weight.dtype, d.fc.weight.device)
+        cache = StaticKV(1, rows, attn.num_kv_heads, slots, attn.head_dim, d.fc.weight.dtype, d.fc.weight.device,
+                         kernels)
         d.rope.extend(slots, cache.buf)
         return cache
 

@@ -12,6 +12,9 @@ Attention reads a *window* of slots ``[0, window)``: ``used + T`` in eager mode,
 at least that wide under a graph, whose extra slots the mask hides. ``write_slots`` says where the
 ``T`` new keys go. Both are set by whoever runs the forward (``begin``), not by the layers.
 
+``kernels`` are the settings the forwards over this cache run the Triton kernels under (``ops.ops_for``):
+the engine's, which builds its caches with them.
+
 Prefill runs on a small ``DynamicCache`` first (prompts of any length, eagerly); ``adopt`` then
 copies those rows into the preallocated buffer, and ``append_rows`` does the same when new
 sequences join a running batch.
@@ -23,6 +26,7 @@ import torch
 
 from ..errors import EyasError
 from . import consts
+from .kernel_settings import KernelSettings
 
 
 def move_slots(t: torch.Tensor, lengths: torch.Tensor, src: torch.Tensor) -> None:
@@ -39,7 +43,8 @@ def move_slots(t: torch.Tensor, lengths: torch.Tensor, src: torch.Tensor) -> Non
 
 class StaticKV:
     def __init__(self, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int,
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device, kernels: KernelSettings | None = None):
+        self.kernels = kernels or KernelSettings()
         self.buf = torch.zeros((layers, 2, rows, kv_heads, slots, head_dim), dtype=dtype, device=device)
         self.capacity_rows, self.capacity_slots = rows, slots
         self.n = 0  # live rows (the first n of the buffer)

@@ -6,16 +6,18 @@ and picks one for a model's forward (``models.ops.ops_for``); ``spec`` holds the
 verify's ``ops.tree_mask`` on the target's choice of kernels, ``ops.top_children`` on the draft's), so
 they are composed here, above both: ``spec`` imports ``models``, never the other way. ``ops_for`` makes
 ``models.ops.ops_for``'s choice and returns the composed counterpart: ``TORCH`` (``SpecTorchOps``) or
-``tree_kernels.TRITON`` (``SpecTritonOps``, composed next to the tree's kernels: it needs Triton).
+``kernel_ops(settings)`` (a ``tree_kernels.SpecTritonOps``, composed next to the tree's kernels: it needs Triton).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..models import ops as block_ops
+from ..models.kernel_settings import KernelSettings
 from ..models.torch_ops import TorchOps
 from .tree_ops import TreeOps
 
@@ -32,9 +34,14 @@ TORCH = SpecTorchOps()
 
 def ops_for(cache, x: torch.Tensor, rope) -> SpecTorchOps | SpecTritonOps:
     """``models.ops.ops_for(cache, x, rope)``'s choice with the tree's ops added: ``TORCH`` where it
-    takes the torch ops, ``tree_kernels.TRITON`` where it takes the kernels."""
-    if block_ops.ops_for(cache, x, rope) is block_ops.TORCH:
-        return TORCH
-    from .tree_kernels import TRITON
+    takes the torch ops, the kernels under the cache's settings where it takes those."""
+    settings = block_ops.kernels_for(cache, x, rope)
+    return TORCH if settings is None else kernel_ops(settings)
 
-    return TRITON
+
+@functools.cache
+def kernel_ops(settings: KernelSettings) -> SpecTritonOps:
+    """The engine's kernels under ``settings``: one ``SpecTritonOps`` each, kept for the process."""
+    from .tree_kernels import SpecTritonOps
+
+    return SpecTritonOps(settings)

@@ -17,12 +17,12 @@ in fewer launches.
 - ``uniform``: a sampled step's counter-based draws (``rng.uniform``), one kernel for the about 90
   integer torch ops of the reference.
 
-They launch through ``models.kernels.triton_ops._launch`` and fall back through ``TritonOps._or_torch``,
-under ``TritonOps``'s switches and failure flags (``top_children_failed`` is the drafting kernels').
-``SpecTritonOps`` at the end is the block's kernels and these together: the engine's ops on the GPU
-(``spec.ops.ops_for``). It is composed here, not in ``models``, because ``models`` never imports ``spec``;
-and not in ``spec.ops``, which must import without Triton. The kernels agree with ``TreeOps`` exactly
-(``tests/core/test_kernels.py``).
+They launch through ``TritonOps._launch`` and fall back through ``TritonOps._or_torch``, under the
+instance's ``KernelSettings`` and the process's ``triton_ops.FAILURES`` (``top_children_failed`` is the
+drafting kernels'). ``SpecTritonOps`` at the end is the block's kernels and these together: the engine's
+ops on the GPU (``spec.ops.ops_for``). It is composed here, not in ``models``,
+because ``models`` never imports ``spec``; and not in ``spec.ops``, which must import without Triton.
+The kernels agree with ``TreeOps`` exactly (``tests/core/test_kernels.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ..errors import EyasError
 from ..models.kernels.pdl import _after_previous_kernel
-from ..models.kernels.triton_ops import TritonOps, _launch, _rows
+from ..models.kernels.triton_ops import TritonOps, _rows
 from .tree_ops import TreeOps
 
 
@@ -298,8 +298,8 @@ class TritonTreeOps(TreeOps):
 
     def _uniform(self, seed, position, lanes):
         out = torch.empty((seed.shape[0], lanes), dtype=torch.float32, device=seed.device)
-        _launch(_uniform_kernel, (seed.shape[0],), seed.contiguous(), position.contiguous(), out, lanes,
-                BLOCK=max(16, triton.next_power_of_2(lanes)), num_warps=1)
+        self._launch(_uniform_kernel, (seed.shape[0],), seed.contiguous(), position.contiguous(), out, lanes,
+                     BLOCK=max(16, triton.next_power_of_2(lanes)), num_warps=1)
         return out
 
     def _accept_greedy(self, tokens, parents, depth, mask, choice, width):
@@ -308,9 +308,9 @@ class TritonTreeOps(TreeOps):
         cols = torch.empty((bsz, width), dtype=torch.long, device=dev)
         counts = torch.empty(bsz, dtype=torch.long, device=dev)
         bonus = torch.empty(bsz, dtype=torch.long, device=dev)
-        _launch(_accept_greedy_kernel, (bsz,), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
-                mask.contiguous().view(torch.uint8), choice.contiguous(), cols, counts, bonus, t, width,
-                T_P2=max(2, triton.next_power_of_2(t)), W_P2=max(2, triton.next_power_of_2(width)), num_warps=4)
+        self._launch(_accept_greedy_kernel, (bsz,), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
+                     mask.contiguous().view(torch.uint8), choice.contiguous(), cols, counts, bonus, t, width,
+                     T_P2=max(2, triton.next_power_of_2(t)), W_P2=max(2, triton.next_power_of_2(width)), num_warps=4)
         return cols, counts, bonus
 
     def _tree_mask(self, lengths, tree_mask, prefix, window, dtype):
@@ -326,10 +326,10 @@ class TritonTreeOps(TreeOps):
         bsz = lengths.shape[0]
         out = torch.empty((bsz, 1, t, window), dtype=dtype, device=lengths.device)
         block = min(1024, triton.next_power_of_2(window))
-        _launch(_new_block_mask_kernel, (bsz * t, triton.cdiv(window, block)), lengths.contiguous(),
-                lengths if tree is None else tree, 0 if tree is None else tree.stride(0), counts.contiguous(),
-                prefix.reshape(1), out, t, window, torch.finfo(dtype).min, TREE=tree is not None, BLOCK=block,
-                num_warps=4)
+        self._launch(_new_block_mask_kernel, (bsz * t, triton.cdiv(window, block)), lengths.contiguous(),
+                     lengths if tree is None else tree, 0 if tree is None else tree.stride(0), counts.contiguous(),
+                     prefix.reshape(1), out, t, window, torch.finfo(dtype).min, TREE=tree is not None, BLOCK=block,
+                     num_warps=4)
         return out
 
     def _top_children(self, logits, k, to_target, base, out):
@@ -354,13 +354,13 @@ class TritonTreeOps(TreeOps):
         if base is not None:
             base = base if base.dtype == torch.float32 and _batch_rows(base) else base.float().contiguous()
         flat_base = scores if base is None else base
-        _launch(_top_children_kernel, (rows, splits), x, x.stride(0), n, part_v, part_i, part_ml, SPLITS=splits, K=k,
-                BLOCK=block, num_warps=4)
-        _launch(_top_children_combine_kernel, (rows,), part_v, part_i, part_ml, flat_base,
-                flat_base.stride(0) if flat_base.dim() else 0, to_target, scores, tokens,
-                scores.stride(0) if len(lead) else k, per, SPLITS=splits, K=k,
-                SPLITS_P2=triton.next_power_of_2(splits), CAND_P2=triton.next_power_of_2(splits * k),
-                HAS_BASE=base is not None, num_warps=1)
+        self._launch(_top_children_kernel, (rows, splits), x, x.stride(0), n, part_v, part_i, part_ml, SPLITS=splits,
+                     K=k, BLOCK=block, num_warps=4)
+        self._launch(_top_children_combine_kernel, (rows,), part_v, part_i, part_ml, flat_base,
+                     flat_base.stride(0) if flat_base.dim() else 0, to_target, scores, tokens,
+                     scores.stride(0) if len(lead) else k, per, SPLITS=splits, K=k,
+                     SPLITS_P2=triton.next_power_of_2(splits), CAND_P2=triton.next_power_of_2(splits * k),
+                     HAS_BASE=base is not None, num_warps=1)
         if out is not None and scores is not out[0]:  # views the kernel cannot write in place
             out[0].copy_(scores)
             out[1].copy_(tokens)
@@ -388,12 +388,13 @@ class TritonTreeOps(TreeOps):
             w = mask.shape[-1]
         else:
             out_mask, w = out_hidden, 0
-        _launch(_next_frontier_kernel, (bsz, k), scores, tokens, scores.stride(0), hidden, hidden.stride(0),
-                hidden.stride(1), out_mask if mask is None else mask, 0 if mask is None else mask.stride(0),
-                0 if mask is None else mask.stride(1), frontier if slots is None else slots.contiguous(), out_scores,
-                out_parent, out_tokens, out_hidden, out_mask, frontier, frontier.stride(0), offset, h, w, K=k,
-                KK_P2=max(2, triton.next_power_of_2(k * k)), BLOCK_H=min(1024, triton.next_power_of_2(h)),
-                BLOCK_W=min(1024, max(16, triton.next_power_of_2(max(w, 1)))), HAS_MASK=mask is not None, num_warps=4)
+        self._launch(_next_frontier_kernel, (bsz, k), scores, tokens, scores.stride(0), hidden, hidden.stride(0),
+                     hidden.stride(1), out_mask if mask is None else mask, 0 if mask is None else mask.stride(0),
+                     0 if mask is None else mask.stride(1), frontier if slots is None else slots.contiguous(),
+                     out_scores, out_parent, out_tokens, out_hidden, out_mask, frontier, frontier.stride(0), offset, h,
+                     w, K=k, KK_P2=max(2, triton.next_power_of_2(k * k)), BLOCK_H=min(1024, triton.next_power_of_2(h)),
+                     BLOCK_W=min(1024, max(16, triton.next_power_of_2(max(w, 1)))), HAS_MASK=mask is not None,
+                     num_warps=4)
         return out_scores, out_parent, out_tokens, out_hidden, None if mask is None else out_mask
 
     def _select_tree(self, scores, tokens, frontiers, root, scale, shift, size, k):
@@ -410,18 +411,15 @@ class TritonTreeOps(TreeOps):
         depth = torch.empty((bsz, size), dtype=torch.long, device=dev)
         mask = torch.empty((bsz, size, size), dtype=torch.bool, device=dev)
         steps = 1 + (c - k) // (k * k)
-        _launch(_select_tree_kernel, (bsz,), scores, tokens, scores.stride(0),
-                frontiers if frontiers.numel() else parents, frontiers.stride(0) if frontiers.numel() else 0,
-                root.contiguous(), scale, shift, out_tokens, parents, depth, mask.view(torch.uint8), c, size, K=k,
-                STEPS=steps, C_P2=max(2, triton.next_power_of_2(c)), T_P2=max(2, triton.next_power_of_2(size)),
-                num_warps=4)
+        self._launch(_select_tree_kernel, (bsz,), scores, tokens, scores.stride(0),
+                     frontiers if frontiers.numel() else parents, frontiers.stride(0) if frontiers.numel() else 0,
+                     root.contiguous(), scale, shift, out_tokens, parents, depth, mask.view(torch.uint8), c, size, K=k,
+                     STEPS=steps, C_P2=max(2, triton.next_power_of_2(c)), T_P2=max(2, triton.next_power_of_2(size)),
+                     num_warps=4)
         return out_tokens, parents, depth, mask
 
 
 class SpecTritonOps(TritonTreeOps, TritonOps):
-    """The engine's ops on the kernels: the block's (``TritonOps``) and the tree's. The switches and
-    failure flags are ``TritonOps``'s, read and set there, so flipping ``TritonOps.pdl`` (say) reaches
-    both."""
+    """The engine's ops on the kernels: the block's (``TritonOps``) and the tree's, under one
+    ``KernelSettings`` (``TritonOps.__init__``)."""
 
-
-TRITON = SpecTritonOps()

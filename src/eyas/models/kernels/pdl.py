@@ -2,8 +2,9 @@
 kernels run in Triton's interpreter.
 
 Each kernel (``models.kernels``: norm, attention, linear; ``spec.tree_kernels``) calls
-``_after_previous_kernel`` first. The launch side, ``triton_ops._launch``, which asks for the
-dependent launch and falls back to the plain one, sits with ``TritonOps``, whose switches it reads.
+``_after_previous_kernel`` first. The launch side, ``triton_ops.TritonOps._launch``, which asks for
+the dependent launch (unless its ``KernelSettings.pdl`` is off) and falls back to the plain one, sits with
+``TritonOps``.
 ``_INTERPRETED``: the kernels were defined under ``TRITON_INTERPRET=1`` (how the CPU tests run them).
 """
 

@@ -1,23 +1,22 @@
-"""``TritonOps``: ``torch_ops.TorchOps`` in fewer launches, for the static-cache path; and ``_launch``,
-which launches every Triton kernel of eyas.
+"""``TritonOps``: ``torch_ops.TorchOps`` in fewer launches, for the static-cache path, under one
+``KernelSettings``; and ``FAILURES``, the kernel families that failed in this process.
 
 The kernels are in ``norm``, ``attention`` and ``linear`` (the token tree's in ``spec.tree_kernels``,
-which ``spec.ops`` adds to these for the engine). ``_launch`` sits here, not with
-``_after_previous_kernel`` in ``pdl``, because it reads and sets ``TritonOps``'s switches (``pdl``,
-``pdl_failed``); those and the failure flags are class attributes of ``TritonOps`` for every kernel,
-the tree's included, and benchmarks flip them there.
+which ``spec.ops`` adds to these for the engine). Every Triton kernel of eyas, the tree's included,
+launches through ``TritonOps._launch`` and falls back through ``TritonOps._or_torch``, which read the
+instance's settings (``pdl``, ``mode``) and the process's ``FAILURES``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import triton
 
 from ...errors import EyasError
 from ..kernel_choice import CHOICES, shape_key
+from ..kernel_settings import KernelSettings
 from ..torch_ops import TorchOps
 from .attention import _attend_combine_kernel, _attend_kernel, _rope_store_kernel
 from .linear import ROWS_MAX, _linear_kernel, _linear_rows_kernel, linear_candidates, linear_rows_config
@@ -26,43 +25,29 @@ from .pdl import _INTERPRETED, gdc_wait
 
 log = logging.getLogger("eyas.kernels")
 
+FAILURES: dict[str, str | None] = {}
+"""Each kernel family that failed in this process, and why; it falls back from then on, under any settings:
+``failed`` the forward's kernels (then ``ops.ops_for`` takes the torch ops everywhere), ``top_children_failed``
+the drafting kernels (``spec.tree_kernels``), ``linear_failed`` the projections' (cuBLAS instead),
+``pdl_failed`` the dependent launch (the plain launch instead)."""
 
-def _launch(kernel, grid, x: torch.Tensor, *args, **kwargs) -> None:
-    """``kernel[grid](x, *args)``; off the GPU only in Triton's interpreter. On Hopper and later
-    with programmatic dependent launch (``_after_previous_kernel``) unless ``TritonOps.pdl`` is off;
-    if such a launch fails where the plain one runs, the plain launch from then on (``pdl_failed`` says
-    why); a kernel that fails both ways raises, and leaves the other kernels' launches as they were."""
-    if not x.is_cuda and not _INTERPRETED:
-        raise EyasError("the Triton kernels run on a GPU, or on the CPU under TRITON_INTERPRET=1",
-                        "unset EYAS_KERNELS (the torch ops then run on the CPU), or set TRITON_INTERPRET=1")
-    if _pdl(x.device):
-        try:
-            return kernel[grid](x, *args, **kwargs, PDL=True, launch_pdl=True)
-        except Exception as e:  # noqa: BLE001 - an older Triton or driver: the plain launch still works
-            if _forced():
-                raise
-            kernel[grid](x, *args, **kwargs, PDL=False)  # a kernel that cannot run at all raises here: not PDL's fault
-            TritonOps.pdl_failed = f"{type(e).__name__}: {e}"
-            log.warning("programmatic dependent launch failed (%s); kernels launch the plain way from now on",
-                        TritonOps.pdl_failed)
-            return
-    kernel[grid](x, *args, **kwargs, PDL=False)
+
+def failures() -> dict[str, str]:
+    """Each kernel family that fell back in this process, and why (benchmarks record it)."""
+    return {family: why for family, why in FAILURES.items() if why}
 
 
 _PDL_DEVICES: dict[int, bool] = {}
 
 
 def _pdl(device: torch.device) -> bool:
-    if not TritonOps.pdl or TritonOps.pdl_failed or device.type != "cuda" or gdc_wait is None:
+    """Whether ``device`` can launch a kernel dependent on the one before (sm_90 on), and it has not failed."""
+    if FAILURES.get("pdl_failed") or device.type != "cuda" or gdc_wait is None:
         return False
     i = device.index if device.index is not None else torch.cuda.current_device()
     if i not in _PDL_DEVICES:
         _PDL_DEVICES[i] = torch.cuda.get_device_capability(i) >= (9, 0)
     return _PDL_DEVICES[i]
-
-
-def _forced() -> bool:
-    return os.environ.get("EYAS_KERNELS", "auto").lower() == "triton"
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -72,50 +57,54 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class TritonOps(TorchOps):
-    """The ops as Triton kernels. If a kernel fails (Triton cannot compile it for this GPU, say), the
-    call runs the torch op instead, a warning says why once, and ``failed`` keeps the process on the
-    torch ops (``ops_for``); under ``EYAS_KERNELS=triton`` the error stands instead."""
+    """The ops as Triton kernels, under ``settings``. If a kernel fails (Triton cannot compile it for
+    this GPU, say), the call runs the torch op instead, a warning says why once, and ``FAILURES`` keeps
+    the process on the torch ops (``ops_for``); with ``settings.mode`` triton the error stands instead."""
 
     name = "triton"
-    failed: str | None = None
-    top_children_failed: str | None = None  # the drafting kernels' (spec.tree_kernels)
-    linear_failed: str | None = None
-    fused_linears = True  # one-row projections as ``_linear_kernel`` (False: cuBLAS always)
-    row_linears = True  # and projections of 2..ROWS_MAX rows as ``_linear_rows_kernel`` (False: cuBLAS)
-    # ... also those with a norm or silu(gate) * up inside. Off: measured slower than the norm kernel +
-    # cuBLAS (docs/log/engine.md, "Draft v6, the norm inside the rows kernel in one pass")
-    row_prologues = False
-    # With row_prologues off, a norm before a projection of 2..ROWS_MAX rows runs as the norm kernel and
-    # the projection as _linear_rows_kernel (silu(gate) * up in its epilogue: no silu kernel). Off: the
-    # norm kernel, cuBLAS, and the silu kernel, measured slower (docs/log/engine.md, "Fewer kernels a
-    # speculative step"); pair.py flips it.
-    row_norm_apart = True
-    pdl = True  # programmatic dependent launch where the GPU has it (``_after_previous_kernel``)
-    pdl_failed: str | None = None
 
-    @classmethod
-    def failures(cls) -> dict[str, str]:
-        """Each kernel family that fell back in this process, and why (benchmarks record it)."""
-        return {f: getattr(cls, f) for f in ("failed", "top_children_failed", "linear_failed", "pdl_failed")
-                if getattr(cls, f)}
+    def __init__(self, settings: KernelSettings | None = None):
+        self.settings = settings or KernelSettings()
+
+    def _launch(self, kernel, grid, x: torch.Tensor, *args, **kwargs) -> None:
+        """``kernel[grid](x, *args)``; off the GPU only in Triton's interpreter. On Hopper and later
+        with programmatic dependent launch (``pdl._after_previous_kernel``) unless ``settings.pdl`` is
+        off; if such a launch fails where the plain one runs, the plain launch from then on
+        (``FAILURES["pdl_failed"]`` says why); a kernel that fails both ways raises, and leaves the
+        other kernels' launches as they were."""
+        if not x.is_cuda and not _INTERPRETED:
+            raise EyasError("the Triton kernels run on a GPU, or on the CPU under TRITON_INTERPRET=1",
+                            "unset EYAS_KERNELS (the torch ops then run on the CPU), or set TRITON_INTERPRET=1")
+        if self.settings.pdl and _pdl(x.device):
+            try:
+                return kernel[grid](x, *args, **kwargs, PDL=True, launch_pdl=True)
+            except Exception as e:  # noqa: BLE001 - an older Triton or driver: the plain launch still works
+                if self.settings.forced:
+                    raise
+                kernel[grid](x, *args, **kwargs, PDL=False)  # a kernel that cannot run at all raises: not PDL's fault
+                FAILURES["pdl_failed"] = f"{type(e).__name__}: {e}"
+                log.warning("programmatic dependent launch failed (%s); kernels launch the plain way from now on",
+                            FAILURES["pdl_failed"])
+                return
+        kernel[grid](x, *args, **kwargs, PDL=False)
 
     def _or_torch(self, kernel_path, torch_path, flag: str = "failed", instead: str = "running the torch ops"):
-        """``kernel_path()``, or ``torch_path()`` once it has failed. ``flag`` names the class attribute
+        """``kernel_path()``, or ``torch_path()`` once it has failed. ``flag`` names the ``FAILURES`` entry
         that keeps the failure: ``failed`` for the forward's kernels (then ``ops_for`` takes the torch
         ops everywhere); the drafter's ``top_children`` and the one-row ``linear`` keep their own, so
         that only they fall back."""
-        if getattr(TritonOps, flag) is None or _forced():  # the environment is read only once a kernel has failed
+        if not FAILURES.get(flag) or self.settings.forced:
             try:
                 return kernel_path()
             except EyasError:
                 raise
             except Exception as e:  # noqa: BLE001 - a kernel that cannot run must not take a server down
-                if _forced():
+                if self.settings.forced:
                     raise
-                setattr(TritonOps, flag, f"{type(e).__name__}: {e}")
+                FAILURES[flag] = f"{type(e).__name__}: {e}"
                 log.warning("the Triton %s failed (%s); %s from now on (EYAS_KERNELS=torch skips the kernels "
                             "from the start)", "kernels" if flag == "failed" else flag[: -len("_failed")] + " kernel",
-                            getattr(TritonOps, flag), instead)
+                            FAILURES[flag], instead)
         return torch_path()
 
     def rotation(self, rope, x: torch.Tensor, positions: torch.Tensor):
@@ -144,16 +133,16 @@ class TritonOps(TorchOps):
         return self._fused_or_cublas(x, weight, weight.shape[1], None,
                                      lambda cfg: self._linear(x, weight, bias, norm, cfg, silu=True),
                                      lambda: self.silu_mul(TorchOps.linear(self, x, weight, bias, norm)),
-                                     prologue=norm is not None or not self.row_norm_apart,
+                                     prologue=norm is not None or not self.settings.row_norm_apart,
                                      variant=_variant("silu", bias, norm))
 
     def _norm_apart(self, x: torch.Tensor, norm):
         """``(x, norm)`` as the projection takes them: for 2 to ``ROWS_MAX`` rows with ``row_norm_apart``
         (and not ``row_prologues``), ``x`` normed by the norm kernel and no norm left, so that the
         projection runs as ``_linear_rows_kernel`` instead of cuBLAS."""
-        rows = x.numel() // max(1, x.shape[-1])
-        if (norm is None or not 1 < rows <= ROWS_MAX or self.row_prologues or not self.row_norm_apart
-                or not (self.row_linears and self.fused_linears)):
+        rows, s = x.numel() // max(1, x.shape[-1]), self.settings
+        if (norm is None or not 1 < rows <= ROWS_MAX or s.row_prologues or not s.row_norm_apart
+                or not (s.row_linears and s.fused_linears)):
             return x, norm
         return self.rms_norm(x, *norm), None
 
@@ -172,11 +161,11 @@ class TritonOps(TorchOps):
         rows (up to ``ROWS_MAX``: a tree's verify, a draft level; ``_linear_rows_kernel`` in the tile
         shapes of ``ROWS_TILES``, without a norm or activation inside unless ``row_prologues``). More
         rows (prefill, large batches) stay cuBLAS's, and a mismatched input meets torch's shape error.
-        Without timing (the CPU, a capture) the first candidate runs: the kernel with its built-in
-        configuration, or cuBLAS where ``linear_config`` says so."""
-        rows = x.numel() // max(1, x.shape[-1])
-        several = 1 < rows <= ROWS_MAX and self.row_linears and (self.row_prologues or not prologue)
-        fits = (self.fused_linears and x.shape[-1] == width and (rows == 1 or several)
+        Without timing (the CPU, a capture, ``settings.measure`` off) the first candidate runs: the kernel
+        with its built-in configuration, or cuBLAS where ``linear_config`` says so."""
+        rows, s = x.numel() // max(1, x.shape[-1]), self.settings
+        several = 1 < rows <= ROWS_MAX and s.row_linears and (s.row_prologues or not prologue)
+        fits = (s.fused_linears and x.shape[-1] == width and (rows == 1 or several)
                 and weight.dtype == x.dtype and weight.stride(-1) == 1
                 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
                 and (residual is None or residual.numel() == rows * weight.shape[0]))
@@ -187,7 +176,8 @@ class TritonOps(TorchOps):
         if not configs:
             return cublas_path()
         runs = {name: (lambda cfg=cfg: kernel_path(cfg)) if cfg else cublas_path for name, cfg in configs.items()}
-        choice = CHOICES.pick(shape_key(rows, n, k, x.dtype, variant), runs, x.device)
+        key = shape_key(rows, n, k, x.dtype, variant)
+        choice = CHOICES.pick(key, runs, x.device) if s.measure else next(iter(configs))
         if configs[choice] is None:
             return cublas_path()
         return self._or_torch(lambda: kernel_path(configs[choice]), cublas_path, "linear_failed",
@@ -221,12 +211,12 @@ class TritonOps(TorchOps):
         block_n, block_k, warps, stages = cfg
         if not x.is_cuda:  # Triton's interpreter runs programs one by one: fewer, wider ones (same code path)
             block_n = max(block_n, min(128, triton.next_power_of_2(n)))
-        _launch(_linear_kernel, (triton.cdiv(n, block_n // 2 if silu else block_n),), _rows(x), weight,
-                weight.stride(0), out if bias is None else bias, res, out if norm is None else norm[0], out, n, k,
-                float(norm[1]) if norm else 0.0, NORM=norm is not None, SILU=silu, HAS_BIAS=bias is not None,
-                HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-                ROW_P2=triton.next_power_of_2(k) if norm is not None and k <= 16384 else 0,
-                num_warps=warps, num_stages=stages)
+        self._launch(_linear_kernel, (triton.cdiv(n, block_n // 2 if silu else block_n),), _rows(x), weight,
+                     weight.stride(0), out if bias is None else bias, res, out if norm is None else norm[0], out, n, k,
+                     float(norm[1]) if norm else 0.0, NORM=norm is not None, SILU=silu, HAS_BIAS=bias is not None,
+                     HAS_RES=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+                     ROW_P2=triton.next_power_of_2(k) if norm is not None and k <= 16384 else 0, num_warps=warps,
+                     num_stages=stages)
         return out.view(*x.shape[:-1], n)
 
     def _linear_rows(self, x, weight, bias, norm, n, residual, silu, cfg=None) -> torch.Tensor:
@@ -239,12 +229,12 @@ class TritonOps(TorchOps):
         block_m, block_n, block_k, warps, stages = linear_rows_config(m, n, k, x.dtype.itemsize)
         if cfg is not None:
             block_n, block_k, warps, stages = cfg
-        _launch(_linear_rows_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, block_m)), xr, xr.stride(0), weight,
-                weight.stride(0), out if bias is None else bias, res, res.stride(0), out if norm is None else norm[0],
-                out, out.stride(0), m, n, k, float(norm[1]) if norm else 0.0, NORM=norm is not None, SILU=silu,
-                HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                BLOCK_K=block_k, EXACT=x.dtype.itemsize > 2 or not x.is_cuda,
-                UPCAST=x.dtype.itemsize == 2 and not x.is_cuda, num_warps=warps, num_stages=stages)
+        self._launch(_linear_rows_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, block_m)), xr, xr.stride(0), weight,
+                     weight.stride(0), out if bias is None else bias, res, res.stride(0),
+                     out if norm is None else norm[0], out, out.stride(0), m, n, k, float(norm[1]) if norm else 0.0,
+                     NORM=norm is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EXACT=x.dtype.itemsize > 2 or not x.is_cuda,
+                     UPCAST=x.dtype.itemsize == 2 and not x.is_cuda, num_warps=warps, num_stages=stages)
         return out.view(*x.shape[:-1], n)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
@@ -255,8 +245,8 @@ class TritonOps(TorchOps):
         rows = _rows(x)
         dest = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out is None else out
         block = triton.next_power_of_2(n)
-        _launch(_rms_norm_kernel, (rows.shape[0],), rows, rows.stride(0), weight, dest, dest.stride(0), n, float(eps),
-                BLOCK=block, num_warps=min(16, max(1, block // 256)))
+        self._launch(_rms_norm_kernel, (rows.shape[0],), rows, rows.stride(0), weight, dest, dest.stride(0), n,
+                     float(eps), BLOCK=block, num_warps=min(16, max(1, block // 256)))
         return dest.view(x.shape) if out is None else out
 
     def _rms_norm_cat(self, parts) -> torch.Tensor:
@@ -278,8 +268,8 @@ class TritonOps(TorchOps):
         rows = _rows(x)
         out = torch.empty((rows.shape[0], n), dtype=x.dtype, device=x.device)
         block = 1024
-        _launch(_silu_mul_kernel, (rows.shape[0], triton.cdiv(n, block)), rows, rows.stride(0), out, out.stride(0), n,
-                BLOCK=block, num_warps=4)
+        self._launch(_silu_mul_kernel, (rows.shape[0], triton.cdiv(n, block)), rows, rows.stride(0), out, out.stride(0),
+                     n, BLOCK=block, num_warps=4)
         return out.view(*x.shape[:-1], n)
 
     def _qkv_to_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], rot, cache, layer: int, norms=None):
@@ -291,10 +281,10 @@ class TritonOps(TorchOps):
         q = torch.empty((bsz, hq, t, d), dtype=qkv.dtype, device=qkv.device)
         kb, vb = cache.layer_buffers(layer, bsz)  # [B, Hkv, slots, D] each, the same strides
         qw, kw, eps = (norms[0].weight, norms[1].weight, float(norms[0].variance_epsilon)) if norms else (qkv, qkv, 0.0)
-        _launch(_rope_store_kernel, (bsz * t, hq + 2 * hkv), qkv, qkv.stride(0), qkv.stride(1), positions,
-                positions.stride(0), positions.stride(1), table, q, q.stride(0), q.stride(1), q.stride(2), kb, vb,
-                kb.stride(0), kb.stride(1), kb.stride(2), cache.write_slots, qw, kw, eps, t, HQ=hq, HKV=hkv, D=d,
-                HALF=d // 2, HALF_P2=triton.next_power_of_2(d // 2), HAS_NORM=norms is not None, num_warps=1)
+        self._launch(_rope_store_kernel, (bsz * t, hq + 2 * hkv), qkv, qkv.stride(0), qkv.stride(1), positions,
+                     positions.stride(0), positions.stride(1), table, q, q.stride(0), q.stride(1), q.stride(2), kb, vb,
+                     kb.stride(0), kb.stride(1), kb.stride(2), cache.write_slots, qw, kw, eps, t, HQ=hq, HKV=hkv, D=d,
+                     HALF=d // 2, HALF_P2=triton.next_power_of_2(d // 2), HAS_NORM=norms is not None, num_warps=1)
         keys, values = cache.window_of(layer, bsz)
         return q.view(bsz, hkv, hq // hkv * t, d), keys, values
 
@@ -325,17 +315,16 @@ class TritonOps(TorchOps):
         else:
             part_o = torch.empty((bsz, hkv, splits, m_pad, d_p2), dtype=torch.float32, device=q.device)
             part_ml = torch.empty((bsz, hkv, splits, m_pad, 2), dtype=torch.float32, device=q.device)
-        _launch(_attend_kernel, (bsz, hkv, splits * m_blocks), q, q.stride(0), q.stride(1), q.stride(2), keys, values,
-                keys.stride(0), keys.stride(1), keys.stride(2), mask, mask.stride(0), mask.stride(2), mask.stride(3),
-                out, out.stride(0), out.stride(1), out.stride(2), part_o, part_ml, w, t, per_split, float(scale), hkv,
-                splits, m_pad, REP=rep, D=d, D_P2=d_p2, BLOCK_M=block_m, BLOCK_N=block_n, M_BLOCKS=m_blocks,
-                DIRECT=direct,
-                EXACT=q.dtype.itemsize > 2 or not q.is_cuda, UPCAST=q.dtype.itemsize == 2 and not q.is_cuda,
-                num_warps=4)
+        self._launch(_attend_kernel, (bsz, hkv, splits * m_blocks), q, q.stride(0), q.stride(1), q.stride(2), keys,
+                     values, keys.stride(0), keys.stride(1), keys.stride(2), mask, mask.stride(0), mask.stride(2),
+                     mask.stride(3), out, out.stride(0), out.stride(1), out.stride(2), part_o, part_ml, w, t, per_split,
+                     float(scale), hkv, splits, m_pad, REP=rep, D=d, D_P2=d_p2, BLOCK_M=block_m, BLOCK_N=block_n,
+                     M_BLOCKS=m_blocks, DIRECT=direct, EXACT=q.dtype.itemsize > 2 or not q.is_cuda,
+                     UPCAST=q.dtype.itemsize == 2 and not q.is_cuda, num_warps=4)
         if not direct:
-            _launch(_attend_combine_kernel, (bsz, hkv, rows), part_o, part_ml, out, out.stride(0), out.stride(1),
-                    out.stride(2), t, splits, hkv, m_pad, REP=rep, D=d, D_P2=d_p2,
-                    SPLITS_P2=triton.next_power_of_2(splits), num_warps=1)
+            self._launch(_attend_combine_kernel, (bsz, hkv, rows), part_o, part_ml, out, out.stride(0), out.stride(1),
+                         out.stride(2), t, splits, hkv, m_pad, REP=rep, D=d, D_P2=d_p2,
+                         SPLITS_P2=triton.next_power_of_2(splits), num_warps=1)
         return out.view(bsz, t, hq * d)
 
 
@@ -343,5 +332,3 @@ def _variant(op: str, bias, norm) -> str:
     """What a projection does besides the product, for ``shape_key``: ``linear+norm+bias``, ``silu``, ``add``."""
     return op + ("+norm" if norm is not None else "") + ("+bias" if bias is not None else "")
 
-
-TRITON = TritonOps()

@@ -168,10 +168,11 @@ class Trainer:
         return lr_lambda(total, int(total * o.warmup_ratio), o.min_lr_ratio)
 
     def _fit_budget(self, steps_done: int, seconds: float, budget_left: float) -> None:
-        """Shrink the run to the time budget: same schedule shape, fewer steps (every rank agrees)."""
+        """Fit the run to the time budget: same schedule shape, the steps the measured rate allows, never more than
+        the recipe's own (every rank agrees)."""
         rate = steps_done / max(seconds, 1e-9)
         want = self.ctx.mean([float(self.step + int(rate * budget_left))])[0]
-        total = max(self.step + 1, min(self.total_steps, int(want)))
+        total = max(self.step + 1, min(self.step_cap, int(want)))
         if total != self.total_steps:
             self.print(f"time budget: {rate:.2f} steps/s, so {total} steps instead of {self.total_steps}")
             self.total_steps = total
@@ -326,6 +327,10 @@ class Trainer:
         budget = r.train.time_budget_s
         calib = (self.step + 15, self.step + 45)  # measure steps/s over these steps, after warm-up
         t_calib = None
+        # steps/s drifts with the batches' lengths and the allocator's warm-up: fit again from the steps since the
+        # last fit when a quarter and half of the budget are spent (never later: the schedule settles)
+        refits, last_fit = [0.25, 0.5], None
+        self.step_cap = self.total_steps
         while self.step < self.total_steps:
             epoch, index = self.position
             batches = self._epoch(epoch)
@@ -345,7 +350,13 @@ class Trainer:
                 self._sync()
                 now = time.perf_counter()
                 self._fit_budget(calib[1] - calib[0], now - t_calib, budget - (now - t_start))
-                bar.total = self.total_steps
+                bar.total, last_fit = self.total_steps, (self.step, now)
+            elif last_fit and refits and self.step % r.log.every == 0 \
+                    and ctx.mean([time.perf_counter() - t_start])[0] >= refits[0] * budget:  # every rank agrees
+                refits.pop(0)
+                now = time.perf_counter()
+                self._fit_budget(self.step - last_fit[0], now - last_fit[1], budget - (now - t_start))
+                bar.total, last_fit = self.total_steps, (self.step, now)
             if self.step % r.log.every == 0 or self.step == self.total_steps:
                 losses, correct, scored = window.stats.tolist()  # the host reads the device once per log line
                 k = len(scored)

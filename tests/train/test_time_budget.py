@@ -1,0 +1,57 @@
+"""train.time_budget_s: the run ends near its budget even when steps get faster after the first measurement."""
+
+import torch
+from helpers import tiny_target
+from train_fixtures import make_data, tiny_recipe
+
+import eyas.train.trainer as trainer_module
+from eyas.train.trainer import Trainer
+
+
+class Clock:
+    """A fake clock that only the steps advance: slow steps first (warm-up, long batches), then fast ones."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_a_time_budget_is_refit_when_steps_speed_up(tmp_path, monkeypatch):
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=48)
+    clock = Clock()
+    monkeypatch.setattr(trainer_module, "time", clock)
+    t = Trainer(tiny_recipe(data, tmp_path / "run", **{"train.max_steps": 2000, "train.epochs": 500,
+                                                        "train.time_budget_s": 300}), target=target)
+    step = t.train_step
+
+    def timed_step(batch):
+        clock.now += 2.0 if t.step < 45 else 1.0  # 0.5 steps/s while calibrating, 1 step/s after
+        return step(batch)
+
+    t.train_step = timed_step
+    summary = t.fit()
+    # measured at 0.5 steps/s the run would stop at 150 steps, 195 s into a 300 s budget; refit, it uses the budget
+    assert 280 <= clock.now <= 310, clock.now
+    assert summary["steps"] == t.total_steps and 240 <= t.total_steps <= 265
+    log = (tmp_path / "run" / "log.jsonl").read_text()
+    assert log.count('"event": "budget"') == 2
+
+
+def test_a_time_budget_never_goes_past_the_recipes_steps(tmp_path, monkeypatch):
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=48)
+    clock = Clock()
+    monkeypatch.setattr(trainer_module, "time", clock)
+    t = Trainer(tiny_recipe(data, tmp_path / "run", **{"train.max_steps": 80, "train.epochs": 500,
+                                                        "train.time_budget_s": 300}), target=target)
+    step = t.train_step
+
+    def timed_step(batch):
+        clock.now += 0.1
+        return step(batch)
+
+    t.train_step = timed_step
+    assert t.fit()["steps"] == 80

@@ -43,9 +43,9 @@ from ..errors import EyasError
 from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
-from ..models.ops import ops_for
 from ..models.static_cache import StaticKV
 from ..spec.drafter import StaticDrafter, StaticExtender, draft_tree
+from ..spec.ops import TORCH, ops_for
 from ..spec.tree import Tree
 from ..spec.verify import accepted_path, finite_rows
 from .adaptive import Chooser, measure_step_costs, model_costs
@@ -142,6 +142,7 @@ class Engine:
         self.prefiller = None
         self._eos = frozenset(target.eos_token_ids)
         self.static = isinstance(target, NativeTarget)
+        self.ops = TORCH  # the acceptance's and draws' ops outside the graphs: the target pool's kernels, if any
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
             self._attach_pools()
@@ -184,7 +185,8 @@ class Engine:
             aux = tuple(self.target.aux_layer_ids) if spec.speculative else ()
             self.prefiller = StaticPrefill(self.target, self.draft_steps if spec.speculative else None, max_batch,
                                            self.max_context, aux, cuda_graphs, c.kernels)
-        kernels = ops_for(self.target_pool, like, self.target.native.rope).name
+        self.ops = ops_for(self.target_pool, like, self.target.native.rope)
+        kernels = self.ops.name
         self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
                        f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}, "
                        f"{kernels} kernels")
@@ -352,7 +354,7 @@ class Engine:
                                   [s.prompt_ids for s in seqs], self.target.info.vocab_size)
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
         logprobs = []  # the first tokens' (``_first_tokens``), where a row asks
-        first_of = lambda logits: _first_tokens(seqs, rows, lens, logits, logprobs)
+        first_of = lambda logits: _first_tokens(seqs, rows, lens, logits, logprobs, self.ops)
         p = self.prefiller
         out = p([s.prompt_ids for s in seqs], first_of) if p else None
         if out is not None:
@@ -431,7 +433,7 @@ class Engine:
         width = spec.path_width  # static, so no shape waits on the device
         finite = finite_rows(logits)  # [B]: read back with the tokens
         cols, counts, bonus = accept(tree, logits, width, rows.kind, rows.floats, rows.ints, batch.lengths,
-                                     spec.eagle_topk, pen=rows.pen_tensors())  # [B, width], [B], [B]
+                                     spec.eagle_topk, self.ops, rows.pen_tensors())  # [B, width], [B], [B]
         old = batch.lengths
         lengths = kv_cache.commit(cache, old, slots + cols, counts)
         new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
@@ -538,7 +540,7 @@ class Engine:
 
 
 def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor,
-                  logprobs: list) -> list[int]:
+                  logprobs: list, ops=TORCH) -> list[int]:
     """Each row's first token from its prefill logits [B, vocab], greedy or drawn on the device
     (``sampler.first_tokens``), read back once with each row's ``finite_rows`` flag. A row whose logits
     are not finite ends with an error (its token a placeholder the batch carries until it is filtered out).
@@ -547,7 +549,7 @@ def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, 
     if constrained(seqs):  # the grammar's mask before the first token
         zeros = torch.zeros((len(seqs), 1), dtype=torch.long, device=logits.device)
         logits = constrain(seqs, zeros, zeros - 1, logits[:, None])[:, 0]
-    firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors())
+    firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors(), ops)
     pending = first_logprobs(logits, firsts, rows) if rows.logprobs is not None else None
     if rows.pen is not None:
         rows.pen.counts = record(rows.pen.counts, firsts[:, None], torch.ones_like(firsts))

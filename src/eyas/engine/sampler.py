@@ -55,13 +55,13 @@ def accept(tree: Tree, logits: torch.Tensor, width: int, kind: str, floats: torc
 
 
 def first_tokens(logits: torch.Tensor, kind: str, floats, ints, lengths: torch.Tensor,
-                 pen: tuple | None = None) -> torch.Tensor:
+                 pen: tuple | None = None, ops=TORCH) -> torch.Tensor:
     """[B] each row's first token from its prefill logits [B, V] (prompts of ``lengths`` [B]): the same
     acceptance on a tree of the root alone, keyed by the prompt's last position (the root's token is
     a placeholder: a root-only tree's penalties count the output alone, empty here)."""
     b = logits.shape[0]
     root = consts.full((b,), 0, torch.long, logits.device)
-    return accept(Tree.root_only(root), logits[:, None], 1, kind, floats, ints, lengths - 1, 0, pen=pen)[2]
+    return accept(Tree.root_only(root), logits[:, None], 1, kind, floats, ints, lengths - 1, 0, ops, pen)[2]
 
 
 def children(parents: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

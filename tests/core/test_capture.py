@@ -142,3 +142,24 @@ def test_tree_forward_commits_only_the_accepted_path(target):
     l1, _ = target.forward(nxt, torch.tensor([[7]]), m1, cache)
     l2, _ = target.forward(nxt, torch.tensor([[7]]), m1, plain)
     torch.testing.assert_close(l1, l2, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", ["generic", "native"])
+def test_a_target_too_shallow_for_the_default_capture_still_decodes(path):
+    """Two decoder layers have no reference capture [2, N//2, N-3]: the target loads and decodes without
+    speculation (it could not be served at all before), and a capture without named layers is refused
+    with the fix."""
+    from helpers import reference_greedy, tiny_target
+
+    from eyas.models.native import NativeTarget
+
+    t = tiny_target(num_hidden_layers=2)
+    assert t.aux_layer_ids is None
+    model = t if path == "generic" else NativeTarget.from_target(t)
+    out = Engine(model, cuda_graphs=False).generate([[5, 6, 7]], SamplingParams(max_new_tokens=8))[0]
+    assert out.output_ids == reference_greedy(t.model, [5, 6, 7], 8)
+    with pytest.raises(EyasError, match="needs at least 4") as e:
+        t.set_aux_layers(None)
+    assert "aux layer ids" in e.value.fix
+    t.set_aux_layers([0, 1, 1])
+    assert t.aux_layer_ids == [0, 1, 1]

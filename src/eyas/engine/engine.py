@@ -126,8 +126,8 @@ class Engine:
                  config: EngineConfig | None = None, **settings):
         spec = spec or SpecConfig(Algorithm.NONE if draft is None else Algorithm.EAGLE3)
         config = (config or EngineConfig()).with_(**settings)
-        if draft is not None and draft.aux_layer_ids is not None:
-            target.set_aux_layers(draft.aux_layer_ids)
+        if draft is not None and (draft.aux_layer_ids is not None or target.aux_layer_ids is None):
+            target.set_aux_layers(draft.aux_layer_ids)  # None on a shallow target: the error names the fix
         if draft is not None and draft_path is None:
             draft_path = "<in-memory draft>"
         check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)

@@ -85,7 +85,11 @@ class Target:
             max_context=int(getattr(self.text_config, "max_position_embeddings", 0) or 0),
             architecture=(getattr(cfg, "architectures", None) or [type(model).__name__])[0],
         )
-        self.set_aux_layers(aux_layer_ids)
+        # A target too shallow for the reference capture has none until a draft or recipe names its layers:
+        # it still serves and generates without speculation (``set_aux_layers(None)`` says why it can't capture).
+        self.aux_layer_ids = None
+        if aux_layer_ids is not None or n >= 4:
+            self.set_aux_layers(aux_layer_ids)
         # transformers renamed ``past_key_values`` to ``cache`` in 5.2x; pass whichever it takes.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

@@ -142,7 +142,7 @@ def read_shapes(recipe: Recipe, trust_remote_code: bool = False) -> Shapes:
     from ..models.draft import Eagle3Draft
 
     target = meta_target(recipe.target, trust_remote_code)
-    if recipe.draft.aux_layer_ids is not None:
+    if recipe.draft.aux_layer_ids is not None or target.aux_layer_ids is None:  # None: the error says why
         target.set_aux_layers(recipe.draft.aux_layer_ids)
     info = target.info
     draft_vocab = min(recipe.draft.vocab_size, info.vocab_size)

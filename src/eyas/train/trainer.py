@@ -117,7 +117,7 @@ class Trainer:
             from ..models.loading import load_target
 
             target = load_target(r.target, device=self.ctx.device, dtype=r.train.target_dtype)
-        if r.draft.aux_layer_ids is not None:
+        if r.draft.aux_layer_ids is not None or target.aux_layer_ids is None:  # None: the error says why
             target.set_aux_layers(r.draft.aux_layer_ids)
         self.target = target
         ctx_len = target.info.max_context

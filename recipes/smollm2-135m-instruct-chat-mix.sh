@@ -17,6 +17,12 @@
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh select OUT     # any machine, ~15 s: the prompts, holdout file, summary
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh flags          # print the flags
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh gpu [start|wait [S]]  # gpu2.sh with PREPARE = the flags + greedy answers
+#   bash recipes/smollm2-135m-instruct-chat-mix.sh judge [DRAFT]  # on the GPU after `gpu`: DRAFT (default the run's)
+#        and the shipped draft on the chat holdout (tau at 6/8/32 and 4/4/16 greedy, 6/8/32 at T 0.7) and on the
+#        built-in chat set, per category, one after the other (`eyas eval`, batch 64, 256 tokens, eager: about
+#        50 s each); the JSONs go to /tmp/job/judge and, as judge.tgz, to $OUT
+# The shipped draft v8 came from: NG=1 BUDGET=780 EVAL=0 EXTRA="--set optim.lr=3e-4 --set
+# data.tokens_per_batch=32768" CORPUS=... bash recipes/smollm2-135m-instruct-chat-mix.sh gpu start (init v6), then judge.
 # On the GPU machine the corpus is not at ../shared: copy it under .stage/ (ignored by git, 4.4 MB) and carry
 # it with the call (carry [".stage/chat-prompts"]). gpu2.sh's other variables (BUDGET, INIT, EXTRA, NG, EVAL,
 # PAIR, ...) pass through.
@@ -35,5 +41,19 @@ case "${1:-flags}" in
   select) PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
           $PY -m eyas prepare --select-only --out "${2:?usage: $0 select OUT}" $FLAGS ;;
   gpu) shift; PREPARE="$FLAGS $ANSWERS" exec bash recipes/smollm2-135m-instruct-eagle3.gpu2.sh "${@:-run}" ;;
-  *) echo "usage: $0 flags | select OUT | gpu [run|start|wait [SECONDS]]"; exit 2 ;;
+  judge) D=${2:-/tmp/job/run/draft}; H=${HOLDOUT:-/tmp/job/data/holdout-prompts.jsonl}; J=/tmp/job/judge
+         mkdir -p $J; export PYTHONPATH=${PYTHONPATH:-/tmp/site:$REPO/src}
+         for d in "new $D" "shipped smollm2-135m-instruct-eagle3"; do
+           read -r dn dp <<< "$d"
+           for r in "hold $H 0 6,8,32" "hold $H 0 4,4,16" "hold $H 0.7 6,8,32" "chat chat 0 6,8,32"; do
+             read -r set prompts t tree <<< "$r"; IFS=, read -r S K N <<< "$tree"
+             echo "=== $dn $set $tree T=$t"
+             ${PY:-python3} -m eyas eval --model-path ${M:-/tmp/smollm2.gguf} --speculative-draft-model-path "$dp" \
+               --prompts "$prompts" --num-prompts 400 --max-new-tokens 256 --batch-size 64 --temperature $t \
+               --speculative-num-steps $S --speculative-eagle-topk $K --speculative-num-draft-tokens $N \
+               --disable-cuda-graph --json-out $J/$dn-$set-$S-$K-$N-t$t.json 2>&1 | grep -v "it/s]"
+           done
+         done
+         [ -z "${OUT:-}" ] || tar czf $OUT/judge.tgz -C /tmp/job judge ;;
+  *) echo "usage: $0 flags | select OUT | gpu [run|start|wait [SECONDS]] | judge [DRAFT]"; exit 2 ;;
 esac

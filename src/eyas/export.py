@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .errors import EyasError
-from .models import formats
+from .models import format_names, format_writers, formats
 from .models.loading import SMOLLM2
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -74,15 +74,15 @@ def run(args) -> int:
                         "(it shares the target's)",
                         "drop --include-embeddings; SGLang and vLLM take them from the target")
     dtype = DTYPES[args.dtype] if args.dtype else None
-    target = public_target(args.target or formats.recorded_target(folder.config))
+    target = public_target(args.target or format_names.recorded_target(folder.config))
     if args.format == "sglang":
-        formats.write_sglang(folder, out, include_embeddings=args.include_embeddings, dtype=dtype)
+        format_writers.write_sglang(folder, out, include_embeddings=args.include_embeddings, dtype=dtype)
     else:
         if args.speculative_tokens < 1:
             raise EyasError(f"--speculative-tokens {args.speculative_tokens} must be at least 1", "e.g. 3")
-        formats.write_speculators(folder, out, verifier=target, include_embeddings=args.include_embeddings,
-                                  dtype=dtype, speculative_tokens=args.speculative_tokens)
-    print(f"exported {formats.LOOKS_LIKE[folder.format]} from {source}")
+        format_writers.write_speculators(folder, out, verifier=target, include_embeddings=args.include_embeddings,
+                                         dtype=dtype, speculative_tokens=args.speculative_tokens)
+    print(f"exported {format_names.LOOKS_LIKE[folder.format]} from {source}")
     print(f"      as {args.format} to {out}")
     ids = folder.aux_layer_ids
     print("captured target layers (inputs of decoder layers): "

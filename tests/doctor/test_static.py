@@ -16,7 +16,7 @@ from transformers import LlamaConfig
 from eyas.cli import main
 from eyas.common.training_record import template_sha
 from eyas.doctor.static import diagnose
-from eyas.models import formats
+from eyas.models import format_writers, formats
 from eyas.models.draft import Eagle3Draft
 
 
@@ -87,7 +87,7 @@ def test_every_hidden_state_concatenated(saved, target, tmp_path):
 
 
 def sglang_copy(draft: Path, out: Path, ids=None) -> Path:
-    formats.write_sglang(formats.read_draft(draft), out)
+    format_writers.write_sglang(formats.read_draft(draft), out)
     if ids is not None:
         def fn(cfg):
             cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
@@ -212,8 +212,9 @@ def test_template_digest_is_the_one_eyas_prepare_records(target):
 def test_sglang_and_speculators_exports_pass(saved, tmp_path):
     target, draft = saved
     folder = formats.read_draft(draft)
-    for name, out in (("sglang", formats.write_sglang(folder, tmp_path / "sgl")),
-                      ("speculators", formats.write_speculators(folder, tmp_path / "spec", verifier=str(target)))):
+    sgl = format_writers.write_sglang(folder, tmp_path / "sgl")
+    spec = format_writers.write_speculators(folder, tmp_path / "spec", verifier=str(target))
+    for name, out in (("sglang", sgl), ("speculators", spec)):
         r = diagnose(out, str(target), "EAGLE3")
         assert r.exit_code == 0, (name, r.to_json())
         assert r.figures["format"] == name

@@ -10,7 +10,7 @@ from interop_helpers import DRAFT_VOCAB, WRITERS, sglang_tensors
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
-from eyas.models import formats
+from eyas.models import format_names, formats
 from eyas.models.draft import Eagle3Draft
 
 PROMPTS = [[72, 101, 108, 108, 111], [256, 87, 104, 97, 116, 32]]
@@ -18,9 +18,9 @@ NEW = 10
 
 # format -> (what detect_format says, captured layers in eyas's convention)
 EXPECTED = {
-    "sglang": (formats.SGLANG, [2, 4, 5]),  # SpecForge's [1, 3, 4] + 1
-    "speculators": (formats.SPECULATORS, [1, 4, 6]),  # used as is
-    "eagle3": (formats.OFFICIAL, None),  # none written: the target's default [2, 4, 5]
+    "sglang": (format_names.SGLANG, [2, 4, 5]),  # SpecForge's [1, 3, 4] + 1
+    "speculators": (format_names.SPECULATORS, [1, 4, 6]),  # used as is
+    "eagle3": (format_names.OFFICIAL, None),  # none written: the target's default [2, 4, 5]
 }
 
 
@@ -69,7 +69,7 @@ def test_specforge_full_vocabulary_folder(target, tmp_path):
 @pytest.mark.parametrize("name", ["eyas", "sglang", "speculators", "eagle3"])
 def test_fixture_generates_losslessly(target, fixture_dirs, references, name):
     draft = formats.load_draft(fixture_dirs[name], embed_weight=target.embed_tokens.weight, dtype=target.dtype)
-    assert draft.source_format == (formats.EYAS if name == "eyas" else EXPECTED[name][0])
+    assert draft.source_format == (format_names.EYAS if name == "eyas" else EXPECTED[name][0])
     try:
         engine = Engine(target, draft, SpecConfig("EAGLE3", 3, 2, 5))  # runs every misconfiguration check
         outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, temperature=0.0, ignore_eos=True))

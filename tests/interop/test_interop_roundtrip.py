@@ -11,7 +11,7 @@ from interop_helpers import DRAFT_VOCAB, WRITERS, sglang_tensors
 from safetensors import safe_open
 
 from eyas.cli import main
-from eyas.models import formats
+from eyas.models import format_names, format_writers, formats
 from eyas.models.draft import Eagle3Draft
 
 AUX = [1, 3, 6]  # eyas ids (inputs of decoder layers 1, 3, 6), deliberately not the default
@@ -42,8 +42,8 @@ def _logits(draft, seed=0):
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])
 def test_round_trip(target, eyas_dir, tmp_path, fmt):
     src = formats.read_draft(eyas_dir)
-    assert src.format == formats.EYAS and src.aux_layer_ids == AUX
-    out = formats.WRITERS[fmt](src, tmp_path / fmt)
+    assert src.format == format_names.EYAS and src.aux_layer_ids == AUX
+    out = format_writers.WRITERS[fmt](src, tmp_path / fmt)
     back = formats.read_draft(out)
     assert back.format == fmt and back.aux_layer_ids == AUX
     assert set(back.state) == set(src.state)
@@ -54,12 +54,12 @@ def test_round_trip(target, eyas_dir, tmp_path, fmt):
     (la, ha), (lb, hb) = _logits(a), _logits(b)
     assert torch.equal(la, lb) and torch.equal(ha, hb)
     again = formats.read_draft(b.save_pretrained(tmp_path / "again", dtype=torch.float32))  # back to eyas
-    assert again.format == formats.EYAS and again.aux_layer_ids == AUX
+    assert again.format == format_names.EYAS and again.aux_layer_ids == AUX
     assert all(torch.equal(again.state[k], v) for k, v in src.state.items()) and set(again.state) == set(src.state)
 
 
 def test_sglang_export_layout(eyas_dir, tmp_path):
-    out = formats.write_sglang(formats.read_draft(eyas_dir), tmp_path / "sg")
+    out = format_writers.write_sglang(formats.read_draft(eyas_dir), tmp_path / "sg")
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and "eyas" not in config
     assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 2, 5], "use_aux_hidden_state": True}
@@ -73,7 +73,7 @@ def test_sglang_export_layout(eyas_dir, tmp_path):
 
 
 def test_speculators_export_layout(eyas_dir, tmp_path):
-    out = formats.write_speculators(formats.read_draft(eyas_dir), tmp_path / "sp")
+    out = format_writers.write_speculators(formats.read_draft(eyas_dir), tmp_path / "sp")
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["Eagle3Speculator"] and config["speculators_model_type"] == "eagle3"
     spec = config["speculators_config"]
@@ -94,7 +94,7 @@ def test_speculators_export_layout(eyas_dir, tmp_path):
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])
 def test_any_format_exports_to_any(tmp_path, source, fmt):
     src = formats.read_draft(WRITERS[source](tmp_path / source))
-    back = formats.read_draft(formats.WRITERS[fmt](src, tmp_path / fmt))
+    back = formats.read_draft(format_writers.WRITERS[fmt](src, tmp_path / fmt))
     assert back.aux_layer_ids == src.aux_layer_ids
     assert all(torch.equal(back.state[k], v) for k, v in src.state.items()) and set(back.state) == set(src.state)
 

@@ -23,7 +23,7 @@ from helpers import save_tiny_model
 from interop_helpers import DRAFT_VOCAB, sglang_tensors
 from safetensors.torch import load_file
 
-from eyas.models import formats
+from eyas.models import format_names, format_writers, formats
 from eyas.models.draft import Eagle3Draft
 
 INSTALL = "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 loguru==0.7.3"
@@ -43,7 +43,7 @@ def test_speculators_package_loads_export_and_matches_logits(target, tmp_path):
     draft.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in sglang_tensors(seed=7).items()},
                           strict=False)
     src = formats.read_draft(draft.save_pretrained(tmp_path / "eyas", dtype=torch.float32))
-    export = formats.write_speculators(src, tmp_path / "speculators", verifier=str(verifier))
+    export = format_writers.write_speculators(src, tmp_path / "speculators", verifier=str(verifier))
 
     g = torch.Generator().manual_seed(0)
     t = 11
@@ -76,7 +76,7 @@ def test_speculators_package_loads_export_and_matches_logits(target, tmp_path):
     assert torch.equal(got["tokens"], logits.argmax(-1))
     # the other way: eyas reads the folder speculators itself wrote (architectures Eagle3DraftModel)
     back = formats.read_draft(resaved)
-    assert back.format == formats.SPECULATORS and back.aux_layer_ids == [1, 3, 6]
+    assert back.format == format_names.SPECULATORS and back.aux_layer_ids == [1, 3, 6]
     assert all(torch.equal(back.state[k], v) for k, v in src.state.items())
     assert set(back.state) - set(src.state) == {"embed_tokens.weight"}  # speculators saves the verifier's copy
     assert torch.equal(back.state["embed_tokens.weight"], embed)

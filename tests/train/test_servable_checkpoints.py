@@ -12,7 +12,7 @@ from train_fixtures import make_data, tiny_recipe
 
 from eyas.cli import main
 from eyas.engine.sampling import SamplingParams
-from eyas.models import formats
+from eyas.models import format_names, formats
 from eyas.models.loading import load_target
 from eyas.pipeline import EngineArgs, build_engine
 from eyas.train.trainer import Trainer
@@ -35,7 +35,7 @@ def test_a_checkpoint_holds_the_draft_as_the_final_folder_does(run):
     folder, _, _, _ = run
     step = folder / "checkpoints" / "step-60"
     assert {p.name for p in step.iterdir()} == {"config.json", "model.safetensors", "state.pt", "checkpoint.json"}
-    assert formats.detect_format(step) == formats.EYAS
+    assert formats.detect_format(step) == format_names.EYAS
     saved, final = formats.read_draft(step), formats.read_draft(folder / "draft")  # the recipe saves float32
     assert saved.config.to_dict() == final.config.to_dict()
     assert saved.state.keys() == final.state.keys() and "embed_tokens.weight" not in saved.state

@@ -25,7 +25,7 @@ from ..common.training_record import read_record, template_sha
 from ..config import Algorithm
 from ..errors import EyasError
 from ..layers import check_aux_layers, default_aux_layers, to_sglang
-from ..models import formats
+from ..models import format_names, formats
 from .verdict import OK, PROBLEM, WARNING, Report
 
 FMT_NAMES = {"eyas": "eyas", "sglang": "SGLang/SpecForge", "speculators": "speculators (vLLM)",
@@ -151,7 +151,7 @@ def check_vocab_row(report: Report, folder, facts: TargetFacts) -> None:
         report.add("vocabulary", PROBLEM, f"the draft's vocabulary has {v} tokens, the target's {tv}: "
                    "another tokenizer", "use a draft trained for this target's tokenizer")
         return
-    rec = formats.recorded_target(folder.config)
+    rec = format_names.recorded_target(folder.config)
     report.add("vocabulary", OK, f"{v} tokens on both sides" + (f"; trained for {rec}" if rec else ""))
 
 

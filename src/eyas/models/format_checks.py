@@ -1,0 +1,96 @@
+"""Whether a draft folder's tensors are an EAGLE-3 draft eyas can run, with a message naming what is wrong.
+
+``check_official_shapes``: a ``LlamaForCausalLM`` folder is an official EAGLE-3 release only if its
+``fc`` fuses three target states (and not two: EAGLE-1/2). ``check_state``: every tensor the draft
+needs is there and ``fc`` / ``lm_head`` agree with the config. ``check_fits``: no tensor more and
+every shape the one eyas's draft built from the config has. Tensors are named as the folder's
+format spells them (``format_names.shown``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import LlamaConfig
+
+from ..errors import EyasError
+from .format_names import LOOKS_LIKE, OFFICIAL, OFFICIAL_ARCHITECTURE, REQUIRED, shown
+
+
+def check_official_shapes(path: Path, data: dict, shapes: dict) -> None:
+    """A LlamaForCausalLM folder is an EAGLE-3 draft only if its fc fuses 3 target states."""
+    hidden = int(data.get("hidden_size") or 0)
+    target_hidden = int(data.get("target_hidden_size") or hidden)
+    if "fc.weight" not in shapes:
+        layered = any(k.startswith("layers.") for k in shapes)
+        raise EyasError(
+            f"{path}: config.json says {OFFICIAL_ARCHITECTURE} and there is no fc.weight"
+            + (" but full decoder layers: this is a plain Llama model, not a draft" if layered else "")
+            + "; an official EAGLE-3 draft has fc.weight of width 3 x hidden and midlayer.* tensors",
+            "pass an EAGLE-3 draft folder as the draft (the target goes in --model-path)",
+        )
+    if len(shapes["fc.weight"]) != 2:
+        raise EyasError(f"{path} looks like {LOOKS_LIKE[OFFICIAL]}, but fc.weight has shape {shapes['fc.weight']}, "
+                        "not a matrix", "download the draft again")
+    out_dim, in_dim = shapes["fc.weight"]
+    if in_dim == 2 * target_hidden:
+        raise EyasError(
+            f"{path}: fc.weight is {in_dim} = 2 x hidden {target_hidden} wide, cat(embed, hidden): this is an "
+            "EAGLE-1/2 draft, not EAGLE-3 (whose fc fuses 3 captured target states, 3 x hidden)",
+            "serve it with SGLang --speculative-algorithm EAGLE, or train an EAGLE-3 draft with eyas train",
+        )
+    if in_dim != 3 * target_hidden or out_dim != hidden:
+        raise EyasError(
+            f"{path} looks like {LOOKS_LIKE[OFFICIAL]}, but fc.weight is {out_dim} x {in_dim}; with hidden_size "
+            f"{hidden} and target_hidden_size {target_hidden} it must be {hidden} x {3 * target_hidden}",
+            "the weights and config.json do not belong together; download the draft again",
+        )
+
+
+
+def check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None:
+    looks = LOOKS_LIKE[fmt]
+    missing = [n for n in REQUIRED if n not in state]
+    vocab, draft_vocab = int(config.vocab_size), int(config.draft_vocab_size)
+    if draft_vocab != vocab and "d2t" not in state:
+        missing.append("d2t")
+    if missing:
+        absent = ", ".join(shown(fmt, n) for n in missing)
+        extra = (f" (its draft vocabulary of {draft_vocab} tokens is smaller than the target's {vocab}, so d2t, "
+                 "the draft-to-target id map, is required)") if "d2t" in missing else ""
+        raise EyasError(f"{path} looks like {looks} but is missing {absent}{extra}",
+                        "download or export the draft again; a complete folder has all of "
+                        + ", ".join(shown(fmt, n) for n in (*REQUIRED, "d2t")))
+    hidden = int(config.hidden_size)
+    target_hidden = int(getattr(config, "target_hidden_size", None) or hidden)
+    ids = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    n_aux = len(ids) if ids is not None else 3
+    fc = tuple(state["fc.weight"].shape)
+    if fc != (hidden, n_aux * target_hidden):
+        raise EyasError(
+            f"{path} looks like {looks}, but fc.weight is {' x '.join(map(str, fc)) or 'a scalar'}; "
+            f"it must fuse {n_aux} captured "
+            f"layers x target_hidden_size {target_hidden} = {n_aux * target_hidden} into hidden {hidden}"
+            + (" (2 x hidden: an EAGLE-1/2 draft)" if fc[-1] == 2 * target_hidden else ""),
+            "the weights and config.json do not belong together; re-export the draft from its source",
+        )
+    lm_head = tuple(state["lm_head.weight"].shape)
+    if lm_head != (draft_vocab, hidden):
+        raise EyasError(f"{path} looks like {looks}, but lm_head.weight is {lm_head}, its config implies "
+                        f"({draft_vocab}, {hidden}) = (draft_vocab_size, hidden_size)",
+                        "the weights and config.json do not belong together")
+
+
+def check_fits(path: Path, fmt: str, state: dict, expected: dict) -> None:
+    """``state`` (completed for loading) against ``expected``, the shapes of eyas's draft built from its config."""
+    looks = LOOKS_LIKE[fmt]
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise EyasError(f"{path} looks like {looks} but holds tensors eyas's draft does not have: "
+                        f"{', '.join(shown(fmt, k) for k in unexpected)}",
+                        "this is a variant of EAGLE-3 eyas cannot run (e.g. extra layers or biases)")
+    for k, shape in expected.items():
+        if tuple(state[k].shape) != shape:
+            raise EyasError(f"{path} looks like {looks}, but {shown(fmt, k)} has shape "
+                            f"{tuple(state[k].shape)}, its config implies {shape}",
+                            "the weights and config.json do not belong together")

@@ -124,10 +124,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/kernel-profile-smollm2.json")
     args = ap.parse_args()
     if args.torch_draws:
-        from eyas.spec.tree_kernels import TritonTreeOps
         from eyas.spec.tree_ops import TreeOps
+        from eyas.spec.verify_kernels import TritonVerifyOps
 
-        TritonTreeOps.uniform = TreeOps.uniform
+        TritonVerifyOps.uniform = TreeOps.uniform
 
     if args.model_path in ("8b", "smollm2-shape"):
         from eyas.models.native import NativeTarget

@@ -1,4 +1,5 @@
-"""The Triton kernels (``eyas.models.kernels``, ``eyas.spec.tree_kernels``) against the torch ops they replace.
+"""The Triton kernels (``eyas.models.kernels``, ``eyas.spec.tree_kernels`` and ``verify_kernels``) against the
+torch ops they replace.
 
 Without a GPU they run in Triton's interpreter (``conftest`` sets ``TRITON_INTERPRET=1``): the same
 kernel code, its loads, masks, strides and stores, executed program by program on the CPU.

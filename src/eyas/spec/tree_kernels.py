@@ -1,5 +1,5 @@
-"""Triton kernels of the token tree's ops, and ``TritonTreeOps``, which launches them: ``tree_ops.TreeOps``
-in fewer launches.
+"""Triton kernels of drafting the token tree, and ``TritonTreeOps``, which launches them and the verified
+tree's (``verify_kernels``): ``tree_ops.TreeOps`` in fewer launches.
 
 - ``top_children`` (two kernels): a draft tree level's expansion. The first splits each row of
   draft logits into blocks and takes, per block, its max, its sum of exponentials and its ``k``
@@ -11,15 +11,13 @@ in fewer launches.
   picks the next frontier and gathers its tokens, hidden rows and mask rows (a ``topk``, a division,
   three gathers and a ``maximum`` before); one at the end picks the tree from all candidates and
   writes its tokens, parents, depths and ancestor mask (about 30 torch kernels before: ``cat``s,
-  ``topk``, ``sort``, ``searchsorted``, and the ancestor closure's batched matmuls);
-- ``accept_greedy``, ``tree_mask`` / ``block_mask``: greedy acceptance of a verified tree, and the
-  verify's and the draft extend's additive masks, one kernel each;
-- ``uniform``: a sampled step's counter-based draws (``rng.uniform``), one kernel for the about 90
-  integer torch ops of the reference.
+  ``topk``, ``sort``, ``searchsorted``, and the ancestor closure's batched matmuls).
 
-They launch through ``TritonOps._launch`` and fall back through ``TritonOps._or_torch``, under the
-instance's ``KernelSettings`` and the process's ``triton_ops.FAILURES`` (``top_children_failed`` is the
-drafting kernels'). ``SpecTritonOps`` at the end is the block's kernels and these together: the engine's
+The verified tree's kernels (``accept_greedy``, ``tree_mask`` / ``block_mask``, ``uniform``) are in
+``verify_kernels``; ``TritonTreeOps`` is its ``TritonVerifyOps`` with the kernels above. All launch through
+``TritonOps._launch`` and fall back through ``TritonOps._or_torch``, under the instance's
+``KernelSettings`` and the process's ``triton_ops.FAILURES`` (``top_children_failed`` is the drafting
+kernels'). ``SpecTritonOps`` at the end is the block's kernels and the tree's together: the engine's
 ops on the GPU (``spec.ops.ops_for``). It is composed here, not in ``models``,
 because ``models`` never imports ``spec``; and not in ``spec.ops``, which must import without Triton.
 The kernels agree with ``TreeOps`` exactly (``tests/core/test_kernels.py``).
@@ -35,6 +33,7 @@ from ..errors import EyasError
 from ..models.kernels.pdl import _after_previous_kernel
 from ..models.kernels.triton_ops import TritonOps, _rows
 from .tree_ops import TreeOps
+from .verify_kernels import TritonVerifyOps
 
 
 @triton.jit
@@ -169,97 +168,17 @@ def _select_tree_kernel(scores, tokens, s_c, frontiers, s_fb, root, scale, shift
     tl.store(out_mask + (b * T + i[:, None]) * T + jj[None, :], seen.to(tl.uint8), mask=t[:, None] & (jj < T)[None, :])
 
 
-@triton.jit
-def _accept_greedy_kernel(tokens, parents, depth, mask, choice, cols, counts, bonus, T, WIDTH,
-                          T_P2: tl.constexpr, W_P2: tl.constexpr, PDL: tl.constexpr):
-    """``TreeOps.accept_greedy`` for one row of trees (program ``b``): node ``i`` is accepted when it and
-    every ancestor (``mask[b, i, :]``) carry the target's ``choice`` at their parent; the deepest
-    accepted node (the first on a tie) ends the path, whose node at each depth goes to ``cols``."""
-    _after_previous_kernel(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, T_P2)
-    live = i < T
-    tok = tl.load(tokens + b * T + i, mask=live, other=-1)
-    par = tl.load(parents + b * T + i, mask=live, other=-1)
-    dep = tl.load(depth + b * T + i, mask=live, other=0)
-    want = tl.load(choice + b * T + tl.maximum(par, 0), mask=live, other=-1)
-    correct = (tok == want) | (par < 0)
-    anc = tl.load(mask + (b * T + i[:, None]) * T + i[None, :], mask=live[:, None] & live[None, :], other=0) != 0
-    wrong = tl.sum((anc & (correct == 0)[None, :]).to(tl.int32), axis=1)  # [T]: ancestors (or self) not correct
-    score = tl.where(live & (wrong == 0), dep, -1)
-    end = tl.min(tl.where(score == tl.max(score, axis=0), i, T_P2), axis=0)  # the deepest, the first on a tie
-    path = tl.sum(tl.where(i[:, None] == end, anc.to(tl.int32), 0), axis=0) != 0  # [T] end's ancestors and itself
-    level = tl.arange(0, W_P2)
-    at = tl.sum(tl.where(path[None, :] & (dep[None, :] == level[:, None]), i[None, :], 0), axis=1)  # [W]
-    tl.store(cols + b * WIDTH + level, at.to(tl.int64), mask=level < WIDTH)
-    tl.store(counts + b, (tl.sum(tl.where(i == end, dep, 0), axis=0) + 1).to(tl.int64))
-    tl.store(bonus + b, tl.load(choice + b * T + end).to(tl.int64))
-
-
-@triton.jit
-def _new_block_mask_kernel(lengths, tree, s_tb, counts, prefix, out, T, W, low, TREE: tl.constexpr,
-                           BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``TreeOps.tree_mask`` (``TREE``) or ``block_mask`` for row ``b`` and new token ``t`` (program
-    ``b * T + t``), ``BLOCK`` columns of the window per program: 0 where the token sees the slot, ``low``
-    (the dtype's min) elsewhere. It sees the row's committed slots and, of the ``T`` new ones written at
-    ``prefix..``, with ``TREE`` itself and its ancestors (``tree[b, t]``), else the first ``counts[b]``
-    up to itself (a token past them, padding, sees those and itself). ``s_tb``: ``tree``'s batch stride
-    (0 for one tree shared by every row)."""
-    _after_previous_kernel(PDL)
-    r = tl.program_id(0).to(tl.int64)
-    b = r // T
-    t = r % T
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    rel = c - tl.load(prefix)
-    inside = (rel >= 0) & (rel < T) & (c < W)
-    if TREE:
-        seen = tl.load(tree + b * s_tb + t * T + rel, mask=inside, other=0) != 0
-    else:
-        seen = inside & (rel <= t) & ((rel < tl.load(counts + b)) | (rel == t))
-    visible = (c < tl.load(lengths + b)) | seen
-    tl.store(out + r * W + c, tl.where(visible, 0.0, low).to(out.dtype.element_ty), mask=c < W)
-
-
-@triton.jit
-def _lowbias32(x):
-    """``rng._mix`` on uint32 values, whose products wrap modulo 2^32 by themselves."""
-    x = x ^ (x >> 16)
-    x = x * tl.full(x.shape, 0x7FEB352D, tl.uint32)
-    x = x ^ (x >> 15)
-    x = x * tl.full(x.shape, 0x846CA68B, tl.uint32)
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def _uniform_kernel(seed, position, out, LANES, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``TreeOps.uniform`` for row ``b`` (program ``b``): ``rng.uniform(seed[b], position[b], lane)`` at every
-    lane, the same bits (the seed's halves and the position cut to 32 bits in int64 first, as there)."""
-    _after_previous_kernel(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    lane = tl.arange(0, BLOCK)
-    s = tl.load(seed + b + lane * 0)  # [BLOCK] copies: the hash then runs on vectors alone
-    pos = tl.load(position + b + lane * 0)
-    lo = (s & 0xFFFFFFFF).to(tl.uint32)
-    hi = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    h = _lowbias32(lo ^ tl.full(lo.shape, 0x9E3779B9, tl.uint32))
-    h = _lowbias32(h ^ hi)
-    h = _lowbias32(h ^ (pos & 0xFFFFFFFF).to(tl.uint32))
-    h = _lowbias32(h ^ lane.to(tl.uint32))
-    u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
-    tl.store(out + b * LANES + lane, u, mask=lane < LANES)
-
-
 def _batch_rows(t: torch.Tensor) -> bool:
     """Whether the top-children kernels can address ``t`` in place: batch row ``b`` at ``b *
     t.stride(0)``, its entries back to back (any batch stride: slices of a tree's candidate buffers)."""
     return t.dim() <= 1 or t[0].is_contiguous()
 
 
-class TritonTreeOps(TreeOps):
+class TritonTreeOps(TritonVerifyOps):
     """The tree's ops as Triton kernels, a mixin over ``TritonOps`` (its ``_or_torch``): a kernel that
     cannot run falls back to the ``TreeOps`` reference; ``top_children``, ``next_frontier`` and
-    ``select_tree`` alone (``top_children_failed``), ``accept_greedy`` and the masks with the
-    forward's kernels (``failed``)."""
+    ``select_tree`` alone (``top_children_failed``), ``accept_greedy``, the masks and the draws
+    (``TritonVerifyOps``) with the forward's kernels (``failed``)."""
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
                      base: torch.Tensor | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -279,58 +198,6 @@ class TritonTreeOps(TreeOps):
         return self._or_torch(lambda: self._select_tree(scores, tokens, frontiers, root, scale, shift, size, k),
                               lambda: TreeOps.select_tree(self, scores, tokens, frontiers, root, scale, shift, size, k),
                               "top_children_failed", "tree levels use log_softmax + topk")
-
-    def accept_greedy(self, tokens, parents, depth, mask, choice, width: int):
-        return self._or_torch(lambda: self._accept_greedy(tokens, parents, depth, mask, choice, width),
-                              lambda: TreeOps.accept_greedy(self, tokens, parents, depth, mask, choice, width))
-
-    def tree_mask(self, lengths, tree_mask, prefix, window: int, dtype: torch.dtype):
-        return self._or_torch(lambda: self._tree_mask(lengths, tree_mask, prefix, window, dtype),
-                              lambda: TreeOps.tree_mask(self, lengths, tree_mask, prefix, window, dtype))
-
-    def block_mask(self, lengths, counts, prefix, width: int, window: int, dtype: torch.dtype):
-        return self._or_torch(lambda: self._block_mask(lengths, counts, prefix, width, window, dtype),
-                              lambda: TreeOps.block_mask(self, lengths, counts, prefix, width, window, dtype))
-
-    def uniform(self, seed: torch.Tensor, position: torch.Tensor, lanes: int) -> torch.Tensor:
-        return self._or_torch(lambda: self._uniform(seed, position, lanes),
-                              lambda: TreeOps.uniform(self, seed, position, lanes))
-
-    def _uniform(self, seed, position, lanes):
-        out = torch.empty((seed.shape[0], lanes), dtype=torch.float32, device=seed.device)
-        self._launch(_uniform_kernel, (seed.shape[0],), seed.contiguous(), position.contiguous(), out, lanes,
-                     BLOCK=max(16, triton.next_power_of_2(lanes)), num_warps=1)
-        return out
-
-    def _accept_greedy(self, tokens, parents, depth, mask, choice, width):
-        bsz, t = tokens.shape
-        dev = tokens.device
-        cols = torch.empty((bsz, width), dtype=torch.long, device=dev)
-        counts = torch.empty(bsz, dtype=torch.long, device=dev)
-        bonus = torch.empty(bsz, dtype=torch.long, device=dev)
-        self._launch(_accept_greedy_kernel, (bsz,), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
-                     mask.contiguous().view(torch.uint8), choice.contiguous(), cols, counts, bonus, t, width,
-                     T_P2=max(2, triton.next_power_of_2(t)), W_P2=max(2, triton.next_power_of_2(width)), num_warps=4)
-        return cols, counts, bonus
-
-    def _tree_mask(self, lengths, tree_mask, prefix, window, dtype):
-        if not tree_mask[0].is_contiguous():  # each row's [T, T] in place; rows apart, or one shared (stride 0)
-            tree_mask = tree_mask.contiguous()
-        return self._new_block_mask(lengths, tree_mask.view(torch.uint8), lengths, prefix, tree_mask.shape[1], window,
-                                    dtype)
-
-    def _block_mask(self, lengths, counts, prefix, width, window, dtype):
-        return self._new_block_mask(lengths, None, counts, prefix, width, window, dtype)
-
-    def _new_block_mask(self, lengths, tree, counts, prefix, t, window, dtype):
-        bsz = lengths.shape[0]
-        out = torch.empty((bsz, 1, t, window), dtype=dtype, device=lengths.device)
-        block = min(1024, triton.next_power_of_2(window))
-        self._launch(_new_block_mask_kernel, (bsz * t, triton.cdiv(window, block)), lengths.contiguous(),
-                     lengths if tree is None else tree, 0 if tree is None else tree.stride(0), counts.contiguous(),
-                     prefix.reshape(1), out, t, window, torch.finfo(dtype).min, TREE=tree is not None, BLOCK=block,
-                     num_warps=4)
-        return out
 
     def _top_children(self, logits, k, to_target, base, out):
         n = logits.shape[-1]

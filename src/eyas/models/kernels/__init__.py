@@ -13,7 +13,8 @@ docs/log/engine.md; what the engine measures now: docs/engine.md, "What it measu
 - ``triton_ops``: ``TritonOps``, which launches them (``_launch``) in place of ``models.torch_ops.TorchOps``
   and falls back to it where a kernel cannot run; ``pdl``: what every kernel shares.
 
-The token tree's kernels (drafting and verification) are ``eyas.spec.tree_kernels``.
+The token tree's kernels are ``eyas.spec.tree_kernels`` (drafting) and ``eyas.spec.verify_kernels``
+(acceptance, masks, draws).
 
 The arithmetic is float32 with one rounding to the model's dtype at the end, where the torch ops
 round after each op; the two agree to that rounding (``tests/core/test_kernels.py``). Without a

@@ -1,8 +1,8 @@
 """What every Triton kernel of eyas shares: the wait of programmatic dependent launch, and whether the
 kernels run in Triton's interpreter.
 
-Each kernel (``models.kernels``: norm, attention, linear; ``spec.tree_kernels``) calls
-``_after_previous_kernel`` first. The launch side, ``triton_ops.TritonOps._launch``, which asks for
+Each kernel (``models.kernels``: norm, attention, linear; ``spec.tree_kernels``, ``spec.verify_kernels``)
+calls ``_after_previous_kernel`` first. The launch side, ``triton_ops.TritonOps._launch``, which asks for
 the dependent launch (unless its ``KernelSettings.pdl`` is off) and falls back to the plain one, sits with
 ``TritonOps``.
 ``_INTERPRETED``: the kernels were defined under ``TRITON_INTERPRET=1`` (how the CPU tests run them).

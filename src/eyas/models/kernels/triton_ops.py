@@ -1,10 +1,10 @@
 """``TritonOps``: ``torch_ops.TorchOps`` in fewer launches, for the static-cache path, under one
 ``KernelSettings``; and ``FAILURES``, the kernel families that failed in this process.
 
-The kernels are in ``norm``, ``attention`` and ``linear`` (the token tree's in ``spec.tree_kernels``,
-which ``spec.ops`` adds to these for the engine). Every Triton kernel of eyas, the tree's included,
-launches through ``TritonOps._launch`` and falls back through ``TritonOps._or_torch``, which read the
-instance's settings (``pdl``, ``mode``) and the process's ``FAILURES``.
+The kernels are in ``norm``, ``attention`` and ``linear`` (the token tree's in ``spec.tree_kernels`` and
+``spec.verify_kernels``, which ``spec.ops`` adds to these for the engine). Every Triton kernel of eyas, the
+tree's included, launches through ``TritonOps._launch`` and falls back through ``TritonOps._or_torch``,
+which read the instance's settings (``pdl``, ``mode``) and the process's ``FAILURES``.
 """
 
 from __future__ import annotations

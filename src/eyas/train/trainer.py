@@ -31,6 +31,7 @@ from ..models.draft import Eagle3Draft
 from ..models.vocab import build_vocab
 from . import checkpoint, trackers
 from .batches import collate, epoch_batches, rank_rows, to_device
+from .budget import TimeBudget
 from .evaluate import heldout_metrics
 from .logger import RunLog, Window
 from .recipe import Recipe
@@ -299,6 +300,10 @@ class Trainer:
         # res.stats[0] is this rank's loss over (global count / world): its ranks' mean is the global mean.
         return {"stats": res.stats, "grad_norm": gnorm, "tokens": b.tokens}
 
+    def _synced_time(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
     def _sync(self) -> None:
         if self.ctx.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -324,12 +329,7 @@ class Trainer:
         t_window = time.perf_counter()
         t_start, tokens_total = time.perf_counter(), 0
         last_eval = None
-        budget = r.train.time_budget_s
-        calib = (self.step + 15, self.step + 45)  # measure steps/s over these steps, after warm-up
-        t_calib = None
-        # steps/s drifts with the batches' lengths and the allocator's warm-up: fit again from the steps since the
-        # last fit when a quarter and half of the budget are spent (never later: the schedule settles)
-        refits, last_fit = [0.25, 0.5], None
+        budget = TimeBudget(r.train.time_budget_s, self.step, t_start) if r.train.time_budget_s else None
         self.step_cap = self.total_steps
         while self.step < self.total_steps:
             epoch, index = self.position
@@ -343,20 +343,11 @@ class Trainer:
             self.position = (epoch, index + 1)
             window.add(m["stats"], m["tokens"])
             bar.update(1)
-            if budget and self.step == calib[0]:
-                self._sync()
-                t_calib = time.perf_counter()
-            if budget and self.step == calib[1] and t_calib is not None:
-                self._sync()
-                now = time.perf_counter()
-                self._fit_budget(calib[1] - calib[0], now - t_calib, budget - (now - t_start))
-                bar.total, last_fit = self.total_steps, (self.step, now)
-            elif last_fit and refits and self.step % r.log.every == 0 \
-                    and ctx.mean([time.perf_counter() - t_start])[0] >= refits[0] * budget:  # every rank agrees
-                refits.pop(0)
-                now = time.perf_counter()
-                self._fit_budget(self.step - last_fit[0], now - last_fit[1], budget - (now - t_start))
-                bar.total, last_fit = self.total_steps, (self.step, now)
+            fit = budget and budget.due(self.step, self.step % r.log.every == 0, self._synced_time,
+                                        lambda: ctx.mean([time.perf_counter() - t_start])[0])
+            if fit:
+                self._fit_budget(*fit)
+                bar.total = self.total_steps
             if self.step % r.log.every == 0 or self.step == self.total_steps:
                 losses, correct, scored = window.stats.tolist()  # the host reads the device once per log line
                 k = len(scored)

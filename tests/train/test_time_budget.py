@@ -9,7 +9,7 @@ from eyas.train.trainer import Trainer
 
 
 class Clock:
-    """A fake clock that only the steps advance: slow steps first (warm-up, long batches), then fast ones."""
+    """A fake clock that only the steps advance."""
 
     def __init__(self):
         self.now = 0.0
@@ -18,20 +18,26 @@ class Clock:
         return self.now
 
 
-def test_a_time_budget_is_refit_when_steps_speed_up(tmp_path, monkeypatch):
+def budgeted(tmp_path, monkeypatch, max_steps: int, seconds_of_step) -> tuple[Trainer, Clock]:
+    """A trainer with a 300 s budget whose step ``i`` takes ``seconds_of_step(i)`` on the fake clock."""
     target = tiny_target(dtype=torch.float32)
     data = make_data(target, tmp_path / "data", rows=48)
     clock = Clock()
     monkeypatch.setattr(trainer_module, "time", clock)
-    t = Trainer(tiny_recipe(data, tmp_path / "run", **{"train.max_steps": 2000, "train.epochs": 500,
+    t = Trainer(tiny_recipe(data, tmp_path / "run", **{"train.max_steps": max_steps, "train.epochs": 500,
                                                         "train.time_budget_s": 300}), target=target)
     step = t.train_step
 
     def timed_step(batch):
-        clock.now += 2.0 if t.step < 45 else 1.0  # 0.5 steps/s while calibrating, 1 step/s after
+        clock.now += seconds_of_step(t.step)
         return step(batch)
 
     t.train_step = timed_step
+    return t, clock
+
+
+def test_a_time_budget_is_refit_when_steps_speed_up(tmp_path, monkeypatch):
+    t, clock = budgeted(tmp_path, monkeypatch, 2000, lambda i: 2.0 if i < 45 else 1.0)  # 0.5 steps/s, then 1
     summary = t.fit()
     # measured at 0.5 steps/s the run would stop at 150 steps, 195 s into a 300 s budget; refit, it uses the budget
     assert 280 <= clock.now <= 310, clock.now
@@ -41,17 +47,5 @@ def test_a_time_budget_is_refit_when_steps_speed_up(tmp_path, monkeypatch):
 
 
 def test_a_time_budget_never_goes_past_the_recipes_steps(tmp_path, monkeypatch):
-    target = tiny_target(dtype=torch.float32)
-    data = make_data(target, tmp_path / "data", rows=48)
-    clock = Clock()
-    monkeypatch.setattr(trainer_module, "time", clock)
-    t = Trainer(tiny_recipe(data, tmp_path / "run", **{"train.max_steps": 80, "train.epochs": 500,
-                                                        "train.time_budget_s": 300}), target=target)
-    step = t.train_step
-
-    def timed_step(batch):
-        clock.now += 0.1
-        return step(batch)
-
-    t.train_step = timed_step
+    t, _ = budgeted(tmp_path, monkeypatch, 80, lambda i: 0.1)
     assert t.fit()["steps"] == 80

@@ -145,7 +145,7 @@ def wrap_phases(engine, wrap):
     """Wrap each phase of ``engine.step`` as ``wrap(fn, name)`` (tree drafting, target verify,
     acceptance, commit, the verify mask, crop, draft extend); return the function that undoes it.
     The target and ``kv_cache`` may be shared with other engines: undo before building the next."""
-    from eyas.engine import engine as engine_module
+    from eyas.engine import by_parts
     from eyas.models import kv_cache
 
     undo = []
@@ -155,8 +155,8 @@ def wrap_phases(engine, wrap):
         setattr(owner, attr, wrap(fn, name))
         undo.append(lambda: setattr(owner, attr, fn))
 
-    patch(engine_module, "accept", "accept")  # sampler.accept, as the step by parts calls it
-    patch(engine, "_draft_extend", "draft_extend")
+    patch(by_parts, "accept", "accept")  # sampler.accept, as the step by parts calls it
+    patch(engine.by_parts, "draft_extend", "draft_extend")
     patch(engine.target, "forward", "verify")
     for name in ("commit", "attention_mask", "crop"):
         patch(kv_cache, name, name)

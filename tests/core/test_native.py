@@ -259,7 +259,7 @@ def test_pool_plan_fits_the_budget():
 
 def test_engine_caps_context_to_the_pool(target, monkeypatch):
     per_slot = NativeTarget.from_target(target).bytes_per_slot()
-    monkeypatch.setattr("eyas.engine.engine.kv_budget", lambda device, fraction=None: 2 * 300 * per_slot)
+    monkeypatch.setattr("eyas.engine.pools.kv_budget", lambda device, fraction=None: 2 * 300 * per_slot)
     engine = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=2)
     assert engine.max_context == 298 and "context 298" in engine.layout
     with pytest.raises(EyasError, match="at most"):

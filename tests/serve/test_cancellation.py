@@ -70,7 +70,7 @@ def _hang_up(url: str, i: int) -> str:
 
 
 def test_cancellations_leave_no_leaked_slots_or_sequences(inprocess):
-    from eyas.engine.engine import Sequence
+    from eyas.engine.batch import Sequence
 
     # Only what this test creates counts: other tests in the session may hold their own.
     engines_before = {t.ident for t in threading.enumerate() if t.name == "eyas-engine"}

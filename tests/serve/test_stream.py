@@ -12,7 +12,7 @@ import pytest
 from helpers import byte_tokenizer
 from serve_helpers import InProcessServer
 
-from eyas.engine.engine import Sequence
+from eyas.engine.batch import Sequence
 from eyas.engine.sampling import SamplingParams
 from eyas.engine.stats import SpecStats
 from eyas.serve.metrics import ServeMetrics

@@ -1,37 +1,27 @@
-"""The speculative engine: prefill, step, and the batch bookkeeping around them.
+"""The speculative engine: ``prefill`` new sequences, ``step`` a batch, and the batch bookkeeping around them.
 
-One ``step`` on a batch of running sequences:
-
-    draft_tree      num_steps draft forwards -> a tree of num_draft_tokens tokens per row
-    target.forward  one forward over every tree (explicit positions, tree mask on the KV cache)
-    accept          longest accepted path + one bonus token per row (greedy or rejection sampling)
-    commit          copy the accepted path's KV entries into place, drop the rest
-    draft extend    feed the accepted tokens with their captured aux states to the draft, which
-                    leaves the logits that seed the next tree
-
-With ``Algorithm.NONE`` the tree is the root alone, so plain decoding is the same code path. A
-``SpecConfig.schedule`` picks the settings per step from the batch size (``for_batch``); its
-no-speculation entries verify the root alone but still feed the draft (draft extend), so it can
-draft again when the batch shrinks. An adaptive spec (``--speculative-batch-schedule auto``) leaves the
-choice to its ``Chooser`` (``adaptive.py``): step costs per rows bucket (``adaptive.measure_step_costs``, timed at
-warm-up on the GPU) and the live acceptance of each setting.
-Sequences join (``merge``) and leave (``filter``) between steps: that is all continuous batching
-needs from the engine.
+A step replays the whole step as one CUDA graph where one fits (``decode.py``), else runs it by parts
+(``by_parts.py``: draft a tree, verify it with the target, accept, commit, extend the draft); either way it
+ends in one read-back, ``_finish``, the host's share. With ``Algorithm.NONE`` the tree is the root alone, so
+plain decoding is the same code path. A ``SpecConfig.schedule`` picks the settings per step from the batch
+size (``for_batch``); its no-speculation entries verify the root alone but still feed the draft (draft
+extend), so it can draft again when the batch shrinks. An adaptive spec (``--speculative-batch-schedule
+auto``) leaves the choice to its ``Chooser`` (``adaptive.py``): step costs per rows bucket
+(``adaptive.measure_step_costs``, timed at warm-up on the GPU) and the live acceptance of each setting.
+Prefill is ``prefill.py``; the native path's caches and graph runners, ``pools.py``; the sequences and
+batches, ``batch.py``. Sequences join (``merge``) and leave (``filter``) between steps: that is all
+continuous batching needs from the engine.
 
 A fault confined to one row ends that row alone (``finish_reason`` "error", ``Sequence.error`` says
 why) and the batch goes on: logits that are not finite (``finite_rows``, read back with the step's
 tokens, no extra wait on the device). Such a row emits nothing more, and
-``filter`` zeroes its slots in the preallocated caches, where a later row in its place would
-otherwise attend over a NaN in a masked slot (0 x NaN is NaN).
+``filter`` zeroes its slots in the preallocated caches (``batch.scrub``).
 """
 
 from __future__ import annotations
 
 import gc
-import itertools
-import random
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -42,80 +32,19 @@ from ..engine_config import EngineConfig
 from ..errors import EyasError
 from ..models import kv_cache
 from ..models.graphs import buckets
-from ..models.native import DraftSteps, NativeTarget, kv_budget, plan_pool
-from ..models.static_cache import StaticKV
-from ..spec.drafter import StaticDrafter, StaticExtender, draft_tree
-from ..spec.ops import TORCH, ops_for
-from ..spec.tree import Tree
-from ..spec.verify import accepted_path, finite_rows
+from ..models.native import DraftSteps, NativeTarget
+from ..spec.ops import TORCH
 from .adaptive import Chooser, measure_step_costs, model_costs
-from .decode import STARTUP_KINDS, StaticDecoder, StaticSpeculator
-from .grammar import RowGrammar, constrain, constrained, grammars_for
-from .logprobs import Pending, TokenLogprob, first_logprobs, path_logprobs
-from .penalties import record
-from .prefill import StaticPrefill
-from .sampler import accept, first_tokens
+from .batch import Batch, Output, Sequence, not_finite, scrub
+from .by_parts import StepByParts
+from .decode import STARTUP_KINDS
+from .grammar import RowGrammar, constrained, grammars_for
+from .logprobs import Pending
+from .pools import native_pools
+from .prefill import prefill_eagerly, read_first_tokens
 from .sampling import SamplingParams, SamplingRows
-from .stats import SpecStats
-
-_ids = itertools.count()
-
 
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-@dataclass
-class Sequence:
-    prompt_ids: list[int]
-    params: SamplingParams
-    rid: int = field(default_factory=lambda: next(_ids))
-    output_ids: list[int] = field(default_factory=list)
-    stats: SpecStats = field(default_factory=SpecStats)
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    seed: int | None = None  # what keys this row's draws (``rng.py``): the request's, or fresh at creation
-    error: str | None = None  # with "error": what went wrong for this row (the others go on)
-    grammar: RowGrammar | None = None  # with ``params.grammar``: its matcher over the output (``grammar.py``)
-    logprobs: list[TokenLogprob] | None = None  # with params.logprobs: one per output token (``logprobs.py``)
-
-    def __post_init__(self):
-        if self.seed is None:
-            self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
-        if self.params.logprobs is not None and self.logprobs is None:
-            self.logprobs = []
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def fail(self, message: str) -> None:
-        """End this sequence alone with an error (a fault of its own row); a finished one stays as it is."""
-        if not self.finished:
-            self.finish_reason, self.error = "error", message
-
-
-@dataclass
-class Batch:
-    seqs: list[Sequence]
-    target_cache: object
-    draft_cache: object | None
-    lengths: torch.Tensor  # [B] committed tokens in both caches (slot == position)
-    root: torch.Tensor  # [B] last emitted token, not yet in the target cache
-    draft_logits: torch.Tensor | None = None  # [B, draft_vocab] predicts the tree's depth 1
-    draft_hidden: torch.Tensor | None = None  # [B, H] the state that produced draft_logits
-    rows: SamplingRows | None = None  # the rows' sampling settings on the device (built on membership changes)
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-
-@dataclass
-class Output:
-    prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: str
-    stats: SpecStats
-    seconds: float
-    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine:
@@ -137,59 +66,25 @@ class Engine:
         self.tree_size = max(spec.verify_sizes)  # the largest tree any step verifies
         self.max_context = target.info.max_context or 1 << 30
         self.draft_steps = DraftSteps(draft) if draft is not None else None
-        self.decoder = None
-        self.speculators = {}
-        self.prefiller = None
         self._eos = frozenset(target.eos_token_ids)
         self.static = isinstance(target, NativeTarget)
+        # The native path's caches and runners (``pools.py``); the generic path has none.
+        self.decoder, self.speculators, self.drafters, self.extenders, self.prefiller = None, {}, {}, {}, None
         self.ops = TORCH  # the acceptance's and draws' ops outside the graphs: the target pool's kernels, if any
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
-            self._attach_pools()
+            (self.target_pool, self.decoder, self.speculators, self.drafters, self.extenders, self.prefiller,
+             self.ops, self.max_context, self.layout) = native_pools(target, self.draft_steps, spec, config,
+                                                                     self.tree_size, self.max_context)
+        self.by_parts = StepByParts(target, self.draft_steps, self.drafters, self.extenders, self.ops,
+                                    spec.speculative)
         rows = buckets(config.graph_rows)
         self.chooser = Chooser(spec.options, model_costs(spec.options, rows)) if spec.adaptive else None
 
-    def _attach_pools(self) -> None:
-        """Preallocate the target's and the draft's KV caches and their graph runners, sized for the
-        largest setting of the schedule, with graph buckets for every setting's shapes."""
-        spec, c = self.spec, self.config
-        max_batch, cuda_graphs = c.max_batch, c.cuda_graphs
-        drafting = [s for s in spec.options if s.speculative]
-        draft_tokens = buckets(max(max(s.eagle_topk, s.num_steps + 1) for s in drafting)) if drafting else []
-        spans = [s.num_steps * s.eagle_topk for s in drafting]  # draft slots a tree's levels take
-        slack = max([self.tree_size] + draft_tokens + spans) + 1
-        context = min(self.max_context, 1 << 20)
-        per_slot = self.target.bytes_per_slot() + (self.draft_steps.bytes_per_slot() if spec.speculative else 0)
-        budget = kv_budget(self.device, c.mem_fraction_static)  # --mem-fraction-static
-        plan = plan_pool(max_batch, context, slack, per_slot, budget)
-        if plan.slots - slack < context:
-            self.max_context = plan.slots - slack
-        graphs = cuda_graphs and self.device.type == "cuda"
-        rows = buckets(c.graph_rows)
-        like = torch.zeros(1, dtype=self.target.dtype, device=self.device)
-        self.target_pool = self.target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
-                                                capture_aux=spec.speculative, kernels=c.kernels)
-        if not spec.speculative and c.whole_step_graphs:
-            self.decoder = StaticDecoder(self.target.native, self.target_pool, rows, cuda_graphs)
-        if spec.speculative:
-            pool = self.draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs, c.kernels)
-            self.drafters = {s: StaticDrafter(self.draft_steps.net, pool, s, self.draft_steps, rows, cuda_graphs)
-                             for s in drafting}
-            widths = sorted({s.path_width for s in spec.options})
-            self.extenders = {w: StaticExtender(self.draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
-            if c.whole_step_graphs:
-                aux = tuple(self.target.aux_layer_ids)
-                self.speculators = {s: StaticSpeculator(self.target.native, self.target_pool, aux, self.draft_steps.net,
-                                                        pool, s, rows, cuda_graphs) for s in spec.options}
-        if cuda_graphs and c.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
-            aux = tuple(self.target.aux_layer_ids) if spec.speculative else ()
-            self.prefiller = StaticPrefill(self.target, self.draft_steps if spec.speculative else None, max_batch,
-                                           self.max_context, aux, cuda_graphs, c.kernels)
-        self.ops = ops_for(self.target_pool, like, self.target.native.rope)
-        kernels = self.ops.name
-        self.layout = (f"native Llama forward, static KV cache {plan.describe()}, context {self.max_context}, "
-                       f"CUDA graphs {'on' if graphs else 'off' if self.device.type == 'cuda' else 'n/a (CPU)'}, "
-                       f"{kernels} kernels")
+    @property
+    def context_limit(self) -> int:
+        """The most tokens a row may hold before a step: room is left for the largest tree and its bonus."""
+        return self.max_context - self.tree_size - 1
 
     def graph_runners(self) -> list:
         """The native path's graph runners: target forward, the whole step (one per setting with a draft,
@@ -202,7 +97,7 @@ class Engine:
         # drafters and extenders beside whole-step graphs: a step that no whole-step bucket fits fits none
         # of theirs either (the same rows and window buckets).
         extra = ([d.graph for d in self.drafters.values()] + [e.graph for e in self.extenders.values()]
-                 if self.spec.speculative and not self.config.whole_step_graphs else [])
+                 if not self.config.whole_step_graphs else [])
         whole = [g for w in ([self.decoder] if self.decoder else self.speculators.values())
                  for kind, g in w.graphs.items() if kind in STARTUP_KINDS]  # the penalized ones: on first use
         prefill = self.prefiller.graphs() if self.prefiller else []
@@ -271,7 +166,7 @@ class Engine:
         if wrong:
             raise EyasError(f"logit_bias names token {wrong[0]}, outside the target's vocabulary (0..{vocab - 1})",
                             "use token ids of the target's own tokenizer")
-        limit = self.max_context - self.tree_size - 1
+        limit = self.context_limit
         if len(prompt_ids) > limit:
             raise EyasError(
                 f"the prompt has {len(prompt_ids)} tokens; with this context length ({self.max_context}) "
@@ -287,7 +182,7 @@ class Engine:
         kept_rows = set(keep)
         failed = [i for i, s in enumerate(batch.seqs) if s.error is not None and i not in kept_rows]
         if failed:
-            _scrub(batch, failed)
+            scrub(batch, failed)
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         lengths = batch.lengths[rows]
         slots = int(lengths.max()) if keep else 0
@@ -353,8 +248,8 @@ class Engine:
         rows = SamplingRows.build([s.params for s in seqs], [s.seed for s in seqs], self.device,
                                   [s.prompt_ids for s in seqs], self.target.info.vocab_size)
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
-        logprobs = []  # the first tokens' (``_first_tokens``), where a row asks
-        first_of = lambda logits: _first_tokens(seqs, rows, lens, logits, logprobs, self.ops)
+        logprobs = []  # the first tokens' (``read_first_tokens``), where a row asks
+        first_of = lambda logits: read_first_tokens(seqs, rows, lens, logits, logprobs, self.ops)
         p = self.prefiller
         out = p([s.prompt_ids for s in seqs], first_of) if p else None
         if out is not None:
@@ -363,37 +258,12 @@ class Engine:
                           draft_logits, draft_hidden)
             p.lend(batch)
         else:
-            batch, firsts = self._prefill_eagerly(seqs, first_of)
+            extend = self.by_parts.draft_extend if self.spec.speculative else None
+            batch, firsts = prefill_eagerly(self.target, seqs, first_of, extend)
         batch.rows = rows
         for s, t, lp in zip(seqs, firsts, logprobs or [None] * len(seqs)):
-            self._emit(s, [t], len(s.prompt_ids), lp)
+            s.emit([t], self._eos, len(s.prompt_ids), self.context_limit, lp)
         return batch
-
-    def _prefill_eagerly(self, seqs: list[Sequence], first_of) -> tuple[Batch, list[int]]:
-        dev = self.device
-        lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=dev)
-        width = int(lens.max())
-        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=dev)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids, device=dev)
-        positions = torch.arange(width, device=dev).expand(len(seqs), width)
-        visible = _causal(lens, width)
-        mask = kv_cache.attention_mask(torch.zeros_like(lens), 0, visible, self.target.dtype)
-        last = lens - 1
-        keep = torch.unique(last)
-        cache = kv_cache.new_cache()
-        logits, aux = self.target.forward(ids, positions, mask, cache, capture=self.spec.speculative, logits_at=keep)
-        logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
-        firsts = first_of(logits)
-        first = torch.tensor(firsts, device=dev)
-        batch = Batch(seqs, cache, None, lens.clone(), first)
-        if self.spec.speculative:
-            batch.draft_cache = kv_cache.new_cache()
-            shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
-            shifted[torch.arange(len(seqs), device=dev), last] = first
-            batch.draft_logits, batch.draft_hidden = self._draft_extend(
-                batch.draft_cache, torch.zeros_like(lens), shifted, aux, lens)
-        return batch, firsts
 
     @torch.inference_mode()
     def step(self, batch: Batch, setting: SpecConfig | None = None) -> list[list[int]]:
@@ -415,34 +285,7 @@ class Engine:
             if out is not None:
                 host, batch.draft_logits, batch.draft_hidden = out
                 return self._finish(batch, spec, host)
-        if spec.speculative and self.static:
-            tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
-        elif spec.speculative:
-            tree = draft_tree(self.draft_steps.net, batch.draft_cache, batch.lengths, batch.root,
-                              batch.draft_logits, batch.draft_hidden, spec, self.draft_steps)
-        else:
-            tree = Tree.root_only(batch.root)
-        cache = batch.target_cache
-        slots = kv_cache.num_slots(cache)
-        mask = kv_cache.attention_mask(batch.lengths, slots, tree.mask, self.target.dtype)
-        positions = batch.lengths[:, None] + tree.depth
-        logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.spec.speculative)
-        if constrained(batch.seqs):  # the grammar's mask at every node of each constrained row's tree
-            logits = constrain(batch.seqs, tree.tokens, tree.parents, logits)
-
-        width = spec.path_width  # static, so no shape waits on the device
-        finite = finite_rows(logits)  # [B]: read back with the tokens
-        cols, counts, bonus = accept(tree, logits, width, rows.kind, rows.floats, rows.ints, batch.lengths,
-                                     spec.eagle_topk, self.ops, rows.pen_tensors())  # [B, width], [B], [B]
-        old = batch.lengths
-        lengths = kv_cache.commit(cache, old, slots + cols, counts)
-        new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
-        pending = None if whole else path_logprobs(logits, tree.tokens.gather(1, cols), cols, new, rows)
-        if rows.pen is not None:
-            rows.pen.counts = record(rows.pen.counts, new, counts)
-        if self.spec.speculative:
-            batch.draft_logits, batch.draft_hidden = self._draft_extend(batch.draft_cache, old, new, path_aux, counts)
-        host = torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None], finite.long()[:, None]], dim=1)
+        host, pending = self.by_parts(batch, spec, logprobs=not whole)
         return self._finish(batch, spec, host, pending)
 
     def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor,
@@ -469,55 +312,10 @@ class Engine:
             if not s.finished and spec.speculative:
                 s.stats.record(spec.num_draft_tokens - 1, n - 1)
                 accepted.append(n - 1)
-            emitted.append(self._emit(s, h[:n], length, lp))
+            emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
         if self.chooser:
             self.chooser.observe(spec, accepted)
         return emitted
-
-    def _draft_extend(self, cache, base, tokens, aux, counts):
-        """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]."""
-        draft = self.draft_steps.net
-        width = tokens.shape[1]
-        if self.static and cache is self.draft_steps.pool and width in self.extenders:
-            out = self.extenders[width](base, tokens, aux, counts)  # the whole function, one graph replay
-            if out is not None:
-                return out
-        slots = kv_cache.num_slots(cache)
-        positions = base[:, None] + torch.arange(width, device=self.device)[None, :]
-        mask = kv_cache.attention_mask(base, slots, _causal(counts, width), self.target.dtype)
-        h, logits = self.draft_steps(tokens, draft.project(aux), positions, cache, mask)
-        src = slots + torch.arange(width, device=self.device).expand(len(tokens), width)
-        kv_cache.commit(cache, base, src, counts)
-        rows = torch.arange(len(tokens), device=self.device)
-        return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
-
-    # -- tokens ---------------------------------------------------------------------------------
-    def _emit(self, seq: Sequence, tokens: list[int], context_used: int,
-              logprobs: list[TokenLogprob] | None = None) -> list[int]:
-        """Append tokens up to a stop condition (and their ``logprobs``, where the row asks); return what was
-        appended."""
-        if seq.finished:
-            return []
-        p = seq.params
-        stops = set(p.stop_token_ids) | (frozenset() if p.ignore_eos else self._eos)
-        out = []
-        for t in tokens:
-            out.append(t)
-            if seq.grammar is not None and not seq.grammar.advance(t):
-                seq.fail(f"internal engine error: token {t} was emitted against the request's grammar")
-                break
-            if t in stops or seq.grammar is not None and seq.grammar.terminated:
-                seq.finish_reason = "stop"
-                break
-            if len(seq.output_ids) + len(out) >= p.max_new_tokens:
-                seq.finish_reason = "length"
-                break
-        seq.output_ids.extend(out)
-        if seq.logprobs is not None:
-            seq.logprobs.extend(logprobs[:len(out)])
-        if not seq.finished and context_used + self.tree_size + 1 > self.max_context:
-            seq.finish_reason = "length"
-        return out
 
     # -- the simple static-batch loop ---------------------------------------------------------
     def generate(self, prompts: list[list[int]],
@@ -538,46 +336,3 @@ class Engine:
         seconds = time.perf_counter() - start
         return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds, s.logprobs) for s in seqs]
 
-
-def _first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor,
-                  logprobs: list, ops=TORCH) -> list[int]:
-    """Each row's first token from its prefill logits [B, vocab], greedy or drawn on the device
-    (``sampler.first_tokens``), read back once with each row's ``finite_rows`` flag. A row whose logits
-    are not finite ends with an error (its token a placeholder the batch carries until it is filtered out).
-    With penalties, the first tokens start the rows' output counts. Where a row asks, ``logprobs`` gets
-    each row's entries (``Pending.unpack``), read back with the tokens."""
-    if constrained(seqs):  # the grammar's mask before the first token
-        zeros = torch.zeros((len(seqs), 1), dtype=torch.long, device=logits.device)
-        logits = constrain(seqs, zeros, zeros - 1, logits[:, None])[:, 0]
-    firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors(), ops)
-    pending = first_logprobs(logits, firsts, rows) if rows.logprobs is not None else None
-    if rows.pen is not None:
-        rows.pen.counts = record(rows.pen.counts, firsts[:, None], torch.ones_like(firsts))
-    tokens, finite = torch.stack([firsts, finite_rows(logits).long()]).tolist()
-    if pending is not None:
-        logprobs[:] = pending.unpack([1] * len(seqs))
-    for s, ok in zip(seqs, finite):
-        if not ok:
-            s.fail(not_finite("after its prompt"))
-    return tokens
-
-
-def not_finite(where: str) -> str:
-    return (f"internal engine error: the target's logits for this request are not finite (NaN or infinity) {where}, "
-            "a numerical fault of the model on this input; this request alone was ended, retry it or serve the "
-            "model in another --dtype (float16 overflows where bfloat16 and float32 do not)")
-
-
-def _scrub(batch: Batch, rows: list[int]) -> None:
-    """Zero ``rows`` of the batch's preallocated caches, every slot (a growing cache drops them instead)."""
-    for cache in (batch.target_cache, batch.draft_cache):
-        if isinstance(cache, StaticKV):
-            cache.buf[:, :, torch.tensor(rows, device=cache.buf.device)] = 0
-
-
-def _causal(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """[B, W, W] causal visibility for right-padded rows; padding sees only itself."""
-    i = torch.arange(width, device=lengths.device)
-    causal = i[None, :, None] >= i[None, None, :]
-    valid = i[None, None, :] < lengths[:, None, None]
-    return causal & (valid | (i[None, :, None] == i[None, None, :]))

@@ -1,14 +1,16 @@
-"""Prefill on the native path from CUDA graphs: a few prompts of up to ``PREFILL_TOKENS`` tokens at once.
+"""Prefill: run new prompts, pick each row's first token, prime the draft (``Engine.prefill``).
 
-The eager prefill (``Engine._prefill`` on a growing cache) launches every op of every layer from the
-host, so its time is the host's, not the GPU's. Here a prefill of at most 4 prompts, padded to a
-token bucket T (32, 64, ... ``PREFILL_TOKENS``), runs on preallocated caches of its own in two graph
-replays around the one readback a prefill needs anyway:
+Two routes. ``prefill_eagerly`` runs the prompts right-padded through the target on a growing cache, then
+the draft over them, for any prompts on any path; it launches every op of every layer from the host, so
+its time is the host's, not the GPU's. On the native path ``StaticPrefill`` does a prefill of at most 4
+prompts, padded to a token bucket T (32, 64, ... ``PREFILL_TOKENS``), on preallocated caches of its own in
+two graph replays around the one readback a prefill needs anyway:
 
 1. ``prefill_static``: the target over the right-padded prompts: each row's causal mask
    (``ops.block_mask``), the forward, the logits at each row's last token, and the aux states (one
    graph per (rows, T));
-2. the first token, drawn on the device (greedy or sampled, ``sampler.first_tokens``) and read back;
+2. the first token, drawn on the device (greedy or sampled, ``sampler.first_tokens``) and read back
+   (``read_first_tokens``, on both routes);
 3. the draft over the prompt shifted by one with the first token last (``draft_extend_static``, one
    graph per (rows, T)), which leaves the draft's output for the first tree.
 
@@ -24,11 +26,19 @@ from bisect import bisect_left
 
 import torch
 
-from ..models import consts
+from ..models import consts, kv_cache
 from ..models.graphs import BatchGraph, buckets
 from ..models.kernel_settings import KernelSettings
 from ..spec.drafter import StaticExtender
-from ..spec.ops import ops_for
+from ..spec.ops import TORCH, ops_for
+from ..spec.verify import finite_rows
+from .batch import Batch, Sequence, not_finite
+from .by_parts import causal
+from .grammar import constrain, constrained
+from .logprobs import first_logprobs
+from .penalties import record
+from .sampler import first_tokens
+from .sampling import SamplingRows
 
 PREFILL_TOKENS = 1024  # the longest prompt a graph prefills
 PREFILL_ROWS = 4  # the most prompts one graph prefills
@@ -154,3 +164,56 @@ class StaticPrefill:
         logits, hidden = self.drafts[t](consts.full((b,), 0, torch.long, dev), host[:, 1:].to(dev), out[1], lens)
         self.draft_cache.n, self.draft_cache.used = b, width
         return firsts, logits, hidden
+
+
+def prefill_eagerly(target, seqs: list[Sequence], first_of, extend=None) -> tuple[Batch, list[int]]:
+    """The prompts of ``seqs`` right-padded through ``target`` on a growing cache: the batch and each row's
+    first token (``first_of(logits [B, vocab])`` picks them). ``extend``: the draft extend
+    (``StepByParts.draft_extend``) that feeds the prompts, shifted by one with the first token last, to the
+    draft on a cache of its own; None without a draft."""
+    dev = target.device
+    lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=dev)
+    width = int(lens.max())
+    ids = torch.zeros((len(seqs), width), dtype=torch.long, device=dev)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids, device=dev)
+    positions = torch.arange(width, device=dev).expand(len(seqs), width)
+    visible = causal(lens, width)
+    mask = kv_cache.attention_mask(torch.zeros_like(lens), 0, visible, target.dtype)
+    last = lens - 1
+    keep = torch.unique(last)
+    cache = kv_cache.new_cache()
+    logits, aux = target.forward(ids, positions, mask, cache, capture=extend is not None, logits_at=keep)
+    logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
+    firsts = first_of(logits)
+    first = torch.tensor(firsts, device=dev)
+    batch = Batch(seqs, cache, None, lens.clone(), first)
+    if extend is not None:
+        batch.draft_cache = kv_cache.new_cache()
+        shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        shifted[torch.arange(len(seqs), device=dev), last] = first
+        batch.draft_logits, batch.draft_hidden = extend(batch.draft_cache, torch.zeros_like(lens), shifted, aux, lens)
+    return batch, firsts
+
+
+def read_first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor,
+                      logprobs: list, ops=TORCH) -> list[int]:
+    """Each row's first token from its prefill logits [B, vocab], greedy or drawn on the device
+    (``sampler.first_tokens``), read back once with each row's ``finite_rows`` flag. A row whose logits
+    are not finite ends with an error (its token a placeholder the batch carries until it is filtered out).
+    With penalties, the first tokens start the rows' output counts. Where a row asks, ``logprobs`` gets
+    each row's entries (``Pending.unpack``), read back with the tokens."""
+    if constrained(seqs):  # the grammar's mask before the first token
+        zeros = torch.zeros((len(seqs), 1), dtype=torch.long, device=logits.device)
+        logits = constrain(seqs, zeros, zeros - 1, logits[:, None])[:, 0]
+    firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors(), ops)
+    pending = first_logprobs(logits, firsts, rows) if rows.logprobs is not None else None
+    if rows.pen is not None:
+        rows.pen.counts = record(rows.pen.counts, firsts[:, None], torch.ones_like(firsts))
+    tokens, finite = torch.stack([firsts, finite_rows(logits).long()]).tolist()
+    if pending is not None:
+        logprobs[:] = pending.unpack([1] * len(seqs))
+    for s, ok in zip(seqs, finite):
+        if not ok:
+            s.fail(not_finite("after its prompt"))
+    return tokens

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.engine import Sequence
+from ..engine.batch import Sequence
 from ..engine.stats import SpecStats
 from .metrics import ServeMetrics
 from .stream import Delta, Ended, Failed, Finished, Outbox, Receiver

@@ -193,9 +193,9 @@ class StaticDrafter:
 
 
 def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Tensor, window: int):
-    """``Engine._draft_extend`` on a ``StaticKV`` with only tensors varying between calls: feed
-    ``tokens`` [B, W] with their aux states at positions ``base..``, write their keys at slots
-    ``prefix..`` (``prefix`` a 1-element tensor), keep row b's first ``counts[b]`` at ``base[b]..``,
+    """``StepByParts.draft_extend`` (``engine/by_parts.py``) on a ``StaticKV`` with only tensors varying
+    between calls: feed ``tokens`` [B, W] with their aux states at positions ``base..``, write their keys at
+    slots ``prefix..`` (``prefix`` a 1-element tensor), keep row b's first ``counts[b]`` at ``base[b]..``,
     and return the draft's (logits, hidden) after its last kept token. Every mask is ``window`` wide,
     so the whole function is one CUDA graph per (rows, window)."""
     bsz, width = tokens.shape

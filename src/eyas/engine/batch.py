@@ -1,0 +1,122 @@
+"""What the engine works on: a ``Sequence`` (one request: its prompt, its output so far, why it ended), a
+``Batch`` of them on the device (their caches, lengths and the draft's last output), and ``Output``, what
+``Engine.generate`` returns for each prompt.
+
+A sequence takes its tokens through ``Sequence.emit``, which stops at the request's stop tokens, its
+grammar's end, its token budget or the engine's context. A fault confined to one row ends that row alone
+(``Sequence.fail``: ``finish_reason`` "error", ``error`` says why); ``scrub`` zeroes its slots in the
+preallocated caches when it leaves the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from ..models.static_cache import StaticKV
+from .grammar import RowGrammar
+from .logprobs import TokenLogprob
+from .sampling import SamplingParams, SamplingRows
+from .stats import SpecStats
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    seed: int | None = None  # what keys this row's draws (``rng.py``): the request's, or fresh at creation
+    error: str | None = None  # with "error": what went wrong for this row (the others go on)
+    grammar: RowGrammar | None = None  # with ``params.grammar``: its matcher over the output (``grammar.py``)
+    logprobs: list[TokenLogprob] | None = None  # with params.logprobs: one per output token (``logprobs.py``)
+
+    def __post_init__(self):
+        if self.seed is None:
+            self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def fail(self, message: str) -> None:
+        """End this sequence alone with an error (a fault of its own row); a finished one stays as it is."""
+        if not self.finished:
+            self.finish_reason, self.error = "error", message
+
+    def emit(self, tokens: list[int], eos: frozenset[int], context_used: int, context_limit: int,
+             logprobs: list[TokenLogprob] | None = None) -> list[int]:
+        """Append ``tokens`` up to a stop condition (and their ``logprobs``, where the row asks); return what
+        was appended. ``eos``: the target's end tokens (ignored with ``ignore_eos``); ``context_used``: the
+        row's length after them; past ``context_limit`` (the most a row may hold before its next step) the
+        row ends with "length"."""
+        if self.finished:
+            return []
+        p = self.params
+        stops = set(p.stop_token_ids) | (frozenset() if p.ignore_eos else eos)
+        out = []
+        for t in tokens:
+            out.append(t)
+            if self.grammar is not None and not self.grammar.advance(t):
+                self.fail(f"internal engine error: token {t} was emitted against the request's grammar")
+                break
+            if t in stops or self.grammar is not None and self.grammar.terminated:
+                self.finish_reason = "stop"
+                break
+            if len(self.output_ids) + len(out) >= p.max_new_tokens:
+                self.finish_reason = "length"
+                break
+        self.output_ids.extend(out)
+        if self.logprobs is not None:
+            self.logprobs.extend(logprobs[:len(out)])
+        if not self.finished and context_used > context_limit:
+            self.finish_reason = "length"
+        return out
+
+
+@dataclass
+class Batch:
+    seqs: list[Sequence]
+    target_cache: object
+    draft_cache: object | None
+    lengths: torch.Tensor  # [B] committed tokens in both caches (slot == position)
+    root: torch.Tensor  # [B] last emitted token, not yet in the target cache
+    draft_logits: torch.Tensor | None = None  # [B, draft_vocab] predicts the tree's depth 1
+    draft_hidden: torch.Tensor | None = None  # [B, H] the state that produced draft_logits
+    rows: SamplingRows | None = None  # the rows' sampling settings on the device (built on membership changes)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
+class Output:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+    seconds: float
+    logprobs: list[TokenLogprob] | None = None
+
+
+def not_finite(where: str) -> str:
+    return (f"internal engine error: the target's logits for this request are not finite (NaN or infinity) {where}, "
+            "a numerical fault of the model on this input; this request alone was ended, retry it or serve the "
+            "model in another --dtype (float16 overflows where bfloat16 and float32 do not)")
+
+
+def scrub(batch: Batch, rows: list[int]) -> None:
+    """Zero ``rows`` of the batch's preallocated caches, every slot (a growing cache drops them instead): a
+    later row in their place would otherwise attend over a NaN in a masked slot (0 x NaN is NaN)."""
+    for cache in (batch.target_cache, batch.draft_cache):
+        if isinstance(cache, StaticKV):
+            cache.buf[:, :, torch.tensor(rows, device=cache.buf.device)] = 0

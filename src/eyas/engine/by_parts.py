@@ -13,7 +13,8 @@ all steps whose rows ask for logprobs or follow a grammar, and all steps on the 
              logits that seed the next tree (on the native path one graph replay per path width)
 
 With ``Algorithm.NONE`` the tree is the root alone, so plain decoding is the same code path. The step ends in
-``host``, the one tensor ``Engine._finish`` reads back.
+``host``, the one tensor ``Engine._finish`` reads back. Each part is a phase (``phases.py``), named for a
+profiler.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .batch import Batch
 from .grammar import constrain, constrained
 from .logprobs import Pending, path_logprobs
 from .penalties import record
+from .phases import phase
 from .sampler import accept
 
 
@@ -46,31 +48,36 @@ class StepByParts:
         """One step of ``spec``'s settings: ``(host [B, width + 4], the asking rows' logprobs)`` (``Engine._finish``
         reads them); ``logprobs``: whether any row asks for them. Updates the batch's draft output."""
         rows = batch.rows
-        if spec.speculative and self.drafters:  # the native path
-            tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
-        elif spec.speculative:
-            tree = draft_tree(self.draft_steps.net, batch.draft_cache, batch.lengths, batch.root,
-                              batch.draft_logits, batch.draft_hidden, spec, self.draft_steps)
-        else:
-            tree = Tree.root_only(batch.root)
+        with phase("draft"):
+            if spec.speculative and self.drafters:  # the native path
+                tree = self.drafters[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden)
+            elif spec.speculative:
+                tree = draft_tree(self.draft_steps.net, batch.draft_cache, batch.lengths, batch.root,
+                                  batch.draft_logits, batch.draft_hidden, spec, self.draft_steps)
+            else:
+                tree = Tree.root_only(batch.root)
         cache = batch.target_cache
-        slots = kv_cache.num_slots(cache)
-        mask = kv_cache.attention_mask(batch.lengths, slots, tree.mask, self.target.dtype)
-        positions = batch.lengths[:, None] + tree.depth
-        logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.capture)
-        if constrained(batch.seqs):  # the grammar's mask at every node of each constrained row's tree
-            logits = constrain(batch.seqs, tree.tokens, tree.parents, logits)
+        with phase("mask"):
+            slots = kv_cache.num_slots(cache)
+            mask = kv_cache.attention_mask(batch.lengths, slots, tree.mask, self.target.dtype)
+        with phase("verify"):
+            positions = batch.lengths[:, None] + tree.depth
+            logits, aux = self.target.forward(tree.tokens, positions, mask, cache, capture=self.capture)
+            if constrained(batch.seqs):  # the grammar's mask at every node of each constrained row's tree
+                logits = constrain(batch.seqs, tree.tokens, tree.parents, logits)
 
         width = spec.path_width  # static, so no shape waits on the device
-        finite = finite_rows(logits)  # [B]: read back with the tokens
-        cols, counts, bonus = accept(tree, logits, width, rows.kind, rows.floats, rows.ints, batch.lengths,
-                                     spec.eagle_topk, self.ops, rows.pen_tensors())  # [B, width], [B], [B]
+        with phase("accept"):
+            finite = finite_rows(logits)  # [B]: read back with the tokens
+            cols, counts, bonus = accept(tree, logits, width, rows.kind, rows.floats, rows.ints, batch.lengths,
+                                         spec.eagle_topk, self.ops, rows.pen_tensors())  # [B, width], [B], [B]
         old = batch.lengths
-        lengths = kv_cache.commit(cache, old, slots + cols, counts)
-        new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
-        pending = path_logprobs(logits, tree.tokens.gather(1, cols), cols, new, rows) if logprobs else None
-        if rows.pen is not None:
-            rows.pen.counts = record(rows.pen.counts, new, counts)
+        with phase("commit"):
+            lengths = kv_cache.commit(cache, old, slots + cols, counts)
+            new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
+            pending = path_logprobs(logits, tree.tokens.gather(1, cols), cols, new, rows) if logprobs else None
+            if rows.pen is not None:
+                rows.pen.counts = record(rows.pen.counts, new, counts)
         if self.capture:
             batch.draft_logits, batch.draft_hidden = self.draft_extend(batch.draft_cache, old, new, path_aux, counts)
         host = torch.cat([new, counts[:, None], lengths[:, None], bonus[:, None], finite.long()[:, None]], dim=1)
@@ -79,20 +86,21 @@ class StepByParts:
     def draft_extend(self, cache, base, tokens, aux, counts):
         """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]. Returns the
         draft's (logits [B, draft_vocab], hidden [B, H]) after each row's last kept token."""
-        width = tokens.shape[1]
-        if cache is self.draft_steps.pool and width in self.extenders:
-            out = self.extenders[width](base, tokens, aux, counts)  # the whole function, one graph replay
-            if out is not None:
-                return out
-        draft, dev = self.draft_steps.net, tokens.device
-        slots = kv_cache.num_slots(cache)
-        positions = base[:, None] + torch.arange(width, device=dev)[None, :]
-        mask = kv_cache.attention_mask(base, slots, causal(counts, width), self.target.dtype)
-        h, logits = self.draft_steps(tokens, draft.project(aux), positions, cache, mask)
-        src = slots + torch.arange(width, device=dev).expand(len(tokens), width)
-        kv_cache.commit(cache, base, src, counts)
-        rows = torch.arange(len(tokens), device=dev)
-        return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
+        with phase("extend"):
+            width = tokens.shape[1]
+            if cache is self.draft_steps.pool and width in self.extenders:
+                out = self.extenders[width](base, tokens, aux, counts)  # the whole function, one graph replay
+                if out is not None:
+                    return out
+            draft, dev = self.draft_steps.net, tokens.device
+            slots = kv_cache.num_slots(cache)
+            positions = base[:, None] + torch.arange(width, device=dev)[None, :]
+            mask = kv_cache.attention_mask(base, slots, causal(counts, width), self.target.dtype)
+            h, logits = self.draft_steps(tokens, draft.project(aux), positions, cache, mask)
+            src = slots + torch.arange(width, device=dev).expand(len(tokens), width)
+            kv_cache.commit(cache, base, src, counts)
+            rows = torch.arange(len(tokens), device=dev)
+            return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
 
 
 def causal(lengths: torch.Tensor, width: int) -> torch.Tensor:

@@ -40,6 +40,7 @@ from .by_parts import StepByParts
 from .decode import STARTUP_KINDS
 from .grammar import RowGrammar, constrained, grammars_for
 from .logprobs import Pending
+from .phases import phase
 from .pools import native_pools
 from .prefill import prefill_eagerly, read_first_tokens
 from .sampling import SamplingParams, SamplingRows
@@ -241,7 +242,7 @@ class Engine:
         """Run the prompts, emit each row's first token, and prime the draft."""
         # Prompts come in every length. cuDNN's attention builds an execution plan for each new shape
         # it meets; the other SDPA kernels need none, so prefill leaves cuDNN out.
-        with sdpa_kernel(PREFILL_ATTENTION):
+        with sdpa_kernel(PREFILL_ATTENTION), phase("prefill"):
             return self._prefill(seqs)
 
     def _prefill(self, seqs: list[Sequence]) -> Batch:
@@ -269,24 +270,26 @@ class Engine:
     def step(self, batch: Batch, setting: SpecConfig | None = None) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted. ``setting``: one of the
         spec's ``options`` instead of the one the batch size (or the chooser) picks."""
-        self._own(batch)
-        spec = setting or (self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch)))
-        rows = batch.rows
-        # The whole-step graphs return the tokens alone (their outputs are fixed at capture, and a logprobs
-        # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.
-        whole = rows.logprobs is None
-        graphs = whole and not constrained(batch.seqs)  # a grammar's mask is made on the host (grammar.py)
-        if graphs and self.decoder is not None:  # the whole step in one graph replay, where one fits
-            host = self.decoder(batch.lengths, batch.root, rows)
-            if host is not None:
-                return self._finish(batch, spec, host)
-        elif graphs and spec in self.speculators:
-            out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden, rows)
-            if out is not None:
-                host, batch.draft_logits, batch.draft_hidden = out
-                return self._finish(batch, spec, host)
-        host, pending = self.by_parts(batch, spec, logprobs=not whole)
-        return self._finish(batch, spec, host, pending)
+        with phase("step"):
+            self._own(batch)
+            spec = setting or (self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch)))
+            rows = batch.rows
+            # The whole-step graphs return the tokens alone (their outputs are fixed at capture, and a logprobs
+            # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.
+            whole = rows.logprobs is None
+            graphs = whole and not constrained(batch.seqs)  # a grammar's mask is made on the host (grammar.py)
+            if graphs and self.decoder is not None:  # the whole step in one graph replay, where one fits
+                host = self.decoder(batch.lengths, batch.root, rows)
+                if host is not None:
+                    return self._finish(batch, spec, host)
+            elif graphs and spec in self.speculators:
+                out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden,
+                                             rows)
+                if out is not None:
+                    host, batch.draft_logits, batch.draft_hidden = out
+                    return self._finish(batch, spec, host)
+            host, pending = self.by_parts(batch, spec, logprobs=not whole)
+            return self._finish(batch, spec, host, pending)
 
     def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor,
                 pending: Pending | None = None) -> list[list[int]]:
@@ -296,26 +299,27 @@ class Engine:
         on only once it has arrived); then the caches' slot count and the tokens. A row whose logits were
         not finite emits nothing and ends with an error. ``pending``: the asking rows' logprobs (arrived
         with the tokens)."""
-        width = spec.path_width
-        rows = host.tolist()
-        logprobs = pending.unpack([h[width] for h in rows]) if pending is not None else [None] * len(rows)
-        batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
-        used = max((h[width + 1] for h in rows), default=0)
-        kv_cache.crop(batch.target_cache, used)
-        if batch.draft_cache is not None:
-            kv_cache.crop(batch.draft_cache, used)
-        emitted, accepted = [], []
-        for s, h, lp in zip(batch.seqs, rows, logprobs):
-            n, length = h[width], h[width + 1]
-            if not h[width + 3]:
-                s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
-            if not s.finished and spec.speculative:
-                s.stats.record(spec.num_draft_tokens - 1, n - 1)
-                accepted.append(n - 1)
-            emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
-        if self.chooser:
-            self.chooser.observe(spec, accepted)
-        return emitted
+        with phase("finish"):
+            width = spec.path_width
+            rows = host.tolist()
+            logprobs = pending.unpack([h[width] for h in rows]) if pending is not None else [None] * len(rows)
+            batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
+            used = max((h[width + 1] for h in rows), default=0)
+            kv_cache.crop(batch.target_cache, used)
+            if batch.draft_cache is not None:
+                kv_cache.crop(batch.draft_cache, used)
+            emitted, accepted = [], []
+            for s, h, lp in zip(batch.seqs, rows, logprobs):
+                n, length = h[width], h[width + 1]
+                if not h[width + 3]:
+                    s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
+                if not s.finished and spec.speculative:
+                    s.stats.record(spec.num_draft_tokens - 1, n - 1)
+                    accepted.append(n - 1)
+                emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
+            if self.chooser:
+                self.chooser.observe(spec, accepted)
+            return emitted
 
     # -- the simple static-batch loop ---------------------------------------------------------
     def generate(self, prompts: list[list[int]],

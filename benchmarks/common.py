@@ -141,36 +141,6 @@ def read_bytes_per_token(model) -> int:
     return total if tied else total - emb.numel() * emb.element_size()
 
 
-def wrap_phases(engine, wrap):
-    """Wrap each phase of ``engine.step`` as ``wrap(fn, name)`` (tree drafting, target verify,
-    acceptance, commit, the verify mask, crop, draft extend); return the function that undoes it.
-    The target and ``kv_cache`` may be shared with other engines: undo before building the next."""
-    from eyas.engine import by_parts
-    from eyas.models import kv_cache
-
-    undo = []
-
-    def patch(owner, attr, name):
-        fn = getattr(owner, attr)
-        setattr(owner, attr, wrap(fn, name))
-        undo.append(lambda: setattr(owner, attr, fn))
-
-    patch(by_parts, "accept", "accept")  # sampler.accept, as the step by parts calls it
-    patch(engine.by_parts, "draft_extend", "draft_extend")
-    patch(engine.target, "forward", "verify")
-    for name in ("commit", "attention_mask", "crop"):
-        patch(kv_cache, name, name)
-    drafters = getattr(engine, "drafters", {})
-    for spec, fn in list(drafters.items()):
-        drafters[spec] = wrap(fn, "draft_tree")
-        undo.append(lambda spec=spec, fn=fn: drafters.__setitem__(spec, fn))
-
-    def restore():
-        for u in reversed(undo):
-            u()
-    return restore
-
-
 def load_pair(model_path: str, draft_path: str | None, dtype: str = "bfloat16", device: str = "cuda"):
     """(native target, draft) through eyas's own checked loading; the shipped draft by default."""
     from eyas.models.loading import load_target

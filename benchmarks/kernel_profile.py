@@ -8,8 +8,11 @@
 untouched and reads the device's own timeline (``torch.profiler``, kernels inside CUDA graph replays
 included): per phase, the kernels launched, the time they ran, and the wall time the phase spanned on
 the device. Busy time far below the span means launch gaps (the host); busy time near it means the
-kernels themselves (too many, or too slow). With ``--model 8b`` the target is the random Llama-3.1-8B
-shape and only plain decoding is profiled (benchmark a's forward).
+kernels themselves (too many, or too slow). The phases are the engine's own profiler ranges
+(``eyas/engine/phases.py``: ``eyas.step``, ``eyas.draft``, ...); a step replayed whole from one CUDA graph
+shows as ``step`` and ``finish`` alone, ``--by-parts`` runs every step by parts so each part shows. On the
+CPU there is no device timeline: a phase's span is its time on the host. With ``--model 8b`` the target is
+the random Llama-3.1-8B shape and only plain decoding is profiled (benchmark a's forward).
 """
 
 from __future__ import annotations
@@ -29,35 +32,29 @@ from common import (
     random_model,
     smollm2_135m_config,
     sync,
-    wrap_phases,
     write,
 )
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
+from eyas.engine.phases import NAMES, PREFIX
 from eyas.engine.sampling import SamplingParams
-
-PHASES = ("draft_tree", "attention_mask", "verify", "accept", "commit", "draft_extend")
-
-
-def labelled(fn, name):
-    def wrapper(*a, **k):
-        with record_function(f"phase:{name}"):
-            return fn(*a, **k)
-    return wrapper
 
 
 def analyse(trace: dict, steps: int) -> dict:
-    """Per phase and per step: kernels, busy device ms, device span ms; the top kernels by time."""
+    """Per phase and per step: kernels, busy device ms, device span ms (the host's span on the CPU); the top
+    kernels by time."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    spans = [e for e in events if e.get("cat") == "gpu_user_annotation" and e["name"].startswith(("phase:", "step"))]
+    on_device = any(e.get("cat") == "gpu_user_annotation" for e in events)
+    timeline = "gpu_user_annotation" if on_device else "user_annotation"  # on the CPU, the host's
+    spans = [e for e in events if e.get("cat") == timeline and e["name"].startswith(PREFIX)]
     out = {}
     for name in sorted({s["name"] for s in spans}):
         ranges = [(s["ts"], s["ts"] + s["dur"]) for s in spans if s["name"] == name]
         inside = [k for k in kernels if any(a <= k["ts"] < b for a, b in ranges)]
-        out[name.removeprefix("phase:")] = {
+        out[name.removeprefix(PREFIX)] = {
             "kernels_per_step": round(len(inside) / steps, 1),
             "busy_ms_per_step": round(sum(k["dur"] for k in inside) / 1e3 / steps, 4),
             "span_ms_per_step": round(sum(b - a for a, b in ranges) / 1e3 / steps, 4),
@@ -82,19 +79,16 @@ def analyse(trace: dict, steps: int) -> dict:
 
 def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Path | None,
                    temperature: float = 0.0, top_p: float = 1.0) -> dict:
-    restore = wrap_phases(engine, labelled)
     params = SamplingParams(max_new_tokens=10_000, ignore_eos=True, temperature=temperature, top_p=top_p)
     batch = engine.prefill([engine.new_sequence(prompt, params) for _ in range(engine.rows)])
     for _ in range(5):
         engine.step(batch)
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=False) as prof:
         for _ in range(steps):
-            with record_function("step"):
-                engine.step(batch)
+            engine.step(batch)
         sync()
-    restore()
     path = trace_path or Path("/tmp/kernel-profile-trace.json")
     prof.export_chrome_trace(str(path))
     trace = json.loads(path.read_text())
@@ -120,6 +114,8 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--torch-draws", action="store_true",
                     help="the sampled step's draws in integer torch ops instead of their kernel (before/after)")
+    ap.add_argument("--by-parts", action="store_true",
+                    help="run every step by parts (no whole-step graph), so each part shows on the timeline")
     ap.add_argument("--trace-dir", default=None, help="keep each setting's chrome trace (gzipped) here")
     ap.add_argument("--out", default="benchmarks/results/kernel-profile-smollm2.json")
     args = ap.parse_args()
@@ -147,7 +143,8 @@ def main() -> None:
     results = {}
     for text in args.specs:
         spec = SpecConfig("NONE") if text == "none" else SpecConfig("EAGLE3", *(int(x) for x in text.split(",")))
-        engine = Engine(target, None if text == "none" else draft, spec, max_batch=args.max_batch)
+        engine = Engine(target, None if text == "none" else draft, spec, max_batch=args.max_batch,
+                        whole_step_graphs=not args.by_parts)
         engine.rows = args.rows
         engine.warm_up(progress=False)
         trace_name = f"trace-{text.replace(',', '-')}-mb{args.max_batch}.json"
@@ -159,7 +156,7 @@ def main() -> None:
         print(f"{text:>8} max-batch {args.max_batch}: {r.get('kernels_per_step')} kernels, busy "
               f"{r.get('device_busy_ms_per_step')} ms of {r.get('device_span_ms_per_step')} ms per step; "
               f"{r['memcpy_memset_per_step']} copies/memsets, {r['memcpy_memset_ms_per_step']} ms")
-        for phase in ("step", *PHASES):
+        for phase in NAMES:
             if phase in r:
                 print(f"    {phase:>13}: {r[phase]}")
         for k in r["top_kernels"][:8]:

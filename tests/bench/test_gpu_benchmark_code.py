@@ -47,3 +47,23 @@ def test_spec_step_8b_measures_every_setting_against_the_plain_step():
     assert row["plain_steps"] == round(row["step_ms"] / rows["none batch 2"]["step_ms"], 2) or abs(
         row["plain_steps"] - row["step_ms"] / rows["none batch 2"]["step_ms"]) < 0.01  # rounded step times
     assert abs(row["speedup_at_tau"]["3.0"] * row["plain_steps"] - 3.0) < 0.02  # speedup = tau x plain / spec
+
+
+def test_the_profiling_benchmarks_time_the_engines_own_phases(target, draft, tmp_path):
+    """step_profile and kernel_profile read the phases the engine names (``engine/phases.py``), patching
+    nothing: a step by parts shows each of its parts."""
+    import kernel_profile
+    import step_profile
+
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+
+    engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 2, 2, 4), max_batch=1,
+                    whole_step_graphs=False)
+    parts = {"step", "draft", "mask", "verify", "accept", "commit", "extend", "finish"}
+    timed = step_profile.phases(engine, [[5, 6, 7]], 6)
+    assert parts <= set(timed) and all(timed[p] > 0 for p in parts) and timed["step_synced"] > 0
+    engine.rows = 1
+    profiled = kernel_profile.profile_engine(engine, [5, 6, 7], 2, tmp_path / "trace.json")
+    assert parts <= set(profiled) and profiled["step"]["span_ms_per_step"] > 0
+    assert (tmp_path / "trace.json.gz").exists()

@@ -19,13 +19,13 @@ class Clock:
 
 
 def budgeted(tmp_path, monkeypatch, max_steps: int, seconds_of_step) -> tuple[Trainer, Clock]:
-    """A trainer with a 300 s budget whose step ``i`` takes ``seconds_of_step(i)`` on the fake clock."""
+    """A trainer with a 200 s budget whose step ``i`` takes ``seconds_of_step(i)`` on the fake clock."""
     target = tiny_target(dtype=torch.float32)
     data = make_data(target, tmp_path / "data", rows=48)
     clock = Clock()
     monkeypatch.setattr(trainer_module, "time", clock)
     t = Trainer(tiny_recipe(data, tmp_path / "run", **{"train.max_steps": max_steps, "train.epochs": 500,
-                                                        "train.time_budget_s": 300}), target=target)
+                                                        "train.time_budget_s": 200}), target=target)
     step = t.train_step
 
     def timed_step(batch):
@@ -39,9 +39,9 @@ def budgeted(tmp_path, monkeypatch, max_steps: int, seconds_of_step) -> tuple[Tr
 def test_a_time_budget_is_refit_when_steps_speed_up(tmp_path, monkeypatch):
     t, clock = budgeted(tmp_path, monkeypatch, 2000, lambda i: 2.0 if i < 45 else 1.0)  # 0.5 steps/s, then 1
     summary = t.fit()
-    # measured at 0.5 steps/s the run would stop at 150 steps, 195 s into a 300 s budget; refit, it uses the budget
-    assert 280 <= clock.now <= 310, clock.now
-    assert summary["steps"] == t.total_steps and 240 <= t.total_steps <= 265
+    # measured at 0.5 steps/s the run would stop at 100 steps, 145 s into a 200 s budget; refit, it uses the budget
+    assert 190 <= clock.now <= 210, clock.now
+    assert summary["steps"] == t.total_steps and 150 <= t.total_steps <= 160
     log = (tmp_path / "run" / "log.jsonl").read_text()
     assert log.count('"event": "budget"') == 2
 

@@ -54,7 +54,7 @@ def verify_costs(engine: Engine, ids: list[int], ks: list[int], reps: int) -> di
     seq = engine.new_sequence(ids, SamplingParams(max_new_tokens=1 << 20))
     batch = engine.prefill_all([seq])
     cache, lengths = batch.target_cache, batch.lengths
-    slots = kv_cache.num_slots(cache)
+    slots = cache.num_slots()
     times = {k: [] for k in ks}
     for _ in range(reps + 1):
         for k in ks:
@@ -65,7 +65,7 @@ def verify_costs(engine: Engine, ids: list[int], ks: list[int], reps: int) -> di
             start = time.perf_counter()
             engine.target.forward(tokens, positions, mask, cache, capture=True)
             times[k].append((time.perf_counter() - start) * 1e3)
-            kv_cache.crop(cache, slots)
+            cache.crop(slots)
     ms = {k: statistics.median(t[1:]) for k, t in times.items()}
     return {str(k): {"ms": round(ms[k], 2), "vs_1": round(ms[k] / ms[ks[0]], 2)} for k in ks}
 

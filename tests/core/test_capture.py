@@ -124,8 +124,8 @@ def test_tree_forward_commits_only_the_accepted_path(target):
     depth = torch.tensor([[0, 1, 1, 2]])
     mask = kv_cache.attention_mask(lengths, 4, tree_vis, target.dtype)
     tree_logits, _ = target.forward(tokens, lengths[:, None] + depth, mask, cache)
-    kv_cache.commit(cache, lengths, torch.tensor([[4, 6, 7]]), torch.tensor([3]))
-    kv_cache.crop(cache, 7)
+    cache.commit(lengths, torch.tensor([[4, 6, 7]]), torch.tensor([3]))
+    cache.crop(7)
     # the same tokens on a plain path
     plain = kv_cache.new_cache()
     ids2 = torch.tensor([[7, 8, 9, 10, 11, 13, 14]])
@@ -133,7 +133,7 @@ def test_tree_forward_commits_only_the_accepted_path(target):
     mask = kv_cache.attention_mask(torch.zeros(1, dtype=torch.long), 0, visible, target.dtype)
     plain_logits, _ = target.forward(ids2, torch.arange(7)[None], mask, plain)
     torch.testing.assert_close(tree_logits[0, [0, 2, 3]], plain_logits[0, 4:], rtol=0, atol=1e-10)
-    for a, b in zip(cache.layers, plain.layers):
+    for a, b in zip(cache.hf.layers, plain.hf.layers):
         torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-10)
         torch.testing.assert_close(a.values, b.values, rtol=0, atol=1e-10)
     # and the next token after the committed path sees exactly the plain prefix

@@ -229,12 +229,12 @@ def test_static_cache_operations_match_the_dynamic_cache():
     lengths = torch.tensor([10, 7, 9])
     src = torch.tensor([[10, 12, 13], [11, 0, 0], [13, 10, 0]])
     counts = torch.tensor([3, 1, 2])
-    new = kv_cache.commit(dyn, lengths, src, counts)
-    assert torch.equal(kv_cache.commit(static, lengths, src, counts), new)
+    new = dyn.commit(lengths, src, counts)
+    assert torch.equal(static.commit(lengths, src, counts), new)
     rows = torch.tensor([2, 0])
-    kv_cache.select_rows(dyn, rows, 13)
-    kv_cache.select_rows(static, rows, 13)
-    for layer, dl in enumerate(dyn.layers):
+    dyn.select_rows(rows, 13)
+    static.select_rows(rows, 13)
+    for layer, dl in enumerate(dyn.hf.layers):
         for b, n in enumerate(new[rows].tolist()):
             assert torch.equal(static.buf[layer, 0, b, :, :n], dl.keys[b, :, :n])
             assert torch.equal(static.buf[layer, 1, b, :, :n], dl.values[b, :, :n])

@@ -59,7 +59,7 @@ def test_prefill_from_graphs_matches_the_eager_prefill(target, draft, references
                 continue
             for r, p in enumerate(prompts):  # row r's keys and values, every layer, its prompt's slots
                 want = torch.stack([torch.stack([lay.keys[r, :, : len(p)], lay.values[r, :, : len(p)]])
-                                    for lay in y.layers])
+                                    for lay in y.hf.layers])
                 torch.testing.assert_close(x.buf[:, :, r, :, : len(p)], want, **CLOSE)
         while not all(s.finished for s in a.seqs):
             fast.step(a)

@@ -24,7 +24,7 @@ def poison(cache, row: int, slot: int = 0) -> None:
     if isinstance(cache, StaticKV):
         cache.buf[:, 0, row, :, slot] = float("nan")
     else:
-        for layer in cache.layers:
+        for layer in cache.hf.layers:
             layer.keys[row, :, slot] = float("nan")
 
 

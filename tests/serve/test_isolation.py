@@ -43,7 +43,7 @@ class Faulty:
         with torch.inference_mode():
             for i, s in enumerate(batch.seqs):
                 if NAN_MARK in s.prompt_ids and len(s.output_ids) >= 2:
-                    for layer in batch.target_cache.layers:
+                    for layer in batch.target_cache.hf.layers:
                         layer.keys[i, :, 0] = float("nan")
         return self._engine.step(batch)
 

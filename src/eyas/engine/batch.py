@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.static_cache import StaticKV
 from .grammar import RowGrammar
 from .logprobs import TokenLogprob
 from .sampling import SamplingParams, SamplingRows
@@ -118,5 +117,5 @@ def scrub(batch: Batch, rows: list[int]) -> None:
     """Zero ``rows`` of the batch's preallocated caches, every slot (a growing cache drops them instead): a
     later row in their place would otherwise attend over a NaN in a masked slot (0 x NaN is NaN)."""
     for cache in (batch.target_cache, batch.draft_cache):
-        if isinstance(cache, StaticKV):
-            cache.buf[:, :, torch.tensor(rows, device=cache.buf.device)] = 0
+        if cache is not None:
+            cache.scrub(rows)

@@ -58,7 +58,7 @@ class StepByParts:
                 tree = Tree.root_only(batch.root)
         cache = batch.target_cache
         with phase("mask"):
-            slots = kv_cache.num_slots(cache)
+            slots = cache.num_slots()
             mask = kv_cache.attention_mask(batch.lengths, slots, tree.mask, self.target.dtype)
         with phase("verify"):
             positions = batch.lengths[:, None] + tree.depth
@@ -73,7 +73,7 @@ class StepByParts:
                                          spec.eagle_topk, self.ops, rows.pen_tensors())  # [B, width], [B], [B]
         old = batch.lengths
         with phase("commit"):
-            lengths = kv_cache.commit(cache, old, slots + cols, counts)
+            lengths = cache.commit(old, slots + cols, counts)
             new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
             pending = path_logprobs(logits, tree.tokens.gather(1, cols), cols, new, rows) if logprobs else None
             if rows.pen is not None:
@@ -93,12 +93,12 @@ class StepByParts:
                 if out is not None:
                     return out
             draft, dev = self.draft_steps.net, tokens.device
-            slots = kv_cache.num_slots(cache)
+            slots = cache.num_slots()
             positions = base[:, None] + torch.arange(width, device=dev)[None, :]
             mask = kv_cache.attention_mask(base, slots, causal(counts, width), self.target.dtype)
             h, logits = self.draft_steps(tokens, draft.project(aux), positions, cache, mask)
             src = slots + torch.arange(width, device=dev).expand(len(tokens), width)
-            kv_cache.commit(cache, base, src, counts)
+            cache.commit(base, src, counts)
             rows = torch.arange(len(tokens), device=dev)
             return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
 

@@ -30,7 +30,6 @@ from ..checks import check_spec
 from ..config import Algorithm, SpecConfig
 from ..engine_config import EngineConfig
 from ..errors import EyasError
-from ..models import kv_cache
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget
 from ..spec.ops import TORCH
@@ -187,9 +186,9 @@ class Engine:
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         lengths = batch.lengths[rows]
         slots = int(lengths.max()) if keep else 0
-        kv_cache.select_rows(batch.target_cache, rows, slots)
+        batch.target_cache.select_rows(rows, slots)
         if batch.draft_cache is not None:
-            kv_cache.select_rows(batch.draft_cache, rows, slots)
+            batch.draft_cache.select_rows(rows, slots)
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         seqs = [batch.seqs[i] for i in keep]
         kept = Batch(seqs, batch.target_cache, batch.draft_cache, lengths, batch.root[rows], pick(batch.draft_logits),
@@ -206,8 +205,8 @@ class Engine:
         cat = lambda x, y: None if x is None else torch.cat([x, y])  # noqa: E731
         return Batch(
             a.seqs + b.seqs,
-            kv_cache.concat_rows(a.target_cache, b.target_cache),
-            None if a.draft_cache is None else kv_cache.concat_rows(a.draft_cache, b.draft_cache),
+            a.target_cache.concat_rows(b.target_cache),
+            None if a.draft_cache is None else a.draft_cache.concat_rows(b.draft_cache),
             torch.cat([a.lengths, b.lengths]), torch.cat([a.root, b.root]),
             cat(a.draft_logits, b.draft_logits), cat(a.draft_hidden, b.draft_hidden), a.rows.concat(b.rows),
         )
@@ -305,9 +304,9 @@ class Engine:
             logprobs = pending.unpack([h[width] for h in rows]) if pending is not None else [None] * len(rows)
             batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
             used = max((h[width + 1] for h in rows), default=0)
-            kv_cache.crop(batch.target_cache, used)
+            batch.target_cache.crop(used)
             if batch.draft_cache is not None:
-                kv_cache.crop(batch.draft_cache, used)
+                batch.draft_cache.crop(used)
             emitted, accepted = [], []
             for s, h, lp in zip(batch.seqs, rows, logprobs):
                 n, length = h[width], h[width + 1]

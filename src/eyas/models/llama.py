@@ -6,7 +6,7 @@ what an engine needs and nothing else:
 
 - q/k/v and gate/up are fused into one matrix each (two matmuls fewer per layer; the HF modules
   are re-pointed at views of the fused weights, so memory is not doubled);
-- keys and values go to whatever cache is passed: a ``DynamicCache`` for eager prefill, or the
+- keys and values go to whatever cache is passed: a ``DynamicKV`` for eager prefill, or the
   preallocated ``StaticKV`` that CUDA graphs replay against;
 - grouped-query attention folds the query heads of one KV head into the query axis
   (``[B, Hkv, rep * T, D]``), so SDPA reads each key once, with no repeat of the cache;
@@ -94,7 +94,7 @@ class NativeLlama(nn.Module):
         input_ids: torch.Tensor,  # [B, T]
         position_ids: torch.Tensor,  # [B, T]
         mask: torch.Tensor,  # [B, 1, T, W] additive, W = the keys the cache returns
-        cache,  # DynamicCache or StaticKV (anything with update(k, v, layer) -> (keys, values))
+        cache,  # DynamicKV or StaticKV (anything with update(k, v, layer) -> (keys, values))
         aux_layer_ids: tuple[int, ...] = (),
         logits_at: torch.Tensor | None = None,  # [K] token indices whose logits are needed
         last: torch.Tensor | None = None,  # [B] or one token index per row (a ragged prefill's last)

@@ -1,6 +1,6 @@
 """The fast path: the native Llama forward and the draft on preallocated caches, with CUDA graphs.
 
-``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicCache``
+``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicKV``
 (prefill) it runs eagerly, given its ``StaticKV`` pool it goes through a ``GraphRunner``.
 ``DraftSteps`` does the same for the draft's one-layer steps. The engine decides which path a
 model takes (``choose``) and sizes the pools (``plan_pool``); everything else is unchanged.

@@ -12,7 +12,6 @@ import torch
 
 from ..errors import EyasError
 from .kernel_settings import KernelSettings
-from .static_cache import StaticKV
 from .torch_ops import TorchOps
 
 TORCH = TorchOps()
@@ -20,11 +19,12 @@ TORCH = TorchOps()
 
 def kernels_for(cache, x: torch.Tensor, rope) -> KernelSettings | None:
     """The settings a forward of ``x`` over ``cache`` runs the Triton kernels under, or None for the
-    torch ops. Only a static cache takes the kernels, by its ``kernels.mode``: ``auto`` (the default)
-    on a GPU, ``torch`` never, ``triton`` on the CPU too, in Triton's interpreter (for tests). Never
-    where the rope table is not yet built or autograd records (training), nor once the forward's
-    kernels have failed in this process (``triton_ops.FAILURES``), unless the mode is ``triton``."""
-    settings = cache.kernels if isinstance(cache, StaticKV) else None
+    torch ops. Only a static cache takes the kernels (a ``DynamicKV``'s ``kernels`` are None), by its
+    ``kernels.mode``: ``auto`` (the default) on a GPU, ``torch`` never, ``triton`` on the CPU too, in
+    Triton's interpreter (for tests). Never where the rope table is not yet built or autograd records
+    (training), nor once the forward's kernels have failed in this process (``triton_ops.FAILURES``),
+    unless the mode is ``triton``."""
+    settings = None if cache is None else cache.kernels
     if (settings is None or settings.mode == "torch" or getattr(rope, "table", None) is None
             or (torch.is_grad_enabled() and x.requires_grad) or (settings.mode == "auto" and not x.is_cuda)):
         return None

@@ -92,7 +92,7 @@ class StaticKV:
                 "raise --context-length (the cache is sized from it) or send shorter requests",
             )
 
-    # -- kv_cache's operations ---------------------------------------------------------------
+    # -- the engine's operations (``DynamicKV``'s too) -------------------------------------------
     def num_slots(self) -> int:
         return self.used
 
@@ -109,22 +109,29 @@ class StaticKV:
         self.buf[:, :, : len(rows), :, :slots] = kept
         self.n, self.used = len(rows), slots
 
+    def num_rows(self) -> int:
+        return self.n
+
+    def concat_rows(self, other) -> StaticKV:
+        """Append ``other``'s rows after these (``append_rows``); this cache holds them all."""
+        self.append_rows(other)
+        return self
+
     def append_rows(self, cache) -> None:
-        """Copy the rows of ``cache`` (a DynamicCache or StaticKV) after the live rows."""
-        static = isinstance(cache, StaticKV)  # another static cache of this model (a graphed prefill's)
-        layers = [] if static else _layers_of(cache)
-        rows, slots = (cache.n, cache.used) if static else (layers[0][0].shape[0], layers[0][0].shape[2])
+        """Copy the rows of ``cache`` (a ``DynamicKV``, or a ``StaticKV``: a graphed prefill's) after the live
+        rows."""
+        rows, slots = cache.num_rows(), cache.num_slots()
         if self.n + rows > self.capacity_rows:
             raise EyasError(f"the batch would hold {self.n + rows} sequences; the KV cache was sized for "
                             f"{self.capacity_rows}", "raise --max-running-requests or send fewer at once")
         self._check_room(slots)
-        if static:  # one copy for every layer
-            self.buf[:, :, self.n : self.n + rows, :, :slots] = cache.buf[:, :, :rows, :, :slots]
-        for i, (k, v) in enumerate(layers):
-            self.buf[i, 0, self.n : self.n + rows, :, :slots] = k
-            self.buf[i, 1, self.n : self.n + rows, :, :slots] = v
+        cache.copy_into(self.buf[:, :, self.n : self.n + rows, :, :slots])
         self.n += rows
         self.used = max(self.used, slots)
+
+    def copy_into(self, dst: torch.Tensor) -> None:
+        """Write the live rows' slots into ``dst`` ``[layers, 2, rows, H, slots, D]``: one copy for every layer."""
+        dst.copy_(self.buf[:, :, : self.n, :, : self.used])
 
     def adopt(self, cache) -> StaticKV:
         """Become the cache of ``cache``'s rows alone (the buffer's earlier rows are forgotten)."""
@@ -132,7 +139,7 @@ class StaticKV:
         self.append_rows(cache)
         return self
 
-
-def _layers_of(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A ``DynamicCache``'s (keys, values) per layer."""
-    return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "is_initialized", False)]
+    def scrub(self, rows: list[int]) -> None:
+        """Zero ``rows``, every slot: a later row in their place would otherwise attend over a NaN in a masked
+        slot (0 x NaN is NaN)."""
+        self.buf[:, :, torch.tensor(rows, device=self.buf.device)] = 0

@@ -8,7 +8,8 @@ embedding), so wrappers that nest the language model (``model.language_model`` i
 models) work unchanged.
 
 Every forward takes explicit positions and an explicit additive mask ``[B, 1, T, S + T]`` on top of
-the KV cache, which is how a token tree is verified in one pass (see ``eyas.models.kv_cache``).
+the KV cache (a ``DynamicKV``, whose ``DynamicCache`` the model gets), which is how a token tree is verified in
+one pass (see ``eyas.models.kv_cache``).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Target:
         input_ids: torch.Tensor,  # [B, T]
         position_ids: torch.Tensor,  # [B, T]
         mask: torch.Tensor,  # [B, 1, T, S + T] additive
-        cache,  # DynamicCache with S slots; T are appended. None: no cache (S = 0, nothing kept)
+        cache,  # DynamicKV with S slots; T are appended. None: no cache (S = 0, nothing kept)
         capture: bool = True,
         logits_at: torch.Tensor | None = None,  # [K] sequence indices whose logits are needed
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -148,7 +149,7 @@ class Target:
             if logits_at is not None:
                 kwargs["logits_to_keep"] = logits_at
             if cache is not None:
-                kwargs[self._cache_kw] = cache
+                kwargs[self._cache_kw] = cache.hf  # the model takes the DynamicCache itself
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,

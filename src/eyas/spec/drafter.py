@@ -42,7 +42,7 @@ def draft_tree(
     if steps_fn is None:
         from ..models.native import DraftSteps
         steps_fn = DraftSteps(draft)
-    prefix_slots = kv_cache.num_slots(cache)
+    prefix_slots = cache.num_slots()
     k, bsz, dev = spec.eagle_topk, root.shape[0], root.device
     rows = torch.arange(bsz, device=dev)[:, None]
     eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
@@ -60,7 +60,7 @@ def draft_tree(
     try:
         return _grow(draft, root, logits0, hidden0, spec, feed, ops_for(cache, hidden0, getattr(draft, "rope", None)))
     finally:
-        kv_cache.crop(cache, prefix_slots)
+        cache.crop(prefix_slots)
 
 
 def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecConfig, prefix: torch.Tensor,

@@ -287,7 +287,7 @@ def _cache_case(head_dim, hq, hkv, dtype, qk_norm):
         c = StaticKV(2, 4, hkv, slots, head_dim, dtype, DEVICE)
         torch.manual_seed(2)
         c.buf.copy_(torch.randn(c.buf.shape, dtype=dtype))
-        c.window, c.write_slots = 20, torch.tensor([9, 10, 14, 11], device=DEVICE)  # not in order, not contiguous
+        c.aim(20, torch.tensor([9, 10, 14, 11], device=DEVICE))  # not in order, not contiguous
         caches.append(c)
     return qkv, rope, positions, norms, caches
 

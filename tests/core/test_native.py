@@ -246,7 +246,7 @@ def test_static_cache_refuses_what_it_cannot_hold():
     dyn.update(torch.zeros(3, 1, 5, 4), torch.zeros(3, 1, 5, 4), 0)
     with pytest.raises(EyasError, match="(?s)sized for 2.*--max-running-requests"):
         static.adopt(dyn)
-    static.used = 14
+    static.hold(0, 14)
     with pytest.raises(EyasError, match="(?s)16 positions.*--context-length"):
         static.begin(4)
 

@@ -99,7 +99,7 @@ def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live:
     # [B, 1, 1, window]: the committed slots and its own (the verify's mask of a tree of the root alone)
     ops = ops_for(pool, lengths, native.rope)
     mask = ops.tree_mask(lengths, Tree.root_only(root).mask, prefix, window, pool.buf.dtype)
-    pool.window, pool.write_slots = window, prefix
+    pool.aim(window, prefix)
     logits, _ = native(root[:, None], lengths[:, None], mask, pool, ())
     src = prefix.expand(len(root), 1)
     pool.commit(torch.where(live > 0, lengths, prefix), src, live)
@@ -171,7 +171,7 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     size, width = tree.size, spec.path_width
     ops = ops_for(tpool, hidden0, native.rope)
     mask = ops.tree_mask(lengths, tree.mask, tprefix, window, tpool.buf.dtype)  # [B, 1, T, window]
-    tpool.window, tpool.write_slots = window, tprefix + consts.arange(size, dev)
+    tpool.aim(window, tprefix + consts.arange(size, dev))
     logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, mask, tpool, aux_ids)
     cols, counts, bonus = accept(tree, logits, width, kind, floats, ints, lengths, spec.eagle_topk, ops, pen)
     kept = live > 0

@@ -56,7 +56,7 @@ def prefill_static(native, pool, ids: torch.Tensor, lens: torch.Tensor, aux_ids:
     start = consts.full((1,), 0, torch.long, dev)
     none = consts.full((bsz,), 0, torch.long, dev)  # no committed slots before the prompt
     mask = ops_for(pool, lens, native.rope).block_mask(none, lens, start, t, window, pool.buf.dtype)
-    pool.window, pool.write_slots = window, i
+    pool.aim(window, i)
     logits, aux = native(ids, i.expand(bsz, t), mask, pool, aux_ids, last=(lens - 1).clamp(min=0))
     return (logits[:, 0],) if aux is None else (logits[:, 0], aux)
 
@@ -150,19 +150,19 @@ class StaticPrefill:
             host[r, : len(p)] = torch.tensor(p)
         dev = self.target_cache.buf.device
         ids, lens = host[:, :t].to(dev), torch.tensor([len(p) for p in prompts], device=dev)
-        self.target_cache.n = self.target_cache.used = 0
+        self.target_cache.hold()
         out = self.targets[t]({"ids": ids, "lens": lens}, {}, t)
         if out is None:
             return None
         firsts = first_of(out[0])
-        self.target_cache.n, self.target_cache.used = b, width
+        self.target_cache.hold(b, width)
         if self.draft_cache is None:
             return firsts, None, None
         for r, p in enumerate(prompts):
             host[r, len(p)] = firsts[r]
-        self.draft_cache.n = self.draft_cache.used = 0
+        self.draft_cache.hold()
         logits, hidden = self.drafts[t](consts.full((b,), 0, torch.long, dev), host[:, 1:].to(dev), out[1], lens)
-        self.draft_cache.n, self.draft_cache.used = b, width
+        self.draft_cache.hold(b, width)
         return firsts, logits, hidden
 
 

@@ -146,7 +146,7 @@ class GraphRunner:
         return out
 
     def _run(self, g: _Graph, key) -> tuple:
-        self.cache.window, self.cache.write_slots = key[2], g.slots
+        self.cache.aim(key[2], g.slots)
         if g.graph is not None:
             self.replays += 1
             g.graph.replay()
@@ -163,7 +163,7 @@ class GraphRunner:
         # CUDA the warm-up still runs once, so CPU tests exercise exactly what capture will run.
         top = self.cache.capacity_slots - tokens
         torch.arange(top, top + tokens, out=g.slots)
-        self.cache.window, self.cache.write_slots = window, g.slots
+        self.cache.aim(window, g.slots)
         if self.capture:
             g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, g.mask), dev)
             log.debug("captured %s graph rows=%d tokens=%d window=%d", self.name, rows, tokens, window)

@@ -10,7 +10,9 @@ is what lets a CUDA graph be captured once and replayed (see ``eyas.engine.graph
 
 Attention reads a *window* of slots ``[0, window)``: ``used + T`` in eager mode, or a fixed bucket
 at least that wide under a graph, whose extra slots the mask hides. ``write_slots`` says where the
-``T`` new keys go. Both are set by whoever runs the forward (``begin``), not by the layers.
+``T`` new keys go. Both are set by whoever runs the forward (``begin``; ``aim`` for a graph or a fused
+step, with slots of its own), not by the layers; ``hold`` sets the live rows and slots a graphed
+prefill wrote.
 
 ``kernels`` are the settings the forwards over this cache run the Triton kernels under (``ops.ops_for``):
 the engine's, which builds its caches with them.
@@ -63,8 +65,17 @@ class StaticKV:
     def begin(self, tokens: int) -> None:
         """Eager forward of ``tokens`` new slots per row: write at ``[used, used + tokens)``."""
         self._check_room(self.used + tokens)
-        self.write_slots = torch.arange(self.used, self.used + tokens, device=self.buf.device)
-        self.window = self.used + tokens
+        self.aim(self.used + tokens, torch.arange(self.used, self.used + tokens, device=self.buf.device))
+
+    def aim(self, window: int, write_slots: torch.Tensor) -> None:
+        """The next forwards attend over slots ``[0, window)`` and write their keys at ``write_slots``
+        (``[T]``, or a graph's own tensor: set before capture, refilled before each replay)."""
+        self.window, self.write_slots = window, write_slots
+
+    def hold(self, rows: int = 0, slots: int = 0) -> None:
+        """Hold ``rows`` live rows of ``slots`` slots: what a forward that wrote them (a graphed prefill,
+        which writes at positions) left, or empty before it."""
+        self.n, self.used = rows, slots
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer: int):
         """Store the new keys/values ``[B, H, T, D]``; return the attended window ``[B, H, W, D]``."""
@@ -135,7 +146,7 @@ class StaticKV:
 
     def adopt(self, cache) -> StaticKV:
         """Become the cache of ``cache``'s rows alone (the buffer's earlier rows are forgotten)."""
-        self.n = self.used = 0
+        self.hold()
         self.append_rows(cache)
         return self
 

@@ -82,7 +82,7 @@ def draft_tree_static(draft, pool, lengths, root, logits0, hidden0, spec: SpecCo
                           pool.buf.dtype)[:, 0]  # [B, k, W]
 
     def feed(step, tokens, hidden, parent, mask):
-        pool.window, pool.write_slots = window, slots[(step - 1) * k : step * k]
+        pool.aim(window, slots[(step - 1) * k : step * k])
         out = draft.backbone(draft.embed(tokens), hidden, positions[:, step - 1 : step].expand(bsz, k), pool,
                              mask[:, None])
         return out, draft.logits(out, pool)
@@ -203,7 +203,7 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     i = consts.arange(width, dev)
     mask = ops_for(pool, aux, draft.rope).block_mask(base, counts, prefix, width, window, pool.buf.dtype)
     new = prefix + i
-    pool.window, pool.write_slots = window, new
+    pool.aim(window, new)
     h = draft.backbone(draft.embed(tokens), draft.project(aux), base[:, None] + i[None, :], pool, mask)
     # A row with nothing to keep (padding, or the zeros a graph is warmed up with) moves its block
     # onto itself, never over committed slots.

@@ -76,7 +76,7 @@ def graph_replay_ms(engine: Engine, reps: int = 50) -> dict[str, float]:
     """Milliseconds per replay of the target's one-token graph, back to back with no host work between,
     per attention window: the device's share of a decode step (the rest of a step is the host's)."""
     out = {}
-    for (rows, tokens, window), g in sorted(engine.target_pool.runner.graphs.items()):
+    for (rows, tokens, window), g in sorted(engine.target_runner.graphs.items()):
         if rows == 1 and tokens == 1 and g.graph is not None:
             g.graph.replay()
             sync()

@@ -145,4 +145,4 @@ def test_batch_schedule_switches_as_rows_finish_and_stays_lossless(target, draft
     assert [s.stats.draft_tokens for s in seqs] == [proposed[s.rid] for s in seqs]  # plain steps record nothing
     assert seqs[3].stats.drafts == 0 and seqs[4].stats.accepted > 0  # the fed draft drafts well again
     if engine.static:
-        assert engine.target_pool.runner.tokens == [1, 4, 12] and len(engine.drafters) == 2
+        assert engine.target_runner.tokens == [1, 4, 12] and len(engine.drafters) == 2

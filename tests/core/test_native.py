@@ -131,7 +131,7 @@ def test_native_engine_is_lossless(target, draft, references, name, path, monkey
     if spec.speculative:
         accepted = sum(o.stats.accepted for o in outs)
         assert 0 < accepted < sum(o.stats.draft_tokens for o in outs)
-    runner = engine.target_pool.runner
+    runner = engine.target_runner
     whole = engine.decoder if not spec.speculative else engine.speculators.get(spec)
     if path == "graph-buffers":  # every step one replay: the per-forward runners never used
         assert whole.steps > 0

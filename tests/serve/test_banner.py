@@ -57,7 +57,7 @@ def test_batch_schedule_flag_reaches_the_engine_banner_and_metrics_labels(models
     engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(draft), engine="native",
                                      speculative_batch_schedule=schedule, cuda_graph_max_bs=2, max_batch=8))
     assert "CUDA graphs: n/a on the CPU" in capsys.readouterr().err  # the startup capture's line
-    assert engine.spec.for_batch(3).num_draft_tokens == 3 and engine.target_pool.runner.rows == [1, 2]
+    assert engine.spec.for_batch(3).num_draft_tokens == 3 and engine.target_runner.rows == [1, 2]
     assert any(x.startswith(f"tree per batch size: {schedule} ") for x in banner_lines(engine, 8, 8))
     assert info_labels(engine)["batch_schedule"] == schedule and info_labels(engine)["num_draft_tokens"] == "6"
     with pytest.raises(EyasError, match="(?s)entry '4:2,1,9'.*larger than the tree"):

@@ -82,6 +82,11 @@ class Engine:
         self.chooser = Chooser(spec.options, model_costs(spec.options, rows)) if spec.adaptive else None
 
     @property
+    def target_runner(self):
+        """The native target's forward over ``target_pool``: its ``GraphRunner``."""
+        return self.target.runners[self.target_pool]
+
+    @property
     def context_limit(self) -> int:
         """The most tokens a row may hold before a step: room is left for the largest tree and its bonus."""
         return self.max_context - self.tree_size - 1
@@ -101,7 +106,7 @@ class Engine:
         whole = [g for w in ([self.decoder] if self.decoder else self.speculators.values())
                  for kind, g in w.graphs.items() if kind in STARTUP_KINDS]  # the penalized ones: on first use
         prefill = self.prefiller.graphs() if self.prefiller else []
-        return [self.target_pool.runner] + whole + extra + prefill
+        return [self.target_runner] + whole + extra + prefill
 
     @torch.inference_mode()
     def warm_up(self, progress: bool = True, on_cpu: bool = False) -> str:

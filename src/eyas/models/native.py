@@ -1,13 +1,15 @@
 """The fast path: the native Llama forward and the draft on preallocated caches, with CUDA graphs.
 
 ``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicKV``
-(prefill) it runs eagerly, given its ``StaticKV`` pool it goes through a ``GraphRunner``.
-``DraftSteps`` does the same for the draft's one-layer steps. The engine decides which path a
+(prefill) it runs eagerly, given a ``StaticKV`` pool it built it goes through that pool's
+``GraphRunner`` (held in ``runners``, by the target, not by the cache). ``DraftSteps`` does the same
+for the draft's one-layer steps, with its one pool and runner. The engine decides which path a
 model takes (``choose``) and sizes the pools (``plan_pool``); everything else is unchanged.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +80,7 @@ class NativeTarget(Target):
     def __init__(self, model, tokenizer=None, name: str = "target", aux_layer_ids=None):
         super().__init__(model, tokenizer, name, aux_layer_ids)
         self.native = NativeLlama(model)
+        self.runners = weakref.WeakKeyDictionary()  # each pool ``new_pool`` built (one per engine) -> its runner
 
     @classmethod
     def from_target(cls, target: Target) -> NativeTarget:
@@ -97,8 +100,8 @@ class NativeTarget(Target):
 
     def new_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool, capture_aux: bool,
                  kernels: KernelSettings) -> StaticKV:
-        """A preallocated cache for one engine (its ``kernels``), with its graph runner (buckets ``rows`` x
-        ``tokens`` x windows) as ``pool.runner``."""
+        """A preallocated cache for one engine (its ``kernels``); its graph runner (buckets ``rows`` x
+        ``tokens`` x windows) is ``runners[pool]``, which ``forward`` over the pool goes through."""
         n = self.native
         pool = self.static_cache(plan.rows, plan.slots, kernels)
         aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
@@ -111,14 +114,15 @@ class NativeTarget(Target):
             ids = torch.zeros((b, t), dtype=torch.long, device=self.device)
             return {"ids": ids, "pos": ids}, torch.zeros((b, 1, t, 1), dtype=self.dtype, device=self.device)
 
-        pool.runner = GraphRunner(fn, pool, rows, tokens, window_buckets(plan.slots), graphs, name="target",
-                                  example=example)
+        self.runners[pool] = GraphRunner(fn, pool, rows, tokens, window_buckets(plan.slots), graphs,
+                                         name="target", example=example)
         return pool
 
     @torch.no_grad()
     def forward(self, input_ids, position_ids, mask, cache, capture=True, logits_at=None):
-        if isinstance(cache, StaticKV):
-            out = cache.runner({"ids": input_ids, "pos": position_ids}, mask)
+        runner = None if cache is None else self.runners.get(cache)
+        if runner is not None:
+            out = runner({"ids": input_ids, "pos": position_ids}, mask)
             logits, aux = out[0], (out[1] if len(out) > 1 and capture else None)
             return (logits if logits_at is None else logits[:, logits_at]), aux
         aux_ids = tuple(self.aux_layer_ids) if capture else ()
@@ -134,6 +138,7 @@ class DraftSteps:
         self.draft = draft
         self.net = NativeEagle3(draft)
         self.pool: StaticKV | None = None
+        self.runner: GraphRunner | None = None  # over ``pool``
 
     def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool,
                     kernels: KernelSettings) -> StaticKV:
@@ -149,8 +154,8 @@ class DraftSteps:
             hidden = torch.zeros((b, t, d.config.hidden_size), dtype=d.fc.weight.dtype, device=ids.device)
             return {"ids": ids, "hidden": hidden, "pos": ids}, hidden[:, None, :, :1]
 
-        self.pool.runner = GraphRunner(fn, self.pool, rows, tokens, window_buckets(plan.slots), graphs,
-                                       name="draft", example=example)
+        self.runner = GraphRunner(fn, self.pool, rows, tokens, window_buckets(plan.slots), graphs, name="draft",
+                                  example=example)
         return self.pool
 
     def static_cache(self, rows: int, slots: int, kernels: KernelSettings) -> StaticKV:
@@ -167,8 +172,8 @@ class DraftSteps:
         return 2 * attn.num_kv_heads * attn.head_dim * self.draft.fc.weight.dtype.itemsize
 
     def __call__(self, tokens, hidden, positions, cache, mask):
-        if isinstance(cache, StaticKV):
-            return cache.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
+        if cache is not None and cache is self.pool:
+            return self.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
         d = self.net
         h = d.backbone(d.embed(tokens), hidden, positions, cache, mask)
         return h, d.logits(h, cache)

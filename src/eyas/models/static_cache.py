@@ -53,7 +53,6 @@ class StaticKV:
         self.used = 0  # slots before the uncommitted region (the DynamicCache's slot count)
         self.window = 0
         self.write_slots = torch.zeros(0, dtype=torch.long, device=device)
-        self.runner = None  # the GraphRunner of the model that owns this cache
 
     def reset(self) -> None:
         """Empty, zeroed, as built (after a warm-up wrote into it)."""

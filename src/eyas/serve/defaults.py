@@ -35,11 +35,10 @@ DEVICE_DEFAULTS = {
     # tree fell to 0.33x at 8 clients: benchmarks/results/serve-gpu-smollm2/summary.txt).
     "cuda": DeviceDefault(AUTO, "the default on CUDA: adaptive, the tree 6/8/32 measured best for chat at one "
                                 "client on the H200 (1.51x vs 1.26x for the chain 5/1/6)"),
-    # The 2-core CPU (benchmarks/results/cpu-default-smollm2.json, medians, settings side by side): no setting
-    # pays. A chain's step costs 1.6-1.8x a plain one there, a tree's 3.8-4.2x (verifying 6 tokens alone costs
-    # 1.6x one; each draft forward runs eagerly), the shipped draft accepts 1.47 tokens a step on chat with a
-    # chain and 2.0-2.1 with a tree: 0.48-0.83x. auto ran 0.74x: its steps without speculation still feed the
-    # draft (1.5x a plain step). Plain decoding is the fastest.
+    # The 2-core CPU (benchmarks/results/cpu-default-smollm2.json, draft v8, medians, settings side by side): no
+    # setting pays. A chain's step costs 1.9-2.2x a plain one there, a tree's 2.8-4.0x (verifying 6 tokens alone
+    # costs 1.6x one; each draft forward runs eagerly); the draft accepts 1.6 tokens a step on chat with a chain and
+    # 2.2-2.3 with a tree: 0.60-0.84x. auto ran 0.82x. Plain decoding is the fastest.
     "cpu": DeviceDefault("0", "the default on the CPU: speculation measured slower than plain decoding there "
                               "(benchmarks/results/cpu-default-smollm2.json)"),
 }

@@ -13,6 +13,7 @@
 # same prompts. Every prompt set eyas reports acceptance on is excluded.
 #
 #   CORPUS   the chat-prompts folder: default ../shared/data/chat-prompts, else .stage/chat-prompts (carried)
+#   ANSWER_T the target's answers' temperature (default 0: greedy; sampled answers with --seed 4)
 # Usage:
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh select OUT     # any machine, ~15 s: the prompts, holdout file, summary
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh flags          # print the flags
@@ -20,7 +21,8 @@
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh judge [DRAFT]  # on the GPU after `gpu`: DRAFT (default the run's)
 #        and the shipped draft on the chat holdout (tau at 6/8/32 and 4/4/16 greedy, 6/8/32 at T 0.7) and on the
 #        built-in chat set, per category, one after the other (`eyas eval`, batch 64, 256 tokens, eager: about
-#        50 s each); the JSONs go to /tmp/job/judge and, as judge.tgz, to $OUT
+#        50 s each; QUICK=1: the holdout at 6/8/32 alone, T 0 and 0.7); the JSONs go to /tmp/job/judge and,
+#        as judge.tgz, to $OUT
 # The shipped draft v8 came from: NG=1 BUDGET=780 EVAL=0 EXTRA="--set optim.lr=3e-4 --set
 # data.tokens_per_batch=32768" CORPUS=... bash recipes/smollm2-135m-instruct-chat-mix.sh gpu start (init v6), then judge.
 # On the GPU machine the corpus is not at ../shared: copy it under .stage/ (ignored by git, 4.4 MB) and carry
@@ -34,7 +36,7 @@ HOLDOUT_SOURCES=sharegpt-v3-pypi,sharegpt92k-sample,oasst-eval-prompts,koala-tes
 WEIGHTS=strategyqa=0.5,t0-templates=0.5,nq-open=0.2,webquestions=0.2,gsm8k-train=0.1,math-test=0.1,qwen-math-evals=0.1
 FLAGS="--input $CORPUS --exclude bench --exclude benchmarks/heldout-prompts-smollm2.jsonl
   --holdout-prompts 400 --holdout-sources $HOLDOUT_SOURCES --holdout-seed 0 --source-weights $WEIGHTS --seed 4"
-ANSWERS="--regenerate --temperature 0 --max-new-tokens 384 --batch-size 2048"
+ANSWERS="--regenerate --temperature ${ANSWER_T:-0} --max-new-tokens 384 --batch-size 2048"
 
 case "${1:-flags}" in
   flags) echo $FLAGS ;;
@@ -46,6 +48,7 @@ case "${1:-flags}" in
          for d in "new $D" "shipped smollm2-135m-instruct-eagle3"; do
            read -r dn dp <<< "$d"
            for r in "hold $H 0 6,8,32" "hold $H 0 4,4,16" "hold $H 0.7 6,8,32" "chat chat 0 6,8,32"; do
+             [ -n "${QUICK:-}" ] && [[ "$r" == *4,4,16 || "$r" == chat* ]] && continue
              read -r set prompts t tree <<< "$r"; IFS=, read -r S K N <<< "$tree"
              echo "=== $dn $set $tree T=$t"
              ${PY:-python3} -m eyas eval --model-path ${M:-/tmp/smollm2.gguf} --speculative-draft-model-path "$dp" \

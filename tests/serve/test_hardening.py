@@ -42,6 +42,16 @@ def test_every_route_needs_the_key_but_health(inprocess, metrics_require_key):
         assert httpx.get(srv.url + "/health").status_code == 200  # open, for load balancers
 
 
+def test_switch_interval_holds_while_serving_and_is_restored(inprocess):
+    import sys
+
+    before = sys.getswitchinterval()
+    with inprocess(switch_interval_ms=0.25) as srv:
+        assert httpx.get(srv.url + "/health").status_code == 200
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
+    assert sys.getswitchinterval() == before
+
+
 def test_public_bind_without_a_key_warns():
     from eyas.serve.cli import public_bind_warning
 

@@ -36,6 +36,7 @@ def refusals(tiny, draft, other_draft):
                                      ["built for another target"]),
         "context longer than the target's": (m + d + ["--context-length", "5000"], ["--context-length", "1024"]),
         "no running slots": (m + d + ["--max-running-requests", "0"], ["--max-running-requests"]),
+        "switch interval of zero": (m + d + ["--switch-interval-ms", "0"], ["--switch-interval-ms", "milliseconds"]),
     }
 
 

@@ -7,6 +7,7 @@ itself, so tests can run it in-process under uvicorn or with any ASGI client.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class ServeOptions:
     api_key: str | None = None  # when set, every route but /health (and /metrics) needs "Authorization: Bearer KEY"
     metrics_require_key: bool = False  # with api_key: /metrics needs the key too
     limits: Limits = field(default_factory=Limits)
+    switch_interval_ms: float | None = None  # the interpreter's thread switch interval while serving; None: Python's
 
 
 @dataclass
@@ -81,10 +83,16 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # The engine thread waits for the interpreter lock after each graph replay and read-back; while the
+        # event loop runs, it waits up to the switch interval (Python's default 5 ms, several GPU steps).
+        switch = sys.getswitchinterval()
+        if options.switch_interval_ms is not None:
+            sys.setswitchinterval(options.switch_interval_ms / 1000)
         scheduler.start()
         try:
             yield
         finally:
+            sys.setswitchinterval(switch)
             running, queued = scheduler.counts()
             if running or queued:
                 log.info("shutting down: cancelling %d running and %d queued requests", running, queued)

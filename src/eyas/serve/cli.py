@@ -78,6 +78,9 @@ def add_serve_arguments(p) -> None:
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default info)")
     g.add_argument("--no-warmup", action="store_true", help="skip the short generation run before binding")
+    g.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
+                   help="Python's thread switch interval while serving: the longest the engine thread waits for "
+                        "the interpreter while the HTTP side runs (default: Python's, 5 ms)")
     add_pasted_arguments(p)
 
 
@@ -188,6 +191,9 @@ def check_server_flags(args) -> None:
             raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         raise EyasError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
+    if args.switch_interval_ms is not None and not 0 < args.switch_interval_ms <= 1000:
+        raise EyasError(f"--switch-interval-ms must be in (0, 1000], got {args.switch_interval_ms}",
+                        "give milliseconds, e.g. 0.5; leave it out for Python's 5 ms")
     if args.request_timeout < 0:
         raise EyasError(f"--request-timeout must be 0 (none) or more seconds, got {args.request_timeout}")
 
@@ -265,7 +271,8 @@ def run(args) -> int:
                                          max_stop_strings=args.max_stop_strings,
                                          max_stop_length=args.max_stop_length, max_n=args.max_n,
                                          max_concurrent_streams=args.max_concurrent_streams,
-                                         request_timeout=args.request_timeout or None))
+                                         request_timeout=args.request_timeout or None),
+                           switch_interval_ms=args.switch_interval_ms)
     app = create_app(engine, options)
     warning = public_bind_warning(args.host, options.api_key)
     if warning:

@@ -2,7 +2,8 @@
 
 Acceptance depends on the kind of text: code and lists are easier to draft than open prose, so a
 benchmark should say which set it ran. A JSONL file holds one object per line with ``prompt``
-(a string) or ``messages`` (OpenAI chat messages); the last user message is the prompt.
+(a string) or ``messages`` (OpenAI chat messages); the last user message is the prompt; an optional
+``category`` (or ``source``) names the group its acceptance is reported under (``common.categories``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..errors import EyasError
+from .categories import category_of
 
 CHAT = [
     "Explain in a few sentences why the sky is blue.",
@@ -126,16 +128,27 @@ def builtin_set(name: str) -> list[tuple[str, str]] | None:
 
 def prompt_set(name: str) -> list[str]:
     """A built-in set by name, ``all`` for every set interleaved, or a JSONL file path."""
+    return [p for p, _ in prompt_records(name)]
+
+
+def prompt_records(name: str) -> list[tuple[str, str | None]]:
+    """``prompt_set`` with each prompt's category: a built-in set's name, a JSONL line's ``category_of``
+    (None where the line has neither ``category`` nor ``source``)."""
     builtin = builtin_set(name)
     if builtin is not None:
-        return [p for _, p in builtin]
+        return [(p, set_name) for set_name, p in builtin]
     path = Path(name)
     if path.suffix in (".jsonl", ".json") or path.is_file():
-        return read_jsonl(path)
+        return read_jsonl_records(path)
     raise EyasError(f"unknown prompt set {name!r}", f"use one of {', '.join([*SETS, 'all'])}, or a .jsonl file")
 
 
 def read_jsonl(path) -> list[str]:
+    return [p for p, _ in read_jsonl_records(path)]
+
+
+def read_jsonl_records(path) -> list[tuple[str, str | None]]:
+    """(prompt, category or None) per line of a JSONL file."""
     path = Path(path)
     if not path.is_file():
         raise EyasError(f"prompt file {path} does not exist", "pass a JSONL file: one {\"prompt\": ...} per line")
@@ -154,7 +167,7 @@ def read_jsonl(path) -> list[str]:
         if not isinstance(text, str) or not text.strip():
             raise EyasError(f"{path}:{n} has no prompt",
                             "each line needs \"prompt\": \"...\" or \"messages\": [{\"role\": \"user\", ...}]")
-        out.append(text)
+        out.append((text, category_of(rec)))
     if not out:
         raise EyasError(f"{path} holds no prompts", "one {\"prompt\": ...} object per line")
     return out

@@ -13,9 +13,8 @@ import json
 import time
 from pathlib import Path
 
+from ..common.categories import category_of, category_table, tally
 from ..errors import EyasError
-
-NONE = "(none)"  # the group of prompts without a category or source, where others have one
 
 
 def register(sub) -> None:
@@ -33,18 +32,6 @@ def register(sub) -> None:
     p.add_argument("--baseline", action="store_true", help="also decode without speculation and report the speedup")
     p.add_argument("--json-out", default=None, help="write the results here as JSON")
     p.set_defaults(func=run)
-
-
-def category_of(record) -> str | None:
-    """The group a prompt's tau is reported under: the first part of its ``category``
-    (``stem/mmlu/astronomy`` -> ``stem``), else its ``source`` (``pydoc:os`` -> ``pydoc``), else None."""
-    from ..data.mix import source_key
-
-    if not isinstance(record, dict):
-        return None
-    if record.get("category"):
-        return str(record["category"]).split("/")[0]
-    return source_key(record) if record.get("source") else None
 
 
 def _file_records(path: Path) -> list[tuple[list[dict], str | None]]:
@@ -122,17 +109,8 @@ def _decode(engine, prompts, params, batch_size):
 
 def per_category(outs, groups: list[str | None]) -> dict:
     """{category: {prompts, drafts (verify steps), accepted_tokens, accept_length}}, by name; prompts
-    without a category are counted under ``NONE`` so the groups' steps add up to the total."""
-    from ..engine.stats import SpecStats
-
-    stats: dict[str, SpecStats] = {}
-    counts: dict[str, int] = {}
-    for o, g in zip(outs, groups, strict=True):
-        g = g or NONE
-        stats.setdefault(g, SpecStats()).add(o.stats)
-        counts[g] = counts.get(g, 0) + 1
-    return {g: {"prompts": counts[g], "drafts": s.drafts, "accepted_tokens": s.accepted,
-                "accept_length": round(s.accept_length, 4)} for g, s in sorted(stats.items())}
+    without a category are counted under ``(none)`` so the groups' steps add up to the total."""
+    return tally((g, o.stats.drafts, o.stats.accepted) for o, g in zip(outs, groups, strict=True))
 
 
 def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = False,
@@ -164,14 +142,6 @@ def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = Fals
         if params.greedy:
             res["greedy_identical"] = all(a.output_ids == b.output_ids for a, b in zip(outs, base))
     return res
-
-
-def category_table(rows: dict) -> str:
-    """``per_category`` as a few aligned lines: category, prompts, verify steps, tau."""
-    w = max(len("category"), *map(len, rows))
-    lines = [f"{'category':<{w}}  prompts  steps    tau"]
-    lines += [f"{g:<{w}}  {r['prompts']:>7}  {r['drafts']:>5}  {r['accept_length']:>5.3f}" for g, r in rows.items()]
-    return "\n".join(lines)
 
 
 def run(args) -> int:

@@ -124,6 +124,9 @@ def test_cli_offline(folders, tmp_path, capsys):
     # greedy speculation is lossless: both sides emit the same tokens
     assert 0 < level["baseline"]["output_tokens"] == level["speculative"]["output_tokens"] <= 12
     assert len(level["speculative"]["acceptance"]["per_position"]) == 3
+    rows = level["speculative"]["per_category"]  # the in-process run groups by the built-in set too
+    assert list(rows) == ["reasoning"] and rows["reasoning"]["drafts"] == level["speculative"]["acceptance"][
+        "verify_steps"] and level["baseline"]["per_category"] is None
 
 
 def test_cli_offline_without_a_draft_has_nothing_to_compare(folders, capsys):

@@ -6,7 +6,9 @@
     eyas bench --temperature 0,0.7,1.0 --top-p 0.95 --concurrency 1,16   # greedy and sampled side by side
 
 Writes ``bench.json`` and three PNGs (tokens/s, per-position acceptance, tau distribution) to
-``--out``; ``--json`` prints the JSON instead of the table.
+``--out``; ``--json`` prints the JSON instead of the table. Where the prompts have categories (a
+built-in set's name, a JSONL line's ``category``), each speculative run also has tau per category
+(``per_category``, as in ``eyas eval``), from the requests' own verify steps and accepted tokens.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import os
 import sys
 from pathlib import Path
 
-from ..common.prompts import prompt_set
+from ..common.prompts import prompt_records
 from ..errors import EyasError
 from ..pipeline import add_engine_arguments, engine_args_from
-from .results import BenchResult, Level, table
+from .results import BenchResult, Level, category_tables, table
 
 
 def register(sub) -> None:
@@ -32,7 +34,9 @@ def register(sub) -> None:
     g.add_argument("--baseline-url", default=None, help="the same model served without speculation")
     g.add_argument("--served-model-name", dest="model", default=None,
                    help="model id for HTTP requests (default: the first in /v1/models)")
-    g.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a .jsonl file (default chat)")
+    g.add_argument("--prompts", default="chat",
+                   help="chat, code, reasoning, all, or a .jsonl file with \"prompt\" and optionally \"category\" "
+                        "per line (default chat)")
     g.add_argument("--num-prompts", type=int, default=12, help="prompts per run (default 12; 0 = the whole set)")
     g.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
     g.add_argument("--temperature", default="0",
@@ -83,9 +87,11 @@ def run(args) -> int:
     args.temperatures = parse_temperatures(args.temperature)
     if not 0.0 < args.top_p <= 1.0:
         raise EyasError(f"--top-p must be in (0, 1], got {args.top_p}", "e.g. --top-p 0.95, or 1 for no filter")
-    prompts = prompt_set(args.prompts)
+    records = prompt_records(args.prompts)
     if args.num_prompts:
-        prompts = prompts[: args.num_prompts]
+        records = records[: args.num_prompts]
+    prompts = [p for p, _ in records]
+    args.categories = [c for _, c in records]
     if args.max_tokens < 1:
         raise EyasError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     result = bench_online(args, prompts, levels) if args.url else bench_offline(args, prompts, levels)
@@ -104,6 +110,8 @@ def run(args) -> int:
         print(json.dumps(data, indent=2))
     else:
         print(table(result))
+        if per_category := category_tables(result):
+            print(per_category)
         print(f"results: {out / 'bench.json'}" + (f", plots: {', '.join(data['plots'])}" if data.get("plots") else ""))
     failed = [e for lv in result.levels for r in (lv.baseline, lv.speculative) if r for e in r.errors]
     if failed:
@@ -125,10 +133,10 @@ def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
             if args.baseline_url and not args.no_baseline:
                 with progress_bar(len(prompts), f"baseline    T={t:g} c={c}", quiet) as bar:
                     base = run_url(args.baseline_url, prompts, args.max_tokens, t, c, "baseline", args.model,
-                                   args.timeout, bar, args.api_key, args.top_p)
+                                   args.timeout, bar, args.api_key, args.top_p, args.categories)
             with progress_bar(len(prompts), f"speculative T={t:g} c={c}", quiet) as bar:
                 spec = run_url(args.url, prompts, args.max_tokens, t, c, "speculative", args.model, args.timeout, bar,
-                               args.api_key, args.top_p)
+                               args.api_key, args.top_p, args.categories)
             result.levels.append(Level(c, base, spec, t))
     return result
 
@@ -165,6 +173,6 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
                 with progress_bar(len(ids), f"baseline    T={t:g} c={c}", quiet) as bar:
                     base = run_engine(plain, ids, params, c, "baseline", bar)
             with progress_bar(len(ids), f"speculative T={t:g} c={c}", quiet) as bar:
-                spec = run_engine(engine, ids, params, c, "speculative", bar)
+                spec = run_engine(engine, ids, params, c, "speculative", bar, args.categories)
             result.levels.append(Level(c, base, spec, t))
     return result

@@ -16,7 +16,10 @@ from .results import Request, Run
 
 
 def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurrency: int, label: str,
-               progress=None) -> Run:
+               progress=None, categories: list[str | None] | None = None) -> Run:
+    """``prompts`` through ``engine`` ``concurrency`` at a time; ``categories`` (one per prompt) are kept
+    on the requests, for ``Run.per_category``."""
+    categories = categories or [None] * len(prompts)
     requests: list[Request] = []
     total = SpecStats()
     start = time.perf_counter()
@@ -40,7 +43,9 @@ def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurr
             engine.step(batch)
         for i, s in enumerate(seqs):
             spec = engine.spec.speculative and s.stats.drafts
-            requests.append(Request(len(s.output_ids), ttft, done[i], s.stats.accept_length if spec else None))
+            requests.append(Request(len(s.output_ids), ttft, done[i], s.stats.accept_length if spec else None,
+                                    s.stats.drafts if spec else None, s.stats.accepted if spec else None,
+                                    categories[lo + i]))
             total.add(s.stats)
         if progress is not None:
             progress.update(len(chunk))

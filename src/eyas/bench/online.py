@@ -6,7 +6,8 @@ text, output tokens come from the final usage (chunks counted when a server send
 with an ``error`` event is a failed request. ``concurrency`` requests are in flight at once.
 Acceptance over the run comes from the server's ``/metrics`` before and after (exact counter deltas
 on eyas and vLLM, the gauge on SGLang; see ``eyas.common.server_metrics``), and per request from
-``usage.spec_accept_length`` where the server reports it (eyas).
+the usage's ``spec_accept_length``, ``spec_verify_ct`` and ``spec_accept_token_num`` where the server
+reports them (eyas): summed per prompt category, they give ``Run.per_category``.
 """
 
 from __future__ import annotations
@@ -57,8 +58,12 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Stream
     return Streamed(start, time.perf_counter(), arrivals, usage)
 
 
+def _int(value) -> int | None:
+    return int(value) if value is not None else None
+
+
 async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-               temperature: float, top_p: float) -> Request:
+               temperature: float, top_p: float, category: str | None = None) -> Request:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": temperature, "top_p": top_p, "stream": True, "stream_options": {"include_usage": True}}
     s = await stream_chat(client, url, body)
@@ -66,7 +71,8 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max
     tokens = int(usage["completion_tokens"]) if usage.get("completion_tokens") is not None else len(s.arrivals)
     tau = usage.get("spec_accept_length")
     ttft = s.arrivals[0] - s.start if s.arrivals else None
-    return Request(tokens, ttft, s.end - s.start, float(tau) if tau is not None else None)
+    return Request(tokens, ttft, s.end - s.start, float(tau) if tau is not None else None,
+                   _int(usage.get("spec_verify_ct")), _int(usage.get("spec_accept_token_num")), category)
 
 
 def _headers(api_key: str | None) -> dict | None:
@@ -74,14 +80,15 @@ def _headers(api_key: str | None) -> dict | None:
 
 
 async def _run(url: str, model: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int,
-               timeout: float, progress, api_key: str | None, top_p: float) -> tuple[list[Request], list[str], float]:
+               timeout: float, progress, api_key: str | None, top_p: float,
+               categories: list[str | None]) -> tuple[list[Request], list[str], float]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=_headers(api_key)) as client:
-        async def task(p):
+        async def task(p, category):
             async with sem:
                 try:
-                    return await _one(client, url, model, p, max_tokens, temperature, top_p)
+                    return await _one(client, url, model, p, max_tokens, temperature, top_p, category)
                 except (httpx.HTTPError, RuntimeError, ValueError) as e:
                     return f"{type(e).__name__}: {e}"
                 finally:
@@ -89,7 +96,7 @@ async def _run(url: str, model: str, prompts: list[str], max_tokens: int, temper
                         progress.update(1)
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(task(p) for p in prompts))
+        results = await asyncio.gather(*(task(p, c) for p, c in zip(prompts, categories, strict=True)))
         seconds = time.perf_counter() - start
     return [r for r in results if isinstance(r, Request)], [r for r in results if isinstance(r, str)], seconds
 
@@ -118,14 +125,15 @@ def scrape(url: str, timeout: float = 30.0, api_key: str | None = None):
 
 def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, concurrency: int, label: str,
             model: str | None = None, timeout: float = 600.0, progress=None, api_key: str | None = None,
-            top_p: float = 1.0) -> Run:
+            top_p: float = 1.0, categories: list[str | None] | None = None) -> Run:
     """One run of ``prompts`` at ``concurrency``, each request sampled with ``temperature`` and ``top_p``
-    (sent in the body: 0 is greedy)."""
+    (sent in the body: 0 is greedy); ``categories`` (one per prompt) group ``Run.per_category``."""
     url = url.rstrip("/")
     model = model or served_model(url, api_key=api_key)
     _, before = scrape(url, api_key=api_key)  # a server with --metrics-require-key needs the key here too
+    categories = categories or [None] * len(prompts)
     requests, errors, seconds = asyncio.run(_run(url, model, prompts, max_tokens, temperature, concurrency,
-                                                 timeout, progress, api_key, top_p))
+                                                 timeout, progress, api_key, top_p, categories))
     _, after = scrape(url, api_key=api_key)
     run = Run(label, concurrency, seconds, requests, errors=errors)
     if after is not None and after.has_spec_metrics:

@@ -1,15 +1,19 @@
 """Benchmark results as plain data: one ``Run`` per (server or engine, concurrency), JSON out.
 
 Per request: output tokens, time to first token (TTFT), end-to-end time, time per output token
-after the first (TPOT = (e2e - TTFT) / (tokens - 1)), and its own tau where known. Per run: output
-tokens/s (all output tokens over the run's wall time), mean TTFT and TPOT, acceptance (tau, rate,
-per-position) for the speculative side.
+after the first (TPOT = (e2e - TTFT) / (tokens - 1)), its own tau, verify steps and accepted tokens
+where known, and its prompt's category. Per run: output tokens/s (all output tokens over the run's
+wall time), mean TTFT and TPOT, acceptance (tau, rate, per-position) for the speculative side, and
+``per_category`` (``eyas eval``'s shape: prompts, verify steps, accepted tokens, tau per category)
+where the prompts have categories and the requests their steps.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
+
+from ..common.categories import category_table, tally
 
 
 @dataclass
@@ -18,6 +22,9 @@ class Request:
     ttft: float | None
     e2e: float
     tau: float | None = None
+    verify_steps: int | None = None  # the request's own, where the engine or server says
+    accepted: int | None = None  # draft tokens accepted over those steps
+    category: str | None = None
 
     @property
     def tpot(self) -> float | None:
@@ -43,6 +50,15 @@ class Run:
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def per_category(self) -> dict | None:
+        """Acceptance per prompt category from the requests' own steps; None where no request has a
+        category or none reported its steps (a server without speculation)."""
+        done = [r for r in self.requests if r.verify_steps is not None and r.accepted is not None]
+        if not done or all(r.category is None for r in self.requests):
+            return None
+        return tally((r.category, r.verify_steps, r.accepted) for r in done)
+
     def summary(self) -> dict:
         ttft = [r.ttft for r in self.requests if r.ttft is not None]
         tpot = [r.tpot for r in self.requests if r.tpot is not None]
@@ -53,7 +69,7 @@ class Run:
             "ttft_mean_s": round(statistics.fmean(ttft), 5) if ttft else None,
             "ttft_p50_s": round(statistics.median(ttft), 5) if ttft else None,
             "tpot_mean_s": round(statistics.fmean(tpot), 6) if tpot else None,
-            "acceptance": self.acceptance, "errors": self.errors[:5],
+            "acceptance": self.acceptance, "per_category": self.per_category, "errors": self.errors[:5],
             "per_request": [{**asdict(r), "tpot": r.tpot} for r in self.requests],
         }
 
@@ -112,6 +128,17 @@ def table(result: BenchResult) -> str:
         ]
         lines.append("  ".join(cells))
     return "\n".join(lines)
+
+
+def category_tables(result: BenchResult) -> str:
+    """The speculative side's ``per_category`` of each level as a small table under a title line;
+    empty where no level has one."""
+    blocks = []
+    for lv in result.levels:
+        rows = lv.speculative.per_category if lv.speculative else None
+        if rows:
+            blocks.append(f"tau per category, T={lv.temperature:g} c={lv.concurrency}:\n" + category_table(rows))
+    return "\n".join(blocks)
 
 
 def _fmt(value, spec: str, width: int) -> str:

@@ -13,14 +13,17 @@ server of the same target beside it (``--no-baseline``: not), and stops them at 
 Each level is ``clients`` closed-loop clients, each sending ``--requests-per-client`` streaming
 ``/v1/chat/completions`` one after another (``stream_options``: usage, continuous usage), prompts
 from ``--prompts`` (a built-in set or a JSONL file) in turn, ``--max-tokens`` each (``ignore_eos``
-unless ``--stop-at-eos``, so every request asks the same work). Per level: output tok/s (all tokens
+unless ``--stop-at-eos``, so every request asks the same work), sampled at each of ``--temperatures``
+with ``--top-p`` (sent in every request; greedy ignores it). Per level: output tok/s (all tokens
 over the level's wall time), TTFT (request sent to first text), inter-token latency (the gap between
 two chunks with text; one chunk can hold several tokens, a speculative step's), TPOT per request
-((e2e - TTFT) / (tokens - 1)), p50/p90/p99 of each, and tau from the server's ``/metrics`` counters
-before and after the level. ``--in-process`` loads the same engine here (``--model-path`` and the
-``--speculative-*`` flags must describe the servers) and runs the same prompts through its own
-prefill/step loop with the clients as the batch size, so each served figure has its in-process
-figure beside it.
+((e2e - TTFT) / (tokens - 1)), p50/p90/p99 of each, tau from the server's ``/metrics`` counters
+before and after the level and, where the prompts have categories (a built-in set's name, a JSONL
+line's ``category``), ``per_category``: tau per category from each response's usage (verify steps and
+accepted tokens summed per category, as ``eyas eval`` reports it). ``--in-process`` loads the same
+engine here (``--model-path`` and the ``--speculative-*`` flags must describe the servers) and runs
+the same prompts through its own prefill/step loop with the clients as the batch size and the same
+temperature and top-p, so each served figure has its in-process figure beside it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from common import write
 
 from eyas.bench.online import scrape, served_model, stream_chat
 from eyas.common import server_metrics
-from eyas.common.prompts import prompt_set, read_jsonl
+from eyas.common.categories import tally
+from eyas.common.prompts import prompt_records
 
 
 def percentiles(xs: list[float]) -> dict | None:
@@ -63,23 +67,35 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     s = await stream_chat(client, url, body)
     if not s.arrivals:
         raise RuntimeError("the stream carried no text")
-    return {"tokens": int((s.usage or {}).get("completion_tokens") or 0), "ttft": s.arrivals[0] - s.start,
-            "e2e": s.end - s.start, "gaps": [b - a for a, b in itertools.pairwise(s.arrivals)]}
+    usage = s.usage or {}
+    return {"tokens": int(usage.get("completion_tokens") or 0), "ttft": s.arrivals[0] - s.start,
+            "e2e": s.end - s.start, "gaps": [b - a for a, b in itertools.pairwise(s.arrivals)],
+            "steps": usage.get("spec_verify_ct"), "accepted": usage.get("spec_accept_token_num")}
 
 
-async def load(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int,
-               temperature: float, ignore_eos: bool, timeout: float) -> tuple[list[dict], list[str], float]:
+def per_category(done: list[dict]) -> dict | None:
+    """Tau per prompt category from the requests' usage; None without categories or spec usage (NONE)."""
+    rows = [(r["category"], r["steps"], r["accepted"]) for r in done
+            if r.get("steps") is not None and r.get("accepted") is not None]
+    return tally(rows) if rows and any(r.get("category") for r in done) else None
+
+
+async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, per_client: int,
+               max_tokens: int, temperature: float, ignore_eos: bool, timeout: float,
+               top_p: float = 1.0) -> tuple[list[dict], list[str], float]:
+    """``prompts``: (text, category or None) pairs, taken in turn."""
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         async def run_client(c: int) -> list:
             out = []
             for k in range(per_client):
-                prompt = prompts[(c * per_client + k) % len(prompts)]
+                prompt, category = prompts[(c * per_client + k) % len(prompts)]
                 body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
-                        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+                        "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                        "ignore_eos": ignore_eos, "stream": True,
+                        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
                 try:
-                    out.append(await one_request(client, url, body))
+                    out.append({**await one_request(client, url, body), "category": category})
                 except (httpx.HTTPError, RuntimeError, ValueError) as e:
                     out.append(f"{type(e).__name__}: {e}")
             return out
@@ -90,10 +106,12 @@ async def load(url: str, model: str, prompts: list[str], clients: int, per_clien
     return [r for r in results if isinstance(r, dict)], [r for r in results if isinstance(r, str)], seconds
 
 
-def served_level(url: str, model: str, prompts: list[str], clients: int, args, temperature: float) -> dict:
+def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
+                 temperature: float) -> dict:
     _, before = scrape(url)
     done, errors, seconds = asyncio.run(load(url, model, prompts, clients, args.requests_per_client,
-                                             args.max_tokens, temperature, not args.stop_at_eos, args.timeout))
+                                             args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
+                                             args.top_p))
     _, after = scrape(url)
     tokens = sum(r["tokens"] for r in done)
     level = {"requests": len(done), "errors": errors[:5], "output_tokens": tokens, "seconds": round(seconds, 4),
@@ -101,7 +119,7 @@ def served_level(url: str, model: str, prompts: list[str], clients: int, args, t
              "ttft_s": percentiles([r["ttft"] for r in done]),
              "itl_s": percentiles([g for r in done for g in r["gaps"]]),
              "tpot_s": percentiles([(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]),
-             "tau": None}
+             "tau": None, "per_category": per_category(done)}
     if after is not None and after.has_spec_metrics:
         acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:
@@ -111,19 +129,22 @@ def served_level(url: str, model: str, prompts: list[str], clients: int, args, t
 
 
 # -- in-process -----------------------------------------------------------------------------------
-def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, temperature: float) -> dict:
+def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, temperature: float,
+                     categories: list[str | None] | None = None) -> dict:
     from eyas.bench.offline import run_engine
     from eyas.engine.sampling import SamplingParams
 
     n = clients * args.requests_per_client
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(n)]
-    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=temperature, ignore_eos=not args.stop_at_eos)
-    run = run_engine(engine, ids, params, clients, "in-process")
+    groups = [categories[i % len(categories)] for i in range(n)] if categories else None
+    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=temperature,
+                            top_p=args.top_p if temperature else 1.0, ignore_eos=not args.stop_at_eos)
+    run = run_engine(engine, ids, params, clients, "in-process", categories=groups)
     tokens = run.output_tokens
     return {"tokens_per_s": round(tokens / run.seconds, 2), "output_tokens": tokens, "seconds": round(run.seconds, 4),
             "ttft_s": percentiles([r.ttft for r in run.requests if r.ttft is not None]),
             "tpot_s": percentiles([r.tpot for r in run.requests if r.tpot is not None]),
-            "tau": run.acceptance.get("tau")}
+            "tau": run.acceptance.get("tau"), "per_category": run.per_category}
 
 
 # -- servers it starts itself ---------------------------------------------------------------------
@@ -206,14 +227,19 @@ def parse_args(argv=None):
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--clients", default="1,4,16,64", help="client counts (default 1,4,16,64)")
     p.add_argument("--temperatures", default="0,0.7", help="default 0,0.7")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus top-p sent with every request (default 1.0: off, as OpenAI clients send)")
     p.add_argument("--requests-per-client", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--stop-at-eos", action="store_true", help="let requests end at end of turn (default: ignore_eos)")
-    p.add_argument("--prompts", default="chat", help="chat, code, reasoning, mixed, or a JSONL file")
+    p.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a JSONL file "
+                   "(\"prompt\" and optionally \"category\" per line)")
     p.add_argument("--in-process", action="store_true", help="also the engine in this process, same prompts")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", default=None, help="JSON file (default: print only)")
     args = p.parse_args(argv)
+    if not 0.0 < args.top_p <= 1.0:
+        p.error(f"--top-p must be in (0, 1], got {args.top_p}: e.g. --top-p 0.95, or 1 for no filter")
     if not args.url and not args.model_path:
         p.error("give --url (and --baseline-url) for running servers, or --model-path to start them")
     if args.in_process and not args.model_path:
@@ -225,7 +251,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    prompts = read_jsonl(args.prompts) if args.prompts.endswith(".jsonl") else prompt_set(args.prompts)
+    prompts = prompt_records(args.prompts)
     with ExitStack() as stack:
         targets = []  # (label, url)
         if args.url:
@@ -247,14 +273,14 @@ def main(argv=None) -> int:
         runs = []
         for label, url in targets:
             model = served_model(url)
-            asyncio.run(load(url, model, prompts[:1], 1, 1, 8, 0.0, True, args.timeout))  # warm-up
+            asyncio.run(load(url, model, prompts[:1], 1, 1, 8, 0.0, True, args.timeout, args.top_p))  # warm-up
             for temperature in temperatures:
                 for c in clients:
                     level = {"server": label, "url": url, "clients": c, "temperature": temperature,
-                             **served_level(url, model, prompts, c, args, temperature)}
+                             "top_p": args.top_p, **served_level(url, model, prompts, c, args, temperature)}
                     if label in engines:
                         engine, ids = engines[label]
-                        inproc = in_process_level(engine, ids, c, args, temperature)
+                        inproc = in_process_level(engine, ids, c, args, temperature, [g for _, g in prompts])
                         level["in_process"] = inproc
                         level["served_over_in_process"] = round(level["tokens_per_s"] / inproc["tokens_per_s"], 3)
                     print(line(level), flush=True)
@@ -280,8 +306,7 @@ def in_process_engines(args, labels: list[str]) -> dict:
     engine = build_engine(EngineArgs(model_path=args.model_path, device=args.device, dtype=args.dtype,
                                      cuda_graphs=not args.disable_cuda_graph, max_batch=args.max_running_requests,
                                      **kw))
-    prompts = read_jsonl(args.prompts) if args.prompts.endswith(".jsonl") else prompt_set(args.prompts)
-    ids = [chat_ids(engine.target.tokenizer, p) for p in prompts]  # as the server renders them
+    ids = [chat_ids(engine.target.tokenizer, p) for p, _ in prompt_records(args.prompts)]  # as the server renders them
     out = {engine.spec.algorithm.value: (engine, ids)}
     if engine.spec.speculative and "NONE" in labels:
         out["NONE"] = (baseline_engine(engine), ids)
@@ -297,6 +322,8 @@ def line(level: dict) -> str:
             f"ITL p50 {ms(level['itl_s'])} p99 {ms(level['itl_s'], 'p99')} ms")
     if level.get("tau") is not None:
         text += f"  tau {level['tau']:.2f}"
+    if level.get("per_category"):
+        text += " (" + ", ".join(f"{g} {r['accept_length']:.2f}" for g, r in level["per_category"].items()) + ")"
     if "in_process" in level:
         text += f"  in-process {level['in_process']['tokens_per_s']:.1f} tok/s ({level['served_over_in_process']:.0%})"
     if level["errors"]:

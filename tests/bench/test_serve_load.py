@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,7 +44,40 @@ def test_serve_load_reports_each_level_with_tau_and_the_in_process_figure(http_p
         assert r["served_over_in_process"] == round(r["tokens_per_s"] / inproc["tokens_per_s"], 3)
         if r["server"] == "EAGLE3":  # counters over the level: 1 <= tau <= the tokens a step can verify
             assert 1.0 <= r["tau"] <= 4 and 1.0 <= inproc["tau"] <= 4
+            assert list(r["per_category"]) == ["code"] == list(inproc["per_category"])  # the built-in set's name
+            assert r["per_category"]["code"]["accept_length"] == pytest.approx(r["tau"], abs=1e-3)
         else:
             assert r["tau"] is None and inproc["tau"] is None
+            assert r["per_category"] is None and inproc["per_category"] is None
     assert any(r["itl_s"] for r in runs)
     assert data["settings"]["max_tokens"] == 6 and data["settings"]["clients"] == "1,3"
+
+
+def test_serve_load_sends_top_p_and_reports_tau_per_category(http_pair, engine_pair, tmp_path, monkeypatch):
+    spec = engine_pair[0]
+    seen, make = [], spec.new_sequence
+
+    def recording(prompt, params):  # what the server's engine was asked for, request by request
+        seen.append((params.temperature, params.top_p))
+        return make(prompt, params)
+
+    monkeypatch.setattr(spec, "new_sequence", recording)
+    out = tmp_path / "load.json"
+    code = load_script().main(["--url", http_pair[0], "--clients", "3", "--temperatures", "0,0.7", "--top-p", "0.9",
+                               "--requests-per-client", "2", "--max-tokens", "6", "--prompts", "all",
+                               "--out", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["temperature"], r["top_p"]) for r in runs] == [(0.0, 0.9), (0.7, 0.9)]
+    assert sorted(set(seen)) == [(0.0, 0.9), (0.7, 0.9)] and len(seen) == 1 + 2 * 6  # the warm-up, two levels
+    for r in runs:  # 6 requests taking the interleaved set in turn: two of each
+        rows = r["per_category"]
+        assert {g: x["prompts"] for g, x in rows.items()} == {"chat": 2, "code": 2, "reasoning": 2}
+        steps = sum(x["drafts"] for x in rows.values())
+        assert sum(x["accept_length"] * x["drafts"] for x in rows.values()) / steps == pytest.approx(r["tau"], abs=1e-3)
+
+
+def test_serve_load_refuses_a_top_p_out_of_range(capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse_args(["--url", "http://127.0.0.1:9", "--top-p", "0"])
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err

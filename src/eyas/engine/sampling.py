@@ -19,10 +19,11 @@ tokens:
 Penalties and logit bias (``penalties.py``) act on the logits before all of this, so ``x`` above is
 the penalised logits over temperature; a greedy row with penalties takes the penalised argmax.
 
-``distribution`` computes it for many rows at once on the device (the sort only where a row uses
-top-k or top-p); ``probs`` is the same definition for one ``SamplingParams``, the reference the tests
-enumerate. The speculative verifier samples from exactly this distribution (``sampler.py``), so
-speculation is lossless for every setting here.
+``distribution`` (``spec.distribution``) computes it for many rows at once on the device (the sort
+only where a row uses top-k or top-p): the reference, and ``ops.distribution`` on the CPU; on a GPU
+that op is a Triton kernel with no sort (``spec.distribution_kernel``). ``probs`` is the same
+definition for one ``SamplingParams``, the reference the tests enumerate. The speculative verifier
+samples from exactly this distribution (``sampler.py``), so speculation is lossless for every setting here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import EyasError
+from ..spec.distribution import distribution
 from .grammar import GrammarSpec
 from .penalties import Penalties
 
@@ -196,33 +198,6 @@ def _kind(params: list[SamplingParams]) -> str:
     if any(p.penalized for p in params):
         return PENALIZED
     return FILTERED if any(p.filtered for p in params) else GREEDY if all(p.greedy for p in params) else SAMPLED
-
-
-def distribution(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
-    """The distribution of each row of ``logits`` [N, V] under the settings ``floats`` [N, 3], ``ints``
-    [N, 2] (``SamplingRows``' columns) in threshold form: ``(x [N, V] float32, m [N], thr [N], z [N])``
-    with ``p(t) = exp(x_t - m) / z`` where ``x_t >= thr``. Greedy rows get temperature 1 (their callers
-    take the argmax instead). ``filtered`` False skips top-k and top-p (and the sort they need): only
-    for rows that use neither."""
-    temperature, top_p, min_p = floats.unbind(-1)
-    x = logits.float() / torch.where(temperature > 0, temperature, 1.0)[:, None]
-    m = x.amax(dim=-1)
-    thr = torch.where(min_p > 0, m + torch.log(min_p), -math.inf)
-    if filtered:
-        top_k, vocab = ints[:, 0], x.shape[-1]
-        s = torch.sort(x, dim=-1, descending=True).values  # [N, V]
-        kth = s.gather(1, (top_k.clamp(1, vocab) - 1)[:, None])[:, 0]
-        thr_k = torch.where(top_k > 0, kth, -math.inf)
-        e = torch.exp(s - m[:, None]) * (s >= thr_k[:, None])  # the top-k-renormalised weights, sorted
-        cum = e.cumsum(dim=-1)
-        before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)  # mass strictly before each
-        kept = (before < (top_p * cum[:, -1])[:, None]).sum(dim=-1)  # a prefix: before never decreases
-        thr_p = s.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
-        thr = torch.maximum(thr, torch.where(top_p < 1.0, thr_p, -math.inf))
-        thr = torch.maximum(thr, thr_k)
-    thr = thr.clamp(min=torch.finfo(x.dtype).min)  # a -inf logit (a grammar's masked token) is never kept
-    z = (torch.exp(x - m[:, None]) * (x >= thr[:, None])).sum(dim=-1)
-    return x, m, thr, z
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

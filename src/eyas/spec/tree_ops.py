@@ -18,6 +18,9 @@ the transformer block's ops (``models.torch_ops``, ``models.kernels``) as the en
                                    -> the drafted tree: the best candidates, their parents, depths
                                       and ancestor mask
     uniform(seed, position, lanes) -> a sampled step's counter-based uniforms (``rng.uniform``), [B, lanes]
+    distribution(logits, floats, ints, filtered)
+                                   -> each row's sampling distribution in threshold form, (x, m, thr, z)
+                                      (``distribution.distribution``)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import math
 import torch
 
 from ..models import consts, kv_cache
+from .distribution import distribution
 from .rng import uniform
 
 
@@ -38,6 +42,12 @@ class TreeOps:
         """``rng.uniform`` of each row's ``seed`` [B] and ``position`` [B] at lanes ``0..lanes-1``: float32
         [B, lanes], the draws of one sampled step (``engine.sampler.draws``)."""
         return uniform(seed[:, None], position[:, None], consts.arange(lanes, seed.device)[None])
+
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
+        """Each row of ``logits`` [N, V]'s distribution under ``floats`` [N, 3], ``ints`` [N, 2]:
+        ``(x [N, V], m [N], thr [N], z [N])``, ``distribution.distribution`` (the reference, a sort
+        where ``filtered``)."""
+        return distribution(logits, floats, ints, filtered)
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
                      base: torch.Tensor | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None

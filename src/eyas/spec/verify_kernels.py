@@ -6,7 +6,9 @@ acceptance, masks and draws in one launch each.
 - ``tree_mask`` / ``block_mask`` (one kernel): the verify's and the draft extend's additive masks over
   a cache window, built from each row's length and the tree (or the accepted count);
 - ``uniform``: a sampled step's counter-based draws (``rng.uniform``), one kernel for the about 90
-  integer torch ops of the reference.
+  integer torch ops of the reference;
+- ``distribution``: a sampled step's distribution in threshold form without the reference's sort
+  (``distribution_kernel``).
 
 ``TritonVerifyOps`` is a mixin over ``TritonOps`` (its ``_launch`` and ``_or_torch``); a kernel that
 cannot run falls back to the ``TreeOps`` reference together with the forward's kernels (``failed``).
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..models.kernels.pdl import _after_previous_kernel
+from . import distribution_kernel
 from .tree_ops import TreeOps
 
 
@@ -106,7 +109,7 @@ def _uniform_kernel(seed, position, out, LANES, BLOCK: tl.constexpr, PDL: tl.con
 
 class TritonVerifyOps(TreeOps):
     """The verified tree's ops as Triton kernels, a mixin over ``TritonOps`` (its ``_or_torch``):
-    ``accept_greedy``, the masks and the draws fall back to the ``TreeOps`` reference with the
+    ``accept_greedy``, the masks, the draws and the distribution fall back to the ``TreeOps`` reference with the
     forward's kernels (``failed``)."""
 
     def accept_greedy(self, tokens, parents, depth, mask, choice, width: int):
@@ -124,6 +127,10 @@ class TritonVerifyOps(TreeOps):
     def uniform(self, seed: torch.Tensor, position: torch.Tensor, lanes: int) -> torch.Tensor:
         return self._or_torch(lambda: self._uniform(seed, position, lanes),
                               lambda: TreeOps.uniform(self, seed, position, lanes))
+
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
+        return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered),
+                              lambda: TreeOps.distribution(self, logits, floats, ints, filtered))
 
     def _uniform(self, seed, position, lanes):
         out = torch.empty((seed.shape[0], lanes), dtype=torch.float32, device=seed.device)

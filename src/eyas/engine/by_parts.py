@@ -75,7 +75,9 @@ class StepByParts:
         with phase("commit"):
             lengths = cache.commit(old, slots + cols, counts)
             new, path_aux = accepted_path(tree, aux, cols, counts, bonus)  # aux: None without a draft
-            pending = path_logprobs(logits, tree.tokens.gather(1, cols), cols, new, rows) if logprobs else None
+            pending = None
+            if logprobs:
+                pending = path_logprobs(logits, tree.tokens.gather(1, cols), cols, new, rows, self.ops)
             if rows.pen is not None:
                 rows.pen.counts = record(rows.pen.counts, new, counts)
         if self.capture:

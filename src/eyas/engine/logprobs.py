@@ -29,8 +29,9 @@ from typing import NamedTuple
 
 import torch
 
+from ..spec.ops import TORCH
 from .penalties import penalize
-from .sampling import FILTERED, PENALIZED, SamplingRows, distribution
+from .sampling import FILTERED, PENALIZED, SamplingRows
 
 
 class TokenLogprob(NamedTuple):
@@ -60,22 +61,22 @@ class Pending:
         return out
 
 
-def log_probs(x: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool) -> torch.Tensor:
+def log_probs(x: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool, ops=TORCH) -> torch.Tensor:
     """[A, W, V] float32 log-probabilities of the logits ``x`` [A, W, V] (penalised already) under each row's
-    settings ``floats`` [A, 3], ``ints`` [A, 2]; greedy rows: the plain log-softmax."""
+    settings ``floats`` [A, 3], ``ints`` [A, 2] (``ops.distribution``); greedy rows: the plain log-softmax."""
     a, w, v = x.shape
     greedy = floats[:, 0] <= 0
     temperature, top_p, min_p = floats.unbind(-1)  # a greedy row: no top-p, no min-p, no top-k
     floats = torch.stack([temperature, torch.where(greedy, 1.0, top_p), torch.where(greedy, 0.0, min_p)], dim=-1)
     ints = torch.where(greedy[:, None], 0, ints)
-    xs, m, thr, z = distribution(x.reshape(a * w, v), floats[:, None].expand(a, w, 3).reshape(-1, 3),
+    xs, m, thr, z = ops.distribution(x.reshape(a * w, v), floats[:, None].expand(a, w, 3).reshape(-1, 3),
                                  ints[:, None].expand(a, w, 2).reshape(-1, 2), filtered)
     lp = torch.where(xs >= thr[:, None], xs - (m + torch.log(z))[:, None], -math.inf)
     return lp.view(a, w, v)
 
 
 def path_logprobs(logits: torch.Tensor, path: torch.Tensor, cols: torch.Tensor, emitted: torch.Tensor,
-                  rows: SamplingRows) -> Pending:
+                  rows: SamplingRows, ops=TORCH) -> Pending:
     """The logprobs of the tokens a step emitted, for the rows that ask (``rows.logprobs``): ``logits``
     [B, T, V] the target's over the tree, ``cols`` [B, W] the accepted path's columns (root first),
     ``path`` [B, W] their tokens, ``emitted`` [B, W] the tokens emitted (token j drawn at node
@@ -87,14 +88,14 @@ def path_logprobs(logits: torch.Tensor, path: torch.Tensor, cols: torch.Tensor, 
         w = cols.shape[1]
         chain = torch.ones((w, w), dtype=torch.bool, device=x.device).tril().expand(len(r), w, w)
         x = penalize(x, path[r], chain, *(t[r] for t in rows.pen.tensors()))
-    lp = log_probs(x, rows.floats[r], rows.ints[r], rows.kind in (FILTERED, PENALIZED))
+    lp = log_probs(x, rows.floats[r], rows.ints[r], rows.kind in (FILTERED, PENALIZED), ops)
     chosen = lp.gather(2, emitted[r][..., None])
     top = lp.topk(asked.top, dim=-1)
     packed = torch.cat([chosen.double(), top.values.double(), top.indices.double()], dim=-1)  # ids < 2**53: exact
     return Pending(rows, packed.to("cpu", non_blocking=True))
 
 
-def first_logprobs(logits: torch.Tensor, firsts: torch.Tensor, rows: SamplingRows) -> Pending:
+def first_logprobs(logits: torch.Tensor, firsts: torch.Tensor, rows: SamplingRows, ops=TORCH) -> Pending:
     """``path_logprobs`` of each row's first token ``firsts`` [B], drawn from its prefill logits [B, V]."""
     zeros = torch.zeros_like(firsts)[:, None]
-    return path_logprobs(logits[:, None], zeros, zeros, firsts[:, None], rows)
+    return path_logprobs(logits[:, None], zeros, zeros, firsts[:, None], rows, ops)

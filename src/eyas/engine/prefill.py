@@ -207,7 +207,7 @@ def read_first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tens
         zeros = torch.zeros((len(seqs), 1), dtype=torch.long, device=logits.device)
         logits = constrain(seqs, zeros, zeros - 1, logits[:, None])[:, 0]
     firsts = first_tokens(logits, rows.kind, rows.floats, rows.ints, lens, rows.pen_tensors(), ops)
-    pending = first_logprobs(logits, firsts, rows) if rows.logprobs is not None else None
+    pending = first_logprobs(logits, firsts, rows, ops) if rows.logprobs is not None else None
     if rows.pen is not None:
         rows.pen.counts = record(rows.pen.counts, firsts[:, None], torch.ones_like(firsts))
     tokens, finite = torch.stack([firsts, finite_rows(logits).long()]).tolist()

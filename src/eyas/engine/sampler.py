@@ -29,7 +29,7 @@ from ..spec.ops import TORCH
 from ..spec.tree import Tree
 from ..spec.verify import accept_greedy_batch
 from .penalties import penalize
-from .sampling import FILTERED, GREEDY, PENALIZED, distribution
+from .sampling import FILTERED, GREEDY, PENALIZED
 
 
 def draws(seed: torch.Tensor, lengths: torch.Tensor, width: int, k: int, ops=TORCH) -> torch.Tensor:
@@ -45,13 +45,14 @@ def accept(tree: Tree, logits: torch.Tensor, width: int, kind: str, floats: torc
     ``lengths`` [B], every node with at most ``k`` children: the engine's one acceptance, eager or
     inside a captured step. A greedy batch takes ``accept_greedy_batch`` (``ops``: one Triton kernel on
     a GPU). A PENALIZED batch's logits first go through ``penalties.penalize`` along the tree, ``pen``
-    its (floats, bias, prompt, counts) (``SamplingRows.pen_tensors``)."""
+    its (floats, bias, prompt, counts) (``SamplingRows.pen_tensors``). A sampled batch's distribution
+    and draws are ``ops``' too."""
     if kind == GREEDY:
         return accept_greedy_batch(tree, logits.argmax(dim=-1), width, ops)
     if kind == PENALIZED:
         logits = penalize(logits, tree.tokens, tree.mask, *pen)
     u = draws(ints[:, 1], lengths, width, k if tree.size > 1 else 0, ops)
-    return accept_rows(tree, logits, width, floats, ints, u, kind in (FILTERED, PENALIZED))
+    return accept_rows(tree, logits, width, floats, ints, u, kind in (FILTERED, PENALIZED), ops)
 
 
 def first_tokens(logits: torch.Tensor, kind: str, floats, ints, lengths: torch.Tensor,
@@ -90,17 +91,18 @@ def _residual(weights: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
 
 
 def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tensor, ints: torch.Tensor,
-                u: torch.Tensor, filtered: bool):
+                u: torch.Tensor, filtered: bool, ops=TORCH):
     """(cols [B, width], counts [B], bonus [B]) by rejection sampling for every row (see the module's
     doc), ``accept_greedy_batch``'s shapes and padding: ``cols[b, :counts[b]]`` the accepted path root
     first, 0 after it. ``logits`` [B, T, V] the target's over the tree; ``u`` [B, width, K + 1] the
     step's uniforms (``draws``), ``K`` the most children any node has; ``filtered``: some row uses top-k
-    or top-p. Rows with temperature 0 are greedy."""
+    or top-p. Rows with temperature 0 are greedy. The distribution is ``ops.distribution`` (a kernel
+    with no sort on a GPU)."""
     b, t, v = logits.shape
     k, dev = u.shape[-1] - 1, logits.device
     argmax = logits.argmax(dim=-1)  # [B, T]
     greedy = floats[:, 0] <= 0  # [B]
-    x, m, thr, z = distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
+    x, m, thr, z = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
                                 ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered)
     x, m, thr, z = x.view(b, t, v), m.view(b, t), thr.view(b, t), z.view(b, t)
     if k > 0 and t > 1:

@@ -1,0 +1,200 @@
+"""The sampling distribution's Triton kernel (``spec.distribution_kernel``) against its torch reference
+(``spec.distribution.distribution``, a sort), and the sampler on it.
+
+Without a GPU the kernel runs in Triton's interpreter (``conftest``). Logits are random (a top-p
+boundary within rounding of the mass is then practically impossible: the two sum ``exp`` in different
+orders), except a row of tied logits at its top-k boundary, where no mass is compared.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from distributions import TREE, batch_tree, emitted, pvalue, step_distribution, tree_and_logits
+
+from eyas.engine import logprobs, sampler
+from eyas.engine.sampling import SamplingParams, SamplingRows, probs
+from eyas.spec.ops import TORCH, SpecTorchOps
+
+kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")
+from eyas.models.kernel_settings import KernelSettings
+from eyas.spec import distribution_kernel, tree_kernels
+
+TRITON = tree_kernels.SpecTritonOps(KernelSettings(measure=False))
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INF = float("inf")
+
+# (temperature, top_p, min_p, top_k) per row: every filter alone and together, and the edges
+ROWS = [(0.0, 1.0, 0.0, 0), (0.0, 0.9, 0.0, 5),  # greedy rows (temperature 1, their filters as the reference's)
+        (0.7, 1.0, 0.0, 0), (1.0, 1.0, 0.0, 20), (1.0, 0.9, 0.0, 0), (0.8, 0.8, 0.0, 7), (1.3, 1.0, 0.1, 0),
+        (0.9, 0.95, 0.05, 50), (1.0, 1.0, 0.0, 1), (1.0, 0.01, 0.0, 0), (0.6, 0.5, 0.0, 10**6),
+        (1.0, 1.0, 0.0, 40),  # -inf entries (a grammar's mask) and top-k past the finite ones
+        (1.0, 1.0, 0.0, 6)]  # tied logits at the top-k boundary
+MASKED, TIED = len(ROWS) - 2, len(ROWS) - 1
+
+
+@pytest.fixture(autouse=True)
+def no_kernel_fell_back():
+    """A kernel that raised falls back to the reference, which would pass the comparison without it."""
+    yield
+    assert kernels.failures() == {}
+
+
+def case(v: int, seed: int = 0):
+    """(logits [N, v], floats [N, 3], ints [N, 2]) of ``ROWS``."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(ROWS), v, generator=gen) * 3
+    logits[MASKED, torch.randperm(v, generator=gen)[: v - 30]] = -INF  # 30 finite entries, top-k 40
+    logits[[4, 5], :20] = -INF  # and in a top-p row, a top-k and top-p one
+    logits[TIED] = torch.randint(0, 4, (v,), generator=gen).float()  # 4 values: many tied at the 6th
+    floats = torch.tensor([[t, p, mp] for t, p, mp, _ in ROWS])
+    ints = torch.tensor([[k, 7] for *_, k in ROWS])
+    return logits.to(DEVICE), floats.to(DEVICE), ints.to(DEVICE)
+
+
+def check_equal(got, want):
+    """Bit for bit but ``z``, whose sum runs in another order."""
+    (x, m, thr, z), (rx, rm, rthr, rz) = got, want
+    assert torch.equal(x, rx) and torch.equal(m, rm)
+    assert torch.equal(thr, rthr), (thr - rthr).nonzero()
+    torch.testing.assert_close(z, rz, rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("v", [100, 512, 1000, 3000])  # below, at and past the 512-entry block
+@pytest.mark.parametrize("filtered", [True, False])
+def test_kernel_gives_the_references_thresholds(v, filtered):
+    logits, floats, ints = case(v, seed=v)
+    if not filtered:  # only for rows that use neither top-k nor top-p
+        floats[:, 1], ints[:, 0] = 1.0, 0
+    want = TORCH.distribution(logits, floats, ints, filtered)
+    check_equal(TRITON.distribution(logits, floats, ints, filtered), want)
+    thr = want[2]
+    assert (thr[[TIED, 8]] == logits[[TIED, 8]].amax(-1)).all() or not filtered  # ties kept; top-k 1: the max
+    if filtered:
+        assert thr[MASKED] == torch.finfo(torch.float32).min  # past the finite entries: all of them, no -inf
+        assert (logits[TIED] >= thr[TIED]).sum() >= 6
+
+
+@pytest.mark.parametrize("split", [1, 4])  # binary search; a 5-way one (the default: 17)
+def test_every_split_of_the_search_lands_on_the_same_value(split):
+    logits, floats, ints = case(700, seed=split)
+    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, split=split, block=128)
+    check_equal(got, TORCH.distribution(logits, floats, ints, True))
+
+
+def test_extreme_logits():
+    """Signs, zeros (both), the largest floats: the search's key order is float32's."""
+    big = torch.finfo(torch.float32).max
+    logits = torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 5.0, -5.0, 0.0, 3.0],
+                           [big / 2, -big / 2, 0.0, 1.0, big / 4, -INF, -INF, 2.0],
+                           [-1e4, -1e4 - 1, -1e4 - 2, -1e4 - 2, -2e4, -3e4, -INF, -1e4 - 0.5]]).to(DEVICE)
+    for top_k in (1, 2, 3, 4, 7):
+        for top_p in (1.0, 0.2, 0.6, 0.999):
+            floats = torch.tensor([[1.0, top_p, 0.0]] * 3, device=DEVICE)
+            ints = torch.tensor([[top_k, 0]] * 3, device=DEVICE)
+            check_equal(TRITON.distribution(logits, floats, ints, True), TORCH.distribution(logits, floats, ints, True))
+
+
+def test_accept_rows_on_the_kernel_gives_the_same_tokens():
+    """The same uniforms, the same acceptance and bonus tokens through either op, on random trees."""
+    gen = torch.Generator().manual_seed(3)
+    params = [SamplingParams(temperature=t, top_p=p, top_k=k, min_p=mp) for t, p, mp, k in ROWS[:-2]]
+    rows, v = 2 * len(params), 300
+    tokens, logits = tree_and_logits(TREE, seed=5, vocab=v)
+    tree, width, k = batch_tree(TREE, tokens, rows)
+    logits = (logits + torch.randn(rows, len(TREE), v, generator=gen)).to(DEVICE)
+    logits[:, :, tokens] += 2.0  # the drafted tokens likely, so paths run deep
+    sr = SamplingRows.build(params * 2, list(range(rows)), DEVICE)
+    u = sampler.draws(sr.seed, torch.full((rows,), 11, device=DEVICE), width, k)
+    got = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, u, True, TRITON)
+    want = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, u, True, TORCH)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert got[1].max() > 1
+    lp = logprobs.log_probs(logits[:, :3], sr.floats, sr.ints, True, TRITON)
+    ref = logprobs.log_probs(logits[:, :3], sr.floats, sr.ints, True, TORCH)
+    assert torch.equal(lp.isinf(), ref.isinf())
+    torch.testing.assert_close(lp, ref, rtol=0, atol=1e-5)
+
+
+class Spy(SpecTorchOps):
+    """The torch ops, recording which of ``distribution``'s callers reach it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def distribution(self, *args):
+        self.calls += 1
+        return super().distribution(*args)
+
+
+def test_the_sampler_and_logprobs_take_the_op_from_ops():
+    params = [SamplingParams(temperature=0.8, top_p=0.9, logprobs=2), SamplingParams(temperature=1.0, top_k=3)]
+    sr = SamplingRows.build(params, [1, 2], DEVICE)
+    logits = torch.randn(2, 50, device=DEVICE)
+    spy = Spy()
+    firsts = sampler.first_tokens(logits, sr.kind, sr.floats, sr.ints, torch.tensor([4, 5], device=DEVICE), None,
+                                  spy)
+    assert spy.calls == 1
+    logprobs.first_logprobs(logits, firsts, sr, spy)
+    assert spy.calls == 2
+
+
+class Unique(SpecTorchOps):
+    """``TRITON.distribution`` once per distinct row (many rows share one node's logits and settings; the
+    seed, which the distribution does not read, set apart)."""
+
+    def distribution(self, logits, floats, ints, filtered):
+        rows = torch.cat([logits, floats, ints[:, :1].float()], dim=1)
+        keys, inverse = torch.unique(rows, dim=0, return_inverse=True)
+        v = logits.shape[1]
+        top_k = keys[:, v + 3:].long()
+        x, m, thr, z = TRITON.distribution(keys[:, :v], keys[:, v:v + 3], torch.cat([top_k, top_k * 0], 1), filtered)
+        return x[inverse], m[inverse], thr[inverse], z[inverse]
+
+
+SETTINGS = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.0, top_p=0.8),
+            SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05)]
+
+
+def test_the_kernel_keeps_each_rows_exact_distribution():
+    """Chi-square, as ``test_device_sampling``: the tokens ``accept_rows`` emits on the kernel's thresholds
+    against the reference ``probs`` enumerated along the tree."""
+    v, per = 8, 8000
+    tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=v)
+    rows = per * len(SETTINGS)
+    sr = SamplingRows.build([SETTINGS[r % len(SETTINGS)] for r in range(rows)], list(range(rows)), "cpu")
+    tree, width, k = batch_tree(TREE, tokens, rows)
+    u = sampler.draws(sr.seed, torch.full((rows,), 17), width, k)
+    cols, counts, bonus = sampler.accept_rows(tree, logits.expand(rows, len(TREE), v), width, sr.floats, sr.ints, u,
+                                              True, Unique())
+    out = emitted(tree, cols, counts, bonus)
+    for i, params in enumerate(SETTINGS):
+        exact = step_distribution(TREE, tokens, lambda node, prefix, p=params: probs(logits[node], p))
+        assert pvalue(out[i::len(SETTINGS)], exact) > 1e-3, params
+
+
+HOPPER_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from eyas.spec.distribution_kernel import _distribution_kernel
+sig = {"x": "*fp32", "floats": "*fp32", "log_min_p": "*fp32", "ints": "*i64", "m_out": "*fp32", "thr_out": "*fp32",
+       "z_out": "*fp32", "V": "i32"}
+for filtered, pdl in [(True, True), (False, False)]:
+    const = dict(FILTERED=filtered, BLOCK=512, R=16, PDL=pdl)
+    src = triton.compiler.ASTSource(fn=_distribution_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                                    constexprs=const)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 1}).asm["ptx"]
+    assert not pdl or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
+print("compiled")
+"""
+
+
+def test_kernel_compiles_for_hopper():
+    """The compiler checks what the interpreter does not (globals, loop-carried types): sm_90, no GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    run = subprocess.run([sys.executable, "-c", HOPPER_COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]

@@ -13,6 +13,13 @@ kernels themselves (too many, or too slow). The phases are the engine's own prof
 shows as ``step`` and ``finish`` alone, ``--by-parts`` runs every step by parts so each part shows. On the
 CPU there is no device timeline: a phase's span is its time on the host. With ``--model 8b`` the target is
 the random Llama-3.1-8B shape and only plain decoding is profiled (benchmark a's forward).
+
+A sampled step (``--temperature 0.7 --top-p 0.95``, ``--top-k``) runs the distribution's kernel
+(``spec.distribution_kernel``); ``--torch-distribution`` runs the sort-based reference instead
+(before/after). ``--distribution ROWS,VOCAB`` times that op alone on random logits, kernel against
+reference, and exits:
+
+    python benchmarks/kernel_profile.py --distribution 1056,49152 --top-p 0.95 --top-k 50
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ from common import (
     load_pair,
     random_model,
     smollm2_135m_config,
+    summary,
     sync,
+    time_ms,
     write,
 )
 from torch.profiler import ProfilerActivity, profile
@@ -78,8 +87,8 @@ def analyse(trace: dict, steps: int) -> dict:
 
 
 def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Path | None,
-                   temperature: float = 0.0, top_p: float = 1.0) -> dict:
-    params = SamplingParams(max_new_tokens=10_000, ignore_eos=True, temperature=temperature, top_p=top_p)
+                   temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> dict:
+    params = SamplingParams(max_new_tokens=10_000, ignore_eos=True, temperature=temperature, top_p=top_p, top_k=top_k)
     batch = engine.prefill([engine.new_sequence(prompt, params) for _ in range(engine.rows)])
     for _ in range(5):
         engine.step(batch)
@@ -99,6 +108,20 @@ def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Pa
     return analyse(trace, steps)
 
 
+def time_distribution(rows: int, vocab: int, temperature: float, top_p: float, top_k: int, device: str) -> dict:
+    """Milliseconds per call of ``ops.distribution`` on [rows, vocab] random logits (every row filtered):
+    the Triton kernel and the torch reference (a sort)."""
+    from eyas.models.kernel_settings import KernelSettings
+    from eyas.spec.ops import TORCH
+    from eyas.spec.tree_kernels import SpecTritonOps
+
+    logits = torch.randn(rows, vocab, device=device) * 4
+    floats = torch.tensor([[temperature or 1.0, top_p, 0.0]], device=device).expand(rows, 3).contiguous()
+    ints = torch.tensor([[top_k, 0]], device=device).expand(rows, 2).contiguous()
+    return {name: summary(time_ms(lambda ops=ops: ops.distribution(logits, floats, ints, True)))
+            for name, ops in (("kernel_ms", SpecTritonOps(KernelSettings(measure=False))), ("torch_ms", TORCH))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-path", default="smollm2-135m-instruct",
@@ -112,6 +135,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--torch-distribution", action="store_true",
+                    help="the sampled step's distribution by the sort-based torch reference instead of its kernel")
+    ap.add_argument("--distribution", default=None, metavar="ROWS,VOCAB",
+                    help="time the distribution op alone on [ROWS, VOCAB] logits (kernel and torch), then exit")
     ap.add_argument("--torch-draws", action="store_true",
                     help="the sampled step's draws in integer torch ops instead of their kernel (before/after)")
     ap.add_argument("--by-parts", action="store_true",
@@ -124,6 +152,15 @@ def main() -> None:
         from eyas.spec.verify_kernels import TritonVerifyOps
 
         TritonVerifyOps.uniform = TreeOps.uniform
+    if args.torch_distribution:
+        from eyas.spec.tree_ops import TreeOps
+        from eyas.spec.verify_kernels import TritonVerifyOps
+
+        TritonVerifyOps.distribution = TreeOps.distribution
+    if args.distribution:
+        rows, vocab = (int(n) for n in args.distribution.split(","))
+        print(time_distribution(rows, vocab, args.temperature, args.top_p, args.top_k, args.device))
+        return
 
     if args.model_path in ("8b", "smollm2-shape"):
         from eyas.models.native import NativeTarget
@@ -151,7 +188,8 @@ def main() -> None:
         trace = Path(args.trace_dir) / trace_name if args.trace_dir else None
         if trace:
             trace.parent.mkdir(parents=True, exist_ok=True)
-        results[text] = profile_engine(engine, prompt, args.steps, trace, args.temperature, args.top_p)
+        results[text] = profile_engine(engine, prompt, args.steps, trace, args.temperature, args.top_p,
+                                       args.top_k)
         r = results[text]
         print(f"{text:>8} max-batch {args.max_batch}: {r.get('kernels_per_step')} kernels, busy "
               f"{r.get('device_busy_ms_per_step')} ms of {r.get('device_span_ms_per_step')} ms per step; "

@@ -17,6 +17,7 @@ from distributions import TREE, batch_tree, emitted, pvalue, step_distribution, 
 from eyas.engine import logprobs, sampler
 from eyas.engine.sampling import SamplingParams, SamplingRows, probs
 from eyas.spec.ops import TORCH, SpecTorchOps
+from eyas.spec.tree import Tree
 
 kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")
 from eyas.models.kernel_settings import KernelSettings
@@ -104,6 +105,7 @@ def test_accept_rows_on_the_kernel_gives_the_same_tokens():
     rows, v = 2 * len(params), 300
     tokens, logits = tree_and_logits(TREE, seed=5, vocab=v)
     tree, width, k = batch_tree(TREE, tokens, rows)
+    tree = Tree(*(t.to(DEVICE) for t in (tree.tokens, tree.parents, tree.depth, tree.mask)))
     logits = (logits + torch.randn(rows, len(TREE), v, generator=gen)).to(DEVICE)
     logits[:, :, tokens] += 2.0  # the drafted tokens likely, so paths run deep
     sr = SamplingRows.build(params * 2, list(range(rows)), DEVICE)
@@ -149,10 +151,10 @@ class Unique(SpecTorchOps):
     def distribution(self, logits, floats, ints, filtered):
         rows = torch.cat([logits, floats, ints[:, :1].float()], dim=1)
         keys, inverse = torch.unique(rows, dim=0, return_inverse=True)
-        v = logits.shape[1]
+        keys, v = keys.to(DEVICE), logits.shape[1]  # on a GPU the kernel runs there, not interpreted
         top_k = keys[:, v + 3:].long()
-        x, m, thr, z = TRITON.distribution(keys[:, :v], keys[:, v:v + 3], torch.cat([top_k, top_k * 0], 1), filtered)
-        return x[inverse], m[inverse], thr[inverse], z[inverse]
+        out = TRITON.distribution(keys[:, :v], keys[:, v:v + 3], torch.cat([top_k, top_k * 0], 1), filtered)
+        return tuple(o.to(logits.device)[inverse] for o in out)
 
 
 SETTINGS = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.0, top_p=0.8),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -38,7 +39,6 @@ from common import (
     load_pair,
     random_model,
     smollm2_135m_config,
-    summary,
     sync,
     time_ms,
     write,
@@ -108,18 +108,50 @@ def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Pa
     return analyse(trace, steps)
 
 
-def time_distribution(rows: int, vocab: int, temperature: float, top_p: float, top_k: int, device: str) -> dict:
-    """Milliseconds per call of ``ops.distribution`` on [rows, vocab] random logits (every row filtered):
-    the Triton kernel and the torch reference (a sort)."""
+def time_distribution(rows_list: list[int], vocab: int, temperature: float, top_p: float, top_k: int, device: str,
+                      configs: list[str]) -> dict:
+    """Milliseconds per call of the distribution op on [rows, vocab] random logits (every row filtered), for
+    each of ``rows_list``: the torch reference (a sort) and the Triton kernel at its default launch and at
+    each of ``configs`` ("BLOCKxWARPS"), each captured in a CUDA graph and replayed as the step replays it
+    (eagerly on the CPU)."""
     from eyas.models.kernel_settings import KernelSettings
+    from eyas.spec import distribution_kernel
     from eyas.spec.ops import TORCH
     from eyas.spec.tree_kernels import SpecTritonOps
 
-    logits = torch.randn(rows, vocab, device=device) * 4
-    floats = torch.tensor([[temperature or 1.0, top_p, 0.0]], device=device).expand(rows, 3).contiguous()
-    ints = torch.tensor([[top_k, 0]], device=device).expand(rows, 2).contiguous()
-    return {name: summary(time_ms(lambda ops=ops: ops.distribution(logits, floats, ints, True)))
-            for name, ops in (("kernel_ms", SpecTritonOps(KernelSettings(measure=False))), ("torch_ms", TORCH))}
+    launch = SpecTritonOps(KernelSettings(measure=False))._launch
+    out = {}
+    for rows in rows_list:
+        logits = torch.randn(rows, vocab, device=device) * 4
+        floats = torch.tensor([[temperature or 1.0, top_p, 0.0]], device=device).expand(rows, 3).contiguous()
+        ints = torch.tensor([[top_k, 0]], device=device).expand(rows, 2).contiguous()
+        args = (logits, floats, ints, True)
+        fns = {"torch": lambda a=args: TORCH.distribution(*a),
+               "kernel": lambda a=args: distribution_kernel.distribution(launch, *a)}
+        for c in configs:
+            block, warps = (int(n) for n in c.split("x"))
+            fns[f"kernel {c}"] = lambda a=args, b=block, w=warps: distribution_kernel.distribution(
+                launch, *a, block=b, warps=w)
+        out[rows] = {name: round(statistics.median(graphed_ms(fn, device)), 4) for name, fn in fns.items()}
+        print(rows, "rows:", out[rows], flush=True)
+    return {"vocab": vocab, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+            "default": {rows: distribution_kernel.launch_config(rows, True) for rows in rows_list}, "ms": out}
+
+
+def graphed_ms(fn, device: str, reps: int = 20) -> list[float]:
+    """``fn``'s milliseconds per replay of a CUDA graph of it (``time_ms`` of ``fn`` itself on the CPU)."""
+    if not str(device).startswith("cuda"):
+        return time_ms(fn)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, reps=reps)
 
 
 def main() -> None:
@@ -138,8 +170,11 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--torch-distribution", action="store_true",
                     help="the sampled step's distribution by the sort-based torch reference instead of its kernel")
-    ap.add_argument("--distribution", default=None, metavar="ROWS,VOCAB",
-                    help="time the distribution op alone on [ROWS, VOCAB] logits (kernel and torch), then exit")
+    ap.add_argument("--distribution", default=None, metavar="ROWS[,ROWS...],VOCAB",
+                    help="time the distribution op alone on [ROWS, VOCAB] logits (kernel and torch, each in a CUDA "
+                         "graph) for each ROWS, then exit")
+    ap.add_argument("--distribution-configs", nargs="*", default=[], metavar="BLOCKxWARPS",
+                    help="with --distribution: the kernel also at these launch configurations, e.g. 2048x16")
     ap.add_argument("--torch-draws", action="store_true",
                     help="the sampled step's draws in integer torch ops instead of their kernel (before/after)")
     ap.add_argument("--by-parts", action="store_true",
@@ -158,8 +193,11 @@ def main() -> None:
 
         TritonVerifyOps.distribution = TreeOps.distribution
     if args.distribution:
-        rows, vocab = (int(n) for n in args.distribution.split(","))
-        print(time_distribution(rows, vocab, args.temperature, args.top_p, args.top_k, args.device))
+        *rows, vocab = (int(n) for n in args.distribution.split(","))
+        result = time_distribution(rows, vocab, args.temperature, args.top_p, args.top_k, args.device,
+                                   args.distribution_configs)
+        if args.out:
+            write(args.out, "the sampling distribution op alone, kernel against the sort, CUDA graphs", result)
         return
 
     if args.model_path in ("8b", "smollm2-shape"):

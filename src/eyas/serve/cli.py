@@ -78,9 +78,10 @@ def add_serve_arguments(p) -> None:
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default info)")
     g.add_argument("--no-warmup", action="store_true", help="skip the short generation run before binding")
-    g.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
+    g.add_argument("--switch-interval-ms", type=float, default=0.1, metavar="MS",
                    help="Python's thread switch interval while serving: the longest the engine thread waits for "
-                        "the interpreter while the HTTP side runs (default: Python's, 5 ms)")
+                        "the interpreter while the HTTP side runs (default 0.1; Python's own is 5, which cost "
+                        "a third of the throughput at 16-64 clients)")
     add_pasted_arguments(p)
 
 

@@ -83,6 +83,28 @@ def test_live_acceptance_moves_the_choice_and_the_log_says_why(caplog):
     assert chooser.choice.speculative and probes >= 1
 
 
+def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():
+    """Warm-up said the tree costs what a plain step does; served steps take three times as long, so the
+    chooser moves to no speculation once its estimate follows them. Model costs (no units) are not followed."""
+    table = costs({1: (1.0, 1.0, 1.0, 1.0, 1.0), 32: (1.0, 5.0, 5.0, 5.0, 1.0)})
+    for measured in (False, True):
+        chooser = Chooser(AUTO.options, table)
+        chooser.set_costs(table, measured=measured)
+        chooser.reach[TREE32] = [0.5, 0.2, 0.1, 0.05, 0.0, 0.0]  # tau 1.85
+        assert chooser.choose(32) == TREE32
+        for _ in range(200):
+            s = chooser.choose(32)
+            chooser.observe(s, [1] * 32, seconds=3.0 if s == TREE32 else 1.0, rows=32)
+        assert chooser.choice == (NONE if measured else TREE32)
+        if measured:  # followed until the tree lost (tau 1.85 for 1.85x the cost), then kept: it stopped running
+            assert 1.85 < chooser.cost(TREE32, 32) <= 3.0
+        else:
+            assert chooser.cost(TREE32, 32) == 1.0
+        assert chooser.cost(TREE32, 1) == 1.0  # another bucket: untouched
+    chooser.observe(NONE, [], seconds=100.0, rows=32)  # one stalled step moves it at most 2x times the decay
+    assert chooser.cost(NONE, 32) <= 1.0 + chooser.cost_decay * 1.0 + 1e-9
+
+
 def test_no_cost_for_a_setting_is_refused():
     with pytest.raises(ValueError, match="no step cost"):
         Chooser(AUTO.options, {NONE: {1: 1.0}})

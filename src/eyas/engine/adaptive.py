@@ -4,7 +4,8 @@ the most tokens per second for the batch it has, no speculation included.
     tau(s)      expected tokens per row and step: 1 + sum over depths i of P(the accepted path reaches i);
                 1 without speculation
     cost(s, B)  seconds of one step of setting s over B rows: measured per rows bucket at warm-up
-                (``measure_step_costs``), or ``model_costs`` where nothing was measured (the CPU)
+                (``measure_step_costs``), or ``model_costs`` where nothing was measured (the CPU); then
+                followed live: each step's own wall time moves its (setting, bucket) estimate (``observe``)
     rate(s, B)  B * tau(s) / cost(s, B); the step runs the argmax
 
 P(reach i) is kept per tree shape, from the live acceptance of that shape's own steps: a running mean over
@@ -14,6 +15,13 @@ every shape is tried once its cost can pay, and its own figures then replace the
 not run keeps its last estimate. While no speculation runs, nothing is learnt about acceptance: every
 ``probe_every`` such steps, one step runs the best speculative setting instead, so that a draft that has
 become good again is noticed (the draft is fed on every step, so its cache never falls behind).
+
+Warm-up times short greedy prompts on an idle engine; a served batch has longer contexts, sampled rows and
+a host that also serves HTTP. So each step's own seconds (from ``Engine.step`` to its read-back and
+bookkeeping) move its setting's cost in its rows bucket, by an exponential moving average (``cost_decay``)
+of observations each clipped to within a factor of 2 of the estimate (one step stalled by the collector
+must not swing it). A setting that stops running keeps its last cost; the probes refresh the best
+speculative one. ``model_costs`` (relative units, the CPU) are not followed.
 
 The current choice stays until another setting promises ``margin`` (3%) more: settings whose estimates are
 nearly equal would otherwise take turns step after step.
@@ -63,9 +71,11 @@ class Chooser:
     acceptance (``observe``). ``options`` are the engine's (``SpecConfig.options`` of an adaptive spec)."""
 
     def __init__(self, options: list[SpecConfig], costs: dict[SpecConfig, dict[int, float]], decay: float = 0.05,
-                 prior_steps: int = 4, probe_every: int = 64, margin: float = 0.03):
+                 prior_steps: int = 4, probe_every: int = 64, margin: float = 0.03, cost_decay: float = 0.05):
         self.options = list(options)
         self.decay, self.prior_steps, self.probe_every, self.margin = decay, prior_steps, probe_every, margin
+        self.cost_decay = cost_decay
+        self.measured = False  # costs in seconds (``set_costs(..., measured=True)``): only those follow live steps
         self.reach = {s: prior_reach(s) for s in self.options if s.speculative}
         self.seen = {s: 0 for s in self.reach}  # steps observed per shape
         self.steps = {s: 0 for s in self.options}  # steps run per setting
@@ -73,11 +83,14 @@ class Chooser:
         self._quiet = 0  # steps in a row without speculation
         self.set_costs(costs)
 
-    def set_costs(self, costs: dict[SpecConfig, dict[int, float]]) -> None:
+    def set_costs(self, costs: dict[SpecConfig, dict[int, float]], measured: bool = False) -> None:
+        """``costs`` {setting: {rows bucket: cost}}; ``measured``: seconds (``measure_step_costs``), which live
+        steps then refine, rather than ``model_costs``' relative units."""
         missing = [setting_name(s) for s in self.options if not costs.get(s)]
         if missing:
             raise ValueError(f"no step cost for the settings {missing}")
         self.costs = {s: dict(sorted(costs[s].items())) for s in self.options}
+        self.measured = measured
 
     def tau(self, spec: SpecConfig) -> float:
         """Expected tokens per row and step."""
@@ -122,8 +135,13 @@ class Chooser:
         self.steps[best] += 1
         return best
 
-    def observe(self, spec: SpecConfig, accepted: list[int]) -> None:
-        """One step of ``spec``: the draft tokens each live row accepted."""
+    def observe(self, spec: SpecConfig, accepted: list[int], seconds: float | None = None, rows: int = 0) -> None:
+        """One step of ``spec`` over ``rows`` rows that took ``seconds``: the draft tokens each live row accepted."""
+        live = seconds is not None and self.measured
+        bucket = next((b for b in self.costs[spec] if b >= rows), None) if live else None
+        if bucket is not None:  # past the largest bucket the cost is scaled, not kept: nothing to move
+            old = self.costs[spec][bucket]
+            self.costs[spec][bucket] = old + self.cost_decay * (min(max(seconds, old / 2), old * 2) - old)
         if not spec.speculative or not accepted:
             return
         self.seen[spec] += 1

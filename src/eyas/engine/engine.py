@@ -135,7 +135,7 @@ class Engine:
         bar.close()
         self._reset_pools()
         if cuda and self.chooser:
-            self.chooser.set_costs(measure_step_costs(self))
+            self.chooser.set_costs(measure_step_costs(self), measured=True)
         seconds = time.perf_counter() - start
         if not cuda:
             return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"
@@ -275,6 +275,7 @@ class Engine:
         """One verify step for every row; returns the tokens each row emitted. ``setting``: one of the
         spec's ``options`` instead of the one the batch size (or the chooser) picks."""
         with phase("step"):
+            start = time.perf_counter()
             self._own(batch)
             spec = setting or (self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch)))
             rows = batch.rows
@@ -285,24 +286,24 @@ class Engine:
             if graphs and self.decoder is not None:  # the whole step in one graph replay, where one fits
                 host = self.decoder(batch.lengths, batch.root, rows)
                 if host is not None:
-                    return self._finish(batch, spec, host)
+                    return self._finish(batch, spec, host, start=start)
             elif graphs and spec in self.speculators:
                 out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden,
                                              rows)
                 if out is not None:
                     host, batch.draft_logits, batch.draft_hidden = out
-                    return self._finish(batch, spec, host)
+                    return self._finish(batch, spec, host, start=start)
             host, pending = self.by_parts(batch, spec, logprobs=not whole)
-            return self._finish(batch, spec, host, pending)
+            return self._finish(batch, spec, host, pending, start)
 
-    def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor,
-                pending: Pending | None = None) -> list[list[int]]:
+    def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor, pending: Pending | None = None,
+                start: float | None = None) -> list[list[int]]:
         """The host's share of a step: ``host`` [B, width + 4] holds each row's emitted tokens (padded to
         the path width), their count, the new length, the next root and whether its logits were finite.
         The step's one device-to-host copy, queued behind everything the step launched (the batch moves
         on only once it has arrived); then the caches' slot count and the tokens. A row whose logits were
         not finite emits nothing and ends with an error. ``pending``: the asking rows' logprobs (arrived
-        with the tokens)."""
+        with the tokens); ``start``: when the step began (the chooser learns the step's cost from it)."""
         with phase("finish"):
             width = spec.path_width
             rows = host.tolist()
@@ -322,7 +323,8 @@ class Engine:
                     accepted.append(n - 1)
                 emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
             if self.chooser:
-                self.chooser.observe(spec, accepted)
+                seconds = None if start is None else time.perf_counter() - start
+                self.chooser.observe(spec, accepted, seconds, len(batch))
             return emitted
 
     # -- the simple static-batch loop ---------------------------------------------------------

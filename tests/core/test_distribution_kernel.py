@@ -43,6 +43,29 @@ def no_kernel_fell_back():
     assert kernels.failures() == {}
 
 
+@pytest.fixture(autouse=True)
+def kernel_at_every_row_count(monkeypatch, request):
+    """The kernel at every row count, also where ``ROW_CONFIGS`` measured the sort faster (block 0)."""
+    if "dispatch" not in request.node.name:
+        table = tuple((most, block or distribution_kernel.BLOCK, warps or 8)
+                      for most, block, warps in distribution_kernel.ROW_CONFIGS)
+        monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", table)
+
+
+def test_dispatch_takes_the_sort_where_it_measured_faster(monkeypatch):
+    monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", ((4, 0, 0), (1 << 62, 128, 4)))
+    launches = []
+    launch = TRITON._launch
+    monkeypatch.setattr(TRITON, "_launch", lambda kernel, grid, *a, **kw: launches.append(grid) or launch(
+        kernel, grid, *a, **kw))
+    logits, floats, ints = case(300)
+    for rows in (3, 8):
+        got = TRITON.distribution(logits[:rows], floats[:rows], ints[:rows], True)
+        check_equal(got, TORCH.distribution(logits[:rows], floats[:rows], ints[:rows], True))
+    assert launches == [(8,)]  # 3 rows took the sort, 8 the kernel
+    assert distribution_kernel.launch_config(3, False) is not None  # unfiltered rows: always the kernel
+
+
 def case(v: int, seed: int = 0):
     """(logits [N, v], floats [N, 3], ints [N, 2]) of ``ROWS``."""
     gen = torch.Generator().manual_seed(seed)

@@ -31,7 +31,8 @@ NEG_INF_KEY = tl.constexpr(-2139095041)  # _key(-inf): the smallest key of a non
 FLOAT_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min: a -inf logit is never kept
 SPLIT = 16  # candidate keys a search pass tests (R)
 BLOCK = 512  # a row's entries a program reads at a time
-# (most rows, block, warps), first match: few rows read wide with many warps, many rows fill the GPU as they are
+# (most rows, block, warps), first match: few rows read wide with many warps, many rows fill the GPU as they are;
+# block 0: the reference (a sort) is faster there
 ROW_CONFIGS = ((128, 2048, 16), (1 << 62, BLOCK, 8))
 
 
@@ -113,12 +114,14 @@ def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, V, F
     tl.store(z_out + r, tl.sum(z, axis=0))
 
 
-def launch_config(rows: int, filtered: bool) -> tuple[int, int]:
-    """(entries a read, warps) for ``rows`` rows: one program a row, so a few rows leave most of the GPU idle;
-    a wider read with more warps then does each pass in fewer iterations (``ROW_CONFIGS``)."""
+def launch_config(rows: int, filtered: bool) -> tuple[int, int] | None:
+    """(entries a read, warps) for ``rows`` rows, or None where the sort-based reference is faster: one
+    program a row, so a few rows leave most of the GPU idle; a wider read with more warps then does each
+    pass in fewer iterations (``ROW_CONFIGS``)."""
     if not filtered:
         return BLOCK, 4
-    return next((block, warps) for most, block, warps in ROW_CONFIGS if rows <= most)
+    block, warps = next((block, warps) for most, block, warps in ROW_CONFIGS if rows <= most)
+    return (block, warps) if block else None
 
 
 def distribution(launch, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
@@ -129,7 +132,7 @@ def distribution(launch, logits: torch.Tensor, floats: torch.Tensor, ints: torch
     ``warps`` (default ``launch_config``'s)."""
     x = scaled(logits, floats).contiguous()
     n, v = x.shape
-    default_block, default_warps = launch_config(n, filtered)
+    default_block, default_warps = launch_config(n, filtered) or (BLOCK, 8)
     m, thr, z = (torch.empty(n, dtype=torch.float32, device=x.device) for _ in range(3))
     if n:
         launch(_distribution_kernel, (n,), x, floats.contiguous(), torch.log(floats[:, 2]), ints.contiguous(),

@@ -108,6 +108,14 @@ def test_every_split_of_the_search_lands_on_the_same_value(split):
     check_equal(got, TORCH.distribution(logits, floats, ints, True))
 
 
+@pytest.mark.parametrize("block,warps", sorted({(b, w) for _, b, w in distribution_kernel.ROW_CONFIGS if b}))
+def test_every_launch_configuration_the_table_names(block, warps):
+    """``ROW_CONFIGS``' configurations were chosen by time alone: each gives the reference's thresholds."""
+    logits, floats, ints = case(3000, seed=block)
+    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, block=block, warps=warps)
+    check_equal(got, TORCH.distribution(logits, floats, ints, True))
+
+
 def test_extreme_logits():
     """Signs, zeros (both), the largest floats: the search's key order is float32's."""
     big = torch.finfo(torch.float32).max

@@ -280,7 +280,9 @@ def run(args) -> int:
         print(warning, flush=True)
     print(f"serving {app.state.eyas.served_names[0]!r} on http://{args.host}:{args.port} "
           "(/v1/chat/completions, /v1/completions, /generate, /v1/models, /health, /metrics)", flush=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    # access_log off: eyas.serve.requests logs each request once (middleware.RequestLog); uvicorn's own line
+    # would say it again, on the event loop, per request
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=args.shutdown_timeout + 10, lifespan="on")
     server = graceful_server(uvicorn, config, app.state.eyas.scheduler, args.shutdown_timeout)
     # uvicorn handles SIGTERM/SIGINT gracefully and then re-raises the signal under the handler it

@@ -89,7 +89,9 @@ class Batch:
     draft_cache: object | None
     lengths: torch.Tensor  # [B] committed tokens in both caches (slot == position)
     root: torch.Tensor  # [B] last emitted token, not yet in the target cache
-    draft_logits: torch.Tensor | None = None  # [B, draft_vocab] predicts the tree's depth 1
+    # [B, draft_vocab] predicts the tree's depth 1; None after steps that drafted nothing, when the next speculative
+    # step computes it from draft_hidden (Engine.step)
+    draft_logits: torch.Tensor | None = None
     draft_hidden: torch.Tensor | None = None  # [B, H] the state that produced draft_logits
     rows: SamplingRows | None = None  # the rows' sampling settings on the device (built on membership changes)
 

@@ -160,9 +160,10 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     it to the draft (keys at ``dprefix..``). Returns (``host`` [B, width + 4]: the emitted tokens padded
     to the path width, their count, the new length, the next root, whether the target's logits over the
     row's tree were finite (``finite_rows``: 0 ends that row alone); the draft's logits [B, draft_vocab]
-    and hidden state [B, H] after the last kept token; with ``pen``, the penalized variant's, then the
-    rows' token counts with the emitted tokens added). Rows with ``live`` 0 (a bucket's padding, or
-    the zeros a graph is warmed up with) keep their keys where they were written."""
+    (not for a ``spec`` that drafts nothing) and hidden state [B, H] after the last kept token; with
+    ``pen``, the penalized variant's, then the rows' token counts with the emitted tokens added). Rows
+    with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with) keep their keys where they
+    were written."""
     dev = root.device
     if spec.speculative:
         tree = draft_tree_static(draft, dpool, lengths, root, logits0, hidden0, spec, dprefix, window)
@@ -177,11 +178,14 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     kept = live > 0
     new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
     new, path_aux = accepted_path(tree, aux, cols, counts, bonus)
+    # Without speculation (an adaptive spec's plain steps) the draft is fed but its logits are left out: the
+    # next speculative step computes them from the hidden state (``Engine.step``), so a plain step costs less.
     logits1, hidden1 = draft_extend_static(draft, dpool, lengths, new, path_aux, torch.where(kept, counts, 0), dprefix,
-                                           window)
+                                           window, with_logits=spec.speculative)
     host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None], finite_rows(logits).long()[:, None]],
                      dim=1)
-    return (host, logits1, hidden1) if pen is None else (host, logits1, hidden1, record(pen[3], new, counts))
+    out = (host, hidden1) if logits1 is None else (host, logits1, hidden1)
+    return out if pen is None else (*out, record(pen[3], new, counts))
 
 
 class StaticSpeculator:
@@ -205,31 +209,34 @@ class StaticSpeculator:
 
     def _fn(self, inputs, window, kind):
         return speculate_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
-                                inputs["lengths"], inputs["root"], inputs["logits0"], inputs["hidden0"], inputs["live"],
-                                inputs["tprefix"], inputs["dprefix"], window, kind, inputs.get("floats"),
-                                inputs.get("ints"), pen_of(inputs))
+                                inputs["lengths"], inputs["root"], inputs.get("logits0"), inputs["hidden0"],
+                                inputs["live"], inputs["tprefix"], inputs["dprefix"], window, kind,
+                                inputs.get("floats"), inputs.get("ints"), pen_of(inputs))
 
     def _example(self, rows: int, kind: str):
         w = self.draft.fc.weight
         ids = torch.zeros(rows, dtype=torch.long, device=w.device)
         logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
         hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
-        return ({"lengths": ids, "root": ids, "logits0": logits, "hidden0": hidden, "live": ids,
+        drafts = {"logits0": logits} if self.spec.speculative else {}  # a plain step drafts from nothing
+        return ({"lengths": ids, "root": ids, **drafts, "hidden0": hidden, "live": ids,
                  **rows_example(kind, rows, w.device, vocab_of(self.native))}, {"tprefix": 0, "dprefix": 0})
 
     @torch.inference_mode()
     def __call__(self, lengths, root, logits0, hidden0, rows):
         """(host [B, width + 4], draft logits, draft hidden) as ``speculate_static`` returns them for a batch
         of sampling settings ``rows`` (``SamplingRows``, whose penalty counts it updates), or None past the
-        last bucket (run the step by parts)."""
+        last bucket (run the step by parts). The logits are None for a setting that drafts nothing."""
         tused, dused = self.tpool.used, self.dpool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
-        inputs = {"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0, "live": self._live,
+        drafts = {"logits0": logits0} if self.spec.speculative else {}  # None after plain steps (Engine.step)
+        inputs = {"lengths": lengths, "root": root, **drafts, "hidden0": hidden0, "live": self._live,
                   **rows_inputs(rows)}
         out = self.graphs[rows.kind](inputs, {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span)
-        self.steps += out is not None
-        if out is not None and rows.pen is not None:
-            rows.pen.counts = out[3]
-            out = out[:3]
-        return out
+        if out is None:
+            return None
+        self.steps += 1
+        if rows.pen is not None:
+            rows.pen.counts, out = out[-1], out[:-1]
+        return out if self.spec.speculative else (out[0], None, out[1])  # no draft logits: see speculate_static

@@ -207,7 +207,7 @@ class Engine:
             self._own(b)
             return b
         self._own(a)
-        cat = lambda x, y: None if x is None else torch.cat([x, y])  # noqa: E731
+        cat = lambda x, y: None if x is None or y is None else torch.cat([x, y])  # noqa: E731
         return Batch(
             a.seqs + b.seqs,
             a.target_cache.concat_rows(b.target_cache),
@@ -278,6 +278,8 @@ class Engine:
             start = time.perf_counter()
             self._own(batch)
             spec = setting or (self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch)))
+            if spec.speculative and batch.draft_logits is None:  # the steps before drafted nothing
+                batch.draft_logits = self.draft_steps.net.logits(batch.draft_hidden, batch.draft_cache)
             rows = batch.rows
             # The whole-step graphs return the tokens alone (their outputs are fixed at capture, and a logprobs
             # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.

@@ -192,12 +192,14 @@ class StaticDrafter:
         return Tree(*out)
 
 
-def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Tensor, window: int):
+def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Tensor, window: int,
+                        with_logits: bool = True):
     """``StepByParts.draft_extend`` (``engine/by_parts.py``) on a ``StaticKV`` with only tensors varying
     between calls: feed ``tokens`` [B, W] with their aux states at positions ``base..``, write their keys at
     slots ``prefix..`` (``prefix`` a 1-element tensor), keep row b's first ``counts[b]`` at ``base[b]..``,
-    and return the draft's (logits, hidden) after its last kept token. Every mask is ``window`` wide,
-    so the whole function is one CUDA graph per (rows, window)."""
+    and return the draft's (logits, hidden) after its last kept token (logits None without ``with_logits``:
+    a step that will not draft next skips the draft's vocabulary projection). Every mask is ``window``
+    wide, so the whole function is one CUDA graph per (rows, window)."""
     bsz, width = tokens.shape
     dev = tokens.device
     i = consts.arange(width, dev)
@@ -209,7 +211,7 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     # onto itself, never over committed slots.
     pool.commit(torch.where(counts > 0, base, prefix), new.expand(bsz, width), counts)
     last = h[consts.arange(bsz, dev), (counts - 1).clamp(min=0)]  # [B, H]
-    return draft.logits(last, pool), last
+    return (draft.logits(last, pool) if with_logits else None), last
 
 
 class StaticExtender:

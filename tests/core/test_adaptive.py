@@ -146,5 +146,20 @@ def test_step_costs_are_measured_for_every_setting_and_bucket(target, draft):
     assert out.output_ids == reference_greedy(target.model, PROMPTS[0], 8)  # the caches were emptied after
 
 
+def test_the_engine_teaches_the_chooser_each_steps_cost(target, draft, references):
+    """Measured costs (seconds) move with the steps the engine runs; the plain steps between drafting ones leave
+    no draft logits, and the next drafting step computes them: outputs stay the target's greedy ones."""
+    engine = Engine(NativeTarget.from_target(target), draft, AUTO, max_batch=2)
+    table = costs({1: (1.0, 1.2, 1.3, 1.6, 2.2), 2: (1.0, 4.0, 5.0, 8.0, 12.0)})
+    engine.chooser.set_costs(table, measured=True)
+    lengths = [NEW, 12]
+    outs = engine.generate(PROMPTS[:2], [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths])
+    assert [o.output_ids for o in outs] == [r[:n] for r, n in zip(references, lengths)]
+    assert outs[0].stats.drafts > 0  # drafted after plain steps, from logits computed anew
+    moved = [(s, b) for s in AUTO.options for b in (1, 2) if engine.chooser.costs[s][b] != table[s][b]]
+    assert (NONE, 2) in moved and all(engine.chooser.steps[s] for s, _ in moved), moved
+    assert engine.chooser.cost(NONE, 2) < 1.0  # a CPU step of this tiny model takes milliseconds, not a second
+
+
 def test_algorithm_is_kept_for_the_candidates():
     assert all(s.algorithm is Algorithm.EAGLE for s in SpecConfig.auto("EAGLE").options[1:])

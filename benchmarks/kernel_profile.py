@@ -187,11 +187,10 @@ def main() -> None:
         from eyas.spec.verify_kernels import TritonVerifyOps
 
         TritonVerifyOps.uniform = TreeOps.uniform
-    if args.torch_distribution:
-        from eyas.spec.tree_ops import TreeOps
-        from eyas.spec.verify_kernels import TritonVerifyOps
+    if args.torch_distribution:  # every row count to the sort, through the dispatch's own table
+        from eyas.spec import distribution_kernel
 
-        TritonVerifyOps.distribution = TreeOps.distribution
+        distribution_kernel.ROW_CONFIGS = ((1 << 62, 0, 0),)
     if args.distribution:
         *rows, vocab = (int(n) for n in args.distribution.split(","))
         result = time_distribution(rows, vocab, args.temperature, args.top_p, args.top_k, args.device,

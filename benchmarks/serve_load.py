@@ -48,7 +48,7 @@ from common import write
 
 from eyas.bench.online import scrape, served_model, stream_chat
 from eyas.common import server_metrics
-from eyas.common.categories import tally
+from eyas.common.categories import requests_tally
 from eyas.common.prompts import prompt_records
 
 
@@ -71,13 +71,6 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     return {"tokens": int(usage.get("completion_tokens") or 0), "ttft": s.arrivals[0] - s.start,
             "e2e": s.end - s.start, "gaps": [b - a for a, b in itertools.pairwise(s.arrivals)],
             "steps": usage.get("spec_verify_ct"), "accepted": usage.get("spec_accept_token_num")}
-
-
-def per_category(done: list[dict]) -> dict | None:
-    """Tau per prompt category from the requests' usage; None without categories or spec usage (NONE)."""
-    rows = [(r["category"], r["steps"], r["accepted"]) for r in done
-            if r.get("steps") is not None and r.get("accepted") is not None]
-    return tally(rows) if rows and any(r.get("category") for r in done) else None
 
 
 async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, per_client: int,
@@ -119,7 +112,7 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
              "ttft_s": percentiles([r["ttft"] for r in done]),
              "itl_s": percentiles([g for r in done for g in r["gaps"]]),
              "tpot_s": percentiles([(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]),
-             "tau": None, "per_category": per_category(done)}
+             "tau": None, "per_category": requests_tally((r["category"], r["steps"], r["accepted"]) for r in done)}
     if after is not None and after.has_spec_metrics:
         acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:

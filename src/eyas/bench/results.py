@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from ..common.categories import category_table, tally
+from ..common.categories import category_table, requests_tally
 
 
 @dataclass
@@ -54,10 +54,7 @@ class Run:
     def per_category(self) -> dict | None:
         """Acceptance per prompt category from the requests' own steps; None where no request has a
         category or none reported its steps (a server without speculation)."""
-        done = [r for r in self.requests if r.verify_steps is not None and r.accepted is not None]
-        if not done or all(r.category is None for r in self.requests):
-            return None
-        return tally((r.category, r.verify_steps, r.accepted) for r in done)
+        return requests_tally((r.category, r.verify_steps, r.accepted) for r in self.requests)
 
     def summary(self) -> dict:
         ttft = [r.ttft for r in self.requests if r.ttft is not None]

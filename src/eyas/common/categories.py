@@ -38,6 +38,14 @@ def tally(rows: Iterable[tuple[str | None, int, int]]) -> dict:
             for g, (n, d, a) in sorted(sums.items())}
 
 
+def requests_tally(rows: Iterable[tuple[str | None, int | None, int | None]]) -> dict | None:
+    """``tally`` of requests (category or None, verify steps, accepted tokens), where the steps are known;
+    None where no request has a category or none reported its steps (a server without speculation)."""
+    rows = list(rows)
+    known = [r for r in rows if r[1] is not None and r[2] is not None]
+    return tally(known) if known and any(r[0] is not None for r in rows) else None
+
+
 def category_table(rows: dict) -> str:
     """A ``tally`` as a few aligned lines: category, prompts, verify steps, tau."""
     w = max(len("category"), *map(len, rows))

@@ -96,11 +96,14 @@ class Chooser:
         """Expected tokens per row and step."""
         return 1.0 + sum(self.reach.get(spec, ()))
 
+    def bucket(self, spec: SpecConfig, rows: int) -> int | None:
+        """The smallest rows bucket of ``spec``'s costs that holds ``rows``; None past the largest."""
+        return next((b for b in self.costs[spec] if b >= rows), None)
+
     def cost(self, spec: SpecConfig, rows: int) -> float:
-        """Seconds of a step over ``rows``: the smallest measured bucket that holds them; past the largest,
-        its cost scaled by the rows (those steps run eagerly)."""
-        table = self.costs[spec]
-        bucket = next((b for b in table if b >= rows), None)
+        """Seconds of a step over ``rows``: its bucket's (``bucket``); past the largest, that one's cost scaled
+        by the rows (those steps run eagerly)."""
+        table, bucket = self.costs[spec], self.bucket(spec, rows)
         if bucket is None:
             bucket = max(table)
             return table[bucket] * rows / bucket
@@ -137,8 +140,7 @@ class Chooser:
 
     def observe(self, spec: SpecConfig, accepted: list[int], seconds: float | None = None, rows: int = 0) -> None:
         """One step of ``spec`` over ``rows`` rows that took ``seconds``: the draft tokens each live row accepted."""
-        live = seconds is not None and self.measured
-        bucket = next((b for b in self.costs[spec] if b >= rows), None) if live else None
+        bucket = self.bucket(spec, rows) if seconds is not None and self.measured else None
         if bucket is not None:  # past the largest bucket the cost is scaled, not kept: nothing to move
             old = self.costs[spec][bucket]
             self.costs[spec][bucket] = old + self.cost_decay * (min(max(seconds, old / 2), old * 2) - old)

@@ -62,6 +62,11 @@ def percentiles(xs: list[float]) -> dict | None:
             "mean": round(sum(xs) / len(xs), 6)}
 
 
+def per_client(args, clients: int) -> int:
+    """Requests each client sends in a level: ``--requests-per-client``, more where ``--min-requests`` needs them."""
+    return max(args.requests_per_client, -(-args.min_requests // clients))
+
+
 # -- over HTTP ------------------------------------------------------------------------------------
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     s = await stream_chat(client, url, body)
@@ -102,7 +107,7 @@ async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clie
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
                  temperature: float) -> dict:
     _, before = scrape(url)
-    done, errors, seconds = asyncio.run(load(url, model, prompts, clients, args.requests_per_client,
+    done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
                                              args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
                                              args.top_p))
     _, after = scrape(url)
@@ -127,7 +132,7 @@ def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, te
     from eyas.bench.offline import run_engine
     from eyas.engine.sampling import SamplingParams
 
-    n = clients * args.requests_per_client
+    n = clients * per_client(args, clients)
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(n)]
     groups = [categories[i % len(categories)] for i in range(n)] if categories else None
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=temperature,
@@ -223,6 +228,9 @@ def parse_args(argv=None):
     p.add_argument("--top-p", type=float, default=1.0,
                    help="nucleus top-p sent with every request (default 1.0: off, as OpenAI clients send)")
     p.add_argument("--requests-per-client", type=int, default=4)
+    p.add_argument("--min-requests", type=int, default=0,
+                   help="at least this many requests per level (more per client at low client counts): a level "
+                        "long enough that a server's warm-up and its adaptive choice settle (default 0)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--stop-at-eos", action="store_true", help="let requests end at end of turn (default: ignore_eos)")
     p.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a JSONL file "
@@ -264,13 +272,16 @@ def main(argv=None) -> int:
             targets = list(dict.fromkeys(targets))  # the main server may itself be NONE
         engines = in_process_engines(args, [label for label, _ in targets]) if args.in_process else {}
         runs = []
-        for label, url in targets:
-            model = served_model(url)
+        models = {url: served_model(url) for _, url in targets}
+        for url, model in models.items():
             asyncio.run(load(url, model, prompts[:1], 1, 1, 8, 0.0, True, args.timeout, args.top_p))  # warm-up
-            for temperature in temperatures:
-                for c in clients:
+        # level by level, the servers one after the other: a ratio between them is taken minutes apart at most
+        for temperature in temperatures:
+            for c in clients:
+                for label, url in targets:
                     level = {"server": label, "url": url, "clients": c, "temperature": temperature,
-                             "top_p": args.top_p, **served_level(url, model, prompts, c, args, temperature)}
+                             "top_p": args.top_p,
+                             **served_level(url, models[url], prompts, c, args, temperature)}
                     if label in engines:
                         engine, ids = engines[label]
                         inproc = in_process_level(engine, ids, c, args, temperature, [g for _, g in prompts])

@@ -24,17 +24,18 @@ def test_serve_load_reports_each_level_with_tau_and_the_in_process_figure(http_p
     out = tmp_path / "load.json"
     code = load_script().main([
         "--url", spec_url, "--baseline-url", base_url, "--clients", "1,3", "--temperatures", "0,0.7",
-        "--requests-per-client", "1", "--max-tokens", "6", "--prompts", "code", "--out", str(out),
-        "--in-process", "--model-path", target, "--speculative-draft-model-path", draft, "--dtype", "float64",
+        "--requests-per-client", "1", "--min-requests", "2", "--max-tokens", "6", "--prompts", "code",
+        "--out", str(out), "--in-process", "--model-path", target, "--speculative-draft-model-path", draft,
+        "--dtype", "float64",
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"])
     assert code == 0
     data = json.loads(out.read_text())
     runs = data["runs"]
     assert [(r["server"], r["temperature"], r["clients"]) for r in runs] == [
-        (s, t, c) for s in ("EAGLE3", "NONE") for t in (0.0, 0.7) for c in (1, 3)]
+        (s, t, c) for t in (0.0, 0.7) for c in (1, 3) for s in ("EAGLE3", "NONE")]  # the servers side by side
     for r in runs:
-        assert r["errors"] == [] and r["requests"] == r["clients"]
-        assert r["output_tokens"] == 6 * r["clients"]  # ignore_eos: every request asks the same work
+        assert r["errors"] == [] and r["requests"] == max(2, r["clients"])  # --min-requests 2: 2 from one client
+        assert r["output_tokens"] == 6 * r["requests"]  # ignore_eos: every request asks the same work
         assert abs(r["tokens_per_s"] - r["output_tokens"] / r["seconds"]) <= 0.01 * r["tokens_per_s"]
         for key in ("ttft_s", "itl_s", "tpot_s"):
             p = r[key]  # itl_s: None when every answer came as one chunk of text

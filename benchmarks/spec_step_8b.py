@@ -10,12 +10,18 @@ acceptance, commit and draft extend, as the engine runs them: one captured graph
 contexts of ``--context`` tokens, the plain step (NONE) in the same run, and the speedup each
 setting would give at tau 3, 4 and 5: ``tau x plain step / speculative step``. Random weights accept
 nothing, so this measures what a step costs; what it accepts is the trained draft's business.
+
+``--profile-steps N`` then records N more steps of each setting at the first batch size with
+``torch.profiler`` and keeps ``kernel_profile.analyse``'s reading of the device's timeline: kernels a step,
+busy and span milliseconds, and the kernels that take the time (where a step beyond the plain one goes).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -35,9 +41,10 @@ from eyas.models.target import Target
 SHAPES = {"llama-3.1-8b": llama31_8b_config, "qwen3-8b": qwen3_8b_config}
 
 
-def step_ms(engine: Engine, batch_size: int, context: int, steps: int, vocab: int) -> tuple[float, float]:
-    """Median milliseconds of one step over ``batch_size`` rows of ``context`` random tokens, and the
-    tokens each row gained a step."""
+def step_ms(engine: Engine, batch_size: int, context: int, steps: int, vocab: int,
+            profile_steps: int = 0) -> tuple[float, float, dict | None]:
+    """Median milliseconds of one step over ``batch_size`` rows of ``context`` random tokens, the tokens each
+    row gained a step, and (``profile_steps`` > 0) the device timeline of that many more steps."""
     gen = torch.Generator().manual_seed(batch_size)
     params = SamplingParams(max_new_tokens=steps * (engine.tree_size + 1) + 8, ignore_eos=True)
     seqs = [engine.new_sequence(torch.randint(0, vocab, (context,), generator=gen).tolist(), params)
@@ -54,7 +61,26 @@ def step_ms(engine: Engine, batch_size: int, context: int, steps: int, vocab: in
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
     gained = (sum(len(s.output_ids) for s in batch.seqs) - before) / (steps * batch_size)
-    return statistics.median(times), gained
+    return statistics.median(times), gained, profiled(engine, batch, profile_steps) if profile_steps else None
+
+
+def profiled(engine: Engine, batch, steps: int) -> dict:
+    """``kernel_profile.analyse`` of ``steps`` steps of ``batch``: kernels, busy and span ms a step, top kernels."""
+    from kernel_profile import analyse
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step(batch)
+        sync()
+    path = f"/tmp/spec-step-8b-trace-{time.monotonic_ns()}.json"
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        trace = json.load(f)
+    os.unlink(path)
+    out = analyse(trace, steps)
+    out["top_kernels"] = out["top_kernels"][:15]
+    return out
 
 
 def measure(shape: str, model, args, kernels: KernelSettings) -> dict:
@@ -73,9 +99,11 @@ def measure(shape: str, model, args, kernels: KernelSettings) -> dict:
         warm = engine.warm_up(progress=False)
         built = time.perf_counter() - start
         with torch.inference_mode():
-            for b in args.batches:
-                ms, gained = step_ms(engine, b, args.context, args.steps, vocab)
+            for i, b in enumerate(args.batches):
+                ms, gained, prof = step_ms(engine, b, args.context, args.steps, vocab, args.profile_steps * (i == 0))
                 row = {"step_ms": round(ms, 3), "tokens_per_row_per_step": round(gained, 3)}
+                if prof is not None:
+                    row["profile"] = prof
                 if text == "none":
                     plain[b] = ms
                 else:
@@ -108,6 +136,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--draft-vocab", type=int, default=32000)
     ap.add_argument("--taus", type=float, nargs="+", default=[3.0, 4.0, 5.0])
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="then profile this many steps of each setting at the first batch size (default 0: none)")
     ap.add_argument("--default-kernels", action="store_true",
                     help="the built-in kernel choice for every shape, none timed (the comparison run)")
     args = ap.parse_args()

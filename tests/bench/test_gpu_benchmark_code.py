@@ -39,7 +39,7 @@ def test_spec_step_8b_measures_every_setting_against_the_plain_step():
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                       num_key_value_heads=1, max_position_embeddings=256)
     args = argparse.Namespace(specs=["2,2,4", "3,1,4"], batches=[1, 2], context=12, context_limit=128, steps=3,
-                              draft_vocab=48, taus=[3.0])
+                              draft_vocab=48, taus=[3.0], profile_steps=2)
     rows = spec_step_8b.measure("tiny", LlamaForCausalLM(cfg).eval(), args, KernelSettings())
     assert {"none batch 1", "none batch 2", "2,2,4 batch 1", "3,1,4 batch 2", "3,1,4 build"} <= set(rows)
     row = rows["2,2,4 batch 2"]
@@ -47,6 +47,8 @@ def test_spec_step_8b_measures_every_setting_against_the_plain_step():
     assert row["plain_steps"] == round(row["step_ms"] / rows["none batch 2"]["step_ms"], 2) or abs(
         row["plain_steps"] - row["step_ms"] / rows["none batch 2"]["step_ms"]) < 0.01  # rounded step times
     assert abs(row["speedup_at_tau"]["3.0"] * row["plain_steps"] - 3.0) < 0.02  # speedup = tau x plain / spec
+    profile = rows["2,2,4 batch 1"]["profile"]  # the first batch size's steps, read from the profiler's timeline
+    assert profile["step"]["span_ms_per_step"] > 0 and "profile" not in row
 
 
 def test_the_profiling_benchmarks_time_the_engines_own_phases(target, draft, tmp_path):

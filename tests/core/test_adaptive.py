@@ -72,15 +72,33 @@ def test_live_acceptance_moves_the_choice_and_the_log_says_why(caplog):
     assert all(" tok/s" in m and "; " in m and " at " in m for m in changes)  # the top two's figures
     assert len(changes) < 200 / 3  # one line per change, not per step
 
-    # acceptance comes back: NONE runs teach nothing, so a probe drafts every probe_every quiet steps
+    # acceptance comes back: NONE runs teach nothing, so a probe drafts every probe_gap quiet steps
     probes = 0
-    for _ in range(10 * chooser.probe_every):
+    for _ in range(2 * chooser.max_probe_every):
         s = chooser.choose(1)
         probes += s.speculative
         chooser.observe(s, [s.path_width - 1] * 4)  # every row accepts the whole path (NONE: ignored)
         if chooser.choice.speculative:
             break
     assert chooser.choice.speculative and probes >= 1
+    assert chooser.probe_gap == chooser.probe_every  # a probe that paid: the next comes soon again
+
+
+def test_probes_that_find_nothing_come_ever_more_rarely():
+    """A draft that never pays (sampled at temperature 1, say): each probe costs a speculative step, so the gap
+    between them doubles up to max_probe_every; with the gap kept at probe_every it would be 63 probes."""
+    chooser = Chooser(AUTO.options, costs({1: (1.0, 1.5, 1.8, 2.5, 3.0)}))
+    for s in chooser.reach:
+        chooser.reach[s] = [0.0] * len(chooser.reach[s])
+    probes = []
+    for step in range(4096):
+        s = chooser.choose(1)
+        if s.speculative:
+            probes.append(step)
+        chooser.observe(s, [0])
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) <= 8 and gaps == sorted(gaps) and max(gaps) == chooser.max_probe_every + 1
+    assert chooser.probe_gap == chooser.max_probe_every and chooser.choice == NONE
 
 
 def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():

@@ -14,7 +14,10 @@ them, starting from a prior worth ``prior_steps`` steps (``prior_reach``: optimi
 every shape is tried once its cost can pay, and its own figures then replace the guess). A shape that does
 not run keeps its last estimate. While no speculation runs, nothing is learnt about acceptance: every
 ``probe_every`` such steps, one step runs the best speculative setting instead, so that a draft that has
-become good again is noticed (the draft is fed on every step, so its cache never falls behind).
+become good again is noticed (the draft is fed on every step, so its cache never falls behind). A probe
+costs a speculative step; one that finds speculation still losing doubles the gap to the next (up to
+``max_probe_every``), one that finds it winning brings the gap back: a workload the draft cannot help
+(sampled at temperature 1, say) pays for a probe every thousand steps, not every sixty-five.
 
 Warm-up times short greedy prompts on an idle engine; a served batch has longer contexts, sampled rows and
 a host that also serves HTTP. So each step's own seconds (from ``Engine.step`` to its read-back and
@@ -71,9 +74,13 @@ class Chooser:
     acceptance (``observe``). ``options`` are the engine's (``SpecConfig.options`` of an adaptive spec)."""
 
     def __init__(self, options: list[SpecConfig], costs: dict[SpecConfig, dict[int, float]], decay: float = 0.05,
-                 prior_steps: int = 4, probe_every: int = 64, margin: float = 0.03, cost_decay: float = 0.05):
+                 prior_steps: int = 4, probe_every: int = 64, margin: float = 0.03, cost_decay: float = 0.05,
+                 max_probe_every: int = 1024):
         self.options = list(options)
         self.decay, self.prior_steps, self.probe_every, self.margin = decay, prior_steps, probe_every, margin
+        self.max_probe_every = max(max_probe_every, probe_every)
+        self.probe_gap = probe_every  # quiet steps before the next probe (doubles while probes find nothing)
+        self._probed = False  # the last step was a probe: the next choice says whether it found anything
         self.cost_decay = cost_decay
         self.measured = False  # costs in seconds (``set_costs(..., measured=True)``): only those follow live steps
         self.reach = {s: prior_reach(s) for s in self.options if s.speculative}
@@ -121,12 +128,16 @@ class Chooser:
         current = next((r for r, s in ranked if s == self.choice), 0.0)
         if current * (1 + self.margin) >= ranked[0][0]:
             best = self.choice
+        if self._probed:  # what the probe's acceptance (``observe``) made of the ranking sets the next gap
+            self._probed = False
+            self.probe_gap = self.probe_every if best.speculative else min(2 * self.probe_gap, self.max_probe_every)
         if best.speculative:
             self._quiet = 0
         else:
             self._quiet += 1
-            if self._quiet > self.probe_every:  # a probe: acceptance is only learnt while drafting
+            if self._quiet > self.probe_gap:  # a probe: acceptance is only learnt while drafting
                 self._quiet = 0
+                self._probed = True
                 probe = next(s for _, s in ranked if s.speculative)
                 self.steps[probe] += 1
                 return probe

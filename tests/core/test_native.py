@@ -95,6 +95,9 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     outs = engine.generate(prompts, params)
     assert [o.output_ids for o in outs] == [refs[0], refs[1], refs[2][:12]]
     assert engine.decoder.steps == 39  # every step after prefill's token, the batch filtered as rows finish
+    # a step leaves the next one's inputs in the graph's buffers: only the steps after prefill, a filter, or a
+    # window bucket change copy them (the second row's window moves from the 256-slot bucket to the next)
+    assert 30 <= engine.decoder.graph.carried < 39
     parts = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True,
                    whole_step_graphs=False)
     assert parts.decoder is None
@@ -128,6 +131,9 @@ def test_native_engine_is_lossless(target, draft, references, name, path, monkey
     assert engine.static and "static KV cache 8 x" in engine.layout
     outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
     assert [o.output_ids for o in outs] == references
+    if path == "graph-buffers":  # the steps after the first took their inputs from the last step's carry
+        whole = engine.decoder or engine.speculators[spec]
+        assert whole.graph.carried > 0
     if spec.speculative:
         accepted = sum(o.stats.accepted for o in outs)
         assert 0 < accepted < sum(o.stats.draft_tokens for o in outs)

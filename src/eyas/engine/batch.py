@@ -22,6 +22,7 @@ from .sampling import SamplingParams, SamplingRows
 from .stats import SpecStats
 
 _ids = itertools.count()
+_batches = itertools.count()
 
 
 @dataclass
@@ -94,9 +95,17 @@ class Batch:
     draft_logits: torch.Tensor | None = None
     draft_hidden: torch.Tensor | None = None  # [B, H] the state that produced draft_logits
     rows: SamplingRows | None = None  # the rows' sampling settings on the device (built on membership changes)
+    # (serial, steps) name what the tensors above hold: a step graph that left exactly that in its buffers
+    # (``BatchGraph``'s carry) takes nothing from them. Membership changes make a new batch, a new serial.
+    serial: int = field(default_factory=lambda: next(_batches))
+    steps: int = 0  # steps finished (``Engine._finish``)
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+    def state(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(what the batch holds now, what it holds after the next step): a step graph's ``state``."""
+        return (self.serial, self.steps), (self.serial, self.steps + 1)
 
 
 @dataclass

@@ -44,6 +44,12 @@ STARTUP_KINDS = KINDS[:-1]  # the variants ``Engine.warm_up`` captures; PENALIZE
 PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts")  # the penalized variant's extra inputs
 
 
+def kept(inputs: dict, value: torch.Tensor) -> torch.Tensor:
+    """``value`` [R, ...] on the live rows, zeros on a bucket's padding (``BatchGraph``'s carry keeps those zero)."""
+    live = inputs["live"] > 0
+    return torch.where(live.view((-1,) + (1,) * (value.dim() - 1)), value, torch.zeros_like(value))
+
+
 def variants(make, pool, rows: list[int]) -> dict:
     """One ``BatchGraph`` per kind, ``make(kind)`` building it; on a GPU they share one memory pool
     (they never run at once, and each replay's outputs are copied out before the next)."""
@@ -118,8 +124,15 @@ class StaticDecoder:
         self._live = None
         self.graphs = variants(lambda kind: BatchGraph(
             lambda inputs, window: self._fn(inputs, window, kind), pool, rows, window_buckets(pool.capacity_slots),
-            enabled, name=f"decode step {kind}", example=lambda r: self._example(r, kind), top_slots=1), pool, rows)
+            enabled, name=f"decode step {kind}", example=lambda r: self._example(r, kind), top_slots=1,
+            carry=None if kind == PENALIZED else self._carry), pool, rows)
         self.graph = self.graphs[GREEDY]
+
+    @staticmethod
+    def _carry(inputs, outputs):
+        """What a step leaves for the next: the new lengths and the token just emitted (``host``'s columns)."""
+        host = outputs[0]
+        return {"lengths": kept(inputs, host[:, 2]), "root": kept(inputs, host[:, 3])}
 
     def _fn(self, inputs, window, kind):
         return decode_static(self.native, self.pool, inputs["lengths"], inputs["root"], inputs["live"],
@@ -131,15 +144,15 @@ class StaticDecoder:
         return {"lengths": ids, "root": ids, "live": ids, **rows_in}, {"prefix": 0}
 
     @torch.inference_mode()
-    def __call__(self, lengths: torch.Tensor, root: torch.Tensor, rows):
+    def __call__(self, lengths: torch.Tensor, root: torch.Tensor, rows, state: tuple | None = None):
         """``host`` [B, 5] (see ``decode_static``) for a batch of sampling settings ``rows``
         (``SamplingRows``, whose penalty counts it updates), or None past the last bucket (run the step
-        by parts)."""
+        by parts). ``state``: ``BatchGraph``'s (the inputs' token, the next one)."""
         prefix = self.pool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
         out = self.graphs[rows.kind]({"lengths": lengths, "root": root, "live": self._live, **rows_inputs(rows)},
-                                     {"prefix": prefix}, prefix + 1)
+                                     {"prefix": prefix}, prefix + 1, state)
         if out is None:
             return None
         self.pool.advance(1)
@@ -204,8 +217,17 @@ class StaticSpeculator:
         self.graphs = variants(lambda kind: BatchGraph(
             lambda inputs, window: self._fn(inputs, window, kind), tpool, rows, window_buckets(tpool.capacity_slots),
             enabled, name=f"speculative step {setting} {kind}", example=lambda r: self._example(r, kind),
-            top_slots=self.span), tpool, rows)
+            top_slots=self.span, carry=None if kind == PENALIZED else self._carry), tpool, rows)
         self.graph = self.graphs[GREEDY]
+
+    def _carry(self, inputs, outputs):
+        """What a step leaves for the next: the new lengths and root (``host``'s columns), the draft's output."""
+        host, width = outputs[0], self.spec.path_width
+        out = {"lengths": kept(inputs, host[:, width + 1]), "root": kept(inputs, host[:, width + 2]),
+               "hidden0": kept(inputs, outputs[-1])}
+        if self.spec.speculative:
+            out["logits0"] = kept(inputs, outputs[1])
+        return out
 
     def _fn(self, inputs, window, kind):
         return speculate_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
@@ -223,17 +245,19 @@ class StaticSpeculator:
                  **rows_example(kind, rows, w.device, vocab_of(self.native))}, {"tprefix": 0, "dprefix": 0})
 
     @torch.inference_mode()
-    def __call__(self, lengths, root, logits0, hidden0, rows):
+    def __call__(self, lengths, root, logits0, hidden0, rows, state: tuple | None = None):
         """(host [B, width + 4], draft logits, draft hidden) as ``speculate_static`` returns them for a batch
         of sampling settings ``rows`` (``SamplingRows``, whose penalty counts it updates), or None past the
-        last bucket (run the step by parts). The logits are None for a setting that drafts nothing."""
+        last bucket (run the step by parts). The logits are None for a setting that drafts nothing.
+        ``state``: ``BatchGraph``'s (the inputs' token, the next one)."""
         tused, dused = self.tpool.used, self.dpool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
         drafts = {"logits0": logits0} if self.spec.speculative else {}  # None after plain steps (Engine.step)
         inputs = {"lengths": lengths, "root": root, **drafts, "hidden0": hidden0, "live": self._live,
                   **rows_inputs(rows)}
-        out = self.graphs[rows.kind](inputs, {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span)
+        out = self.graphs[rows.kind](inputs, {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span,
+                                     state)
         if out is None:
             return None
         self.steps += 1

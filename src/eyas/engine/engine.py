@@ -286,12 +286,12 @@ class Engine:
             whole = rows.logprobs is None
             graphs = whole and not constrained(batch.seqs)  # a grammar's mask is made on the host (grammar.py)
             if graphs and self.decoder is not None:  # the whole step in one graph replay, where one fits
-                host = self.decoder(batch.lengths, batch.root, rows)
+                host = self.decoder(batch.lengths, batch.root, rows, batch.state())
                 if host is not None:
                     return self._finish(batch, spec, host, start=start)
             elif graphs and spec in self.speculators:
                 out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden,
-                                             rows)
+                                             rows, batch.state())
                 if out is not None:
                     host, batch.draft_logits, batch.draft_hidden = out
                     return self._finish(batch, spec, host, start=start)
@@ -311,6 +311,7 @@ class Engine:
             rows = host.tolist()
             logprobs = pending.unpack([h[width] for h in rows]) if pending is not None else [None] * len(rows)
             batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
+            batch.steps += 1  # the tensors now hold what this step left (a step graph may have carried it)
             used = max((h[width + 1] for h in rows), default=0)
             batch.target_cache.crop(used)
             if batch.draft_cache is not None:

@@ -81,6 +81,8 @@ class _Graph:
     slots: torch.Tensor
     outputs: tuple | None = None
     graph: object = None
+    filled: int = 0  # BatchGraph: rows of the input buffers from here on are zeros
+    holds: object = None  # BatchGraph: the state token its last replay left in the input buffers (``carry``)
 
 
 class GraphRunner:
@@ -177,12 +179,21 @@ class BatchGraph:
     """A whole function of per-row inputs ``[B, ...]`` (plus a few slot numbers, each a 1-element
     tensor inside the graph, ``fixed``) as one graph
     per (rows, window) bucket: how the engine drafts a tree in one replay. ``__call__`` returns
-    None when no bucket fits (the caller then runs its eager path)."""
+    None when no bucket fits (the caller then runs its eager path).
+
+    The rows of a bucket past the batch's are zeros in every input buffer (the caller's padding rows
+    are harmless on zeros). ``carry(inputs, outputs) -> {input name: [bucket rows, ...]}``, applied inside
+    the graph after ``fn``, writes what a step leaves for the next (a decode step's new lengths and last
+    tokens) into the input buffers: a caller that steps the same batch through the same bucket again names
+    that state (``__call__``'s ``state``) and no input is copied from the host's side. The caller keeps
+    the padding rows at zero in what it carries (``live``)."""
 
     def __init__(self, fn, cache: StaticKV, rows: list[int], windows: list[int], enabled: bool = True,
-                 capture: bool | None = None, name: str = "batch", example=None, top_slots: int = 0):
+                 capture: bool | None = None, name: str = "batch", example=None, top_slots: int = 0, carry=None):
         self.fn, self.cache, self.name = fn, cache, name  # fn(inputs, window) -> tuple of [B, ...] tensors
         self.example, self.top_slots = example, top_slots  # example(rows) -> (inputs, fixed), for ``warm``
+        self.carry = carry
+        self.carried = 0  # calls that found their inputs carried in the buffers already
         self.rows, self.windows, self.enabled = rows, windows, enabled
         self.capture = cache.buf.is_cuda if capture is None else capture
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -195,24 +206,44 @@ class BatchGraph:
         if key not in self.graphs:
             self._build(key, *self.example(key[0]))
 
-    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, int], need: int) -> tuple | None:
+    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, int], need: int,
+                 state: tuple | None = None) -> tuple | None:
+        """The outputs' first ``B`` rows for ``inputs`` (``[B, ...]`` each). ``state``: (the token of what
+        ``inputs`` hold, the token of what this step leaves), e.g. a batch and its step count: where this
+        bucket's last replay carried the first token into its buffers, ``inputs`` are not copied again."""
         b = next(iter(inputs.values())).shape[0]
         key = (_pick(self.rows, b), _pick(self.windows, need))
         if not self.enabled or None in key or need > self.cache.capacity_slots:
             return None
         g = self.graphs.get(key) or self._build(key, inputs, fixed)
-        for name, x in inputs.items():
-            g.inputs[name][:b].copy_(x)
-            if b < key[0]:
-                g.inputs[name][b:].zero_()
+        if state is not None and g.holds == state[0]:
+            self.carried += 1
+        else:
+            for name, x in inputs.items():
+                g.inputs[name][:b].copy_(x)
+            if g.filled > b:  # an earlier, larger batch's rows: zeros again
+                for name in inputs:
+                    g.inputs[name][b:g.filled].zero_()
+            g.filled = b
         for name, value in fixed.items():
             g.inputs[name].fill_(value)  # one kernel; a tensor made on the host and copied took two
+        g.holds = None  # from here the buffers hold the step's own inputs, or (carry) what it leaves
         if g.graph is not None:
             g.graph.replay()
             outputs = g.outputs
         else:
-            outputs = self.fn(g.inputs, key[1])
+            outputs = self._fn(g.inputs, key[1])
+        if self.carry is not None and state is not None:
+            g.holds = state[1]
         return tuple(o[:b].clone() for o in outputs)
+
+    def _fn(self, inputs: dict[str, torch.Tensor], window: int) -> tuple:
+        """``fn``, then ``carry`` into the input buffers: what is captured."""
+        outputs = self.fn(inputs, window)
+        if self.carry is not None:
+            for name, value in self.carry(inputs, outputs).items():
+                inputs[name].copy_(value)
+        return outputs
 
     def _build(self, key, inputs, fixed) -> _Graph:
         rows, window = key
@@ -227,9 +258,9 @@ class BatchGraph:
         for n in fixed:
             bufs[n].fill_(window - self.top_slots)
         if self.capture:
-            g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, window), dev)
+            g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self._fn(g.inputs, window), dev)
             log.debug("captured %s graph rows=%d window=%d", self.name, rows, window)
         else:
-            self.fn(g.inputs, window)
+            self._fn(g.inputs, window)
         self.graphs[key] = g
         return g

@@ -186,7 +186,9 @@ class BatchGraph:
     the graph after ``fn``, writes what a step leaves for the next (a decode step's new lengths and last
     tokens) into the input buffers: a caller that steps the same batch through the same bucket again names
     that state (``__call__``'s ``state``) and no input is copied from the host's side. The caller keeps
-    the padding rows at zero in what it carries (``live``)."""
+    the padding rows at zero in what it carries (``live``). A graph with a carry returns views of its
+    output buffers, not copies: its caller steps one batch, whose next step reads them (or their carry)
+    before the next replay overwrites them."""
 
     def __init__(self, fn, cache: StaticKV, rows: list[int], windows: list[int], enabled: bool = True,
                  capture: bool | None = None, name: str = "batch", example=None, top_slots: int = 0, carry=None):
@@ -233,9 +235,13 @@ class BatchGraph:
             outputs = g.outputs
         else:
             outputs = self._fn(g.inputs, key[1])
-        if self.carry is not None and state is not None:
+        if self.carry is None:
+            return tuple(o[:b].clone() for o in outputs)
+        if state is not None:
             g.holds = state[1]
-        return tuple(o[:b].clone() for o in outputs)
+        # A stepped batch's own outputs (the engine steps one batch over its preallocated caches): views, read
+        # before the next replay of this graph overwrites them (they are its next inputs, carried or copied).
+        return tuple(o[:b] for o in outputs)
 
     def _fn(self, inputs: dict[str, torch.Tensor], window: int) -> tuple:
         """``fn``, then ``carry`` into the input buffers: what is captured."""

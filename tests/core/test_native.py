@@ -332,6 +332,43 @@ def test_graph_paths_draft_what_the_eager_path_drafts(target, draft, name, monke
     assert runs[True, True] == runs[False, True] == runs[True, False]
 
 
+@pytest.mark.parametrize("name", ["none", "tree-4x3-8"])
+def test_what_a_step_graph_carries_is_what_the_host_would_have_copied(target, draft, name):
+    """A whole-step graph leaves the next step's inputs in its buffers (``BatchGraph``'s carry): after every
+    step whose graph holds the batch's state, those buffers equal the batch's tensors and the caches' slot
+    counts the host keeps, and the padding rows are zeros. Rows finish at different steps (filters)."""
+    spec = SPECS[name]
+    engine = Engine(NativeTarget.from_target(target), draft if spec.speculative else None, spec, max_batch=8,
+                    cuda_graphs=True)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (20, 7, 14)]
+    batch = engine.prefill_all([engine.new_sequence(p, q) for p, q in zip(PROMPTS[:3], params)])
+    runner = engine.decoder or engine.speculators[spec]
+    checked = 0
+    while True:
+        alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
+        if not alive:
+            break
+        if len(alive) < len(batch):
+            batch = engine.filter(batch, alive)
+        engine.step(batch)
+        held = [g for g in runner.graph.graphs.values() if g.holds == batch.state()[0]]
+        assert len(held) <= 1
+        for g in held:
+            b, inputs = len(batch), g.inputs
+            assert inputs["lengths"][:b].tolist() == batch.lengths.tolist()
+            assert inputs["root"][:b].tolist() == batch.root.tolist()
+            assert not inputs["lengths"][b:].any() and not inputs["root"][b:].any()
+            if spec.speculative:
+                assert int(inputs["tprefix"]) == engine.target_pool.used == int(inputs["dprefix"])
+                assert engine.draft_steps.pool.used == engine.target_pool.used
+                torch.testing.assert_close(inputs["hidden0"][:b], batch.draft_hidden, rtol=0, atol=0)
+                torch.testing.assert_close(inputs["logits0"][:b], batch.draft_logits, rtol=0, atol=0)
+            else:
+                assert int(inputs["prefix"]) == engine.target_pool.used
+            checked += 1
+    assert checked >= 10
+
+
 def test_fused_draft_forward_matches_the_drafts_own(target):
     """The engine drafts with ``NativeEagle3`` (fused weights, folded GQA): same numbers as the
     draft's own modules, with a cache and a ragged mask, and the draft still trains afterwards."""

@@ -130,9 +130,11 @@ class StaticDecoder:
 
     @staticmethod
     def _carry(inputs, outputs):
-        """What a step leaves for the next: the new lengths and the token just emitted (``host``'s columns)."""
+        """What a step leaves for the next: the new lengths and the token just emitted (``host``'s columns), and
+        the next step's slot, the longest row's new length (what ``Engine._finish`` crops the cache to)."""
         host = outputs[0]
-        return {"lengths": kept(inputs, host[:, 2]), "root": kept(inputs, host[:, 3])}
+        lengths = kept(inputs, host[:, 2])
+        return {"lengths": lengths, "root": kept(inputs, host[:, 3]), "prefix": lengths.max().view(1)}
 
     def _fn(self, inputs, window, kind):
         return decode_static(self.native, self.pool, inputs["lengths"], inputs["root"], inputs["live"],
@@ -221,10 +223,13 @@ class StaticSpeculator:
         self.graph = self.graphs[GREEDY]
 
     def _carry(self, inputs, outputs):
-        """What a step leaves for the next: the new lengths and root (``host``'s columns), the draft's output."""
+        """What a step leaves for the next: the new lengths and root (``host``'s columns), the draft's output, and
+        both caches' next slot."""
         host, width = outputs[0], self.spec.path_width
-        out = {"lengths": kept(inputs, host[:, width + 1]), "root": kept(inputs, host[:, width + 2]),
-               "hidden0": kept(inputs, outputs[-1])}
+        lengths = kept(inputs, host[:, width + 1])
+        used = lengths.max().view(1)  # both caches' next prefix: ``Engine._finish`` crops them to the longest row
+        out = {"lengths": lengths, "root": kept(inputs, host[:, width + 2]), "hidden0": kept(inputs, outputs[-1]),
+               "tprefix": used, "dprefix": used}
         if self.spec.speculative:
             out["logits0"] = kept(inputs, outputs[1])
         return out

@@ -196,6 +196,7 @@ class BatchGraph:
         self.example, self.top_slots = example, top_slots  # example(rows) -> (inputs, fixed), for ``warm``
         self.carry = carry
         self.carried = 0  # calls that found their inputs carried in the buffers already
+        self._carries: set[str] = set()  # the inputs (and fixed slot numbers) the carry writes
         self.rows, self.windows, self.enabled = rows, windows, enabled
         self.capture = cache.buf.is_cuda if capture is None else capture
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -219,7 +220,7 @@ class BatchGraph:
             return None
         g = self.graphs.get(key) or self._build(key, inputs, fixed)
         if state is not None and g.holds == state[0]:
-            self.carried += 1
+            self.carried += 1  # the fixed slot numbers it carries are skipped below too
         else:
             for name, x in inputs.items():
                 g.inputs[name][:b].copy_(x)
@@ -227,7 +228,10 @@ class BatchGraph:
                 for name in inputs:
                     g.inputs[name][b:g.filled].zero_()
             g.filled = b
+        carried = state is not None and g.holds == state[0]
         for name, value in fixed.items():
+            if carried and name in self._carries:  # tests/core/test_native.py checks it equals ``value``
+                continue
             g.inputs[name].fill_(value)  # one kernel; a tensor made on the host and copied took two
         g.holds = None  # from here the buffers hold the step's own inputs, or (carry) what it leaves
         if g.graph is not None:
@@ -249,6 +253,7 @@ class BatchGraph:
         if self.carry is not None:
             for name, value in self.carry(inputs, outputs).items():
                 inputs[name].copy_(value)
+                self._carries.add(name)
         return outputs
 
     def _build(self, key, inputs, fixed) -> _Graph:

@@ -130,8 +130,8 @@ def time_distribution(rows_list: list[int], vocab: int, temperature: float, top_
                "kernel": lambda a=args: distribution_kernel.distribution(launch, *a)}
         for c in configs:
             block, warps = (int(n) for n in c.split("x"))
-            fns[f"kernel {c}"] = lambda a=args, b=block, w=warps: distribution_kernel.distribution(
-                launch, *a, block=b, warps=w)
+            config = distribution_kernel.Config(1, distribution_kernel.SPLIT, block, warps)
+            fns[f"kernel {c}"] = lambda a=args, k=config: distribution_kernel.distribution(launch, *a, k)
         out[rows] = {name: round(statistics.median(graphed_ms(fn, device)), 4) for name, fn in fns.items()}
         print(rows, "rows:", out[rows], flush=True)
     return {"vocab": vocab, "temperature": temperature, "top_p": top_p, "top_k": top_k,
@@ -190,7 +190,7 @@ def main() -> None:
     if args.torch_distribution:  # every row count to the sort, through the dispatch's own table
         from eyas.spec import distribution_kernel
 
-        distribution_kernel.ROW_CONFIGS = ((1 << 62, 0, 0),)
+        distribution_kernel.ROW_CONFIGS = ((1 << 62, None),)
     if args.distribution:
         *rows, vocab = (int(n) for n in args.distribution.split(","))
         result = time_distribution(rows, vocab, args.temperature, args.top_p, args.top_k, args.device,

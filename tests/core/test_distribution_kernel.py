@@ -271,8 +271,9 @@ for filtered, pdl in [(True, True), (False, False)]:
     compile(_distribution_kernel, sig, dict(FILTERED=filtered, BLOCK=512, R=16, PDL=pdl))
 sig = dict(x=p, floats=p, log_min_p=p, ints=i, maxes=p, part_in=p, part_out=p, state_in=i, state_out=i, m_out=p,
            thr_out=p, V="i32", C="i32", S="i32")
-for prev, kind in [(NONE, TOP_K), (TOP_K, TOP_K), (TOP_K, TOP_P), (TOP_P, TOP_P), (TOP_P, Z), (NONE, MAX), (MAX, Z)]:
-    compile(_split_kernel, sig, dict(PREV=prev.value, KIND=kind.value, R=64, S_P2=128, BLOCK=256, PDL=kind is not MAX))
+for prev, kind, r in [(NONE, TOP_K, 64), (TOP_K, TOP_K, 64), (TOP_K, TOP_P, 64), (TOP_P, TOP_P, 64), (TOP_P, Z, 64),
+                      (NONE, MAX, 1), (MAX, Z, 1)]:  # unfiltered rows: one candidate, none tested
+    compile(_split_kernel, sig, dict(PREV=prev.value, KIND=kind.value, R=r, S_P2=128, BLOCK=256, PDL=kind is not MAX))
 compile(_split_sum_kernel, dict(part=p, z_out=p, S="i32", W="i32"), dict(S_P2=128, PDL=True))
 print("compiled")
 """

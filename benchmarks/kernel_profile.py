@@ -17,9 +17,13 @@ the random Llama-3.1-8B shape and only plain decoding is profiled (benchmark a's
 A sampled step (``--temperature 0.7 --top-p 0.95``, ``--top-k``) runs the distribution's kernel
 (``spec.distribution_kernel``); ``--torch-distribution`` runs the sort-based reference instead
 (before/after). ``--distribution ROWS,VOCAB`` times that op alone on random logits, kernel against
-reference, and exits:
+reference, and exits; ``--distribution-configs`` adds the kernel at other launch configurations (one
+program a row, ``BLOCKxWARPS``; or ``PROGRAMSxCANDIDATESxBLOCKxWARPS``, programs > 1 the split), the
+numbers ``distribution_kernel.ROW_CONFIGS`` and ``UNFILTERED_CONFIGS`` (``--distribution-unfiltered``) take:
 
     python benchmarks/kernel_profile.py --distribution 1056,49152 --top-p 0.95 --top-k 50
+    python benchmarks/kernel_profile.py --distribution 1,4,16,151936 --top-p 0.95 --top-k 50 \
+        --distribution-configs 4096x32 {32,64,128}x{16,64,256}x{64,256}x{4,8}
 """
 
 from __future__ import annotations
@@ -108,34 +112,46 @@ def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Pa
     return analyse(trace, steps)
 
 
+def distribution_config(text: str):
+    """``distribution_kernel.Config`` of "BLOCKxWARPS" (one program a row, the default candidates) or
+    "PROGRAMSxCANDIDATESxBLOCKxWARPS"."""
+    from eyas.spec import distribution_kernel
+
+    numbers = [int(n) for n in text.split("x")]
+    if len(numbers) == 2:
+        numbers = [1, distribution_kernel.SPLIT, *numbers]
+    if len(numbers) != 4:
+        raise SystemExit(f"--distribution-configs: {text!r} is neither BLOCKxWARPS nor PROGRAMSxCANDIDATESxBLOCKxWARPS")
+    return distribution_kernel.Config(*numbers)
+
+
 def time_distribution(rows_list: list[int], vocab: int, temperature: float, top_p: float, top_k: int, device: str,
-                      configs: list[str]) -> dict:
-    """Milliseconds per call of the distribution op on [rows, vocab] random logits (every row filtered), for
-    each of ``rows_list``: the torch reference (a sort) and the Triton kernel at its default launch and at
-    each of ``configs`` ("BLOCKxWARPS"), each captured in a CUDA graph and replayed as the step replays it
-    (eagerly on the CPU)."""
+                      configs: list[str], filtered: bool = True) -> dict:
+    """Milliseconds per call of the distribution op on [rows, vocab] random logits (every row filtered, or
+    with ``filtered`` False none), for each of ``rows_list``: the torch reference (a sort where filtered) and
+    the Triton kernels at the dispatch's launch and at each of ``configs`` (``distribution_config``), each
+    captured in a CUDA graph and replayed as the step replays it (eagerly on the CPU)."""
     from eyas.models.kernel_settings import KernelSettings
     from eyas.spec import distribution_kernel
     from eyas.spec.ops import TORCH
     from eyas.spec.tree_kernels import SpecTritonOps
 
     launch = SpecTritonOps(KernelSettings(measure=False))._launch
+    parsed = {c: distribution_config(c) for c in configs}
     out = {}
     for rows in rows_list:
         logits = torch.randn(rows, vocab, device=device) * 4
         floats = torch.tensor([[temperature or 1.0, top_p, 0.0]], device=device).expand(rows, 3).contiguous()
         ints = torch.tensor([[top_k, 0]], device=device).expand(rows, 2).contiguous()
-        args = (logits, floats, ints, True)
+        args = (logits, floats, ints, filtered)
         fns = {"torch": lambda a=args: TORCH.distribution(*a),
                "kernel": lambda a=args: distribution_kernel.distribution(launch, *a)}
-        for c in configs:
-            block, warps = (int(n) for n in c.split("x"))
-            fns[f"kernel {c}"] = lambda a=args, b=block, w=warps: distribution_kernel.distribution(
-                launch, *a, block=b, warps=w)
+        for c, config in parsed.items():
+            fns[f"kernel {c}"] = lambda a=args, k=config: distribution_kernel.distribution(launch, *a, k)
         out[rows] = {name: round(statistics.median(graphed_ms(fn, device)), 4) for name, fn in fns.items()}
         print(rows, "rows:", out[rows], flush=True)
-    return {"vocab": vocab, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-            "default": {rows: distribution_kernel.launch_config(rows, True) for rows in rows_list}, "ms": out}
+    return {"vocab": vocab, "temperature": temperature, "top_p": top_p, "top_k": top_k, "filtered": filtered,
+            "default": {rows: distribution_kernel.launch_config(rows, filtered) for rows in rows_list}, "ms": out}
 
 
 def graphed_ms(fn, device: str, reps: int = 20) -> list[float]:
@@ -173,8 +189,12 @@ def main() -> None:
     ap.add_argument("--distribution", default=None, metavar="ROWS[,ROWS...],VOCAB",
                     help="time the distribution op alone on [ROWS, VOCAB] logits (kernel and torch, each in a CUDA "
                          "graph) for each ROWS, then exit")
-    ap.add_argument("--distribution-configs", nargs="*", default=[], metavar="BLOCKxWARPS",
-                    help="with --distribution: the kernel also at these launch configurations, e.g. 2048x16")
+    ap.add_argument("--distribution-configs", nargs="*", default=[], metavar="[PROGRAMSxCANDIDATESx]BLOCKxWARPS",
+                    help="with --distribution: the kernel also at these launch configurations, e.g. 2048x16 (one "
+                         "program a row) or 64x64x256x8 (the split: 64 programs a row, 64 candidates a pass)")
+    ap.add_argument("--distribution-unfiltered", action="store_true",
+                    help="with --distribution: rows without top-k and top-p (the max and z passes; --top-p and "
+                         "--top-k are then ignored)")
     ap.add_argument("--torch-draws", action="store_true",
                     help="the sampled step's draws in integer torch ops instead of their kernel (before/after)")
     ap.add_argument("--by-parts", action="store_true",
@@ -190,11 +210,13 @@ def main() -> None:
     if args.torch_distribution:  # every row count to the sort, through the dispatch's own table
         from eyas.spec import distribution_kernel
 
-        distribution_kernel.ROW_CONFIGS = ((1 << 62, 0, 0),)
+        distribution_kernel.ROW_CONFIGS = ((1 << 62, None),)
     if args.distribution:
         *rows, vocab = (int(n) for n in args.distribution.split(","))
-        result = time_distribution(rows, vocab, args.temperature, args.top_p, args.top_k, args.device,
-                                   args.distribution_configs)
+        unfiltered = args.distribution_unfiltered
+        result = time_distribution(rows, vocab, args.temperature, 1.0 if unfiltered else args.top_p,
+                                   0 if unfiltered else args.top_k, args.device, args.distribution_configs,
+                                   not unfiltered)
         if args.out:
             write(args.out, "the sampling distribution op alone, kernel against the sort, CUDA graphs", result)
         return

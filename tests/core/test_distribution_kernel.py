@@ -1,5 +1,6 @@
-"""The sampling distribution's Triton kernel (``spec.distribution_kernel``) against its torch reference
-(``spec.distribution.distribution``, a sort), and the sampler on it.
+"""The sampling distribution's Triton kernels (``spec.distribution_kernel``: one program a row, and the split
+of each row over many) against their torch reference (``spec.distribution.distribution``, a sort), and the
+sampler on them.
 
 Without a GPU the kernel runs in Triton's interpreter (``conftest``). Logits are random (a top-p
 boundary within rounding of the mass is then practically impossible: the two sum ``exp`` in different
@@ -43,27 +44,42 @@ def no_kernel_fell_back():
     assert kernels.failures() == {}
 
 
+Config = distribution_kernel.Config
+ONE = Config(1, distribution_kernel.SPLIT, distribution_kernel.BLOCK, 8)  # one program a row
+# the split at a vocabulary each: programs a row, candidates a pass (a 5-way search to a 257-way one), chunks of a
+# block or more, the last one short (1000: 4 of 256; 100: 4 of 32; 3001: 3 of 1024; 300: 10 of 32)
+SPLITS = [(Config(4, 16, 32, 4), 1000), (Config(5, 4, 16, 2), 100), (Config(3, 64, 64, 4), 3001),
+          (Config(16, 256, 16, 4), 300)]
+
+
 @pytest.fixture(autouse=True)
 def kernel_at_every_row_count(monkeypatch, request):
-    """The kernel at every row count, also where ``ROW_CONFIGS`` measured the sort faster (block 0)."""
+    """The kernel at every row count, also where ``ROW_CONFIGS`` measured the sort faster (None)."""
     if "dispatch" not in request.node.name:
-        table = tuple((most, block or distribution_kernel.BLOCK, warps or 8)
-                      for most, block, warps in distribution_kernel.ROW_CONFIGS)
+        table = tuple((most, config or ONE) for most, config in distribution_kernel.ROW_CONFIGS)
         monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", table)
 
 
-def test_dispatch_takes_the_sort_where_it_measured_faster(monkeypatch):
-    monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", ((4, 0, 0), (1 << 62, 128, 4)))
+def test_dispatch_takes_the_sort_the_split_or_one_program_by_rows(monkeypatch):
+    split = Config(3, 16, 128, 4)  # 300 entries: chunks of 128, the last short
+    monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", ((4, None), (6, split), (1 << 62, Config(1, 16, 128, 4))))
     launches = []
     launch = TRITON._launch
     monkeypatch.setattr(TRITON, "_launch", lambda kernel, grid, *a, **kw: launches.append(grid) or launch(
         kernel, grid, *a, **kw))
     logits, floats, ints = case(300)
-    for rows in (3, 8):
+    for rows in (3, 5, 8):
         got = TRITON.distribution(logits[:rows], floats[:rows], ints[:rows], True)
         check_equal(got, TORCH.distribution(logits[:rows], floats[:rows], ints[:rows], True))
-    assert launches == [(8,)]  # 3 rows took the sort, 8 the kernel
-    assert distribution_kernel.launch_config(3, False) is not None  # unfiltered rows: always the kernel
+    passes = 2 * distribution_kernel.passes(16) + 1  # top-k's, top-p's, z's; then the sum
+    assert launches == [(5, 3)] * passes + [(5,), (8,)]  # 3 rows took the sort, 5 the split, 8 one program a row
+    assert distribution_kernel.launch_config(3, False) is not None  # unfiltered rows: always a kernel
+    monkeypatch.setattr(distribution_kernel, "UNFILTERED_CONFIGS", ((6, split), (1 << 62, ONE)))
+    launches.clear()
+    floats[:, 1], ints[:, 0] = 1.0, 0
+    check_equal(TRITON.distribution(logits[:5], floats[:5], ints[:5], False),
+                TORCH.distribution(logits[:5], floats[:5], ints[:5], False))
+    assert launches == [(5, 3), (5, 3), (5,)]  # the max, z, the sum
 
 
 def case(v: int, seed: int = 0):
@@ -104,42 +120,71 @@ def test_kernel_gives_the_references_thresholds(v, filtered):
 @pytest.mark.parametrize("split", [1, 4])  # binary search; a 5-way one (the default: 17)
 def test_every_split_of_the_search_lands_on_the_same_value(split):
     logits, floats, ints = case(700, seed=split)
-    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, split=split, block=128)
+    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, Config(1, split, 128, 4))
     check_equal(got, TORCH.distribution(logits, floats, ints, True))
 
 
-@pytest.mark.parametrize("block,warps", sorted({(b, w) for _, b, w in distribution_kernel.ROW_CONFIGS if b}))
-def test_every_launch_configuration_the_table_names(block, warps):
-    """``ROW_CONFIGS``' configurations were chosen by time alone: each gives the reference's thresholds."""
-    logits, floats, ints = case(3000, seed=block)
-    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, block=block, warps=warps)
-    check_equal(got, TORCH.distribution(logits, floats, ints, True))
+@pytest.mark.parametrize("config,v", SPLITS, ids=str)
+@pytest.mark.parametrize("filtered", [True, False])
+def test_the_split_gives_the_references_thresholds(config, v, filtered):
+    logits, floats, ints = case(v, seed=v + config.programs)
+    if not filtered:
+        floats[:, 1], ints[:, 0] = 1.0, 0
+    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, filtered, config)
+    check_equal(got, TORCH.distribution(logits, floats, ints, filtered))
 
 
-def test_extreme_logits():
-    """Signs, zeros (both), the largest floats: the search's key order is float32's."""
+TABLES = [(c, True) for _, c in distribution_kernel.ROW_CONFIGS if c]
+TABLES += [(c, False) for _, c in distribution_kernel.UNFILTERED_CONFIGS if c]
+
+
+@pytest.mark.parametrize("config,filtered", sorted(set(TABLES)), ids=str)
+def test_every_launch_configuration_the_table_names(config, filtered):
+    """The tables' configurations are chosen by time alone: each gives the reference's thresholds."""
+    logits, floats, ints = case(3000, seed=config.block)
+    if not filtered:
+        floats[:, 1], ints[:, 0] = 1.0, 0
+    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, filtered, config)
+    check_equal(got, TORCH.distribution(logits, floats, ints, filtered))
+
+
+@pytest.mark.parametrize("config", [ONE, Config(4, 64, 2, 1), Config(2, 256, 4, 1)], ids=str)
+def test_extreme_logits(config):
+    """Signs, zeros (both), the largest floats: the search's key order is float32's. The split: chunks of
+    two entries or four."""
     big = torch.finfo(torch.float32).max
-    logits = torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 5.0, -5.0, 0.0, 3.0],
-                           [big / 2, -big / 2, 0.0, 1.0, big / 4, -INF, -INF, 2.0],
-                           [-1e4, -1e4 - 1, -1e4 - 2, -1e4 - 2, -2e4, -3e4, -INF, -1e4 - 0.5]]).to(DEVICE)
-    for top_k in (1, 2, 3, 4, 7):
-        for top_p in (1.0, 0.2, 0.6, 0.999):
-            floats = torch.tensor([[1.0, top_p, 0.0]] * 3, device=DEVICE)
-            ints = torch.tensor([[top_k, 0]] * 3, device=DEVICE)
-            check_equal(TRITON.distribution(logits, floats, ints, True), TORCH.distribution(logits, floats, ints, True))
+    rows = torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 5.0, -5.0, 0.0, 3.0],
+                         [big / 2, -big / 2, 0.0, 1.0, big / 4, -INF, -INF, 2.0],
+                         [-1e4, -1e4 - 1, -1e4 - 2, -1e4 - 2, -2e4, -3e4, -INF, -1e4 - 0.5]])
+    settings = [(top_k, top_p) for top_k in (1, 2, 3, 4, 7) for top_p in (1.0, 0.2, 0.6, 0.999)]
+    logits = rows.repeat(len(settings), 1).to(DEVICE)  # each row under each setting
+    floats = torch.tensor([[1.0, top_p, 0.0] for _, top_p in settings for _ in rows], device=DEVICE)
+    ints = torch.tensor([[top_k, 0] for top_k, _ in settings for _ in rows], device=DEVICE)
+    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, config)
+    check_equal(got, TORCH.distribution(logits, floats, ints, True))
 
 
-def test_accept_rows_on_the_kernel_gives_the_same_tokens():
-    """The same uniforms, the same acceptance and bonus tokens through either op, on random trees."""
+@pytest.fixture(params=["as measured", "split"])
+def table(request, monkeypatch):
+    """The dispatch's table as it is (many rows: one program a row), or the split at every row count."""
+    if request.param == "split":
+        monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", ((1 << 62, Config(2, 64, 256, 4)),))
+    return request.param
+
+
+def test_accept_rows_on_the_kernel_gives_the_same_tokens(table):
+    """The same uniforms, the same acceptance and bonus tokens through either op, on random trees (the split,
+    slower in the interpreter, on half as many)."""
     gen = torch.Generator().manual_seed(3)
     params = [SamplingParams(temperature=t, top_p=p, top_k=k, min_p=mp) for t, p, mp, k in ROWS[:-2]]
-    rows, v = 2 * len(params), 300
+    params *= 1 if table == "split" else 2
+    rows, v = len(params), 300
     tokens, logits = tree_and_logits(TREE, seed=5, vocab=v)
     tree, width, k = batch_tree(TREE, tokens, rows)
     tree = Tree(*(t.to(DEVICE) for t in (tree.tokens, tree.parents, tree.depth, tree.mask)))
     logits = (logits + torch.randn(rows, len(TREE), v, generator=gen)).to(DEVICE)
     logits[:, :, tokens] += 2.0  # the drafted tokens likely, so paths run deep
-    sr = SamplingRows.build(params * 2, list(range(rows)), DEVICE)
+    sr = SamplingRows.build(params, list(range(rows)), DEVICE)
     u = sampler.draws(sr.seed, torch.full((rows,), 11, device=DEVICE), width, k)
     got = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, u, True, TRITON)
     want = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, u, True, TORCH)
@@ -192,7 +237,7 @@ SETTINGS = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature
             SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05)]
 
 
-def test_the_kernel_keeps_each_rows_exact_distribution():
+def test_the_kernel_keeps_each_rows_exact_distribution(table):
     """Chi-square, as ``test_device_sampling``: the tokens ``accept_rows`` emits on the kernel's thresholds
     against the reference ``probs`` enumerated along the tree."""
     v, per = 8, 8000
@@ -212,21 +257,31 @@ def test_the_kernel_keeps_each_rows_exact_distribution():
 HOPPER_COMPILE = """
 import triton
 from triton.backends.compiler import GPUTarget
-from eyas.spec.distribution_kernel import _distribution_kernel
-sig = {"x": "*fp32", "floats": "*fp32", "log_min_p": "*fp32", "ints": "*i64", "m_out": "*fp32", "thr_out": "*fp32",
-       "z_out": "*fp32", "V": "i32"}
-for filtered, pdl in [(True, True), (False, False)]:
-    const = dict(FILTERED=filtered, BLOCK=512, R=16, PDL=pdl)
-    src = triton.compiler.ASTSource(fn=_distribution_kernel, signature={**sig, **{k: "constexpr" for k in const}},
-                                    constexprs=const)
+from eyas.spec.distribution_kernel import _distribution_kernel, _split_kernel, _split_sum_kernel, NONE, MAX, TOP_K, \\
+    TOP_P, Z
+
+def compile(fn, sig, const):
+    src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 1}).asm["ptx"]
-    assert not pdl or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
+    assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
+
+p, i = "*fp32", "*i64"
+sig = dict(x=p, floats=p, log_min_p=p, ints=i, m_out=p, thr_out=p, z_out=p, V="i32")
+for filtered, pdl in [(True, True), (False, False)]:
+    compile(_distribution_kernel, sig, dict(FILTERED=filtered, BLOCK=512, R=16, PDL=pdl))
+sig = dict(x=p, floats=p, log_min_p=p, ints=i, maxes=p, part_in=p, part_out=p, state_in=i, state_out=i, m_out=p,
+           thr_out=p, V="i32", C="i32", S="i32")
+for prev, kind, r in [(NONE, TOP_K, 64), (TOP_K, TOP_K, 64), (TOP_K, TOP_P, 64), (TOP_P, TOP_P, 64), (TOP_P, Z, 64),
+                      (NONE, MAX, 1), (MAX, Z, 1)]:  # unfiltered rows: one candidate, none tested
+    compile(_split_kernel, sig, dict(PREV=prev.value, KIND=kind.value, R=r, S_P2=128, BLOCK=256, PDL=kind is not MAX))
+compile(_split_sum_kernel, dict(part=p, z_out=p, S="i32", W="i32"), dict(S_P2=128, PDL=True))
 print("compiled")
 """
 
 
 def test_kernel_compiles_for_hopper():
-    """The compiler checks what the interpreter does not (globals, loop-carried types): sm_90, no GPU."""
+    """The compiler checks what the interpreter does not (globals, loop-carried types): sm_90, no GPU; each
+    pass of the split."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     run = subprocess.run([sys.executable, "-c", HOPPER_COMPILE], env=env, capture_output=True, text=True, timeout=300)

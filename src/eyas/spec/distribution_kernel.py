@@ -1,9 +1,9 @@
-"""The sampling distribution's thresholds in one Triton kernel, without a sort: ``distribution.distribution``
+"""The sampling distribution's thresholds in Triton kernels, without a sort: ``distribution.distribution``
 (the reference) for ``verify_kernels.TritonVerifyOps.distribution``.
 
 The reference sorts every row ``[N, V]`` where a row uses top-k or top-p (``N`` = rows x tree nodes, ``V``
-up to 152k), then a cumsum and gathers: dozens of kernels inside the captured step. Here one program a
-row finds the same ``(m, thr, z)`` by searching the row's values, a few passes over the row each:
+up to 152k), then a cumsum and gathers: dozens of kernels inside the captured step. Here the same
+``(m, thr, z)`` come from searching the row's values, a few passes over the row each:
 
 - top-k's threshold is the largest value ``v`` with ``count(x >= v) >= k`` (the k-th largest, ties kept);
 - top-p's is the smallest ``v`` with ``mass(x > v) < top_p * Z_k`` (masses ``exp(x - m)`` of the tokens
@@ -14,11 +14,23 @@ Both are steps of a monotone function that change only at the row's values, so a
 order-preserving integer image (``_key``) lands exactly on a value of the row. Each pass tests ``R``
 candidate keys at once (an ``R + 1``-way split of the interval), so 2^32 keys take 8 passes for ``R`` = 16;
 a row whose filter is off skips its search (an empty interval). ``x`` is the reference's own (``scaled``,
-in torch), and so is ``log(min_p)``: the kernel's only rounding apart from the reference is in its sums
+in torch), and so is ``log(min_p)``: the kernels' only rounding apart from the reference is in their sums
 of ``exp`` (a different order), which moves a threshold only where the boundary is within rounding.
+
+Two ways to run it, chosen by the row count (``launch_config``):
+
+- ``_distribution_kernel``: one program a row, every pass in it (many rows fill the GPU);
+- the split (``_split_kernel``, few rows): each row in ``S`` chunks, one program each, one launch a pass.
+  A program writes its chunk's partial counts or masses of the ``R`` candidates; the next launch's programs
+  each re-read their row's ``S`` partials and narrow the interval the same way (the state a launch
+  leaves is its program 0's), then count for their chunk. The number of launches is fixed (``passes``
+  a search, with the row max fused into top-k's first pass, whose interval is then every key); a pass
+  whose interval is already empty reads nothing. ``_split_sum_kernel`` adds the chunks' ``z``.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -28,12 +40,35 @@ from ..models.kernels.pdl import _after_previous_kernel
 from .distribution import scaled
 
 NEG_INF_KEY = tl.constexpr(-2139095041)  # _key(-inf): the smallest key of a non-NaN float32
+POS_INF_KEY = tl.constexpr(2139095040)  # _key(inf): the largest
+KEYS = 2139095040 + 2139095041  # the widest interval a search narrows, [_key(-inf), _key(inf)], less one
 FLOAT_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min: a -inf logit is never kept
-SPLIT = 16  # candidate keys a search pass tests (R)
-BLOCK = 512  # a row's entries a program reads at a time
-# (most rows, block, warps), first match: few rows read wide with many warps, many rows fill the GPU as they are;
-# block 0: the reference (a sort) is faster there
-ROW_CONFIGS = ((17, 0, 0), (132, 4096, 32), (264, 2048, 16), (1 << 62, BLOCK, 8))
+SPLIT = 16  # candidate keys a search pass tests (R) by default
+BLOCK = 512  # a row's entries a program reads at a time by default
+# what a split launch's pass does (KIND) and the one before it did (PREV); ``.value`` on the host
+NONE, MAX, TOP_K, TOP_P, Z = (tl.constexpr(i) for i in range(5))
+
+
+class Config(NamedTuple):
+    """How ``distribution`` runs: ``programs`` a row (1: ``_distribution_kernel``; more: the split, each
+    row in that many chunks), ``candidates`` keys a search pass tests (R, a power of 2), ``block`` entries a
+    read and ``warps`` a program."""
+
+    programs: int
+    candidates: int
+    block: int
+    warps: int
+
+
+# (most rows, config), first match; None: the reference (a sort). One program a row, measured on the H200:
+# few rows read wide with many warps, many rows fill the GPU as they are; up to 17 rows the sort beat it.
+# The split's entries (programs > 1) are unmeasured guesses (kernel_profile.py --distribution-configs).
+ROW_CONFIGS = ((1, Config(128, 64, 256, 8)), (4, Config(64, 64, 256, 8)), (17, Config(16, 64, 256, 8)),
+               (132, Config(1, SPLIT, 4096, 32)), (264, Config(1, SPLIT, 2048, 16)),
+               (1 << 62, Config(1, SPLIT, BLOCK, 8)))
+# the same for rows without top-k and top-p (a max pass and a z pass): one program a row as measured before
+# the split, whose entry is an unmeasured guess
+UNFILTERED_CONFIGS = ((17, Config(32, 1, 1024, 4)), (1 << 62, Config(1, 1, BLOCK, 4)))
 
 
 @triton.jit
@@ -114,28 +149,166 @@ def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, V, F
     tl.store(z_out + r, tl.sum(z, axis=0))
 
 
-def launch_config(rows: int, filtered: bool) -> tuple[int, int] | None:
-    """(entries a read, warps) for ``rows`` rows, or None where the sort-based reference is faster: one
-    program a row, so a few rows leave most of the GPU idle; a wider read with more warps then does each
-    pass in fewer iterations (``ROW_CONFIGS``)."""
-    if not filtered:
-        return BLOCK, 4
-    block, warps = next((block, warps) for most, block, warps in ROW_CONFIGS if rows <= most)
-    return (block, warps) if block else None
+@triton.jit
+def _read(row, offs, V):
+    """A row's entries at ``offs``, -inf past its ``V``."""
+    return tl.load(row + offs, mask=offs < V, other=float("-inf"))
+
+
+@triton.jit
+def _split_kernel(x, floats, log_min_p, ints, maxes, part_in, part_out, state_in, state_out, m_out, thr_out, V, C, S,
+                  PREV: tl.constexpr, KIND: tl.constexpr, R: tl.constexpr, S_P2: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    """One launch of the split (program ``(r, s)``: entries ``[s * C, s * C + C)`` of row ``r`` of ``x`` [N, V]).
+    Its prologue narrows the interval of the pass before (``PREV``) from that pass's partials ``part_in``
+    [N, S, R + 1] of every chunk and its state ``state_in`` [N, 3] (lo, hi, _key(thr_k)); its pass
+    (``KIND``) writes this chunk's partials to ``part_out`` and program 0 the new state to ``state_out``:
+    ``MAX`` the chunk's max (to ``maxes`` [N, S]); ``TOP_K`` counts ``x >= v`` (and, first, the max);
+    ``TOP_P`` masses ``x > v``, and ``Z_k``'s at ``R``; ``Z`` the chunk's ``z`` at 0, with program 0
+    writing ``m`` and ``thr``. Counts are stored as float32's bits."""
+    _after_previous_kernel(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    row = x + r * V
+    offs = s.to(tl.int64) * C + tl.arange(0, BLOCK)
+    parts = tl.arange(0, S_P2)
+    j = tl.arange(0, R).to(tl.int64) + 1
+    mine = part_out + (r * S + s) * (R + 1)
+    if PREV != NONE:
+        m = tl.max(tl.load(maxes + r * S + parts, mask=parts < S, other=float("-inf")), axis=0)
+    if PREV == TOP_K or PREV == TOP_P:  # narrow the pass before's interval by every chunk's partials
+        lo = tl.load(state_in + r * 3)
+        hi = tl.load(state_in + r * 3 + 1)
+        tile = part_in + (r * S + parts[:, None]) * (R + 1) + (j - 1)[None, :]
+        if lo < hi:
+            if PREV == TOP_K:
+                c = hi - ((hi - lo) * j) // (R + 1)  # the candidates that pass tested
+                n = tl.sum(tl.load(tile, mask=(parts < S)[:, None], other=0.0).to(tl.int32, bitcast=True), axis=0)
+                ok = n >= tl.minimum(tl.load(ints + r * 2), V)
+                lo, hi = tl.max(tl.where(ok, c, lo), axis=0), tl.min(tl.where(ok, hi, c - 1), axis=0)
+            else:
+                c = lo + ((hi - lo) * j) // (R + 1)
+                g = tl.sum(tl.load(tile, mask=(parts < S)[:, None], other=0.0), axis=0)
+                z_k = tl.sum(tl.load(part_in + (r * S + parts) * (R + 1) + R, mask=parts < S, other=0.0), axis=0)
+                ok = g < tl.load(floats + r * 3 + 1) * z_k
+                lo, hi = tl.max(tl.where(ok, lo, c + 1), axis=0), tl.min(tl.where(ok, c, hi), axis=0)
+    if KIND == MAX:
+        mx = tl.full([BLOCK], float("-inf"), tl.float32)
+        for start in range(0, C, BLOCK):
+            mx = tl.maximum(mx, _read(row, offs + start, V))
+        tl.store(maxes + r * S + s, tl.max(mx, axis=0))
+    if KIND == TOP_K:
+        if PREV == NONE:  # every key: m is not known yet
+            lo = tl.full([], NEG_INF_KEY, tl.int64)
+            hi = tl.where(tl.load(ints + r * 2) > 0, POS_INF_KEY, NEG_INF_KEY).to(tl.int64)
+        mx = tl.full([BLOCK], float("-inf"), tl.float32)
+        if lo < hi:
+            v = _value(hi - ((hi - lo) * j) // (R + 1))  # [R] in (lo, hi], descending: > -inf
+            n = tl.zeros([R], tl.int32)
+            for start in range(0, C, BLOCK):
+                xs = _read(row, offs + start, V)
+                mx = tl.maximum(mx, xs)
+                n += tl.sum((xs[:, None] >= v[None, :]).to(tl.int32), axis=0)
+            tl.store(mine + j - 1, n.to(tl.float32, bitcast=True))
+        elif PREV == NONE:
+            for start in range(0, C, BLOCK):
+                mx = tl.maximum(mx, _read(row, offs + start, V))
+        if PREV == NONE:
+            tl.store(maxes + r * S + s, tl.max(mx, axis=0))
+        thr_k = tl.zeros([], tl.float32)
+    if KIND == TOP_P:
+        top_p = tl.load(floats + r * 3 + 1)
+        if PREV == TOP_K:  # top-k's threshold found: top-p's search starts
+            thr_k = tl.where(tl.load(ints + r * 2) > 0, _value(lo), float("-inf"))
+            hi = _key(m).to(tl.int64)
+            lo = tl.where(top_p < 1.0, _key(thr_k).to(tl.int64), hi)
+        else:
+            thr_k = _value(tl.load(state_in + r * 3 + 2))
+        if lo < hi:
+            v = _value(lo + ((hi - lo) * j) // (R + 1))  # [R] in [lo, hi), ascending: >= thr_k
+            g = tl.zeros([R], tl.float32)
+            z_k = tl.zeros([BLOCK], tl.float32)
+            for start in range(0, C, BLOCK):
+                xs = _read(row, offs + start, V)
+                e = tl.exp(xs - m)  # 0 past V
+                g += tl.sum(tl.where(xs[:, None] > v[None, :], e[:, None], 0.0), axis=0)
+                z_k += tl.where(xs >= thr_k, e, 0.0)
+            tl.store(mine + j - 1, g)
+            tl.store(mine + R, tl.sum(z_k, axis=0))
+    if KIND == TOP_K or KIND == TOP_P:
+        if s == 0:
+            tl.store(state_out + r * 3, lo)
+            tl.store(state_out + r * 3 + 1, hi)
+            tl.store(state_out + r * 3 + 2, _key(thr_k).to(tl.int64))
+    if KIND == Z:
+        thr = m + tl.load(log_min_p + r)  # min-p: -inf where it is off (log 0)
+        if PREV == TOP_P:
+            thr = tl.maximum(thr, tl.where(tl.load(floats + r * 3 + 1) < 1.0, _value(lo), float("-inf")))
+            thr = tl.maximum(thr, _value(tl.load(state_in + r * 3 + 2)))  # thr_k
+        thr = tl.maximum(thr, FLOAT_MIN)
+        z = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, C, BLOCK):
+            xs = _read(row, offs + start, V)
+            z += tl.where(xs >= thr, tl.exp(xs - m), 0.0)
+        tl.store(mine, tl.sum(z, axis=0))
+        if s == 0:
+            tl.store(m_out + r, m)
+            tl.store(thr_out + r, thr)
+
+
+@triton.jit
+def _split_sum_kernel(part, z_out, S, W, S_P2: tl.constexpr, PDL: tl.constexpr):
+    """``z`` of row ``r`` (program ``r``): the sum of its chunks' (``part`` [N, S, W] at 0)."""
+    _after_previous_kernel(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    parts = tl.arange(0, S_P2)
+    tl.store(z_out + r, tl.sum(tl.load(part + (r * S + parts) * W, mask=parts < S, other=0.0), axis=0))
+
+
+def passes(candidates: int) -> int:
+    """A search's passes at ``candidates`` keys a pass: each leaves at most 1 / (candidates + 1) of the
+    interval, which starts at most ``KEYS`` wide; the split runs them all."""
+    n = 1
+    while (candidates + 1) ** n <= KEYS:
+        n += 1
+    return n
+
+
+def launch_config(rows: int, filtered: bool) -> Config | None:
+    """How ``distribution`` runs ``rows`` rows (``ROW_CONFIGS``, ``UNFILTERED_CONFIGS``), or None where the
+    sort-based reference is faster."""
+    return next(config for most, config in (ROW_CONFIGS if filtered else UNFILTERED_CONFIGS) if rows <= most)
 
 
 def distribution(launch, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
-                 split: int = SPLIT, block: int | None = None, warps: int | None = None):
+                 config: Config | None = None):
     """``distribution.distribution(logits [N, V], floats [N, 3], ints [N, 2], filtered)``: ``x`` by the
-    reference's ``scaled``, ``(m, thr, z)`` [N] by ``_distribution_kernel`` through ``launch``
-    (``TritonOps._launch``); ``split`` candidates a pass (a power of 2), ``block`` entries a read and
-    ``warps`` (default ``launch_config``'s)."""
+    reference's ``scaled``, ``(m, thr, z)`` [N] by the kernels through ``launch`` (``TritonOps._launch``) as
+    ``config`` says (default ``launch_config``'s; where that is the sort, the one-program kernel's)."""
     x = scaled(logits, floats).contiguous()
     n, v = x.shape
-    default_block, default_warps = launch_config(n, filtered) or (BLOCK, 8)
+    config = config or launch_config(n, filtered) or Config(1, SPLIT, BLOCK, 8)
     m, thr, z = (torch.empty(n, dtype=torch.float32, device=x.device) for _ in range(3))
-    if n:
-        launch(_distribution_kernel, (n,), x, floats.contiguous(), torch.log(floats[:, 2]), ints.contiguous(),
-               m, thr, z, v, FILTERED=filtered, BLOCK=block or default_block, R=split,
-               num_warps=warps or default_warps)
+    args = (x, floats.contiguous(), torch.log(floats[:, 2]), ints.contiguous())
+    if n and config.programs == 1:
+        launch(_distribution_kernel, (n,), *args, m, thr, z, v, FILTERED=filtered, BLOCK=config.block,
+               R=config.candidates, num_warps=config.warps)
+    elif n:
+        _split(launch, args, m, thr, z, filtered, config)
     return x, m, thr, z
+
+
+def _split(launch, args, m, thr, z, filtered: bool, config: Config) -> None:
+    """The split's launches: ``passes`` of top-k then of top-p (or one of the max), the z pass, the sum."""
+    n, v = args[0].shape
+    chunk = triton.cdiv(triton.cdiv(v, config.programs), config.block) * config.block
+    s, r = triton.cdiv(v, chunk), config.candidates if filtered else 1
+    part = torch.empty((2, n, s, r + 1), dtype=torch.float32, device=m.device)  # a launch's in, the next's out
+    state = torch.empty((2, n, 3), dtype=torch.int64, device=m.device)
+    maxes = torch.empty((n, s), dtype=torch.float32, device=m.device)
+    kinds = [TOP_K.value] * passes(r) + [TOP_P.value] * passes(r) + [Z.value] if filtered else [MAX.value, Z.value]
+    s_p2 = triton.next_power_of_2(s)
+    for i, (prev, kind) in enumerate(zip([NONE.value, *kinds], kinds)):
+        launch(_split_kernel, (n, s), *args, maxes, part[(i - 1) % 2], part[i % 2], state[(i - 1) % 2], state[i % 2],
+               m, thr, v, chunk, s, PREV=prev, KIND=kind, R=r, S_P2=s_p2, BLOCK=config.block, num_warps=config.warps)
+    launch(_split_sum_kernel, (n,), part[(len(kinds) - 1) % 2], z, s, r + 1, S_P2=s_p2, num_warps=1)

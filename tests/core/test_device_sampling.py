@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 from eyas.engine import sampler
 from eyas.engine.sampler import accept_rows, draws
 from eyas.engine.sampling import SamplingParams, SamplingRows, probs
+from eyas.spec import tree_ops
 from eyas.spec.rng import uniform
 from eyas.spec.tree import Tree
 from eyas.spec.verify import accept_greedy, accept_greedy_batch
@@ -61,7 +62,7 @@ def test_a_biased_rule_fails_the_same_test(biased, monkeypatch):
     if biased.startswith("unrenormalised"):  # accept c_i with p(c_i) instead of p(c_i) / (1 - earlier mass)
         monkeypatch.setattr(sampler, "_accepts", lambda u, w, before, z: u * z < w)
     else:
-        monkeypatch.setattr(sampler, "_residual", lambda weights, rejected: weights)
+        monkeypatch.setattr(tree_ops, "_residual", lambda weights, rejected: weights)
     params = SamplingParams(temperature=1.0)
     tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=V)
     out = run(TREE, tokens, logits, [params], 16000)

@@ -254,6 +254,32 @@ def test_the_kernel_keeps_each_rows_exact_distribution(table):
         assert pvalue(out[i::len(SETTINGS)], exact) > 1e-3, params
 
 
+class UniqueAndBonus(Unique):
+    """``Unique``'s distribution, and ``TRITON.bonus`` (``bonus_kernel``) on every row: each has its own draw."""
+
+    def bonus(self, x, *args):
+        out = TRITON.bonus(x.to(DEVICE), *(a if a is None else a.to(DEVICE) for a in args))
+        return out.to(x.device)
+
+
+def test_the_bonus_kernel_keeps_each_rows_exact_distribution():
+    """The same chi-square with the bonus drawn by its kernel: fewer rows in the interpreter (a program
+    or two a row), still enough that a kernel keeping the rejected children's mass fails
+    (``test_bonus_kernel``, ``test_device_sampling``'s biased rules)."""
+    v, per = 8, 8000 if DEVICE == "cuda" else 600
+    tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=v)
+    rows = per * len(SETTINGS)
+    sr = SamplingRows.build([SETTINGS[r % len(SETTINGS)] for r in range(rows)], list(range(rows)), "cpu")
+    tree, width, k = batch_tree(TREE, tokens, rows)
+    u = sampler.draws(sr.seed, torch.full((rows,), 19), width, k)
+    cols, counts, bonus = sampler.accept_rows(tree, logits.expand(rows, len(TREE), v), width, sr.floats, sr.ints, u,
+                                              True, UniqueAndBonus())
+    out = emitted(tree, cols, counts, bonus)
+    for i, params in enumerate(SETTINGS):
+        exact = step_distribution(TREE, tokens, lambda node, prefix, p=params: probs(logits[node], p))
+        assert pvalue(out[i::len(SETTINGS)], exact) > 1e-3, params
+
+
 HOPPER_COMPILE = """
 import triton
 from triton.backends.compiler import GPUTarget

@@ -11,9 +11,12 @@ is exactly the target's distribution.
 
 Here every node's decision is made at once (``[B, T, K]`` gathers of the weights at the children's
 tokens, ``K`` = the most children a node has), the accepted path follows from the tree's ancestor
-mask, and only the path's last node gets a ``[B, V]`` residual for the bonus (inverse CDF: a cumsum
-and a search for ``u`` times the remaining mass). Greedy rows of the same batch walk the same way with
-``p`` the point mass at the argmax, so they get exactly ``accept_greedy_batch``'s result.
+mask, and only the path's last node ``f`` gets a residual for the bonus: ``ops.bonus`` draws by inverse
+CDF from that node's weights, its children's tokens (all rejected) zeroed, at ``u`` times the remaining
+mass (the reference: a cumsum and a search over ``[B, V]``; on a GPU, two Triton launches,
+``spec.bonus_kernel``). A root-only tree (the plain step, the prefill's first token) takes the same op at
+the root. Greedy rows of the same batch walk the same way with ``p`` the point mass at the argmax, so
+they get exactly ``accept_greedy_batch``'s result.
 
 The draws come from ``rng.uniform`` keyed by the row's seed, its length at the step's start and a
 lane: ``(depth, i)`` for the ``i``-th child of the path's node at that depth, ``(depth, K)`` for the
@@ -85,11 +88,6 @@ def _accepts(u: torch.Tensor, w: torch.Tensor, before: torch.Tensor, z: torch.Te
     return (u * (z - before) < w) & (w > 0)
 
 
-def _residual(weights: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-    """The bonus's weights [B, V]: the last node's, its rejected children's mass removed."""
-    return weights.masked_fill(rejected, 0.0)
-
-
 def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tensor, ints: torch.Tensor,
                 u: torch.Tensor, filtered: bool, ops=TORCH):
     """(cols [B, width], counts [B], bonus [B]) by rejection sampling for every row (see the module's
@@ -97,7 +95,7 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
     first, 0 after it. ``logits`` [B, T, V] the target's over the tree; ``u`` [B, width, K + 1] the
     step's uniforms (``draws``), ``K`` the most children any node has; ``filtered``: some row uses top-k
     or top-p. Rows with temperature 0 are greedy. The distribution is ``ops.distribution`` (a kernel
-    with no sort on a GPU)."""
+    with no sort on a GPU), the bonus ``ops.bonus`` (Triton kernels on a GPU)."""
     b, t, v = logits.shape
     k, dev = u.shape[-1] - 1, logits.device
     argmax = logits.argmax(dim=-1)  # [B, T]
@@ -126,21 +124,16 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
         slot = torch.where(on_path, tree.depth, width)
         cols = torch.zeros((b, width + 1), dtype=torch.long, device=dev).scatter_(1, slot, i.expand(b, t))[:, :width]
         counts = on_path.sum(-1)
-    else:
+        f = cols.gather(1, (counts - 1)[:, None])[:, 0]  # [B] the path's last node
+        at_f = f[:, None, None].expand(b, 1, k)
+        rejected, rvalid = tok.gather(1, at_f)[:, 0], valid.gather(1, at_f)[:, 0]  # its children: all rejected
+        mf, thrf, af = (a.gather(1, f[:, None])[:, 0] for a in (m, thr, argmax))
+        ub = u[:, :, k].gather(1, (counts - 1)[:, None])[:, 0]  # lane (depth of the last node, K)
+    else:  # the root alone: views, no gathers
         cols = consts.full((b, width), 0, torch.long, dev)
         counts = consts.full((b,), 1, torch.long, dev)
-    f = cols.gather(1, (counts - 1)[:, None])  # [B, 1] the path's last node
-    xf = x.gather(1, f[..., None].expand(b, 1, v))[:, 0]  # [B, V]
-    wf = torch.exp(xf - m.gather(1, f)) * (xf >= thr.gather(1, f))
-    if k > 0 and t > 1:  # its children were all rejected: their mass leaves the residual
-        at_f = f[..., None].expand(b, 1, k)
-        hit = torch.zeros((b, v), dtype=torch.long, device=dev).scatter_add_(
-            1, tok.gather(1, at_f)[:, 0], valid.gather(1, at_f)[:, 0].long())
-        wf = _residual(wf, hit > 0)
-    cum = wf.cumsum(-1)
-    ub = u[:, :, k].gather(1, counts[:, None] - 1)  # [B, 1] lane (depth of the last node, K)
-    pick = torch.searchsorted(cum, ub * cum[:, -1:], right=True).clamp(max=v - 1)
-    last_positive = ((wf > 0) * consts.arange(v, dev)).argmax(-1, keepdim=True)  # past the end by rounding
-    pick = torch.where(wf.gather(1, pick) > 0, pick, last_positive)[:, 0]
-    bonus = torch.where(greedy, argmax.gather(1, f)[:, 0], pick)
+        f = consts.full((b,), 0, torch.long, dev)
+        rejected = rvalid = None
+        mf, thrf, af, ub = m[:, 0], thr[:, 0], argmax[:, 0], u[:, 0, k]
+    bonus = torch.where(greedy, af, ops.bonus(x, f, mf, thrf, rejected, rvalid, ub))
     return cols, counts, bonus

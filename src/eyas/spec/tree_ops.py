@@ -21,6 +21,9 @@ the transformer block's ops (``models.torch_ops``, ``models.kernels``) as the en
     distribution(logits, floats, ints, filtered)
                                    -> each row's sampling distribution in threshold form, (x, m, thr, z)
                                       (``distribution.distribution``)
+    bonus(x, f, m, thr, rejected, valid, u)
+                                   -> a sampled step's bonus token: an inverse-CDF draw from node ``f``'s
+                                      distribution, its rejected children's mass removed
 """
 
 from __future__ import annotations
@@ -48,6 +51,24 @@ class TreeOps:
         ``(x [N, V], m [N], thr [N], z [N])``, ``distribution.distribution`` (the reference, a sort
         where ``filtered``)."""
         return distribution(logits, floats, ints, filtered)
+
+    def bonus(self, x: torch.Tensor, f: torch.Tensor, m: torch.Tensor, thr: torch.Tensor,
+              rejected: torch.Tensor | None, valid: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
+        """[B] each row's bonus token (``engine.sampler.accept_rows``): of node ``f[b]``'s values ``x[b, f[b]]``
+        (``x`` [B, T, V], ``distribution``'s), with ``m`` and ``thr`` [B] that node's, the weights ``w =
+        exp(x - m)`` where ``x >= thr``, 0 at the tokens ``rejected`` [B, K] where ``valid`` [B, K] (None: none),
+        and the first token whose inclusive cumulative weight exceeds ``u * sum(w)`` (``u`` [B]): an inverse-CDF
+        draw. Rounding past the end falls back to the last positive-weight token (0 if there is none)."""
+        b, _, v = x.shape
+        xf = x[:, 0] if x.shape[1] == 1 else x.gather(1, f[:, None, None].expand(b, 1, v))[:, 0]  # [B, V]
+        wf = torch.exp(xf - m[:, None]) * (xf >= thr[:, None])
+        if rejected is not None:  # the node's children were all rejected: their mass leaves the residual
+            hit = torch.zeros((b, v), dtype=torch.long, device=x.device).scatter_add_(1, rejected, valid.long())
+            wf = _residual(wf, hit > 0)
+        cum = wf.cumsum(-1)
+        pick = torch.searchsorted(cum, u[:, None] * cum[:, -1:], right=True).clamp(max=v - 1)
+        last_positive = ((wf > 0) * consts.arange(v, x.device)).argmax(-1, keepdim=True)  # past the end by rounding
+        return torch.where(wf.gather(1, pick) > 0, pick, last_positive)[:, 0]
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
                      base: torch.Tensor | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -152,6 +173,11 @@ class TreeOps:
         valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # the kept ones, and itself
         committed = column[None, None, :] < lengths[:, None, None]  # [B, 1, window]
         return kv_cache.additive(committed | (block[None] & valid), dtype)
+
+
+def _residual(weights: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """The bonus's weights [B, V]: the node's, its rejected children's mass (``rejected`` [B, V] bool) removed."""
+    return weights.masked_fill(rejected, 0.0)
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,8 @@ acceptance, masks and draws in one launch each.
 - ``uniform``: a sampled step's counter-based draws (``rng.uniform``), one kernel for the about 90
   integer torch ops of the reference;
 - ``distribution``: a sampled step's distribution in threshold form without the reference's sort
-  (``distribution_kernel``).
+  (``distribution_kernel``);
+- ``bonus``: a sampled step's bonus draw in two launches of several programs a row (``bonus_kernel``).
 
 ``TritonVerifyOps`` is a mixin over ``TritonOps`` (its ``_launch`` and ``_or_torch``); a kernel that
 cannot run falls back to the ``TreeOps`` reference together with the forward's kernels (``failed``).
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..models.kernels.pdl import _after_previous_kernel
-from . import distribution_kernel
+from . import bonus_kernel, distribution_kernel
 from .tree_ops import TreeOps
 
 
@@ -109,8 +110,8 @@ def _uniform_kernel(seed, position, out, LANES, BLOCK: tl.constexpr, PDL: tl.con
 
 class TritonVerifyOps(TreeOps):
     """The verified tree's ops as Triton kernels, a mixin over ``TritonOps`` (its ``_or_torch``):
-    ``accept_greedy``, the masks, the draws and the distribution fall back to the ``TreeOps`` reference with the
-    forward's kernels (``failed``)."""
+    ``accept_greedy``, the masks, the draws, the distribution and the bonus fall back to the ``TreeOps``
+    reference with the forward's kernels (``failed``)."""
 
     def accept_greedy(self, tokens, parents, depth, mask, choice, width: int):
         return self._or_torch(lambda: self._accept_greedy(tokens, parents, depth, mask, choice, width),
@@ -133,6 +134,10 @@ class TritonVerifyOps(TreeOps):
             return TreeOps.distribution(self, logits, floats, ints, filtered)
         return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered),
                               lambda: TreeOps.distribution(self, logits, floats, ints, filtered))
+
+    def bonus(self, x, f, m, thr, rejected, valid, u):
+        return self._or_torch(lambda: bonus_kernel.bonus(self._launch, x, f, m, thr, rejected, valid, u),
+                              lambda: TreeOps.bonus(self, x, f, m, thr, rejected, valid, u))
 
     def _uniform(self, seed, position, lanes):
         out = torch.empty((seed.shape[0], lanes), dtype=torch.float32, device=seed.device)

@@ -43,6 +43,27 @@ def no_kernel_fell_back():
     assert kernels.failures() == {}
 
 
+@pytest.fixture(autouse=True)
+def kernel_at_every_row_count(monkeypatch, request):
+    """The kernel at every row count, also where ``ROW_TABLE`` keeps the reference (until a GPU times it)."""
+    if "dispatch" not in request.node.name:
+        monkeypatch.setattr(bonus_kernel, "ROW_TABLE", ((1 << 62, True),))
+
+
+def test_dispatch_keeps_the_reference_until_the_kernel_is_timed(monkeypatch):
+    """``ROW_TABLE`` decides; shipped, nothing takes the kernel: it has not run on a GPU yet."""
+    launched = []
+    monkeypatch.setattr(bonus_kernel, "bonus", lambda *a, **k: launched.append(1))
+    x = torch.randn(3, 1, 40)
+    args = (x, torch.zeros(3, dtype=torch.long), x[:, 0].amax(-1), torch.full((3,), FLOAT_MIN), None, None,
+            torch.rand(3))
+    TRITON.bonus(*args)
+    assert not launched and not any(on for _, on in bonus_kernel.ROW_TABLE)
+    monkeypatch.setattr(bonus_kernel, "ROW_TABLE", ((2, False), (1 << 62, True)))
+    TRITON.bonus(*args)
+    assert launched == [1]
+
+
 def weights(x, f, m, thr, rejected, valid) -> torch.Tensor:
     """[B, V] float64: the reference's weights at node ``f``, the rejected tokens' zeroed."""
     xf = x[torch.arange(x.shape[0]), f].double()

@@ -27,6 +27,10 @@ import triton.language as tl
 
 from ..models.kernels.pdl import _after_previous_kernel
 
+# (most rows, the kernel runs), first match. Not yet run on a GPU (only Triton's interpreter and an sm_90
+# compile), so the reference runs everywhere until ``kernel_profile.py --bonus`` on a GPU says where the kernel
+# is faster and ``engine_check.py`` that it keeps the engine's tokens.
+ROW_TABLE = ((1 << 62, False),)
 CHUNKS = 64  # the most chunks a row is cut into (launch 1's programs a row)
 PROGRAMS = 2048  # launch 1's programs over all rows: a row gets PROGRAMS // rows chunks, 1 to CHUNKS
 BLOCK = 512  # entries a launch-1 program reads at a time; a chunk is a whole number of these
@@ -113,6 +117,11 @@ def _bonus_pick_kernel(x, f, m, thr, rejected, valid, u, s_u, sums, out, s_b, s_
         start += BLOCK
     pick = tl.where(found >= 0, found, tl.maximum(last, 0))  # past the chunk's scan: its last positive
     tl.store(out + b, pick.to(tl.int64))
+
+
+def chosen(rows: int) -> bool:
+    """Whether the kernel, not the reference, draws the bonus of ``rows`` rows (``ROW_TABLE``)."""
+    return next(on for most, on in ROW_TABLE if rows <= most)
 
 
 def launch_config(rows: int, vocab: int, chunks: int | None = None, block: int = BLOCK) -> tuple[int, int]:

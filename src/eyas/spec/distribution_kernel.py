@@ -62,13 +62,15 @@ class Config(NamedTuple):
 
 # (most rows, config), first match; None: the reference (a sort). One program a row, measured on the H200:
 # few rows read wide with many warps, many rows fill the GPU as they are; up to 17 rows the sort beat it.
-# The split's entries (programs > 1) are unmeasured guesses (kernel_profile.py --distribution-configs).
-ROW_CONFIGS = ((1, Config(128, 64, 256, 8)), (4, Config(64, 64, 256, 8)), (17, Config(16, 64, 256, 8)),
-               (132, Config(1, SPLIT, 4096, 32)), (264, Config(1, SPLIT, 2048, 16)),
+# The split (programs > 1) has not run on a GPU yet (Triton's interpreter and an sm_90 compile only), so no
+# entry takes it; ``UNTIMED`` are the guesses to time first, for up to 1, 4 and 17 rows and unfiltered rows
+# (``kernel_profile.py --distribution-configs``, docs/engine.md).
+ROW_CONFIGS = ((17, None), (132, Config(1, SPLIT, 4096, 32)), (264, Config(1, SPLIT, 2048, 16)),
                (1 << 62, Config(1, SPLIT, BLOCK, 8)))
-# the same for rows without top-k and top-p (a max pass and a z pass): one program a row as measured before
-# the split, whose entry is an unmeasured guess
-UNFILTERED_CONFIGS = ((17, Config(32, 1, 1024, 4)), (1 << 62, Config(1, 1, BLOCK, 4)))
+# the same for rows without top-k and top-p (a max pass and a z pass): one program a row, as measured
+UNFILTERED_CONFIGS = ((1 << 62, Config(1, 1, BLOCK, 4)),)
+UNTIMED = {"filtered": (Config(128, 64, 256, 8), Config(64, 64, 256, 8), Config(16, 64, 256, 8)),
+           "unfiltered": (Config(32, 1, 1024, 4),)}
 
 
 @triton.jit

@@ -13,9 +13,10 @@ Here every node's decision is made at once (``[B, T, K]`` gathers of the weights
 tokens, ``K`` = the most children a node has), the accepted path follows from the tree's ancestor
 mask, and only the path's last node ``f`` gets a residual for the bonus: ``ops.bonus`` draws by inverse
 CDF from that node's weights, its children's tokens (all rejected) zeroed, at ``u`` times the remaining
-mass (the reference: a cumsum and a search over ``[B, V]``; on a GPU, two Triton launches,
-``spec.bonus_kernel``). A root-only tree (the plain step, the prefill's first token) takes the same op at
-the root. Greedy rows of the same batch walk the same way with ``p`` the point mass at the argmax, so
+mass (the reference: a cumsum and a search over ``[B, V]``; two Triton launches, ``spec.bonus_kernel``,
+where its ``ROW_TABLE`` takes them: nowhere until a GPU has timed them). A root-only tree (the plain step,
+the prefill's first token) takes the same op at the root. Greedy rows of the same batch walk the same way
+with ``p`` the point mass at the argmax, so
 they get exactly ``accept_greedy_batch``'s result.
 
 The draws come from ``rng.uniform`` keyed by the row's seed, its length at the step's start and a
@@ -95,7 +96,7 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
     first, 0 after it. ``logits`` [B, T, V] the target's over the tree; ``u`` [B, width, K + 1] the
     step's uniforms (``draws``), ``K`` the most children any node has; ``filtered``: some row uses top-k
     or top-p. Rows with temperature 0 are greedy. The distribution is ``ops.distribution`` (a kernel
-    with no sort on a GPU), the bonus ``ops.bonus`` (Triton kernels on a GPU)."""
+    with no sort on a GPU), the bonus ``ops.bonus``."""
     b, t, v = logits.shape
     k, dev = u.shape[-1] - 1, logits.device
     argmax = logits.argmax(dim=-1)  # [B, T]

@@ -239,6 +239,11 @@ class BatchGraph:
             outputs = g.outputs
         else:
             outputs = self._fn(g.inputs, key[1])
+            if self.carry is not None:  # into fixed buffers, as a replay writes them: the CPU tests see the aliasing
+                g.outputs = g.outputs or tuple(torch.empty_like(o) for o in outputs)
+                for buf, o in zip(g.outputs, outputs):
+                    buf.copy_(o)
+                outputs = g.outputs
         if self.carry is None:
             return tuple(o[:b].clone() for o in outputs)
         if state is not None:

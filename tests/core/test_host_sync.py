@@ -95,3 +95,51 @@ def test_a_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec
     if path == "native-graph-buckets":  # the step ran whole, in the variant its rows need
         whole = engine.decoder or engine.speculators[spec]
         assert [k for k, g in whole.graphs.items() if g.graphs] == [rows]
+
+
+class Launches(TorchDispatchMode):
+    """Counts the kernels (ops that are not views) run outside a step graph's replay (``BatchGraph._replay``: on
+    a GPU one call, here the same function eagerly)."""
+
+    def __init__(self):
+        super().__init__()
+        self.outside, self.inside = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.inside and not func.is_view:
+            self.outside.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rows", ["greedy", "sampled"])
+@pytest.mark.parametrize("spec", [SpecConfig("EAGLE3", 4, 2, 6), SpecConfig("NONE")], ids=["tree", "no-spec"])
+def test_a_step_after_a_step_launches_nothing_but_its_graph(target, draft, spec, rows, monkeypatch):
+    """Served, every torch call on the engine thread gives up the interpreter lock and must win it back from the
+    event loop. A whole step carries the next step's inputs in its graph's buffers (``BatchGraph``'s carry),
+    so the steps of an unchanged batch launch nothing outside the graph; the first step, after prefill,
+    copies them in."""
+    from eyas.models.graphs import BatchGraph
+
+    engine = Engine(NativeTarget.from_target(target), draft if spec.speculative else None, spec, max_batch=4,
+                    cuda_graphs=True)
+    prompts = ([72, 101, 108], [7] * 9, [200, 13])
+    batch = engine.prefill([engine.new_sequence(p, params) for p, params in zip(prompts, ROWS[rows])])
+    mode = Launches()
+    run = BatchGraph._replay
+
+    def inside(self, *args):
+        mode.inside += 1
+        try:
+            return run(self, *args)
+        finally:
+            mode.inside -= 1
+
+    monkeypatch.setattr(BatchGraph, "_replay", inside)
+    counts = []
+    for _ in range(4):
+        mode.outside.clear()
+        with mode:
+            engine.step(batch)
+        counts.append(list(mode.outside))
+    assert len(counts[0]) >= 3 and "copy_" in " ".join(counts[0])  # the first: the inputs copied in
+    assert counts[1:] == [[], [], []], counts[1:]

@@ -234,16 +234,7 @@ class BatchGraph:
                 continue
             g.inputs[name].fill_(value)  # one kernel; a tensor made on the host and copied took two
         g.holds = None  # from here the buffers hold the step's own inputs, or (carry) what it leaves
-        if g.graph is not None:
-            g.graph.replay()
-            outputs = g.outputs
-        else:
-            outputs = self._fn(g.inputs, key[1])
-            if self.carry is not None:  # into fixed buffers, as a replay writes them: the CPU tests see the aliasing
-                g.outputs = g.outputs or tuple(torch.empty_like(o) for o in outputs)
-                for buf, o in zip(g.outputs, outputs):
-                    buf.copy_(o)
-                outputs = g.outputs
+        outputs = self._replay(g, key[1])
         if self.carry is None:
             return tuple(o[:b].clone() for o in outputs)
         if state is not None:
@@ -251,6 +242,19 @@ class BatchGraph:
         # A stepped batch's own outputs (the engine steps one batch over its preallocated caches): views, read
         # before the next replay of this graph overwrites them (they are its next inputs, carried or copied).
         return tuple(o[:b] for o in outputs)
+
+    def _replay(self, g: _Graph, window: int) -> tuple:
+        """The graph's one replay, or (not captured) the same function eagerly."""
+        if g.graph is not None:
+            g.graph.replay()
+            return g.outputs
+        outputs = self._fn(g.inputs, window)
+        if self.carry is not None:  # into fixed buffers, as a replay writes them: the CPU tests see the aliasing
+            g.outputs = g.outputs or tuple(torch.empty_like(o) for o in outputs)
+            for buf, o in zip(g.outputs, outputs):
+                buf.copy_(o)
+            outputs = g.outputs
+        return outputs
 
     def _fn(self, inputs: dict[str, torch.Tensor], window: int) -> tuple:
         """``fn``, then ``carry`` into the input buffers: what is captured."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from helpers import byte_tokenizer
 
 from eyas.serve.detokenize import Detokenizer
@@ -67,3 +69,37 @@ def test_held_prefix_released_when_it_cannot_match():
     assert d.push(ids("one tw")).text == "one "
     assert d.push(ids("ice")).text == "twice"
     assert d.flush() == ""
+
+
+def test_the_backends_decode_is_the_tokenizers_own():
+    """The event loop decodes through the fast tokenizer's backend (``backend_decode``): the same text as
+    ``tokenizer.decode`` for any ids, special tokens kept or skipped; a tokenizer without a backend keeps its own."""
+    import random
+
+    from eyas.serve.detokenize import backend_decode
+
+    rng = random.Random(0)
+    special = TOK.all_special_ids
+    assert special and TOK._tokenizer is not None
+    for _ in range(200):
+        some = [rng.randrange(len(TOK)) for _ in range(rng.randrange(0, 12))] + rng.sample(special, 1)
+        rng.shuffle(some)
+        for skip in (True, False):
+            want = TOK.decode(some, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+            assert backend_decode(TOK, skip)(some) == want
+
+    class Slow:  # no ``_tokenizer``: its own decode
+        def decode(self, ids, skip_special_tokens, clean_up_tokenization_spaces):
+            return f"{ids}{skip_special_tokens}{clean_up_tokenization_spaces}"
+
+    assert backend_decode(Slow(), True)([1, 2]) == "[1, 2]TrueFalse"
+    fast = backend_decode(TOK, True)
+    assert "backend" in fast.__code__.co_freevars  # the stock class: its backend directly
+
+    class Own(type(TOK)):  # a class with a decode of its own keeps it
+        def decode(self, ids, **kw):
+            return "own"
+
+    mine = copy.deepcopy(TOK)
+    mine.__class__ = Own
+    assert backend_decode(mine, True)([1, 2]) == "own"

@@ -1,4 +1,4 @@
-"""Incremental detokenizing with stop strings, one instance per sequence, run on the engine thread.
+"""Incremental detokenizing with stop strings, one instance per sequence, run on the event loop.
 
 Text is produced with the usual two-offset trick: decode ``ids[prefix:read]`` and ``ids[prefix:]``
 and emit the difference, so a token is only turned into text once the characters it completes are
@@ -22,9 +22,31 @@ class Pushed:
     matched: str | None = None  # the stop string that ended the output, if any
 
 
+# Hugging Face's own decode wrappers (transformers 5 and 4): a class that keeps them decodes by its backend alone
+STOCK_DECODE = {"PreTrainedTokenizerBase.decode"}
+STOCK_BACKEND_DECODE = {"TokenizersBackend._decode", "PreTrainedTokenizerFast._decode"}
+
+
+def backend_decode(tokenizer, skip_special_tokens: bool):
+    """``ids -> text`` as ``tokenizer.decode(ids, skip_special_tokens=..., clean_up_tokenization_spaces=False)``
+    gives it. A Hugging Face fast tokenizer's is its ``tokenizers`` backend's ``decode`` behind a generic
+    argument conversion (``to_py_obj``), which cost as much as the decode itself, twice per token of every
+    stream on the event loop: that backend is called directly where the tokenizer's class keeps Hugging
+    Face's own wrappers (a class that overrides them decodes its own way, and keeps it)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    kind = type(tokenizer)
+    stock = (getattr(getattr(kind, "decode", None), "__qualname__", None) in STOCK_DECODE
+             and getattr(getattr(kind, "_decode", None), "__qualname__", None) in STOCK_BACKEND_DECODE)
+    if stock and backend is not None and callable(getattr(backend, "decode", None)):
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                        clean_up_tokenization_spaces=False)
+
+
 class Detokenizer:
     def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self._decode = backend_decode(tokenizer, skip_special_tokens)
         self.stop = [s for s in (stop or []) if s]
         self.skip_special = skip_special_tokens
         self.ids: list[int] = []
@@ -33,10 +55,6 @@ class Detokenizer:
         self.prefix = 0
         self.read = 0
         self.matched: str | None = None
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special,
-                                     clean_up_tokenization_spaces=False)
 
     def _advance(self, final: bool = False) -> None:
         """Move decoded text from self.ids into self.text."""

@@ -51,32 +51,25 @@ class JobRun:
         """(choice index, Delta | Finished | Failed) until every sequence has ended.
 
         ``receive``: the ASGI receive callable, watched for ``http.disconnect`` (non-streaming).
-        Past ``--request-timeout`` the job is cancelled and a 408 ``ApiError`` raised.
+        Past ``--request-timeout`` the job is cancelled and a 408 ``ApiError`` raised. Both arrive as
+        markers on the job's own queue, so each wait is one ``queue.get``: it happens once per engine
+        step for every stream, on the event loop.
         """
         pending = len(self.works)
-        watcher = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
+        loop = asyncio.get_running_loop()
+        put = self.queue.put_nowait
+        watcher = asyncio.ensure_future(_disconnected(receive, put)) if receive is not None else None
+        timer = (loop.call_later(max(0.0, self.deadline - time.monotonic()), put, (None, _TIMEOUT))
+                 if self.deadline is not None else None)
         try:
             while pending:
-                if self.queue.empty():
-                    get = asyncio.ensure_future(self.queue.get())
-                    waits = {get} if watcher is None else {get, watcher}
-                    left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-                    done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                    if not done:
-                        get.cancel()
-                        raise timed_out(self.limits)
-                    if get not in done:
-                        get.cancel()
-                        raise ClientGone()
-                    events = [get.result()]
-                else:  # already waiting: the same checks, without a wait
-                    if self.deadline is not None and time.monotonic() > self.deadline:
-                        raise timed_out(self.limits)
-                    if watcher is not None and watcher.done():
-                        raise ClientGone()
-                    events = []
+                events = [await self.queue.get()]
                 while not self.queue.empty():
                     events.append(self.queue.get_nowait())
+                if any(index is None for index, _ in events):  # a marker: the deadline, or the client left
+                    if any(e is _TIMEOUT for index, e in events if index is None):
+                        raise timed_out(self.limits)
+                    raise ClientGone()
                 for index, event in coalesce(events):
                     if isinstance(event, (Finished, Failed)):
                         pending -= 1
@@ -84,11 +77,17 @@ class JobRun:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            if timer is not None:
+                timer.cancel()
             self.cancel()
 
 
-async def _disconnected(receive) -> None:
+_TIMEOUT, _GONE = object(), object()  # the markers ``events`` finds on the queue (with index None)
+
+
+async def _disconnected(receive, put) -> None:
     while True:
         message = await receive()
         if message.get("type") == "http.disconnect":
+            put((None, _GONE))
             return

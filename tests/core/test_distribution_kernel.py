@@ -238,21 +238,26 @@ SETTINGS = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature
             SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05)]
 
 
-def test_the_kernel_keeps_each_rows_exact_distribution(table):
-    """Chi-square, as ``test_device_sampling``: the tokens ``accept_rows`` emits on the kernel's thresholds
-    against the reference ``probs`` enumerated along the tree."""
-    v, per = 8, 8000
+def assert_exact_per_row(ops, per: int, position: int) -> None:
+    """Chi-square, as ``test_device_sampling``: the tokens ``accept_rows`` emits through ``ops`` (``per`` rows of
+    each setting, drawn at ``position``) against the reference ``probs`` enumerated along the tree."""
+    v = 8
     tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=v)
     rows = per * len(SETTINGS)
     sr = SamplingRows.build([SETTINGS[r % len(SETTINGS)] for r in range(rows)], list(range(rows)), "cpu")
     tree, width, k = batch_tree(TREE, tokens, rows)
-    u = sampler.draws(sr.seed, torch.full((rows,), 17), width, k)
+    u = sampler.draws(sr.seed, torch.full((rows,), position), width, k)
     cols, counts, bonus = sampler.accept_rows(tree, logits.expand(rows, len(TREE), v), width, sr.floats, sr.ints, u,
-                                              True, Unique())
+                                              True, ops)
     out = emitted(tree, cols, counts, bonus)
     for i, params in enumerate(SETTINGS):
         exact = step_distribution(TREE, tokens, lambda node, prefix, p=params: probs(logits[node], p))
         assert pvalue(out[i::len(SETTINGS)], exact) > 1e-3, params
+
+
+def test_the_kernel_keeps_each_rows_exact_distribution(table):
+    """The tokens ``accept_rows`` emits on the kernel's thresholds keep every row's distribution exactly."""
+    assert_exact_per_row(Unique(), 8000, 17)
 
 
 class UniqueAndBonus(Unique):
@@ -268,18 +273,7 @@ def test_the_bonus_kernel_keeps_each_rows_exact_distribution(monkeypatch):
     or two a row), still enough that a kernel keeping the rejected children's mass fails
     (``test_bonus_kernel``, ``test_device_sampling``'s biased rules)."""
     monkeypatch.setattr(bonus_kernel, "ROW_TABLE", ((1 << 62, True),))  # shipped off until a GPU times it
-    v, per = 8, 8000 if DEVICE == "cuda" else 600
-    tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=v)
-    rows = per * len(SETTINGS)
-    sr = SamplingRows.build([SETTINGS[r % len(SETTINGS)] for r in range(rows)], list(range(rows)), "cpu")
-    tree, width, k = batch_tree(TREE, tokens, rows)
-    u = sampler.draws(sr.seed, torch.full((rows,), 19), width, k)
-    cols, counts, bonus = sampler.accept_rows(tree, logits.expand(rows, len(TREE), v), width, sr.floats, sr.ints, u,
-                                              True, UniqueAndBonus())
-    out = emitted(tree, cols, counts, bonus)
-    for i, params in enumerate(SETTINGS):
-        exact = step_distribution(TREE, tokens, lambda node, prefix, p=params: probs(logits[node], p))
-        assert pvalue(out[i::len(SETTINGS)], exact) > 1e-3, params
+    assert_exact_per_row(UniqueAndBonus(), 8000 if DEVICE == "cuda" else 600, 19)
 
 
 HOPPER_COMPILE = """

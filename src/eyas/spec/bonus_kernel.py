@@ -51,6 +51,13 @@ def _rejected(rejected, valid, b, K, REJECTED: tl.constexpr, K_P2: tl.constexpr)
 
 
 @triton.jit
+def _node(x, f, m, thr, rejected, valid, b, s_b, s_t, K, REJECTED: tl.constexpr, K_P2: tl.constexpr):
+    """Row ``b``'s node: its logits' start in ``x``, its ``m`` and ``thr``, its rejected tokens (``_rejected``)."""
+    row = x + b * s_b + tl.load(f + b) * s_t
+    return row, tl.load(m + b), tl.load(thr + b), _rejected(rejected, valid, b, K, REJECTED, K_P2)
+
+
+@triton.jit
 def _weights(row, idx, end, m, thr, rej, REJECTED: tl.constexpr):
     """[BLOCK] the bonus's weights at entries ``idx`` of ``row`` (0 at ``end`` and past it)."""
     live = idx < end
@@ -69,10 +76,7 @@ def _bonus_sums_kernel(x, f, m, thr, rejected, valid, sums, s_b, s_t, V, K, CHUN
     _after_previous_kernel(PDL)
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    row = x + b * s_b + tl.load(f + b) * s_t
-    mb = tl.load(m + b)
-    tb = tl.load(thr + b)
-    rej = _rejected(rejected, valid, b, K, REJECTED, K_P2)
+    row, mb, tb, rej = _node(x, f, m, thr, rejected, valid, b, s_b, s_t, K, REJECTED, K_P2)
     offs = tl.arange(0, BLOCK)
     lo = s * CHUNK
     end = tl.minimum(lo + CHUNK, V)
@@ -97,10 +101,7 @@ def _bonus_pick_kernel(x, f, m, thr, rejected, valid, u, s_u, sums, out, s_b, s_
     first = tl.min(tl.where((cum > target) & (sm > 0), j, S_P2), axis=0)
     c = tl.where(first < S_P2, first, tl.max(tl.where(sm > 0, j, 0), axis=0))  # rounding past the end: the last
     left = target - tl.sum(tl.where(j == c - 1, cum, 0.0), axis=0)  # the target past the chunks before c
-    row = x + b * s_b + tl.load(f + b) * s_t
-    mb = tl.load(m + b)
-    tb = tl.load(thr + b)
-    rej = _rejected(rejected, valid, b, K, REJECTED, K_P2)
+    row, mb, tb, rej = _node(x, f, m, thr, rejected, valid, b, s_b, s_t, K, REJECTED, K_P2)
     offs = tl.arange(0, BLOCK)
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, V)

@@ -33,6 +33,7 @@ import torch
 log = logging.getLogger("eyas.kernels")
 
 FILE = "kernel-choices.json"
+CANDIDATES = 2  # the candidate sets' version: a file's choices made among fewer candidates are timed again
 
 
 def row_bucket(rows: int) -> str:
@@ -69,7 +70,8 @@ def _machine(device: torch.device) -> str | None:
         return None
     import triton  # only a GPU with the Triton kernels gets here
 
-    return f"{torch.cuda.get_device_name(device)} | triton {triton.__version__} | torch {torch.__version__}"
+    return (f"{torch.cuda.get_device_name(device)} | triton {triton.__version__} | torch {torch.__version__} | "
+            f"candidates {CANDIDATES}")
 
 
 class KernelChoices:

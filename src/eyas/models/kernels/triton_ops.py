@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from ...errors import EyasError
@@ -148,13 +149,17 @@ class TritonOps(TorchOps):
 
     def linear_add(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None) -> torch.Tensor:
+        # cuBLAS with the residual as the accumulator (addmm) took 45-57 us for Llama-3.1-8B's o_proj at 2-64 rows
+        # on the H200, where a plain GEMM of a larger weight took 17-24 us: the product and the add apart are
+        # timed as one more candidate (spec-step-8b-llama-b1-h200.json's kernel timings)
         return self._fused_or_cublas(x, weight, weight.shape[1], residual,
                                      lambda cfg: self._linear(x, weight, bias, None, cfg, residual=residual),
                                      lambda: TorchOps.linear_add(self, residual, x, weight, bias),
-                                     variant=_variant("add", bias, None))
+                                     variant=_variant("add", bias, None),
+                                     extra={"cublas+add": lambda: residual + F.linear(x, weight, bias)})
 
     def _fused_or_cublas(self, x: torch.Tensor, weight: torch.Tensor, width: int, residual, kernel_path, cublas_path,
-                         prologue: bool = False, variant: str = "linear"):
+                         prologue: bool = False, variant: str = "linear", extra: dict | None = None):
         """``kernel_path(config)`` or ``cublas_path()``, whichever ``CHOICES`` measured faster for this
         shape on this GPU (``kernel_choice``). The kernels take one row of ``width`` for ``weight`` (a
         decode step at batch 1: ``_linear_kernel``, its norm, activation and residual inside) or a few
@@ -162,7 +167,8 @@ class TritonOps(TorchOps):
         shapes of ``ROWS_TILES``, without a norm or activation inside unless ``row_prologues``). More
         rows (prefill, large batches) stay cuBLAS's, and a mismatched input meets torch's shape error.
         Without timing (the CPU, a capture, ``settings.measure`` off) the first candidate runs: the kernel
-        with its built-in configuration, or cuBLAS where ``linear_config`` says so."""
+        with its built-in configuration, or cuBLAS where ``linear_config`` says so. ``extra``: more named
+        paths timed beside them where several rows are (never the default)."""
         rows, s = x.numel() // max(1, x.shape[-1]), self.settings
         several = 1 < rows <= ROWS_MAX and s.row_linears and (s.row_prologues or not prologue)
         fits = (s.fused_linears and x.shape[-1] == width and (rows == 1 or several)
@@ -176,8 +182,12 @@ class TritonOps(TorchOps):
         if not configs:
             return cublas_path()
         runs = {name: (lambda cfg=cfg: kernel_path(cfg)) if cfg else cublas_path for name, cfg in configs.items()}
+        if rows > 1 and extra:
+            runs.update(extra)
         key = shape_key(rows, n, k, x.dtype, variant)
         choice = CHOICES.pick(key, runs, x.device) if s.measure else next(iter(configs))
+        if choice not in configs:
+            return runs[choice]()
         if configs[choice] is None:
             return cublas_path()
         return self._or_torch(lambda: kernel_path(configs[choice]), cublas_path, "linear_failed",

@@ -47,12 +47,13 @@ PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts")  # the penalized va
 def kept(inputs: dict, value: torch.Tensor) -> torch.Tensor:
     """``value`` [R, ...] on the live rows, zeros on a bucket's padding (``BatchGraph``'s carry keeps those zero)."""
     live = inputs["live"] > 0
-    return torch.where(live.view((-1,) + (1,) * (value.dim() - 1)), value, torch.zeros_like(value))
+    return torch.where(live.view((-1,) + (1,) * (value.dim() - 1)), value, 0)
 
 
 def variants(make, pool, rows: list[int]) -> dict:
     """One ``BatchGraph`` per kind, ``make(kind)`` building it; on a GPU they share one memory pool
-    (they never run at once, and each replay's outputs are copied out before the next)."""
+    (they never run at once, and each graph's outputs stay allocated to it, so one kind's replay never
+    writes over another's outputs, which a carried step returns as views)."""
     graphs = {kind: make(kind) for kind in KINDS}
     if pool.buf.is_cuda:
         handle = torch.cuda.graph_pool_handle()

@@ -16,8 +16,7 @@ CDF from that node's weights, its children's tokens (all rejected) zeroed, at ``
 mass (the reference: a cumsum and a search over ``[B, V]``; two Triton launches, ``spec.bonus_kernel``,
 where its ``ROW_TABLE`` takes them: nowhere until a GPU has timed them). A root-only tree (the plain step,
 the prefill's first token) takes the same op at the root. Greedy rows of the same batch walk the same way
-with ``p`` the point mass at the argmax, so
-they get exactly ``accept_greedy_batch``'s result.
+with ``p`` the point mass at the argmax, so they get exactly ``accept_greedy_batch``'s result.
 
 The draws come from ``rng.uniform`` keyed by the row's seed, its length at the step's start and a
 lane: ``(depth, i)`` for the ``i``-th child of the path's node at that depth, ``(depth, K)`` for the

@@ -219,8 +219,9 @@ class BatchGraph:
         if not self.enabled or None in key or need > self.cache.capacity_slots:
             return None
         g = self.graphs.get(key) or self._build(key, inputs, fixed)
-        if state is not None and g.holds == state[0]:
-            self.carried += 1  # the fixed slot numbers it carries are skipped below too
+        carried = state is not None and g.holds == state[0]
+        if carried:
+            self.carried += 1
         else:
             for name, x in inputs.items():
                 g.inputs[name][:b].copy_(x)
@@ -228,7 +229,6 @@ class BatchGraph:
                 for name in inputs:
                     g.inputs[name][b:g.filled].zero_()
             g.filled = b
-        carried = state is not None and g.holds == state[0]
         for name, value in fixed.items():
             if carried and name in self._carries:  # tests/core/test_native.py checks it equals ``value``
                 continue

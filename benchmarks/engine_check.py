@@ -87,7 +87,7 @@ def main() -> int:
     eager = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8).generate([PROMPTS[0]], MINE)[0]
     record("sampled: the eager path (draws in torch ops) gives the graphs' tokens (draws in a kernel)",
            eager.output_ids == alone.output_ids)
-    record("sampled: the filtered whole-step graph ran", bool(engine.speculators[spec].graphs["filtered"].graphs))
+    record("sampled: the filtered whole-step graph ran", bool(engine.whole_steps[spec].graphs["filtered"].graphs))
     seconds = time.perf_counter() - start
     print(f"{len(checks) - failed}/{len(checks)} checks passed in {seconds:.0f} s")
     if args.out:

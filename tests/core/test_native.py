@@ -84,8 +84,8 @@ def test_other_families_decode_like_hugging_face(name, graphs):
 
 
 def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeypatch):
-    """Without a draft, a greedy step is one graph (``engine/decode.py``): ragged rows, rows that
-    finish early, windows that grow past a bucket; the same tokens as HF and as the step by parts.
+    """Without a draft, a greedy step is one graph (``engine/decode.py``, the tree of the root alone): ragged
+    rows, rows that finish early, windows that grow past a bucket; the same tokens as HF and as the step by parts.
     A sampled row in the batch rides in the same replay (the graph's sampled variant)."""
     model = family_model("qwen2-bias")
     prompts = [PROMPTS[0], PROMPTS[1] * 12, PROMPTS[2]]  # the second crosses the 256-slot window
@@ -94,19 +94,20 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True)
     outs = engine.generate(prompts, params)
     assert [o.output_ids for o in outs] == [refs[0], refs[1], refs[2][:12]]
-    assert engine.decoder.steps == 39  # every step after prefill's token, the batch filtered as rows finish
+    whole = engine.whole_steps[engine.spec]
+    assert whole.steps == 39  # every step after prefill's token, the batch filtered as rows finish
     # a step leaves the next one's inputs in the graph's buffers: only the steps after prefill, a filter, or a
     # window bucket change copy them (the second row's window moves from the 256-slot bucket to the next)
-    assert 30 <= engine.decoder.graph.carried < 39
+    assert 30 <= whole.graph.carried < 39
     parts = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True,
                    whole_step_graphs=False)
-    assert parts.decoder is None
+    assert not parts.whole_steps
     assert [o.output_ids for o in parts.generate(prompts, params)] == [o.output_ids for o in outs]
     mixed = [params[0], SamplingParams(max_new_tokens=8, temperature=0.7, seed=1), params[2]]
-    before = engine.decoder.steps
+    before = whole.steps
     outs = engine.generate(prompts, mixed)
-    assert outs[0].output_ids == refs[0] and engine.decoder.steps - before == 39  # the sampled row on the graph too
-    assert engine.decoder.graphs["sampled"].graphs and len(outs[1].output_ids) == 8
+    assert outs[0].output_ids == refs[0] and whole.steps - before == 39  # the sampled row on the graph too
+    assert whole.graphs["sampled"].graphs and len(outs[1].output_ids) == 8
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +133,13 @@ def test_native_engine_is_lossless(target, draft, references, name, path, monkey
     outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW, ignore_eos=True))
     assert [o.output_ids for o in outs] == references
     if path == "graph-buffers":  # the steps after the first took their inputs from the last step's carry
-        whole = engine.decoder or engine.speculators[spec]
+        whole = engine.whole_steps[spec]
         assert whole.graph.carried > 0
     if spec.speculative:
         accepted = sum(o.stats.accepted for o in outs)
         assert 0 < accepted < sum(o.stats.draft_tokens for o in outs)
     runner = engine.target_runner
-    whole = engine.decoder if not spec.speculative else engine.speculators.get(spec)
+    whole = engine.whole_steps.get(spec)
     if path == "graph-buffers":  # every step one replay: the per-forward runners never used
         assert whole.steps > 0
         assert runner.eager_calls == 0 and not runner.graphs
@@ -214,7 +215,7 @@ def test_long_context_crosses_window_buckets(target, draft):
     engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 5, 1, 6), max_batch=2)
     out = engine.generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
     assert out.output_ids == ref
-    assert {key[1] for key in engine.speculators[engine.spec].graph.graphs} == {256, 1024}
+    assert {key[1] for key in engine.whole_steps[engine.spec].graph.graphs} == {256, 1024}
 
 
 def test_static_cache_operations_match_the_dynamic_cache():
@@ -342,7 +343,7 @@ def test_what_a_step_graph_carries_is_what_the_host_would_have_copied(target, dr
                     cuda_graphs=True)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (20, 7, 14)]
     batch = engine.prefill_all([engine.new_sequence(p, q) for p, q in zip(PROMPTS[:3], params)])
-    runner = engine.decoder or engine.speculators[spec]
+    runner = engine.whole_steps[spec]
     checked = 0
     while True:
         alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
@@ -364,7 +365,7 @@ def test_what_a_step_graph_carries_is_what_the_host_would_have_copied(target, dr
                 torch.testing.assert_close(inputs["hidden0"][:b], batch.draft_hidden, rtol=0, atol=0)
                 torch.testing.assert_close(inputs["logits0"][:b], batch.draft_logits, rtol=0, atol=0)
             else:
-                assert int(inputs["prefix"]) == engine.target_pool.used
+                assert int(inputs["tprefix"]) == engine.target_pool.used and "dprefix" not in inputs
             checked += 1
     assert checked >= 10
 

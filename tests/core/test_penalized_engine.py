@@ -46,14 +46,14 @@ def test_speculation_with_penalties_gives_plain_decodings_text(target, draft, pl
     assert outs[2].output_ids == engine.generate([PROMPT], SAMPLED)[0].output_ids  # seeded: batch-independent
     assert outs[0].stats.accepted > 0  # drafted tokens were verified against penalised logits
     if path == "native-graph":
-        assert engine.speculators[SPEC].graphs["penalized"].graphs  # ran inside the whole step
+        assert engine.whole_steps[SPEC].graphs["penalized"].graphs  # ran inside the whole step
         assert not any("penalized" in r.name for r in engine.graph_runners())  # not captured at startup
 
 
 def test_plain_decoding_on_the_native_path_agrees(target, plain_decoding):
     engine = Engine(NativeTarget.from_target(target), max_batch=4, cuda_graphs=True)
     assert engine.generate([PROMPT], PENALIZED)[0].output_ids == plain_decoding["penalized"]
-    assert engine.decoder.graphs["penalized"].graphs
+    assert engine.whole_steps[engine.spec].graphs["penalized"].graphs
 
 
 def test_a_logit_bias_outside_the_vocabulary_is_refused(target):

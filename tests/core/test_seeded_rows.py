@@ -56,4 +56,4 @@ def test_a_seeded_request_gives_the_same_tokens_in_any_batch(target, draft, alon
     other = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1235, ignore_eos=True)
     assert engine.generate([PROMPT], other)[0].output_ids != alone  # the seed decides
     if path == "native-graph":
-        assert engine.speculators[SPEC].graphs["filtered"].graphs  # the sampled rows ran inside the whole step
+        assert engine.whole_steps[SPEC].graphs["filtered"].graphs  # the sampled rows ran inside the whole step

@@ -1,23 +1,18 @@
-"""A step on the native path's static caches as one CUDA graph: plain decoding, and speculation.
+"""A step on the native path's static caches as one CUDA graph, with a draft or without.
 
-``Engine.step`` builds a step from parts: the mask, the target's graph replay, the argmax, the
-commit and the gathers around it, each a launch from the host, which then waits for the one
-readback. At batch 1 that host work left the GPU idle between launches for a measurable share of a
-Llama-3.1-8B step (``benchmarks/decode_8b.py``; docs/log/engine.md, "The plain step as one graph"). For a
-greedy batch the whole step is a function of a few tensors (each row's length and last token, the
-draft's last output, and the slots the new keys go to), so it is captured whole: a step is a few
-input copies, one replay and the readback.
+``Engine.step`` can build a step from parts (``by_parts.py``): the mask, the target's replay, the
+acceptance, the commit and the gathers around it, each a launch from the host, which then waits for
+the one read-back. At batch 1 that host work left the GPU idle for a measurable share of a
+Llama-3.1-8B step (``benchmarks/decode_8b.py``). The whole step is a function of a few tensors (each
+row's length and last token, the draft's last output, and the slots the new keys go to), so it is
+captured whole (``step_static``, ``StaticStep``): a step is a few input copies (none when the same
+batch steps again: the carry), one replay and the read-back. Plain decoding is the same function with
+a tree of the root alone: the draft, if there is one, is still fed (an adaptive spec's plain steps).
 
-- ``decode_static`` / ``StaticDecoder``: without a draft (mask, forward, the token, commit).
-- ``speculate_static`` / ``StaticSpeculator``: with one (the tree drafting of ``spec/drafter.py``, the
-  verify mask, the target's forward over the tree, acceptance, the commit, and the draft
-  extend that leaves the draft's output for the next step): about 60 launches around three graph
-  replays became one replay.
-
-Each is captured in four variants, by what the batch's rows need (``SamplingRows.kind``): ``greedy``
-(the argmax, ``accept_greedy_batch``: no cost for greedy batches), ``sampled`` (rejection sampling on
-the device, ``sampler.accept_rows``, temperature and min-p only), ``filtered`` (the same with the
-vocabulary sort top-k and top-p need) and ``penalized`` (penalties and logit bias along the tree
+Each setting is captured in four variants, by what the batch's rows need (``SamplingRows.kind``):
+``greedy`` (the argmax, ``accept_greedy_batch``: no cost for greedy batches), ``sampled`` (rejection
+sampling on the device, ``sampler.accept_rows``, temperature and min-p only), ``filtered`` (the same
+with the thresholds top-k and top-p need) and ``penalized`` (penalties and logit bias along the tree
 first, ``penalties.py``, then as ``filtered``). The sampled variants take the rows' settings as two
 more inputs; the penalized one also the rows' ``Penalties`` and returns their token counts with the
 step's tokens added (``penalties.record``), so the counts never leave the device. The penalized
@@ -92,101 +87,27 @@ def vocab_of(native) -> int:
     return native.lm_head.weight.shape[0]
 
 
-def decode_static(native, pool, lengths: torch.Tensor, root: torch.Tensor, live: torch.Tensor, prefix: torch.Tensor,
-                  window: int, kind: str = GREEDY, floats=None, ints=None, pen=None):
-    """Feed each row's last token ``root`` [B] at position ``lengths[b]``, its keys at slot ``prefix``
-    (a 1-element tensor), keep them at ``lengths[b]``; return ``host`` [B, 5] as ``speculate_static``
-    shapes it for a path of width 1: the next token (greedy, or drawn under the rows' settings
-    ``floats``/``ints`` for a ``kind`` other than greedy), 1, the new length, the token again, and
-    whether the row's logits were finite (``finite_rows``); with ``pen`` (the penalized variant) the
-    rows' token counts with the new token added follow ``host`` in the tuple. The
-    mask is ``window`` wide: the whole function is one graph per (kind, rows, window).
-    A row with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with, maybe while
-    row 0 is a real one) keeps its keys where they were written, never over committed slots."""
-    # [B, 1, 1, window]: the committed slots and its own (the verify's mask of a tree of the root alone)
-    ops = ops_for(pool, lengths, native.rope)
-    mask = ops.tree_mask(lengths, Tree.root_only(root).mask, prefix, window, pool.buf.dtype)
-    pool.aim(window, prefix)
-    logits, _ = native(root[:, None], lengths[:, None], mask, pool, ())
-    src = prefix.expand(len(root), 1)
-    pool.commit(torch.where(live > 0, lengths, prefix), src, live)
-    token = accept(Tree.root_only(root), logits[:, -1:], 1, kind, floats, ints, lengths, 0, ops, pen)[2]
-    one = consts.full(token.shape, 1, token.dtype, token.device)
-    host = torch.stack([token, one, lengths + 1, token, finite_rows(logits).long()], dim=1)
-    return (host,) if pen is None else (host, record(pen[3], token[:, None], one))
-
-
-class StaticDecoder:
-    """``decode_static`` as one graph replay per (kind, rows, window) bucket: ``graphs[kind]``."""
-
-    def __init__(self, native, pool, rows: list[int], enabled: bool):
-        self.native, self.pool = native, pool
-        self.steps = 0  # steps run whole (the rest ran by parts)
-        self._live = None
-        self.graphs = variants(lambda kind: BatchGraph(
-            lambda inputs, window: self._fn(inputs, window, kind), pool, rows, window_buckets(pool.capacity_slots),
-            enabled, name=f"decode step {kind}", example=lambda r: self._example(r, kind), top_slots=1,
-            carry=None if kind == PENALIZED else self._carry), pool, rows)
-        self.graph = self.graphs[GREEDY]
-
-    @staticmethod
-    def _carry(inputs, outputs):
-        """What a step leaves for the next: the new lengths and the token just emitted (``host``'s columns), and
-        the next step's slot, the longest row's new length (what ``Engine._finish`` crops the cache to)."""
-        host = outputs[0]
-        lengths = kept(inputs, host[:, 2])
-        return {"lengths": lengths, "root": kept(inputs, host[:, 3]), "prefix": lengths.max().view(1)}
-
-    def _fn(self, inputs, window, kind):
-        return decode_static(self.native, self.pool, inputs["lengths"], inputs["root"], inputs["live"],
-                             inputs["prefix"], window, kind, inputs.get("floats"), inputs.get("ints"), pen_of(inputs))
-
-    def _example(self, rows: int, kind: str):
-        ids = torch.zeros(rows, dtype=torch.long, device=self.pool.buf.device)
-        rows_in = rows_example(kind, rows, ids.device, vocab_of(self.native))
-        return {"lengths": ids, "root": ids, "live": ids, **rows_in}, {"prefix": 0}
-
-    @torch.inference_mode()
-    def __call__(self, lengths: torch.Tensor, root: torch.Tensor, rows, state: tuple | None = None):
-        """``host`` [B, 5] (see ``decode_static``) for a batch of sampling settings ``rows``
-        (``SamplingRows``, whose penalty counts it updates), or None past the last bucket (run the step
-        by parts). ``state``: ``BatchGraph``'s (the inputs' token, the next one)."""
-        prefix = self.pool.used
-        if self._live is None or len(self._live) != len(root):
-            self._live = torch.ones_like(root)
-        out = self.graphs[rows.kind]({"lengths": lengths, "root": root, "live": self._live, **rows_inputs(rows)},
-                                     {"prefix": prefix}, prefix + 1, state)
-        if out is None:
-            return None
-        self.pool.advance(1)
-        self.steps += 1
-        if rows.pen is not None:
-            rows.pen.counts = out[1]
-        return out[0]
-
-
-def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: SpecConfig, lengths, root, logits0,
-                     hidden0, live, tprefix: torch.Tensor, dprefix: torch.Tensor, window: int, kind: str = GREEDY,
-                     floats=None, ints=None, pen=None):
-    """One speculative step on the static caches with only tensors varying between calls, so it is one
-    graph per (kind, rows, window): draft a tree (``spec``'s settings; the root alone when it drafts
-    nothing) from the draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it
-    with the target (its keys at slots ``tprefix..``), accept (greedily, or by rejection sampling under the
-    rows' settings ``floats``/``ints``: ``sampler.accept``), commit the accepted path, and feed
-    it to the draft (keys at ``dprefix..``). Returns (``host`` [B, width + 4]: the emitted tokens padded
-    to the path width, their count, the new length, the next root, whether the target's logits over the
-    row's tree were finite (``finite_rows``: 0 ends that row alone); the draft's logits [B, draft_vocab]
-    (not for a ``spec`` that drafts nothing) and hidden state [B, H] after the last kept token; with
-    ``pen``, the penalized variant's, then the rows' token counts with the emitted tokens added). Rows
-    with ``live`` 0 (a bucket's padding, or the zeros a graph is warmed up with) keep their keys where they
-    were written."""
+def step_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: SpecConfig, lengths, root, logits0,
+                hidden0, live, tprefix: torch.Tensor, dprefix: torch.Tensor | None, window: int, kind: str = GREEDY,
+                floats=None, ints=None, pen=None):
+    """One step on the static caches with only tensors varying between calls, so it is one graph per
+    (kind, rows, window): draft a tree (``spec``'s settings; the root alone when it drafts nothing) from the
+    draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it with the target (its
+    keys at slots ``tprefix..``), accept (greedily, or by rejection sampling under the rows' settings
+    ``floats``/``ints``: ``sampler.accept``), commit the accepted path, and, with a ``draft``, feed it to the
+    draft (keys at ``dprefix..``). Returns (``host`` [B, width + 4]: the emitted tokens padded to the path
+    width, their count, the new length, the next root, whether the target's logits over the row's tree were
+    finite (``finite_rows``: 0 ends that row alone); with a draft, its logits [B, draft_vocab] (not for a
+    ``spec`` that drafts nothing) and hidden state [B, H] after the last kept token; with ``pen``, the
+    penalized variant's, then the rows' token counts with the emitted tokens added). Rows with ``live`` 0 (a
+    bucket's padding, or the zeros a graph is warmed up with) keep their keys where they were written."""
     dev = root.device
     if spec.speculative:
         tree = draft_tree_static(draft, dpool, lengths, root, logits0, hidden0, spec, dprefix, window)
     else:
         tree = Tree.root_only(root)
     size, width = tree.size, spec.path_width
-    ops = ops_for(tpool, hidden0, native.rope)
+    ops = ops_for(tpool, lengths, native.rope)
     mask = ops.tree_mask(lengths, tree.mask, tprefix, window, tpool.buf.dtype)  # [B, 1, T, window]
     tpool.aim(window, tprefix + consts.arange(size, dev))
     logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, mask, tpool, aux_ids)
@@ -194,19 +115,21 @@ def speculate_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec
     kept = live > 0
     new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
     new, path_aux = accepted_path(tree, aux, cols, counts, bonus)
-    # Without speculation (an adaptive spec's plain steps) the draft is fed but its logits are left out: the
-    # next speculative step computes them from the hidden state (``Engine.step``), so a plain step costs less.
-    logits1, hidden1 = draft_extend_static(draft, dpool, lengths, new, path_aux, torch.where(kept, counts, 0), dprefix,
-                                           window, with_logits=spec.speculative)
     host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None], finite_rows(logits).long()[:, None]],
                      dim=1)
-    out = (host, hidden1) if logits1 is None else (host, logits1, hidden1)
+    out = (host,)
+    if draft is not None:
+        # Without speculation (an adaptive spec's plain steps) the draft is fed but its logits are left out: the
+        # next speculative step computes them from the hidden state (``Engine.step``), so a plain step costs less.
+        logits1, hidden1 = draft_extend_static(draft, dpool, lengths, new, path_aux, torch.where(kept, counts, 0),
+                                               dprefix, window, with_logits=spec.speculative)
+        out = (host, hidden1) if logits1 is None else (host, logits1, hidden1)
     return out if pen is None else (*out, record(pen[3], new, counts))
 
 
-class StaticSpeculator:
-    """``speculate_static`` for one setting of the schedule, as one graph replay per (kind, rows, window):
-    ``graphs[kind]``."""
+class StaticStep:
+    """``step_static`` for one setting, as one graph replay per (kind, rows, window): ``graphs[kind]``.
+    ``draft`` and ``dpool`` are None for an engine without a draft (its one setting drafts nothing)."""
 
     def __init__(self, native, tpool, aux_ids, draft, dpool, spec: SpecConfig, rows: list[int], enabled: bool):
         self.native, self.tpool, self.aux_ids = native, tpool, aux_ids
@@ -219,54 +142,66 @@ class StaticSpeculator:
         setting = f"{spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}" if spec.speculative else "0"
         self.graphs = variants(lambda kind: BatchGraph(
             lambda inputs, window: self._fn(inputs, window, kind), tpool, rows, window_buckets(tpool.capacity_slots),
-            enabled, name=f"speculative step {setting} {kind}", example=lambda r: self._example(r, kind),
+            enabled, name=f"step {setting} {kind}", example=lambda r: self._example(r, kind),
             top_slots=self.span, carry=None if kind == PENALIZED else self._carry), tpool, rows)
         self.graph = self.graphs[GREEDY]
 
     def _carry(self, inputs, outputs):
         """What a step leaves for the next: the new lengths and root (``host``'s columns), the draft's output, and
-        both caches' next slot."""
+        the caches' next slot."""
         host, width = outputs[0], self.spec.path_width
         lengths = kept(inputs, host[:, width + 1])
-        used = lengths.max().view(1)  # both caches' next prefix: ``Engine._finish`` crops them to the longest row
-        out = {"lengths": lengths, "root": kept(inputs, host[:, width + 2]), "hidden0": kept(inputs, outputs[-1]),
-               "tprefix": used, "dprefix": used}
+        used = lengths.max().view(1)  # the caches' next prefix: ``Engine._finish`` crops them to the longest row
+        out = {"lengths": lengths, "root": kept(inputs, host[:, width + 2]), "tprefix": used}
+        if self.draft is not None:
+            out.update(hidden0=kept(inputs, outputs[-1]), dprefix=used)
         if self.spec.speculative:
             out["logits0"] = kept(inputs, outputs[1])
         return out
 
     def _fn(self, inputs, window, kind):
-        return speculate_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
-                                inputs["lengths"], inputs["root"], inputs.get("logits0"), inputs["hidden0"],
-                                inputs["live"], inputs["tprefix"], inputs["dprefix"], window, kind,
-                                inputs.get("floats"), inputs.get("ints"), pen_of(inputs))
+        return step_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
+                           inputs["lengths"], inputs["root"], inputs.get("logits0"), inputs.get("hidden0"),
+                           inputs["live"], inputs["tprefix"], inputs.get("dprefix"), window, kind,
+                           inputs.get("floats"), inputs.get("ints"), pen_of(inputs))
+
+    def _drafts(self, logits0, hidden0) -> dict:
+        """The draft's last output among the inputs: none without a draft, no logits for a setting that drafts
+        nothing (after plain steps they are None, ``Engine.step``)."""
+        if self.draft is None:
+            return {}
+        return {"logits0": logits0, "hidden0": hidden0} if self.spec.speculative else {"hidden0": hidden0}
 
     def _example(self, rows: int, kind: str):
-        w = self.draft.fc.weight
-        ids = torch.zeros(rows, dtype=torch.long, device=w.device)
-        logits = torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=w.device)
-        hidden = torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=w.device)
-        drafts = {"logits0": logits} if self.spec.speculative else {}  # a plain step drafts from nothing
-        return ({"lengths": ids, "root": ids, **drafts, "hidden0": hidden, "live": ids,
-                 **rows_example(kind, rows, w.device, vocab_of(self.native))}, {"tprefix": 0, "dprefix": 0})
+        dev = self.tpool.buf.device
+        ids = torch.zeros(rows, dtype=torch.long, device=dev)
+        fixed = {"tprefix": 0}
+        drafts = {}
+        if self.draft is not None:
+            w = self.draft.fc.weight
+            drafts = self._drafts(torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=dev),
+                                  torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=dev))
+            fixed["dprefix"] = 0
+        return ({"lengths": ids, "root": ids, **drafts, "live": ids,
+                 **rows_example(kind, rows, dev, vocab_of(self.native))}, fixed)
 
     @torch.inference_mode()
     def __call__(self, lengths, root, logits0, hidden0, rows, state: tuple | None = None):
-        """(host [B, width + 4], draft logits, draft hidden) as ``speculate_static`` returns them for a batch
+        """(host [B, width + 4], draft logits, draft hidden) as ``step_static`` returns them for a batch
         of sampling settings ``rows`` (``SamplingRows``, whose penalty counts it updates), or None past the
-        last bucket (run the step by parts). The logits are None for a setting that drafts nothing.
-        ``state``: ``BatchGraph``'s (the inputs' token, the next one)."""
-        tused, dused = self.tpool.used, self.dpool.used
+        last bucket (run the step by parts). The logits are None for a setting that drafts nothing, both
+        without a draft. ``state``: ``BatchGraph``'s (the inputs' token, the next one)."""
+        fixed = {"tprefix": self.tpool.used}
+        if self.dpool is not None:
+            fixed["dprefix"] = self.dpool.used
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
-        drafts = {"logits0": logits0} if self.spec.speculative else {}  # None after plain steps (Engine.step)
-        inputs = {"lengths": lengths, "root": root, **drafts, "hidden0": hidden0, "live": self._live,
+        inputs = {"lengths": lengths, "root": root, **self._drafts(logits0, hidden0), "live": self._live,
                   **rows_inputs(rows)}
-        out = self.graphs[rows.kind](inputs, {"tprefix": tused, "dprefix": dused}, max(tused, dused) + self.span,
-                                     state)
+        out = self.graphs[rows.kind](inputs, fixed, max(fixed.values()) + self.span, state)
         if out is None:
             return None
         self.steps += 1
         if rows.pen is not None:
             rows.pen.counts, out = out[-1], out[:-1]
-        return out if self.spec.speculative else (out[0], None, out[1])  # no draft logits: see speculate_static
+        return out if self.spec.speculative else (out[0], None, out[-1] if self.draft is not None else None)

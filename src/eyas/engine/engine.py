@@ -69,11 +69,11 @@ class Engine:
         self._eos = frozenset(target.eos_token_ids)
         self.static = isinstance(target, NativeTarget)
         # The native path's caches and runners (``pools.py``); the generic path has none.
-        self.decoder, self.speculators, self.drafters, self.extenders, self.prefiller = None, {}, {}, {}, None
+        self.whole_steps, self.drafters, self.extenders, self.prefiller = {}, {}, {}, None
         self.ops = TORCH  # the acceptance's and draws' ops outside the graphs: the target pool's kernels, if any
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
-            (self.target_pool, self.decoder, self.speculators, self.drafters, self.extenders, self.prefiller,
+            (self.target_pool, self.whole_steps, self.drafters, self.extenders, self.prefiller,
              self.ops, self.max_context, self.layout) = native_pools(target, self.draft_steps, spec, config,
                                                                      self.tree_size, self.max_context)
         self.by_parts = StepByParts(target, self.draft_steps, self.drafters, self.extenders, self.ops,
@@ -92,8 +92,8 @@ class Engine:
         return self.max_context - self.tree_size - 1
 
     def graph_runners(self) -> list:
-        """The native path's graph runners: target forward, the whole step (one per setting with a draft,
-        one without; each in its greedy, sampled and filtered variants), and, when steps run by parts,
+        """The native path's graph runners: target forward, the whole step (one per setting,
+        each in its greedy, sampled and filtered variants), and, when steps run by parts,
         one tree drafter per setting and one draft extend per path width."""
         if not self.static:
             return []
@@ -103,8 +103,8 @@ class Engine:
         # of theirs either (the same rows and window buckets).
         extra = ([d.graph for d in self.drafters.values()] + [e.graph for e in self.extenders.values()]
                  if not self.config.whole_step_graphs else [])
-        whole = [g for w in ([self.decoder] if self.decoder else self.speculators.values())
-                 for kind, g in w.graphs.items() if kind in STARTUP_KINDS]  # the penalized ones: on first use
+        # the penalized variants are captured on first use
+        whole = [g for w in self.whole_steps.values() for kind, g in w.graphs.items() if kind in STARTUP_KINDS]
         prefill = self.prefiller.graphs() if self.prefiller else []
         return [self.target_runner] + whole + extra + prefill
 
@@ -285,12 +285,8 @@ class Engine:
             # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.
             whole = rows.logprobs is None
             graphs = whole and not constrained(batch.seqs)  # a grammar's mask is made on the host (grammar.py)
-            if graphs and self.decoder is not None:  # the whole step in one graph replay, where one fits
-                host = self.decoder(batch.lengths, batch.root, rows, batch.state())
-                if host is not None:
-                    return self._finish(batch, spec, host, start=start)
-            elif graphs and spec in self.speculators:
-                out = self.speculators[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden,
+            if graphs and spec in self.whole_steps:  # the whole step in one graph replay, where one fits
+                out = self.whole_steps[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden,
                                              rows, batch.state())
                 if out is not None:
                     host, batch.draft_logits, batch.draft_hidden = out

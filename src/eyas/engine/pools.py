@@ -2,8 +2,8 @@
 
 ``native_pools`` sizes both caches for the largest setting of the schedule (``models.native.plan_pool``,
 within ``--mem-fraction-static``), then builds every runner with graph buckets for every setting's shapes:
-the target's forward (the pool's own runner); the whole step (``decode.py``: ``StaticDecoder`` without a
-draft, a ``StaticSpeculator`` per setting with one); the step's parts (``spec/drafter.py``: a
+the target's forward (the pool's own runner); the whole step (``decode.py``: a ``StaticStep`` per
+setting); the step's parts (``spec/drafter.py``: a
 ``StaticDrafter`` per setting, a ``StaticExtender`` per path width); and the prefill's (``prefill.py``).
 ``Engine.graph_runners`` lists those ``Engine.warm_up`` captures.
 """
@@ -21,14 +21,13 @@ from ..models.native import kv_budget, plan_pool
 from ..models.static_cache import StaticKV
 from ..spec.drafter import StaticDrafter, StaticExtender
 from ..spec.ops import ops_for
-from .decode import StaticDecoder, StaticSpeculator
+from .decode import StaticStep
 from .prefill import StaticPrefill
 
 
 class NativePools(NamedTuple):
     target_pool: StaticKV
-    decoder: StaticDecoder | None  # the whole plain step (no draft, whole-step graphs on)
-    speculators: dict[SpecConfig, StaticSpeculator]  # the whole step per setting (a draft, whole-step graphs on)
+    whole_steps: dict[SpecConfig, StaticStep]  # the whole step per setting (whole-step graphs on)
     drafters: dict[SpecConfig, StaticDrafter]  # the tree per drafting setting
     extenders: dict[int, StaticExtender]  # the draft extend per path width
     prefiller: StaticPrefill | None  # prefill graphs (CUDA graphs and prefill graphs on)
@@ -58,18 +57,16 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
     like = torch.zeros(1, dtype=target.dtype, device=device)
     target_pool = target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs, capture_aux=spec.speculative,
                                   kernels=c.kernels)
-    decoder, speculators, drafters, extenders, prefiller = None, {}, {}, {}, None
-    if not spec.speculative and c.whole_step_graphs:
-        decoder = StaticDecoder(target.native, target_pool, rows, cuda_graphs)
+    whole_steps, drafters, extenders, prefiller, pool = {}, {}, {}, None, None
     if spec.speculative:
         pool = draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs, c.kernels)
         drafters = {s: StaticDrafter(draft_steps.net, pool, s, draft_steps, rows, cuda_graphs) for s in drafting}
         widths = sorted({s.path_width for s in spec.options})
         extenders = {w: StaticExtender(draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
-        if c.whole_step_graphs:
-            aux = tuple(target.aux_layer_ids)
-            speculators = {s: StaticSpeculator(target.native, target_pool, aux, draft_steps.net, pool, s, rows,
-                                               cuda_graphs) for s in spec.options}
+    if c.whole_step_graphs:
+        aux, draft = (tuple(target.aux_layer_ids), draft_steps.net) if spec.speculative else ((), None)
+        whole_steps = {s: StaticStep(target.native, target_pool, aux, draft, pool, s, rows, cuda_graphs)
+                       for s in spec.options}
     if cuda_graphs and c.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
         aux = tuple(target.aux_layer_ids) if spec.speculative else ()
         prefiller = StaticPrefill(target, draft_steps if spec.speculative else None, max_batch, max_context, aux,
@@ -78,4 +75,4 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
     layout = (f"native Llama forward, static KV cache {plan.describe()}, context {max_context}, "
               f"CUDA graphs {'on' if graphs else 'off' if device.type == 'cuda' else 'n/a (CPU)'}, "
               f"{ops.name} kernels")
-    return NativePools(target_pool, decoder, speculators, drafters, extenders, prefiller, ops, max_context, layout)
+    return NativePools(target_pool, whole_steps, drafters, extenders, prefiller, ops, max_context, layout)

@@ -26,7 +26,7 @@ import torch
 
 from ..config import SpecConfig
 from ..models import consts
-from ..models.graphs import BatchGraph, window_buckets
+from ..models.graphs import BatchGraph, share_pool, window_buckets
 from ..spec.drafter import draft_extend_static, draft_tree_static
 from ..spec.ops import ops_for
 from ..spec.tree import Tree
@@ -45,15 +45,12 @@ def kept(inputs: dict, value: torch.Tensor) -> torch.Tensor:
     return torch.where(live.view((-1,) + (1,) * (value.dim() - 1)), value, 0)
 
 
-def variants(make, pool, rows: list[int]) -> dict:
-    """One ``BatchGraph`` per kind, ``make(kind)`` building it; on a GPU they share one memory pool
-    (they never run at once, and each graph's outputs stay allocated to it, so one kind's replay never
-    writes over another's outputs, which a carried step returns as views)."""
+def variants(make) -> dict:
+    """One ``BatchGraph`` per kind, ``make(kind)`` building it, in one memory pool (``share_pool``): a
+    carried step's outputs (views the batch reads at its next step) are safe there because the kind only
+    changes with the batch's rows, and a new batch (``Engine.filter``, ``merge``) copies them first."""
     graphs = {kind: make(kind) for kind in KINDS}
-    if pool.buf.is_cuda:
-        handle = torch.cuda.graph_pool_handle()
-        for g in graphs.values():
-            g.pool = handle
+    share_pool(graphs.values())
     return graphs
 
 
@@ -142,8 +139,8 @@ class StaticStep:
         setting = f"{spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}" if spec.speculative else "0"
         self.graphs = variants(lambda kind: BatchGraph(
             lambda inputs, window: self._fn(inputs, window, kind), tpool, rows, window_buckets(tpool.capacity_slots),
-            enabled, name=f"step {setting} {kind}", example=lambda r: self._example(r, kind),
-            top_slots=self.span, carry=None if kind == PENALIZED else self._carry), tpool, rows)
+            enabled, name=f"step {setting} {kind}", example=lambda r, _w: self._example(r, kind),
+            top_slots=self.span, carry=None if kind == PENALIZED else self._carry))
         self.graph = self.graphs[GREEDY]
 
     def _carry(self, inputs, outputs):

@@ -83,7 +83,7 @@ class Engine:
 
     @property
     def target_runner(self):
-        """The native target's forward over ``target_pool``: its ``GraphRunner``."""
+        """The native target's forward over ``target_pool``: its ``ForwardGraphs``."""
         return self.target.runners[self.target_pool]
 
     @property

@@ -27,7 +27,7 @@ from bisect import bisect_left
 import torch
 
 from ..models import consts, kv_cache
-from ..models.graphs import BatchGraph, buckets
+from ..models.graphs import BatchGraph, buckets, share_pool
 from ..models.kernel_settings import KernelSettings
 from ..spec.drafter import StaticExtender
 from ..spec.ops import TORCH, ops_for
@@ -80,10 +80,7 @@ class StaticPrefill:
             if draft_steps is not None:
                 self.drafts[t] = StaticExtender(draft_steps.net, self.draft_cache, t, rows, enabled, windows=[t],
                                                 name="prefill draft")
-        if self.target_cache.buf.is_cuda:  # one memory pool for all of them: they never run at the same time,
-            pool = torch.cuda.graph_pool_handle()  # and each one's outputs are copied out before the next runs
-            for g in self.graphs():
-                g.pool = pool
+        share_pool(self.graphs())  # they never run at once, and each one's outputs are copied out before the next runs
         self._holder = None  # the batch the caches are lent to, until it joins the running batch
 
     def _target_fn(self, t: int):
@@ -91,7 +88,7 @@ class StaticPrefill:
                                                      self.aux_ids, window)
 
     def _example(self, t: int):
-        def example(rows: int):
+        def example(rows: int, window: int = 0):
             ids = torch.zeros((rows, t), dtype=torch.long, device=self.target_cache.buf.device)
             return {"ids": ids, "lens": ids[:, 0]}, {}
         return example

@@ -1,9 +1,11 @@
-"""Forwards over a ``StaticKV``, eager or replayed from CUDA graphs captured per shape bucket.
+"""Functions over a ``StaticKV``, eager or replayed from CUDA graphs captured per shape bucket.
 
-A forward over the static cache has a shape ``(B rows, T new tokens, W attended slots)``. The
-runner rounds each up to a bucket, copies the real inputs into fixed buffers of the bucket's shape
-(zeros elsewhere), and replays the graph captured for that bucket the first time it was seen.
-Padding is harmless by construction:
+``BatchGraph`` is the one wrapper that captures: a function of per-row inputs ``[B, ...]`` and a few slot
+numbers, one graph per (rows, window) bucket. It copies the real inputs into the bucket's fixed buffers
+(zeros elsewhere), replays the graph captured the first time the bucket was seen, and falls back to the
+eager function past the last bucket or when a capture fails. The whole step, the tree drafting, the draft
+extend and the prefill are each one; ``ForwardGraphs`` is a model's forward of ``T`` new tokens over the
+cache as one ``BatchGraph`` per token bucket. Padding is harmless by construction:
 
 - padded rows live in rows of the cache buffer that hold no sequence;
 - padded tokens write their keys past the real ones, into slots the next forward overwrites and
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import consts
 from .static_cache import StaticKV
 
 log = logging.getLogger("eyas.graphs")
@@ -46,6 +49,18 @@ def window_buckets(slots: int) -> list[int]:
 def _pick(options: list[int], n: int) -> int | None:
     i = bisect_left(options, n)
     return options[i] if i < len(options) else None
+
+
+def share_pool(graphs) -> None:
+    """One CUDA memory pool for ``graphs`` (``BatchGraph``s; nothing on the CPU). Safe where they never run at
+    once and each replay's outputs are read before another of them replays (a graph captured later may have
+    put its outputs where an earlier one keeps its scratch); a carried graph's outputs, which its caller reads
+    at the next step, need a pool no other setting's graphs replay in between (``engine/decode.py``)."""
+    graphs = list(graphs)
+    if graphs and graphs[0].cache.buf.is_cuda:
+        handle = torch.cuda.graph_pool_handle()
+        for g in graphs:
+            g.pool = handle
 
 
 def capture(fn, pool, device):
@@ -76,103 +91,77 @@ def capture_or_not(owner, fn, device):
 
 @dataclass
 class _Graph:
-    inputs: dict[str, torch.Tensor]
-    mask: torch.Tensor
-    slots: torch.Tensor
+    inputs: dict[str, torch.Tensor]  # the bucket's input buffers, fixed slot numbers among them
     outputs: tuple | None = None
     graph: object = None
-    filled: int = 0  # BatchGraph: rows of the input buffers from here on are zeros
-    holds: object = None  # BatchGraph: the state token its last replay left in the input buffers (``carry``)
+    filled: int = 0  # rows of the input buffers from here on are zeros
+    holds: object = None  # the state token its last replay left in the input buffers (``carry``)
 
 
-class GraphRunner:
-    """Runs ``fn(inputs, mask)`` over ``cache``; ``fn`` returns tensors shaped ``[B, T, ...]``.
-
-    ``inputs`` maps names to ``[B, T, ...]`` tensors; ``mask`` is the engine's additive mask
-    ``[B, 1, T, used + T]``. ``enabled=False`` keeps everything eager and unpadded (the reference).
-    """
+class ForwardGraphs:
+    """``fn(inputs, mask)``, a forward over ``cache`` of ``T`` new tokens a row, from graphs: ``inputs`` maps
+    names to ``[B, T, ...]`` tensors, ``mask`` is the engine's additive mask ``[B, 1, T, used + T]`` and ``fn``
+    returns tensors shaped ``[B, T, ...]``. One ``BatchGraph`` per token bucket (``by_tokens``) pads the rows;
+    here the tokens are padded to their bucket (zeros: their keys land past the real ones, in slots no real
+    token sees) and the mask to the window, whose slots from ``used + T`` on are hidden inside the graph.
+    Past the last bucket, or with ``enabled=False`` (the reference), ``fn`` runs eagerly and unpadded."""
 
     def __init__(self, fn, cache: StaticKV, rows: list[int], tokens: list[int], windows: list[int],
                  enabled: bool = True, capture: bool | None = None, name: str = "forward", example=None):
-        self.fn, self.cache, self.name = fn, cache, name
-        self.example = example  # (rows, tokens) -> (inputs, mask) of that shape: what ``warm`` builds from
+        self.fn, self.cache, self.name, self.enabled = fn, cache, name, enabled
         self.rows, self.tokens, self.windows = rows, tokens, windows
-        self.enabled = enabled
-        self.capture = cache.buf.is_cuda if capture is None else capture
-        self.graphs: dict[tuple[int, int, int], _Graph] = {}
-        self.pool = None
-        self.replays = self.eager_calls = 0
+        self.eager_calls = 0
+        self.by_tokens = {t: BatchGraph(self._graphed(t), cache, rows, [w for w in windows if t < w], enabled, capture,
+                                        name=f"{name} {t}", example=self._example(example, t), top_slots=t)
+                          for t in tokens}
+        share_pool(self.by_tokens.values())  # one replay at a time, its outputs copied out (as one runner's were)
+
+    @property
+    def capture(self) -> bool:
+        return any(g.capture for g in self.by_tokens.values())
+
+    @property
+    def graphs(self) -> dict[tuple[int, int, int], _Graph]:
+        """Every bucket built so far, by (rows, tokens, window)."""
+        return {(r, t, w): g for t, bg in self.by_tokens.items() for (r, w), g in bg.graphs.items()}
 
     def plan(self) -> list[tuple[int, int, int]]:
-        """Every (rows, tokens, window) bucket a forward can hit (a window holds the tokens and a prefix)."""
-        return [(b, t, w) for b in self.rows for t in self.tokens for w in self.windows if t < w]
+        return [(r, t, w) for t, bg in self.by_tokens.items() for r, w in bg.plan()]
 
     def warm(self, key: tuple[int, int, int]) -> None:
-        if key not in self.graphs:
-            self._build(key, *self.example(key[0], key[1]))
+        self.by_tokens[key[1]].warm((key[0], key[2]))
 
-    def _key(self, b: int, t: int) -> tuple[int, int, int] | None:
-        need = self.cache.used + t
-        key = (_pick(self.rows, b), _pick(self.tokens, t), _pick(self.windows, need))
-        if None in key or self.cache.used + key[1] > self.cache.capacity_slots:
-            return None
-        return key
+    def _graphed(self, t: int):
+        def run(inputs: dict[str, torch.Tensor], window: int) -> tuple:
+            inputs = dict(inputs)
+            start, need, mask = inputs.pop("start"), inputs.pop("need"), inputs.pop("mask")
+            self.cache.aim(window, start + consts.arange(t, start.device))
+            hidden = consts.arange(window, start.device) >= need  # slots past the real tokens' own
+            return self.fn(inputs, mask.masked_fill(hidden, torch.finfo(mask.dtype).min))
+        return run
+
+    @staticmethod
+    def _example(example, t: int):
+        """``example(rows, tokens) -> (inputs, mask)`` as a bucket's ``BatchGraph`` example."""
+        def make(rows: int, window: int):
+            inputs, mask = example(rows, t)
+            mask = torch.zeros((rows, 1, t, window), dtype=mask.dtype, device=mask.device)
+            return {**inputs, "mask": mask}, {"start": 0, "need": 0}
+        return make
 
     def __call__(self, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> tuple:
-        b, t = mask.shape[0], mask.shape[2]
-        key = self._key(b, t) if self.enabled else None
-        if key is None:
-            return self._eager(inputs, mask, t)
-        g = self.graphs.get(key) or self._build(key, inputs, mask)
-        need = self.cache.used + t
-        padded = (b, t) != (key[0], key[1])  # a full bucket is overwritten whole: no zeroing launches
-        for name, x in inputs.items():
-            buf = g.inputs[name]
-            if padded:
-                buf.zero_()
-            buf[:b, :t].copy_(x)
-        if padded:
-            g.mask.zero_()
-        g.mask[:b, :, :t, :need].copy_(mask)
-        g.mask[:b, :, :t, need:].fill_(torch.finfo(g.mask.dtype).min)
-        torch.arange(self.cache.used, self.cache.used + key[1], out=g.slots)
-        outputs = self._run(g, key)
-        self.cache.advance(t)
-        return tuple(o[:b, :t].clone() for o in outputs)
-
-    def _eager(self, inputs, mask, t):
+        t, used = mask.shape[2], self.cache.used
+        bucket = _pick(self.tokens, t) if self.enabled else None
+        if bucket is not None:
+            out = self.by_tokens[bucket]({**inputs, "mask": mask}, {"start": used, "need": used + t}, used + bucket)
+            if out is not None:
+                self.cache.advance(t)
+                return out if bucket == t else tuple(o[:, :t].contiguous() for o in out)
         self.eager_calls += 1
         self.cache.begin(t)
         out = self.fn(inputs, mask)
         self.cache.advance(t)
         return out
-
-    def _run(self, g: _Graph, key) -> tuple:
-        self.cache.aim(key[2], g.slots)
-        if g.graph is not None:
-            self.replays += 1
-            g.graph.replay()
-            return g.outputs
-        return self.fn(g.inputs, g.mask)
-
-    def _build(self, key, inputs, mask) -> _Graph:
-        rows, tokens, window = key
-        dev = mask.device
-        bufs = {n: torch.zeros((rows, tokens) + x.shape[2:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
-        g = _Graph(bufs, torch.zeros((rows, 1, tokens, window), dtype=mask.dtype, device=dev),
-                   torch.zeros(tokens, dtype=torch.long, device=dev))
-        # Warm up (and capture) with keys written to the top slots, which hold nothing. Without
-        # CUDA the warm-up still runs once, so CPU tests exercise exactly what capture will run.
-        top = self.cache.capacity_slots - tokens
-        torch.arange(top, top + tokens, out=g.slots)
-        self.cache.aim(window, g.slots)
-        if self.capture:
-            g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self.fn(g.inputs, g.mask), dev)
-            log.debug("captured %s graph rows=%d tokens=%d window=%d", self.name, rows, tokens, window)
-        else:
-            self.fn(g.inputs, g.mask)
-        self.graphs[key] = g
-        return g
 
 
 class BatchGraph:
@@ -193,7 +182,8 @@ class BatchGraph:
     def __init__(self, fn, cache: StaticKV, rows: list[int], windows: list[int], enabled: bool = True,
                  capture: bool | None = None, name: str = "batch", example=None, top_slots: int = 0, carry=None):
         self.fn, self.cache, self.name = fn, cache, name  # fn(inputs, window) -> tuple of [B, ...] tensors
-        self.example, self.top_slots = example, top_slots  # example(rows) -> (inputs, fixed), for ``warm``
+        # example(rows, window) -> (inputs, fixed): a bucket's input buffers' shapes (zeros: what it is warmed up with)
+        self.example, self.top_slots = example, top_slots
         self.carry = carry
         self.carried = 0  # calls that found their inputs carried in the buffers already
         self._carries: set[str] = set()  # the inputs (and fixed slot numbers) the carry writes
@@ -207,7 +197,7 @@ class BatchGraph:
 
     def warm(self, key: tuple[int, int]) -> None:
         if key not in self.graphs:
-            self._build(key, *self.example(key[0]))
+            self._build(key)
 
     def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, int], need: int,
                  state: tuple | None = None) -> tuple | None:
@@ -218,16 +208,20 @@ class BatchGraph:
         key = (_pick(self.rows, b), _pick(self.windows, need))
         if not self.enabled or None in key or need > self.cache.capacity_slots:
             return None
-        g = self.graphs.get(key) or self._build(key, inputs, fixed)
+        g = self.graphs.get(key) or self._build(key)
         carried = state is not None and g.holds == state[0]
         if carried:
             self.carried += 1
         else:
             for name, x in inputs.items():
-                g.inputs[name][:b].copy_(x)
-            if g.filled > b:  # an earlier, larger batch's rows: zeros again
-                for name in inputs:
-                    g.inputs[name][b:g.filled].zero_()
+                buf = g.inputs[name]
+                if x.shape[1:] != buf.shape[1:]:  # smaller than the bucket past the rows too: zeros around it
+                    buf.zero_()
+                    buf[tuple(slice(0, n) for n in x.shape)].copy_(x)
+                else:
+                    buf[:b].copy_(x)
+                    if g.filled > b:  # an earlier, larger batch's rows: zeros again
+                        buf[b:g.filled].zero_()
             g.filled = b
         for name, value in fixed.items():
             if carried and name in self._carries:  # tests/core/test_native.py checks it equals ``value``
@@ -265,12 +259,13 @@ class BatchGraph:
                 self._carries.add(name)
         return outputs
 
-    def _build(self, key, inputs, fixed) -> _Graph:
+    def _build(self, key) -> _Graph:
         rows, window = key
         dev = self.cache.buf.device
-        bufs = {n: torch.zeros((rows,) + x.shape[1:], dtype=x.dtype, device=dev) for n, x in inputs.items()}
+        inputs, fixed = self.example(rows, window)
+        bufs = {n: torch.zeros_like(x, device=dev) for n, x in inputs.items()}
         bufs.update({n: torch.zeros(1, dtype=torch.long, device=dev) for n in fixed})
-        g = _Graph(bufs, None, None)
+        g = _Graph(bufs)
         # Warm-up (and capture) write their keys to the window's last slots, past every row's
         # committed ones (a bucket is only chosen when used + top_slots fits the window). Without
         # CUDA the warm-up still runs once: the CPU tests would have caught a warm-up that wrote

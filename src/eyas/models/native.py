@@ -2,7 +2,7 @@
 
 ``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicKV``
 (prefill) it runs eagerly, given a ``StaticKV`` pool it built it goes through that pool's
-``GraphRunner`` (held in ``runners``, by the target, not by the cache). ``DraftSteps`` does the same
+``ForwardGraphs`` (held in ``runners``, by the target, not by the cache). ``DraftSteps`` does the same
 for the draft's one-layer steps, with its one pool and runner. The engine decides which path a
 model takes (``choose``) and sizes the pools (``plan_pool``); everything else is unchanged.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import EyasError
-from .graphs import GraphRunner, window_buckets
+from .graphs import ForwardGraphs, window_buckets
 from .kernel_settings import KernelSettings
 from .llama import NativeEagle3, NativeLlama, native_support
 from .static_cache import StaticKV
@@ -114,7 +114,7 @@ class NativeTarget(Target):
             ids = torch.zeros((b, t), dtype=torch.long, device=self.device)
             return {"ids": ids, "pos": ids}, torch.zeros((b, 1, t, 1), dtype=self.dtype, device=self.device)
 
-        self.runners[pool] = GraphRunner(fn, pool, rows, tokens, window_buckets(plan.slots), graphs,
+        self.runners[pool] = ForwardGraphs(fn, pool, rows, tokens, window_buckets(plan.slots), graphs,
                                          name="target", example=example)
         return pool
 
@@ -138,7 +138,7 @@ class DraftSteps:
         self.draft = draft
         self.net = NativeEagle3(draft)
         self.pool: StaticKV | None = None
-        self.runner: GraphRunner | None = None  # over ``pool``
+        self.runner: ForwardGraphs | None = None  # over ``pool``
 
     def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool,
                     kernels: KernelSettings) -> StaticKV:
@@ -154,7 +154,7 @@ class DraftSteps:
             hidden = torch.zeros((b, t, d.config.hidden_size), dtype=d.fc.weight.dtype, device=ids.device)
             return {"ids": ids, "hidden": hidden, "pos": ids}, hidden[:, None, :, :1]
 
-        self.runner = GraphRunner(fn, self.pool, rows, tokens, window_buckets(plan.slots), graphs, name="draft",
+        self.runner = ForwardGraphs(fn, self.pool, rows, tokens, window_buckets(plan.slots), graphs, name="draft",
                                   example=example)
         return self.pool
 

@@ -174,7 +174,7 @@ class StaticDrafter:
                                  inputs["hidden0"], self.spec, inputs["prefix"], window)
         return tree.tokens, tree.parents, tree.depth, tree.mask
 
-    def _example(self, rows: int):
+    def _example(self, rows: int, window: int = 0):
         """Inputs of ``rows`` rows shaped as ``__call__`` passes them (for warming a bucket up)."""
         w = self.draft.fc.weight
         ids = torch.zeros(rows, dtype=torch.long, device=w.device)
@@ -230,7 +230,7 @@ class StaticExtender:
         return draft_extend_static(self.draft, self.pool, inputs["base"], inputs["tokens"], inputs["aux"],
                                    inputs["counts"], inputs["prefix"], window)
 
-    def _example(self, rows: int):
+    def _example(self, rows: int, window: int = 0):
         w = self.draft.fc.weight
         ids = torch.zeros((rows, self.width), dtype=torch.long, device=w.device)
         aux = torch.zeros((rows, self.width, w.shape[1]), dtype=w.dtype, device=w.device)

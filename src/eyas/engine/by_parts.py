@@ -23,7 +23,7 @@ import torch
 
 from ..config import SpecConfig
 from ..models import kv_cache
-from ..spec.drafter import draft_tree
+from ..spec.drafter import draft_extend_static, draft_tree
 from ..spec.tree import Tree
 from ..spec.verify import accepted_path, finite_rows
 from .batch import Batch
@@ -87,27 +87,18 @@ class StepByParts:
 
     def draft_extend(self, cache, base, tokens, aux, counts):
         """Feed ``tokens`` [B, K] with aux states [B, K, n*H] at positions base..; keep counts[b]. Returns the
-        draft's (logits [B, draft_vocab], hidden [B, H]) after each row's last kept token."""
+        draft's (logits [B, draft_vocab], hidden [B, H]) after each row's last kept token: on the native path
+        one graph replay per path width, elsewhere (and past the last bucket) the same function eagerly, its
+        keys at the cache's end."""
         with phase("extend"):
             width = tokens.shape[1]
             if cache is self.draft_steps.pool and width in self.extenders:
-                out = self.extenders[width](base, tokens, aux, counts)  # the whole function, one graph replay
+                out = self.extenders[width](base, tokens, aux, counts)
                 if out is not None:
                     return out
-            draft, dev = self.draft_steps.net, tokens.device
             slots = cache.num_slots()
-            positions = base[:, None] + torch.arange(width, device=dev)[None, :]
-            mask = kv_cache.attention_mask(base, slots, causal(counts, width), self.target.dtype)
-            h, logits = self.draft_steps(tokens, draft.project(aux), positions, cache, mask)
-            src = slots + torch.arange(width, device=dev).expand(len(tokens), width)
-            cache.commit(base, src, counts)
-            rows = torch.arange(len(tokens), device=dev)
-            return logits[rows, counts - 1], h[rows, counts - 1]  # [B, draft_vocab], [B, H]
-
-
-def causal(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """[B, W, W] causal visibility for right-padded rows; padding sees only itself."""
-    i = torch.arange(width, device=lengths.device)
-    see = i[None, :, None] >= i[None, None, :]
-    valid = i[None, None, :] < lengths[:, None, None]
-    return see & (valid | (i[None, :, None] == i[None, None, :]))
+            cache.begin(width)  # room for the block, on a static cache
+            prefix = torch.full((1,), slots, dtype=torch.long, device=tokens.device)
+            out = draft_extend_static(self.draft_steps.net, cache, base, tokens, aux, counts, prefix, slots + width)
+            cache.advance(width)
+            return out

@@ -97,10 +97,9 @@ class Engine:
         one tree drafter per setting and one draft extend per path width."""
         if not self.static:
             return []
-        # The draft's own per-forward runner only serves the fallbacks past the last window bucket
-        # (level-by-level drafting, eager extend): captured when first used, not at startup. So do the
-        # drafters and extenders beside whole-step graphs: a step that no whole-step bucket fits fits none
-        # of theirs either (the same rows and window buckets).
+        # The drafters and extenders beside whole-step graphs are captured when first used (steps by parts),
+        # not at startup: a step that no whole-step bucket fits fits none of theirs either (the same rows and
+        # window buckets).
         extra = ([d.graph for d in self.drafters.values()] + [e.graph for e in self.extenders.values()]
                  if not self.config.whole_step_graphs else [])
         # the penalized variants are captured on first use

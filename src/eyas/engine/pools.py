@@ -59,8 +59,8 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
                                   kernels=c.kernels)
     whole_steps, drafters, extenders, prefiller, pool = {}, {}, {}, None, None
     if spec.speculative:
-        pool = draft_steps.attach_pool(plan, rows, draft_tokens, cuda_graphs, c.kernels)
-        drafters = {s: StaticDrafter(draft_steps.net, pool, s, draft_steps, rows, cuda_graphs) for s in drafting}
+        pool = draft_steps.attach_pool(plan, c.kernels)
+        drafters = {s: StaticDrafter(draft_steps.net, pool, s, rows, cuda_graphs) for s in drafting}
         widths = sorted({s.path_width for s in spec.options})
         extenders = {w: StaticExtender(draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
     if c.whole_step_graphs:

@@ -33,7 +33,6 @@ from ..spec.drafter import StaticExtender
 from ..spec.ops import TORCH, ops_for
 from ..spec.verify import finite_rows
 from .batch import Batch, Sequence, not_finite
-from .by_parts import causal
 from .grammar import constrain, constrained
 from .logprobs import first_logprobs
 from .penalties import record
@@ -214,3 +213,11 @@ def read_first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tens
         if not ok:
             s.fail(not_finite("after its prompt"))
     return tokens
+
+
+def causal(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, W, W] causal visibility for right-padded rows; padding sees only itself."""
+    i = torch.arange(width, device=lengths.device)
+    see = i[None, :, None] >= i[None, None, :]
+    valid = i[None, None, :] < lengths[:, None, None]
+    return see & (valid | (i[None, :, None] == i[None, None, :]))

@@ -31,6 +31,17 @@ class DynamicKV:
         """Append the new keys/values ``[B, H, T, D]``; return the layer's whole keys and values."""
         return self.hf.update(k, v, layer)
 
+    # -- where a forward writes: a growing cache appends its keys, so there is nothing to set ----
+    def begin(self, tokens: int) -> None:
+        """``StaticKV.begin``: the next forward's ``tokens`` keys go at the end, where this cache grows."""
+
+    def aim(self, window: int, write_slots: torch.Tensor) -> None:
+        """``StaticKV.aim``: callers aim at the end (``write_slots`` from ``num_slots()``, ``window`` the
+        slots after the forward), which is where ``update`` appends."""
+
+    def advance(self, tokens: int) -> None:
+        """``StaticKV.advance``: the forward's ``update`` has grown the cache already."""
+
     # -- the engine's operations (``StaticKV``'s, same names) ----------------------------------
     def num_slots(self) -> int:
         layers = self._layers()

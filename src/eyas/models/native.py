@@ -2,9 +2,9 @@
 
 ``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicKV``
 (prefill) it runs eagerly, given a ``StaticKV`` pool it built it goes through that pool's
-``ForwardGraphs`` (held in ``runners``, by the target, not by the cache). ``DraftSteps`` does the same
-for the draft's one-layer steps, with its one pool and runner. The engine decides which path a
-model takes (``choose``) and sizes the pools (``plan_pool``); everything else is unchanged.
+``ForwardGraphs`` (held in ``runners``, by the target, not by the cache). ``DraftSteps`` runs the
+draft's one-layer steps and holds its pool (the draft's graphs are whole operations: ``spec/drafter.py``).
+The engine decides which path a model takes (``choose``) and sizes the pools (``plan_pool``).
 """
 
 from __future__ import annotations
@@ -130,32 +130,19 @@ class NativeTarget(Target):
 
 
 class DraftSteps:
-    """``(hidden, logits)`` of one draft step over ``[B, T]`` tokens, eager or from graphs, on the
-    draft's fused inference forward (``self.net``, a ``NativeEagle3``), which the engine's drafting
-    and draft extend use too."""
+    """``(hidden, logits)`` of one draft step over ``[B, T]`` tokens on the draft's fused inference forward
+    (``self.net``, a ``NativeEagle3``), which the engine's drafting and draft extend use too: eagerly, the
+    level-by-level drafting of the generic path and of batches past the graphs' buckets (on the native path a
+    tree is drafted by one graph replay, ``spec/drafter.py``)."""
 
     def __init__(self, draft):
         self.draft = draft
         self.net = NativeEagle3(draft)
         self.pool: StaticKV | None = None
-        self.runner: ForwardGraphs | None = None  # over ``pool``
 
-    def attach_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool,
-                    kernels: KernelSettings) -> StaticKV:
-        d = self.net
+    def attach_pool(self, plan: PoolPlan, kernels: KernelSettings) -> StaticKV:
+        """The draft's preallocated cache on the native path (``plan`` as the target's)."""
         self.pool = self.static_cache(plan.rows, plan.slots, kernels)
-
-        def fn(inputs, mask):
-            h = d.backbone(d.embed(inputs["ids"]), inputs["hidden"], inputs["pos"], self.pool, mask)
-            return h, d.logits(h, self.pool)
-
-        def example(b, t):
-            ids = torch.zeros((b, t), dtype=torch.long, device=d.fc.weight.device)
-            hidden = torch.zeros((b, t, d.config.hidden_size), dtype=d.fc.weight.dtype, device=ids.device)
-            return {"ids": ids, "hidden": hidden, "pos": ids}, hidden[:, None, :, :1]
-
-        self.runner = ForwardGraphs(fn, self.pool, rows, tokens, window_buckets(plan.slots), graphs, name="draft",
-                                  example=example)
         return self.pool
 
     def static_cache(self, rows: int, slots: int, kernels: KernelSettings) -> StaticKV:
@@ -172,10 +159,10 @@ class DraftSteps:
         return 2 * attn.num_kv_heads * attn.head_dim * self.draft.fc.weight.dtype.itemsize
 
     def __call__(self, tokens, hidden, positions, cache, mask):
-        if cache is not None and cache is self.pool:
-            return self.runner({"ids": tokens, "hidden": hidden, "pos": positions}, mask)
-        d = self.net
+        d, width = self.net, tokens.shape[1]
+        cache.begin(width)  # a static cache's window and slots; a growing one appends
         h = d.backbone(d.embed(tokens), hidden, positions, cache, mask)
+        cache.advance(width)
         return h, d.logits(h, cache)
 
 

@@ -160,10 +160,10 @@ def _grow(draft, root, logits0, hidden0, spec: SpecConfig, feed, ops=TORCH, mask
 class StaticDrafter:
     """Drafts trees on the native path's static draft cache: one graph replay per step."""
 
-    def __init__(self, draft, pool, spec: SpecConfig, steps_fn, rows: list[int], enabled: bool):
+    def __init__(self, draft, pool, spec: SpecConfig, rows: list[int], enabled: bool):
         from ..models.graphs import BatchGraph, window_buckets
 
-        self.draft, self.pool, self.spec, self.steps_fn = draft, pool, spec, steps_fn
+        self.draft, self.pool, self.spec = draft, pool, spec
         self.span = spec.num_steps * spec.eagle_topk  # slots a tree's levels take past the prefix
         self.graph = BatchGraph(self._fn, pool, rows, window_buckets(pool.capacity_slots), enabled,
                                 name=f"drafter {spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens}",
@@ -187,8 +187,11 @@ class StaticDrafter:
         prefix = self.pool.used
         out = self.graph({"lengths": lengths, "root": root, "logits0": logits0, "hidden0": hidden0},
                          {"prefix": prefix}, prefix + self.span)
-        if out is None:  # past the last window bucket: the level-by-level path
-            return draft_tree(self.draft, self.pool, lengths, root, logits0, hidden0, self.spec, self.steps_fn)
+        if out is None:  # past the graphs' buckets: the same function, eagerly
+            self.pool.begin(self.span)  # room for the tree's levels (they are dropped after: nothing advances)
+            start = torch.full((1,), prefix, dtype=torch.long, device=root.device)
+            return draft_tree_static(self.draft, self.pool, lengths, root, logits0, hidden0, self.spec, start,
+                                     prefix + self.span)
         return Tree(*out)
 
 
@@ -203,7 +206,7 @@ def draft_extend_static(draft, pool, base, tokens, aux, counts, prefix: torch.Te
     bsz, width = tokens.shape
     dev = tokens.device
     i = consts.arange(width, dev)
-    mask = ops_for(pool, aux, draft.rope).block_mask(base, counts, prefix, width, window, pool.buf.dtype)
+    mask = ops_for(pool, aux, draft.rope).block_mask(base, counts, prefix, width, window, draft.fc.weight.dtype)
     new = prefix + i
     pool.aim(window, new)
     h = draft.backbone(draft.embed(tokens), draft.project(aux), base[:, None] + i[None, :], pool, mask)

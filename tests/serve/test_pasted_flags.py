@@ -83,10 +83,13 @@ def test_tp_above_one_is_refused_with_the_export_and_launch_commands(capsys):
     assert serve_args("--tp", "1").tp == 1
 
 
-def test_chunked_prefill_size_is_refused_naming_max_prefill_tokens(capsys):
-    err = refused(capsys, "--chunked-prefill-size", "4096", "--port", "0")
-    assert "prefills each prompt whole" in err and "--max-prefill-tokens 4096" in err
-    assert serve_args("--chunked-prefill-size", "-1").chunked_prefill_size == -1  # SGLang's "off": what eyas does
+def test_chunked_prefill_size_is_taken_and_nonsense_refused(capsys):
+    assert serve_args().chunked_prefill_size == 2048
+    assert serve_args("--chunked-prefill-size", "4096").chunked_prefill_size == 4096
+    assert serve_args("--chunked-prefill-size", "-1").chunked_prefill_size == -1  # SGLang's "off": whole prompts
+    for bad in ("0", "-2"):
+        err = refused(capsys, "--chunked-prefill-size", bad, "--port", "0")
+        assert "--chunked-prefill-size must be at least 1, or -1" in err
 
 
 def test_positional_model_is_the_model_path(capsys):

@@ -41,7 +41,7 @@ from .grammar import RowGrammar, constrained, grammars_for
 from .logprobs import Pending
 from .phases import phase
 from .pools import native_pools
-from .prefill import prefill_eagerly, read_first_tokens
+from .prefill import Prefilling, prefill_chunk, prefill_eagerly, read_first_tokens
 from .sampling import SamplingParams, SamplingRows
 
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -248,26 +248,48 @@ class Engine:
         with sdpa_kernel(PREFILL_ATTENTION), phase("prefill"):
             return self._prefill(seqs)
 
-    def _prefill(self, seqs: list[Sequence]) -> Batch:
+    @torch.inference_mode()
+    def prefill_chunk(self, part: Prefilling, chunk: int) -> Batch | None:
+        """The next ``chunk`` tokens of one long prompt (``Prefilling``, ``prefill.prefill_chunk``), so that a
+        server steps its running batch between them; on the prompt's last chunk, ``prefill``'s batch."""
+        with sdpa_kernel(PREFILL_ATTENTION), phase("prefill"):
+            seqs = [part.seq]
+            rows, first_of, logprobs = self._first_tokens(seqs)
+            out = prefill_chunk(self.target, part, chunk, first_of, self._extend())
+            return None if out is None else self._started(out[0], rows, out[1], logprobs)
+
+    def _first_tokens(self, seqs: list[Sequence]):
+        """(the rows' ``SamplingRows``, ``first_of(logits)`` -> their first tokens read back, the first tokens'
+        logprobs: filled by ``first_of`` where a row asks)."""
         rows = SamplingRows.build([s.params for s in seqs], [s.seed for s in seqs], self.device,
                                   [s.prompt_ids for s in seqs], self.target.info.vocab_size)
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
-        logprobs = []  # the first tokens' (``read_first_tokens``), where a row asks
-        first_of = lambda logits: read_first_tokens(seqs, rows, lens, logits, logprobs, self.ops)
+        logprobs = []
+        return rows, lambda logits: read_first_tokens(seqs, rows, lens, logits, logprobs, self.ops), logprobs
+
+    def _extend(self):
+        return self.by_parts.draft_extend if self.spec.speculative else None
+
+    def _started(self, batch: Batch, rows: SamplingRows, firsts: list[int], logprobs: list) -> Batch:
+        """``batch`` of freshly prefilled rows, each having emitted its first token."""
+        batch.rows = rows
+        for s, t, lp in zip(batch.seqs, firsts, logprobs or [None] * len(batch.seqs)):
+            s.emit([t], self._eos, len(s.prompt_ids), self.context_limit, lp)
+        return batch
+
+    def _prefill(self, seqs: list[Sequence]) -> Batch:
+        rows, first_of, logprobs = self._first_tokens(seqs)
         p = self.prefiller
         out = p([s.prompt_ids for s in seqs], first_of) if p else None
         if out is not None:
             firsts, draft_logits, draft_hidden = out
+            lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
             batch = Batch(seqs, p.target_cache, p.draft_cache, lens, torch.tensor(firsts, device=self.device),
                           draft_logits, draft_hidden)
             p.lend(batch)
         else:
-            extend = self.by_parts.draft_extend if self.spec.speculative else None
-            batch, firsts = prefill_eagerly(self.target, seqs, first_of, extend)
-        batch.rows = rows
-        for s, t, lp in zip(seqs, firsts, logprobs or [None] * len(seqs)):
-            s.emit([t], self._eos, len(s.prompt_ids), self.context_limit, lp)
-        return batch
+            batch, firsts = prefill_eagerly(self.target, seqs, first_of, self._extend())
+        return self._started(batch, rows, firsts, logprobs)
 
     @torch.inference_mode()
     def step(self, batch: Batch, setting: SpecConfig | None = None) -> list[list[int]]:

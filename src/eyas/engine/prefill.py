@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_left
+from dataclasses import dataclass, field
 
 import torch
 
@@ -189,6 +190,44 @@ def prefill_eagerly(target, seqs: list[Sequence], first_of, extend=None) -> tupl
         shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
         shifted[torch.arange(len(seqs), device=dev), last] = first
         batch.draft_logits, batch.draft_hidden = extend(batch.draft_cache, torch.zeros_like(lens), shifted, aux, lens)
+    return batch, firsts
+
+
+@dataclass
+class Prefilling:
+    """One prompt prefilled a chunk at a time (``prefill_chunk``), on growing caches of its own: how far it got."""
+
+    seq: Sequence
+    cache: object = field(default_factory=kv_cache.new_cache)
+    draft_cache: object = field(default_factory=kv_cache.new_cache)
+    done: int = 0  # prompt tokens in the caches
+
+
+def prefill_chunk(target, part: Prefilling, chunk: int, first_of, extend=None) -> tuple[Batch, list[int]] | None:
+    """The next ``chunk`` tokens of ``part``'s prompt through ``target`` on top of the ones before them, and the
+    same tokens shifted by one through the draft (``extend``, as ``prefill_eagerly``'s). None until the prompt's
+    last chunk; then ``prefill_eagerly``'s (batch, first token) for the one row: ``first_of`` picks the first
+    token from the logits at the prompt's last token, which ends the draft's input."""
+    prompt, dev = part.seq.prompt_ids, target.device
+    start, end = part.done, min(part.done + chunk, len(prompt))
+    width, last = end - start, end == len(prompt)
+    base = torch.full((1,), start, dtype=torch.long, device=dev)
+    visible = torch.ones((1, width, width), dtype=torch.bool, device=dev).tril()
+    mask = kv_cache.attention_mask(base, start, visible, target.dtype)  # [1, 1, width, start + width]
+    ids = torch.tensor([prompt[start:end]], device=dev)
+    logits, aux = target.forward(ids, base[:, None] + torch.arange(width, device=dev), mask, part.cache,
+                                 capture=extend is not None, logits_at=torch.tensor([width - 1], device=dev))
+    part.done = end
+    firsts = first_of(logits[:, 0]) if last else None
+    batch = Batch([part.seq], part.cache, None, torch.tensor([end], device=dev), None) if last else None
+    if extend is not None:
+        shifted = prompt[start + 1 : end] + (firsts if last else prompt[end : end + 1])
+        out = extend(part.draft_cache, base, torch.tensor([shifted], device=dev), aux, base.new_full((1,), width))
+        if batch is not None:
+            batch.draft_cache, (batch.draft_logits, batch.draft_hidden) = part.draft_cache, out
+    if batch is None:
+        return None
+    batch.root = torch.tensor(firsts, device=dev)
     return batch, firsts
 
 

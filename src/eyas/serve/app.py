@@ -45,6 +45,7 @@ class ServeOptions:
     metrics_window: int = 1000  # engine steps behind eyas:spec_accept_length / _rate
     log_interval: float = 10.0  # seconds between "decode: ..." log lines while busy
     max_prefill_tokens: int = 16384  # prompt tokens prefilled together in one engine turn
+    chunked_prefill_size: int = 2048  # a longer prompt is prefilled this many tokens a turn; -1: whole
     log_requests: bool = False  # one log line per finished request, with its acceptance
     extra_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None  # when set, every route but /health (and /metrics) needs "Authorization: Bearer KEY"
@@ -75,7 +76,8 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     metrics.set_info(info_labels(engine))
     metrics.follow_chooser(getattr(engine, "chooser", None))  # --speculative-batch-schedule auto
     scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
-                          options.log_interval, options.max_prefill_tokens, options.log_requests)
+                          options.log_interval, options.max_prefill_tokens, options.log_requests,
+                          options.chunked_prefill_size)
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
     preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests)

@@ -94,9 +94,9 @@ def add_pasted_arguments(p) -> None:
     g.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "-tp", dest="tp", type=int, default=1,
                    metavar="N", help="tensor parallelism: eyas runs on one GPU, so 1; above 1 it prints how to "
                                      "serve the draft with SGLang or vLLM across N GPUs")
-    g.add_argument("--chunked-prefill-size", type=int, default=None, metavar="N",
-                   help="SGLang's: eyas prefills every prompt whole, as -1 (SGLang's 'off') does, so only -1 is "
-                        "accepted; the tokens prefilled together per turn are --max-prefill-tokens")
+    g.add_argument("--chunked-prefill-size", type=int, default=2048, metavar="N",
+                   help="a prompt longer than N tokens is prefilled N tokens a turn, the running requests stepping "
+                        "between its chunks; -1 prefills every prompt whole (SGLang's flag) (default 2048)")
     g.add_argument("--random-seed", "--seed", type=int, default=None, metavar="SEED",
                    help="seeds everything random at startup, and so the seeds of requests that bring none "
                         "(a server restarted with it answers the same unseeded requests, sent in the same order, "
@@ -118,12 +118,9 @@ def pasted_flags(args) -> None:
         raise EyasError(f"--tp must be at least 1, got {args.tp}", "use 1: eyas runs on one GPU")
     if args.tp > 1:
         raise EyasError(*tensor_parallel_refusal(args))
-    if args.chunked_prefill_size is not None and args.chunked_prefill_size != -1:
-        raise EyasError(
-            f"--chunked-prefill-size {args.chunked_prefill_size}: eyas does not split a prompt into chunks; it "
-            "prefills each prompt whole in one engine turn (SGLang's --chunked-prefill-size -1)",
-            f"drop the flag; to bound the prompt tokens prefilled together per turn, use --max-prefill-tokens "
-            f"{max(args.chunked_prefill_size, 1)}")
+    if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
+        raise EyasError(f"--chunked-prefill-size must be at least 1, or -1 to prefill every prompt whole; got "
+                        f"{args.chunked_prefill_size}", "e.g. --chunked-prefill-size 2048 (the default)")
 
 
 def served_engine_args(args):
@@ -264,6 +261,7 @@ def run(args) -> int:
                            max_running_requests=args.max_running_requests,
                            max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
                            max_prefill_tokens=args.max_prefill_tokens, log_requests=args.log_requests,
+                           chunked_prefill_size=args.chunked_prefill_size,
                            log_interval=args.log_interval,
                            api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
                            metrics_require_key=args.metrics_require_key,

@@ -4,7 +4,10 @@ The engine is synchronous torch code and is only ever called from this one threa
 
     admit     move waiting requests into free slots (up to --max-running-requests, and at most
               --max-prefill-tokens prompt tokens per turn): prefill them as their own batch, emit
-              their first tokens, merge into the running batch
+              their first tokens, merge into the running batch. A prompt longer than
+              --chunked-prefill-size is prefilled one chunk a turn instead (the first such prompt,
+              then the next), and joins the batch after its last chunk: the running rows keep
+              stepping between chunks
     retire    drop rows that finished (stop, length, a stop string, or cancelled by the client)
     step      one speculative verify step for every running row; emit what each row produced
 
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine.batch import Sequence
+from ..engine.prefill import Prefilling
 from ..engine.stats import SpecStats
 from .metrics import ServeMetrics
 from .stream import Delta, Ended, Failed, Finished, Outbox, Receiver
@@ -75,8 +79,10 @@ class Overloaded(Exception):
 
 class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, max_running: int = 32, max_queued: int = 256,
-                 log_interval: float = 10.0, max_prefill_tokens: int = 16384, log_requests: bool = False):
+                 log_interval: float = 10.0, max_prefill_tokens: int = 16384, log_requests: bool = False,
+                 chunked_prefill_size: int | None = None):
         self.engine = engine
+        self.chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
         self.log_requests = log_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.metrics = metrics
@@ -88,6 +94,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._waiting: deque[Work] = deque()
         self._running: list[Work] = []  # rows of self._batch, same order
+        self._partial: deque[tuple[Work, Prefilling]] = deque()  # long prompts being prefilled a chunk a turn
         self._batch = None
         self._stopping = False
         self._stopping_admissions = False
@@ -155,14 +162,15 @@ class Scheduler:
         w.receiver.outbox.post([(w, Ended("abort", SpecStats()))])
 
     def counts(self) -> tuple[int, int]:
+        """(running, queued): a prompt being prefilled in chunks runs."""
         with self._cond:
-            return len(self._running), len(self._waiting)
+            return len(self._running) + len(self._partial), len(self._waiting)
 
     def abort_all(self) -> int:
         """Cancel every queued and running request (shutdown past its grace period); refuse new ones."""
         with self._cond:
             self._stopping_admissions = True
-            works = list(self._waiting) + list(self._running)
+            works = list(self._waiting) + list(self._running) + [w for w, _ in self._partial]
             for w in works:
                 w.cancel()
             self._cond.notify()
@@ -182,20 +190,20 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._waiting or self._running or self._stopping):
+                while not (self._waiting or self._running or self._partial or self._stopping):
                     self._cond.wait()
                 if self._stopping:
-                    for w in list(self._waiting) + self._running:
+                    for w in list(self._waiting) + self._running + [w for w, _ in self._partial]:
                         w.cancel()
                 admit, tokens = [], 0
-                while self._waiting and len(self._running) + len(admit) < self.max_running:
-                    n = len(self._waiting[0].seq.prompt_ids)
+                while self._waiting and len(self._running) + len(self._partial) + len(admit) < self.max_running:
+                    n = min(len(self._waiting[0].seq.prompt_ids), self.chunk or 1 << 62)
                     if admit and tokens + n > self.max_prefill_tokens:
                         break  # the rest joins next turn: one wave of long prompts must not stall decoding
                     admit.append(self._waiting.popleft())
                     tokens += n
                 self.metrics.queued.set(len(self._waiting))
-                if self._stopping and not self._waiting and not self._running and not admit:
+                if self._stopping and not (self._waiting or self._running or self._partial or admit):
                     return
             try:
                 self._turn(admit)
@@ -210,13 +218,40 @@ class Scheduler:
         for w in admit:
             if w.cancelled:
                 self._finish(w, "abort")
+        if self.chunk:  # long prompts wait their turn for chunks; the rest are prefilled whole, now
+            long = [w for w in live if len(w.seq.prompt_ids) > self.chunk]
+            with self._cond:
+                self._partial.extend((w, Prefilling(w.seq)) for w in long)
+            live = [w for w in live if len(w.seq.prompt_ids) <= self.chunk]
         for group in self.engine.prefill_groups([w.seq for w in live]):
             self._prefill([live[i] for i in group])
+        joined = live + self._prefill_chunk()
         self._flush()  # first tokens out before the step
         self._retire()
         if self._running:
-            self._step(live)
+            self._step(joined)
         self._maybe_log()
+
+    def _prefill_chunk(self) -> list[Work]:
+        """The next chunk of the first long prompt; the request, once its last chunk joined the batch."""
+        if not self._partial:
+            return []
+        w, part = self._partial[0]
+        done = w.cancelled
+        try:
+            new = None if done else self.engine.prefill_chunk(part, self.chunk)
+        except Exception as e:  # noqa: BLE001 - this request alone: the running batch is untouched
+            new, done = None, True
+            self._prefill_failed([w], e)
+        if new is not None or done:
+            with self._cond:
+                self._partial.popleft()
+        if w.cancelled and new is None and not w.done:
+            self._finish(w, "abort")
+        if new is None:
+            return []
+        self._joined([w], new)
+        return [w]
 
     def _prefill(self, works: list[Work]) -> None:
         try:
@@ -226,14 +261,22 @@ class Scheduler:
                 for w in works:
                     self._prefill([w])
                 return
-            oom = (isinstance(e, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError))
-                   or "out of memory" in str(e).lower())
-            log.warning("request %s failed alone in prefill: %s: %s", works[0].seq.rid, type(e).__name__, e)
-            message = (f"this request does not fit in the server's memory ({len(works[0].seq.prompt_ids)} prompt "
-                       "tokens); shorten the prompt or retry later" if oom
-                       else f"internal engine error in prefill: {type(e).__name__}: {e}")
-            self._fail(works, message, 503 if oom else 500)
+            self._prefill_failed(works, e)
             return
+        self._joined(works, new)
+
+    def _prefill_failed(self, works: list[Work], e: Exception) -> None:
+        """End one request whose prefill raised (alone: the running batch is untouched)."""
+        oom = (isinstance(e, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError))
+               or "out of memory" in str(e).lower())
+        log.warning("request %s failed alone in prefill: %s: %s", works[0].seq.rid, type(e).__name__, e)
+        message = (f"this request does not fit in the server's memory ({len(works[0].seq.prompt_ids)} prompt "
+                   "tokens); shorten the prompt or retry later" if oom
+                   else f"internal engine error in prefill: {type(e).__name__}: {e}")
+        self._fail(works, message, 503 if oom else 500)
+
+    def _joined(self, works: list[Work], new) -> None:
+        """``works``, freshly prefilled as the batch ``new``, join the running batch with their first tokens."""
         self.metrics.prompt_tokens.inc(sum(len(w.seq.prompt_ids) for w in works))
         with self._cond:
             self._batch = self.engine.merge(self._batch, new)
@@ -327,7 +370,10 @@ class Scheduler:
 
     def _fail_all(self, admit: list[Work], message: str) -> None:
         with self._cond:
-            works = [w for w in self._running + [a for a in admit if a not in self._running] if not w.done]
+            partial = [w for w, _ in self._partial]
+            self._partial.clear()
+            waiting = [a for a in dict.fromkeys(admit + partial) if a not in self._running]  # a long one: in both
+            works = [w for w in self._running + waiting if not w.done]
             self._running, self._batch = [], None
             self._inflight -= len(works)
         self.metrics.running.set(0)

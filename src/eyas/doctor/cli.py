@@ -30,7 +30,10 @@ def register(sub) -> None:
     s.add_argument("--speculative-algorithm", default=None, type=str.upper,
                    help="the flag you serve with (NONE, EAGLE, EAGLE3), checked against the draft's kind")
     s.add_argument("--context-length", type=int, default=None, help="serving context (default: the target's)")
-    s.add_argument("--trust-remote-code", action="store_true")
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="allow code shipped in the target's folder (auto_map) to run; refused by default")
+    s.add_argument("--allow-pickle", action="store_true",
+                   help="read a .bin/.pt pickle draft (with weights_only); refused by default: unpickling can run code")
     live = p.add_argument_group("live checks (a running server)")
     live.add_argument("--url", default=None, help="base URL of an eyas, SGLang or vLLM server")
     live.add_argument("--probes", type=int, default=5, help="chat requests sent at temperature 0 (default 5)")
@@ -75,7 +78,8 @@ def run(args) -> int:
         if draft is None:
             raise EyasError(f"no --draft given and no draft ships with eyas for {target!r}",
                             "pass --draft PATH (a draft folder), or --url URL to check a running server")
-        report = diagnose(draft, target, args.speculative_algorithm, args.context_length, args.trust_remote_code)
+        report = diagnose(draft, target, args.speculative_algorithm, args.context_length, args.trust_remote_code,
+                          allow_pickle=args.allow_pickle)
     from .verdict import render
 
     print(report.to_json() if args.json else render(report))

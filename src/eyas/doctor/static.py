@@ -33,10 +33,10 @@ FMT_NAMES = {"eyas": "eyas", "sglang": "SGLang/SpecForge", "speculators": "specu
 
 
 def diagnose(draft_path, target: str, algorithm: str | None = None, context_length: int | None = None,
-             trust_remote_code: bool = False) -> Report:
+             trust_remote_code: bool = False, allow_pickle: bool = False) -> Report:
     report = Report(f"draft {draft_path} for target {target}")
     try:
-        folder = formats.read_draft(draft_path)
+        folder = formats.read_draft(draft_path, allow_pickle)
     except EyasError as e:
         report.add("format", PROBLEM, e.problem, e.fix or "")
         report.verdict = "NOT SERVABLE: the draft folder cannot be read"

@@ -128,3 +128,15 @@ def check_spec(spec: SpecConfig, target_info, draft, draft_path, aux_layer_ids) 
             if option.speculative:
                 option.check_tree()
         check_pair(target_info, draft, aux_layer_ids)
+        check_topk(spec, draft.draft_vocab_size)
+
+
+def check_topk(spec: SpecConfig, draft_vocab: int) -> None:
+    """Each node expands its ``eagle_topk`` best draft tokens: no more than the draft vocabulary has."""
+    widest = max(o.eagle_topk for o in spec.options if o.speculative)
+    if widest > draft_vocab:
+        raise EyasError(
+            f"--speculative-eagle-topk {widest} is larger than the draft's vocabulary of {draft_vocab} tokens: "
+            "a node cannot expand more children than there are tokens to propose",
+            f"use --speculative-eagle-topk {min(draft_vocab, 8)} or less",
+        )

@@ -162,3 +162,9 @@ def test_a_local_target_is_never_taken_as_its_own_draft(folders):
     assert e.spec.algorithm is Algorithm.NONE and e.draft is None
     with pytest.raises(EyasError, match="needs a draft model"):
         build_engine(EngineArgs(model_path=str(folders / "target"), speculative_algorithm="EAGLE3"))
+
+
+def test_a_topk_wider_than_the_draft_vocabulary_is_refused_not_a_traceback(target):
+    small = Eagle3Draft.for_target(target, draft_vocab_size=6)
+    refuse(target, small, SpecConfig("EAGLE3", 2, 7, 8), match="eagle-topk 7 is larger than the draft's vocabulary")
+    Engine(target, small, SpecConfig("EAGLE3", 2, 6, 8))  # as wide as the vocabulary: fine

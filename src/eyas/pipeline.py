@@ -137,6 +137,9 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
         fc_in, n_aux = draft_fc_width(cfg)
         check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
                         ",".join(getattr(cfg, "architectures", None) or []))
+    if args.context_length is not None and args.context_length < 1:
+        raise EyasError(f"--context-length {args.context_length} leaves no room for a single token",
+                        "pass a positive length (e.g. --context-length 4096), or leave it out to use the target's")
     device = check_device(resolve_device(args.device))
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
         raise EyasError(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}",

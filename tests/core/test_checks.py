@@ -168,3 +168,14 @@ def test_a_topk_wider_than_the_draft_vocabulary_is_refused_not_a_traceback(targe
     small = Eagle3Draft.for_target(target, draft_vocab_size=6)
     refuse(target, small, SpecConfig("EAGLE3", 2, 7, 8), match="eagle-topk 7 is larger than the draft's vocabulary")
     Engine(target, small, SpecConfig("EAGLE3", 2, 6, 8))  # as wide as the vocabulary: fine
+
+
+@pytest.mark.parametrize("length", [0, -5])
+def test_a_context_length_below_one_is_refused_not_ignored(folders, monkeypatch, length):
+    import eyas.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_target", lambda *a, **k: pytest.fail("weights loaded before the check"))
+    with pytest.raises(EyasError, match=f"--context-length {length} leaves no room") as e:
+        build_engine(EngineArgs(model_path=str(folders / "target"), speculative_draft_model_path=str(folders / "draft"),
+                                context_length=length))
+    assert "positive" in e.value.fix

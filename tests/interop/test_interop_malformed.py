@@ -81,6 +81,27 @@ CASES = {
     "sglang lm_head of the wrong vocabulary": (
         lambda p: write_sglang_fixture(p, _with("lm_head.weight", torch.zeros(320, 64))),
         ["lm_head.weight is (320, 64)", "(160, 64)"]),
+    "eagle_config not an object": (
+        lambda p: write_sglang_fixture(p, eagle_config=[1, 3, 4]),
+        ["eagle_config is [1, 3, 4], not an object"]),
+    "layer ids that are not numbers": (
+        lambda p: write_sglang_fixture(p, eagle_config={"eagle_aux_hidden_state_layer_ids": ["a", 3, 4]}),
+        ["eagle_config.eagle_aux_hidden_state_layer_ids is ['a', 3, 4]", "distinct whole numbers"]),
+    "layer ids a single number": (
+        lambda p: write_sglang_fixture(p, eagle_config={"eagle_aux_hidden_state_layer_ids": 3}),
+        ["eagle_aux_hidden_state_layer_ids is 3"]),
+    "layer ids empty (SGLang would capture nothing)": (
+        lambda p: write_sglang_fixture(p, eagle_config={"eagle_aux_hidden_state_layer_ids": []}),
+        ["eagle_aux_hidden_state_layer_ids is []"]),
+    "speculators layer ids that are not numbers": (
+        lambda p: write_speculators_fixture(p, eagle_aux_hidden_state_layer_ids=[2, "x", 5]),
+        ["speculators (vLLM)", "eagle_aux_hidden_state_layer_ids is [2, 'x', 5]"]),
+    "unknown activation": (
+        lambda p: write_sglang_fixture(p, hidden_act="evil"),
+        ["hidden_act 'evil' is no activation"]),
+    "layer count that is not a number": (
+        lambda p: write_sglang_fixture(p, num_hidden_layers="one"),
+        ["num_hidden_layers = 'one'"]),
     "no weights": (
         lambda p: (write_sglang_fixture(p), (p / "model.safetensors").unlink(), p)[-1],
         ["SGLang/SpecForge", "holds no weights"]),

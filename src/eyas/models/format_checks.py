@@ -17,6 +17,16 @@ from ..errors import EyasError
 from .format_names import LOOKS_LIKE, OFFICIAL, OFFICIAL_ARCHITECTURE, REQUIRED, shown
 
 
+def check_layer_ids(path: Path, looks: str, key: str, ids) -> None:
+    """A captured-layer list as a config writes it: a non-empty list of distinct whole numbers."""
+    fine = (isinstance(ids, list) and ids and len(set(ids)) == len(ids)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in ids))
+    if not fine:
+        raise EyasError(f"{path} looks like {looks}, but its {key} is {ids!r}; it must list the captured target "
+                        "layers as distinct whole numbers (three for EAGLE-3, e.g. [1, 15, 27] in SGLang indexing)",
+                        "restore the draft's config.json, or re-export the draft with eyas export")
+
+
 def check_official_shapes(path: Path, data: dict, shapes: dict) -> None:
     """A LlamaForCausalLM folder is an EAGLE-3 draft only if its fc fuses 3 target states."""
     hidden = int(data.get("hidden_size") or 0)

@@ -23,12 +23,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import LlamaConfig
+from transformers.activations import ACT2FN
 
 from ..errors import EyasError
 from ..layers import from_sglang
 from .bounds import check_config
 from .draft import ARCHITECTURE, Eagle3Draft
-from .format_checks import check_fits, check_official_shapes, check_state
+from .format_checks import check_fits, check_layer_ids, check_official_shapes, check_state
 from .format_names import (
     EYAS,
     LOOKS_LIKE,
@@ -189,6 +190,19 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     else:
         data = dict(data)
         data["architectures"] = [ARCHITECTURE]
+    eagle = data.get("eagle_config")
+    if eagle is not None and not isinstance(eagle, dict):
+        raise EyasError(f"{path} looks like {looks}, but its eagle_config is {eagle!r}, not an object",
+                        "restore the draft's config.json, or re-export the draft with eyas export")
+    sgl_ids = (eagle or {}).get("eagle_aux_hidden_state_layer_ids")
+    if sgl_ids is not None:  # SGLang captures exactly these: an empty list captures nothing
+        check_layer_ids(path, looks, "eagle_config.eagle_aux_hidden_state_layer_ids", sgl_ids)
+    if data.get("eagle_aux_hidden_state_layer_ids"):  # vLLM reads an empty list as "not given"
+        check_layer_ids(path, looks, "eagle_aux_hidden_state_layer_ids", data["eagle_aux_hidden_state_layer_ids"])
+    if data.get("hidden_act", "silu") not in ACT2FN:
+        raise EyasError(f"{path} looks like {looks}, but its hidden_act {data.get('hidden_act')!r} is no activation "
+                        "transformers knows", "restore the draft's config.json (EAGLE-3 drafts use silu)")
+    check_config(data, f"{path}/config.json ({looks})", dtype_bytes=4)  # before anything is allocated
     layers = int(data.get("num_hidden_layers") or 1)
     if layers != 1:
         raise EyasError(f"{path} looks like {looks} with {layers} decoder layers; eyas's draft has exactly one",
@@ -197,7 +211,6 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
         if not isinstance(data.get(key), int):
             raise EyasError(f"{path} looks like {looks}, but its config has no integer {key!r}",
                             "restore the draft's complete config.json")
-    check_config(data, f"{path}/config.json ({looks})", dtype_bytes=4)  # before anything is allocated
     try:
         config = LlamaConfig.from_dict(data)
     except (ValueError, TypeError, KeyError) as e:

@@ -132,3 +132,22 @@ def test_cli_prints_message_not_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("eyas: error: ") and "truncated" in err and "fix:" in err
     assert "Traceback" not in err
+
+
+def _d2t_without_t2d(edit):
+    tensors = _without("t2d")  # SGLang ignores t2d and many SGLang folders leave it out
+    tensors["d2t"] = edit(tensors["d2t"].clone())
+    return tensors
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: (d.__setitem__(-1, 10_000), d)[1], "outside the target vocabulary 0..319"),
+    (lambda d: (d.__setitem__(0, -500), d)[1], "to target ids -500"),
+    (lambda d: d[:100], "d2t has shape (100,), its config implies (160,)"),
+])
+def test_a_d2t_without_t2d_that_does_not_fit_is_named_at_load(tmp_path, edit, needle):
+    path = write_sglang_fixture(tmp_path / "draft", _d2t_without_t2d(edit))
+    with pytest.raises(EyasError) as err:
+        formats.load_draft(path, embed_weight=torch.zeros(320, 64))
+    assert needle in str(err.value) and "SGLang/SpecForge" in str(err.value) and err.value.fix
+

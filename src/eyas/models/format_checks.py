@@ -91,6 +91,21 @@ def check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None:
                         "the weights and config.json do not belong together")
 
 
+def check_d2t(path: Path, fmt: str, d2t, draft_vocab: int, vocab: int) -> None:
+    """``d2t`` as ``target id = draft id + d2t[draft id]`` can use it: one offset per draft id, inside the target."""
+    import torch
+
+    looks = LOOKS_LIKE[fmt]
+    fix = "rebuild the draft vocabulary maps (eyas train builds d2t/t2d together) or export the draft again"
+    if tuple(d2t.shape) != (draft_vocab,):
+        raise EyasError(f"{path} looks like {looks}, but d2t has shape {tuple(d2t.shape)}, its config implies "
+                        f"({draft_vocab},) = draft_vocab_size", fix)
+    ids = d2t.long() + torch.arange(draft_vocab)
+    if draft_vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise EyasError(f"{path} looks like {looks}, but its d2t maps draft ids to target ids "
+                        f"{int(ids.min())}..{int(ids.max())}, outside the target vocabulary 0..{vocab - 1}", fix)
+
+
 def check_fits(path: Path, fmt: str, state: dict, expected: dict) -> None:
     """``state`` (completed for loading) against ``expected``, the shapes of eyas's draft built from its config."""
     looks = LOOKS_LIKE[fmt]

@@ -102,6 +102,12 @@ CASES = {
     "layer count that is not a number": (
         lambda p: write_sglang_fixture(p, num_hidden_layers="one"),
         ["num_hidden_layers = 'one'"]),
+    "NaN in fc": (
+        lambda p: write_sglang_fixture(p, _with("fc.weight", torch.full((64, 192), float("nan")))),
+        ["fc.weight holds 12288 NaN or infinite values", "accept length 1.00"]),
+    "infinity in a speculators layer tensor, named as speculators names it": (
+        lambda p: write_speculators_fixture(p, _with("midlayer.hidden_norm.weight", torch.full((64,), float("inf")))),
+        ["layers.0.hidden_norm.weight holds 64 NaN or infinite values"]),
     "no weights": (
         lambda p: (write_sglang_fixture(p), (p / "model.safetensors").unlink(), p)[-1],
         ["SGLang/SpecForge", "holds no weights"]),

@@ -84,11 +84,29 @@ def check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None:
             + (" (2 x hidden: an EAGLE-1/2 draft)" if fc[-1] == 2 * target_hidden else ""),
             "the weights and config.json do not belong together; re-export the draft from its source",
         )
+    check_finite(path, fmt, state)
     lm_head = tuple(state["lm_head.weight"].shape)
     if lm_head != (draft_vocab, hidden):
         raise EyasError(f"{path} looks like {looks}, but lm_head.weight is {lm_head}, its config implies "
                         f"({draft_vocab}, {hidden}) = (draft_vocab_size, hidden_size)",
                         "the weights and config.json do not belong together")
+
+
+def check_finite(path: Path, fmt: str, state: dict) -> None:
+    """No NaN or infinite weight: a draft with one proposes garbage and is rejected every step, silently."""
+    import torch
+
+    for name, t in state.items():
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            continue
+        flat = t.reshape(-1)
+        for part in flat.split(1 << 24):  # a bounded temporary, also for a shipped 160k x 7168 embedding
+            if not bool(torch.isfinite(part).all()):
+                bad = int((~torch.isfinite(flat)).sum())
+                raise EyasError(f"{path} looks like {LOOKS_LIKE[fmt]}, but {shown(fmt, name)} holds {bad} NaN or "
+                                "infinite values: every proposal would be rejected (accept length 1.00)",
+                                "export the draft again from a healthy checkpoint (a diverged training run or a "
+                                "broken conversion writes such values)")
 
 
 def check_d2t(path: Path, fmt: str, d2t, draft_vocab: int, vocab: int) -> None:

@@ -99,6 +99,10 @@ def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code,
                                                   **({"gguf_file": gguf} if gguf else {}))
     except (OSError, ValueError) as e:
+        from .models.safety import remote_code_refusal
+
+        if remote_code_refusal(e, folder):
+            raise remote_code_refusal(e, folder) from None
         raise EyasError(f"--tokenizer-path {path}: no tokenizer could be loaded: {type(e).__name__}: {str(e)[:300]}",
                         "point at a folder with tokenizer.json / tokenizer_config.json (or a .gguf file)") from None
     if len(tokenizer) > vocab_size:

@@ -82,6 +82,10 @@ def register(sub) -> None:
                         "does (CUDA, Llama family), native forces it, generic uses HF generate")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when a GPU is visible)")
     p.add_argument("--dtype", default="auto", help="the target's dtype: auto (bf16 on the GPU), float32, bfloat16")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow Python code shipped in the target's folder (auto_map) to run; refused by default")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="load a target whose weights are .bin/.pt pickles (refused by default: unpickling runs code)")
     p.set_defaults(func=run)
 
 
@@ -141,7 +145,8 @@ def run(args) -> int:
     if args.regenerate_url:
         return run_remote(args, cfg, kw)
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
-    target = load_target(args.model_path, device=ctx.device, dtype=args.dtype)
+    target = load_target(args.model_path, device=ctx.device, dtype=args.dtype,
+                         trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, seed=args.seed + ctx.rank, system_prompt=args.system_prompt,
                         template_kwargs=kw, engine=args.regen_engine)
@@ -160,7 +165,7 @@ def run_remote(args, cfg, template_kwargs: dict) -> int:
 
     remote_cfg = RemoteConfig(args.regenerate_url, concurrency=args.concurrency, request_timeout=args.request_timeout,
                               retry_for=args.retry_for, api_key=args.api_key, served_model_name=args.served_model_name)
-    target = load_tokenizer_target(args.model_path)
+    target = load_tokenizer_target(args.model_path, args.trust_remote_code)
     regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                         seed=args.seed, system_prompt=args.system_prompt, template_kwargs=template_kwargs)
     remote = RemoteRegenerator(target, regen, remote_cfg, args.out, args.model_path)

@@ -224,3 +224,21 @@ def test_a_hung_server_is_reported_as_a_timeout():
     assert report.verdict.startswith(f"TIMED OUT: GET {url}/v1/models timed out: no answer after 0.")
     assert "(--timeout 0.5 s)" in report.verdict and "nothing answers" not in report.verdict
     assert "raise --timeout" in report.checks[0].fix
+
+
+def test_vllm_counting_tokens_but_not_drafts_is_speculating_with_an_exact_rate():
+    """Early vLLM v1 (and v0) register num_draft_tokens and num_accepted_tokens only: not 'speculation off'."""
+    report, _ = diagnose("vllm", ["vllm_v1_no_drafts_before.prom", "vllm_v1_no_drafts_after.prom"])
+    assert report.exit_code == 0, report.to_json()
+    assert report.verdict == "working (acceptance rate 0.60; tau not exposed by this server)"
+    assert report.figures["accept_rate"] == pytest.approx(0.6) and report.figures["tau"] is None
+    row = next(c for c in report.checks if c.name == "acceptance")
+    assert row.status == "warning" and "spec_decode_num_drafts" in row.fix
+    v0, _ = diagnose("vllm", ["vllm_v0.prom"], no_probe=True)
+    assert v0.verdict.startswith("working (acceptance rate 0.60") and v0.figures["source"].startswith("lifetime")
+
+
+def test_vllm_counting_tokens_but_not_drafts_with_nothing_accepted_is_tau_one():
+    report, _ = diagnose("vllm", ["vllm_v1_no_drafts_before.prom", "vllm_v1_no_drafts_rejected_after.prom"])
+    assert report.exit_code == 1 and report.verdict.startswith("NOT ACCEPTED (tau 1.00")
+    assert "EAGLE3" in report.figures["likely_causes"][0]

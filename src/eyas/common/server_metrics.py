@@ -83,8 +83,14 @@ class Snapshot:
         return self.drafts is not None and self.accepted is not None
 
     @property
+    def has_token_counters(self) -> bool:
+        """Draft and accepted token counters without the drafts counter: vLLM v0, and v1 before
+        ``spec_decode_num_drafts`` (both register ``num_draft_tokens`` / ``num_accepted_tokens`` only)."""
+        return self.draft_tokens is not None and self.accepted is not None
+
+    @property
     def has_spec_metrics(self) -> bool:
-        return self.has_counters or self.gauge_length is not None
+        return self.has_counters or self.has_token_counters or self.gauge_length is not None
 
 
 def _sum(samples: dict, name: str | None) -> float | None:
@@ -138,6 +144,16 @@ def acceptance(before: Snapshot | None, after: Snapshot) -> Acceptance | None:
         per = [(after.per_pos[p] - ((b.per_pos.get(p, 0.0)) if b else 0.0)) / d for p in positions]
         return Acceptance(1 + a / d, a / t if t else None, per, d,
                           "counters over the probes" if b else "lifetime counters")
+    if after.has_token_counters:  # no drafts counter: the rate is exact, tau only when nothing was accepted
+        b = before if before is not None and before.has_token_counters else None
+        t = after.draft_tokens - (b.draft_tokens if b else 0)
+        a = after.accepted - (b.accepted if b else 0)
+        if t <= 0:
+            return Acceptance(None, None, [], 0, "counters did not move" if b else "no verify step yet")
+        where = "token counters over the probes" if b else "lifetime token counters"
+        if a == 0:  # no proposal accepted: every step emitted its bonus token alone, whatever the drafts
+            return Acceptance(1.0, 0.0, [], 0, where)
+        return Acceptance(None, a / t, [], 0, f"{where}; tau not exposed (no spec_decode_num_drafts counter)")
     if after.gauge_length is not None:
         return Acceptance(after.gauge_length, after.gauge_rate, [], 0, "gauge (average of the last interval)")
     return None

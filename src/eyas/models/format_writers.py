@@ -34,6 +34,10 @@ CONFIG_NOISE = ("eyas", "transformers_version") + HF_NOISE
 
 
 def _export_state(folder: DraftFolder, include_embeddings: bool, dtype) -> dict[str, torch.Tensor]:
+    # A draft of another width than its target keeps its own embeddings: SGLang's set_embed does not share the
+    # target's then (llama_eagle3.py: target_hidden_size != hidden_size), so leaving them out would serve an
+    # uninitialised table and reject every proposal, silently.
+    include_embeddings = include_embeddings or _target_hidden(folder.config) != int(folder.config.hidden_size)
     state = {k: v for k, v in folder.state.items() if include_embeddings or k != "embed_tokens.weight"}
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}

@@ -1,4 +1,4 @@
-"""Every command that reads a draft and refuses a pickle names --allow-pickle, and takes it."""
+"""Exports and checks of drafts as released: pickle weights (the flag the refusal names) and other widths."""
 
 from __future__ import annotations
 
@@ -29,3 +29,25 @@ def test_doctor_on_an_official_pickle_release_takes_the_flag_its_refusal_names(t
     main(base + ["--allow-pickle"])
     report = json.loads(capsys.readouterr().out)
     assert report["checks"][0]["status"] == "ok" and report["figures"]["format"] == "eagle3"
+
+
+def test_a_draft_narrower_than_its_target_exports_with_its_embeddings(tmp_path, capsys):
+    """SGLang does not share the target's embeddings with a draft of another width: the export must keep them."""
+    import torch
+    from helpers import tiny_target
+    from safetensors import safe_open
+    from transformers import LlamaConfig
+
+    from eyas.models import formats
+    from eyas.models.draft import Eagle3Draft
+
+    t = tiny_target(dtype=torch.float32)
+    cfg = Eagle3Draft.config_for_target(t).to_dict()
+    cfg.update(hidden_size=32, head_dim=8, intermediate_size=64)
+    Eagle3Draft(LlamaConfig.from_dict(cfg)).save_pretrained(tmp_path / "narrow", include_embeddings=True)
+    for fmt in ("sglang", "speculators"):
+        out = tmp_path / fmt
+        assert main(["export", str(tmp_path / "narrow"), "--format", fmt, "--out", str(out)]) == 0
+        with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+            assert tuple(f.get_slice("embed_tokens.weight").get_shape()) == (320, 32)
+        formats.load_draft(out, embed_weight=t.embed_tokens.weight)  # and it loads back

@@ -242,3 +242,19 @@ def test_vllm_counting_tokens_but_not_drafts_with_nothing_accepted_is_tau_one():
     report, _ = diagnose("vllm", ["vllm_v1_no_drafts_before.prom", "vllm_v1_no_drafts_rejected_after.prom"])
     assert report.exit_code == 1 and report.verdict.startswith("NOT ACCEPTED (tau 1.00")
     assert "EAGLE3" in report.figures["likely_causes"][0]
+
+
+@pytest.mark.parametrize("flags", [["--expect-tau", "nan"], ["--expect-tau", "0.5"], ["--expect-tau", "inf"],
+                                   ["--tau-tolerance", "1.5"], ["--tau-tolerance", "nan"]])
+def test_expectations_that_could_never_fail_are_refused(flags, capsys):
+    from eyas.cli import main
+
+    assert main(["doctor", "--url", "http://127.0.0.1:9", *flags]) == 2
+    assert "fix:" in capsys.readouterr().err
+
+
+def test_a_static_context_length_below_one_is_refused(capsys):
+    from eyas.cli import main
+
+    assert main(["doctor", "--context-length", "0"]) == 2
+    assert "--context-length 0 must be at least 1" in capsys.readouterr().err

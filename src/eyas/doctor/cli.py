@@ -58,6 +58,11 @@ def run(args) -> int:
                         "run eyas doctor twice: once on the files, once on the server")
     if args.probes < 0 or args.max_tokens < 1:
         raise EyasError("--probes must be >= 0 and --max-tokens >= 1", "e.g. --probes 5 --max-tokens 64")
+    if not 0 <= args.tau_tolerance < 1:  # NaN fails too; 1 or more would never call a tau degraded
+        raise EyasError(f"--tau-tolerance {args.tau_tolerance} must be a fraction in [0, 1)", "e.g. 0.1 (10 %)")
+    if args.context_length is not None and args.context_length < 1:
+        raise EyasError(f"--context-length {args.context_length} must be at least 1",
+                        "pass the serving context, e.g. --context-length 4096, or leave it out for the target's")
     if args.url:
         from .live import LiveOptions, diagnose_live, read_expect_tau
 

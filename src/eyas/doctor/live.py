@@ -108,21 +108,25 @@ def probe(client: httpx.Client, url: str, model: str | None, prompts: list[str],
 
 
 def read_expect_tau(value: str | None) -> float | None:
-    """``--expect-tau`` is a number, or the JSON ``eyas eval --json-out`` wrote (its accept_length)."""
+    """``--expect-tau`` is a number, or the JSON ``eyas eval --json-out`` wrote (its accept_length); either way an
+    acceptance length: finite and at least 1 (a NaN would compare false and never call a tau degraded)."""
     if value is None:
         return None
     try:
-        return float(value)
+        tau = float(value)
     except ValueError:
-        pass
-    p = Path(value)
-    if not p.is_file():
-        raise EyasError(f"--expect-tau {value!r} is neither a number nor a file",
-                        "pass the tau from `eyas eval`, e.g. --expect-tau 2.8, or its --json-out file")
-    try:
-        return float(json.loads(p.read_text())["accept_length"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise EyasError(f"{p} has no accept_length ({e})", "pass the file `eyas eval --json-out` wrote") from None
+        p = Path(value)
+        if not p.is_file():
+            raise EyasError(f"--expect-tau {value!r} is neither a number nor a file",
+                            "pass the tau from `eyas eval`, e.g. --expect-tau 2.8, or its --json-out file") from None
+        try:
+            tau = float(json.loads(p.read_text())["accept_length"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise EyasError(f"{p} has no accept_length ({e})", "pass the file `eyas eval --json-out` wrote") from None
+    if not 1 <= tau < float("inf"):
+        raise EyasError(f"--expect-tau {value!r} gives {tau}, which is no acceptance length: tau is at least 1 "
+                        "(the bonus token) and finite", "pass the tau `eyas eval` printed, e.g. --expect-tau 2.8")
+    return tau
 
 
 def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = None,

@@ -258,3 +258,10 @@ def test_a_static_context_length_below_one_is_refused(capsys):
 
     assert main(["doctor", "--context-length", "0"]) == 2
     assert "--context-length 0 must be at least 1" in capsys.readouterr().err
+
+
+def test_an_openai_base_url_is_taken_to_the_server_root():
+    """Users paste the base URL their OpenAI client has (http://host:8000/v1): not a 'metrics disabled' server."""
+    client, _ = fake_server("vllm", ["vllm_eagle3_after.prom"])
+    report = diagnose_live("http://fake/v1/", LiveOptions(no_probe=True), client=client)
+    assert report.exit_code == 0 and report.verdict.startswith("working"), report.to_json()

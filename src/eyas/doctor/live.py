@@ -107,6 +107,13 @@ def probe(client: httpx.Client, url: str, model: str | None, prompts: list[str],
     return res, base
 
 
+def server_root(url: str) -> str:
+    """The server's root from what a user pastes: an OpenAI client's base URL ends in ``/v1``, and probing
+    ``/v1/v1/models`` and ``/v1/metrics`` would blame the server's metrics for a 404 of the URL's making."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
 def read_expect_tau(value: str | None) -> float | None:
     """``--expect-tau`` is a number, or the JSON ``eyas eval --json-out`` wrote (its accept_length); either way an
     acceptance length: finite and at least 1 (a NaN would compare false and never call a tau degraded)."""
@@ -133,7 +140,7 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                   baseline_client: httpx.Client | None = None) -> Report:
     from ..common.prompts import prompt_set
 
-    url = url.rstrip("/")
+    url = server_root(url)
     own = client is None
     client = client or opts.client()
     try:
@@ -167,7 +174,7 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                     side = None
                 result, base = probe(client, url, opts.model or view.model, prompts, opts.max_tokens, side)
                 if base is not None:
-                    baseline = (base.tokens_per_s, f"{opts.baseline_url.rstrip('/')}, same probes interleaved")
+                    baseline = (base.tokens_per_s, f"{server_root(opts.baseline_url)}, same probes interleaved")
             view_after, samples_after = look(client, url)
             after = server_metrics.snapshot(samples_after, view.kind) if samples_after is not None else None
             if after is None:  # the second read failed: report how
@@ -188,7 +195,7 @@ def _baseline_side(opts: LiveOptions, client: httpx.Client | None):
     if opts.baseline_tps is not None or not opts.baseline_url:
         yield None
         return
-    url = opts.baseline_url.rstrip("/")
+    url = server_root(opts.baseline_url)
     own = client is None
     client = client or opts.client()
     try:

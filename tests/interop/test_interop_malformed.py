@@ -108,6 +108,9 @@ CASES = {
     "infinity in a speculators layer tensor, named as speculators names it": (
         lambda p: write_speculators_fixture(p, _with("midlayer.hidden_norm.weight", torch.full((64,), float("inf")))),
         ["layers.0.hidden_norm.weight holds 64 NaN or infinite values"]),
+    "eyas draft whose eagle_config was edited away from the layers it was trained on": (
+        lambda p: write_sglang_fixture(p, eyas={"aux_layer_ids": [2, 3, 4]}),
+        ["trained on the inputs of target layers [2, 3, 4]", "capture [2, 4, 5]"]),
     "no weights": (
         lambda p: (write_sglang_fixture(p), (p / "model.safetensors").unlink(), p)[-1],
         ["SGLang/SpecForge", "holds no weights"]),

@@ -26,7 +26,7 @@ from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 
 from ..errors import EyasError
-from ..layers import from_sglang
+from ..layers import from_sglang, to_sglang
 from .bounds import check_config
 from .draft import ARCHITECTURE, Eagle3Draft
 from .format_checks import check_d2t, check_fits, check_layer_ids, check_official_shapes, check_state
@@ -224,6 +224,16 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
             f"{sgl} (SGLang indexing, = inputs of layers {from_sglang(sgl)}) and a top-level {top} (vLLM indexing)",
             "keep the set the draft was trained with; eyas export writes both consistently",
         )
+    trained = (data.get("eyas") or {}).get("aux_layer_ids") if fmt == EYAS else None
+    if trained is not None and sgl is not None:  # what eyas train recorded against what servers will capture
+        check_layer_ids(path, looks, "eyas.aux_layer_ids", trained)
+        if list(trained) != from_sglang(sgl):
+            raise EyasError(
+                f"{path} looks like {looks} trained on the inputs of target layers {list(trained)}, but its "
+                f"eagle_config makes servers (and eyas) capture {from_sglang(sgl)} (SGLang ids {list(sgl)}): the "
+                "draft would be fed other states than it learnt from, and accept little, silently",
+                f"set eagle_config.eagle_aux_hidden_state_layer_ids to {to_sglang(trained)} in {path}/config.json "
+                "(SGLang indexing of the layers it was trained on; eyas.aux_layer_ids is the training record)")
     if getattr(config, "draft_vocab_size", None) is None:  # SGLang: absent means the full vocabulary
         config.draft_vocab_size = config.vocab_size
     if fmt == OFFICIAL:  # no ids written: it always captures the inputs of layers 2, N//2, N-3

@@ -265,3 +265,9 @@ def test_an_openai_base_url_is_taken_to_the_server_root():
     client, _ = fake_server("vllm", ["vllm_eagle3_after.prom"])
     report = diagnose_live("http://fake/v1/", LiveOptions(no_probe=True), client=client)
     assert report.exit_code == 0 and report.verdict.startswith("working"), report.to_json()
+
+
+def test_drafts_counter_going_backwards_is_a_restart_not_missing_traffic():
+    report, _ = diagnose("vllm", ["vllm_eagle3_after.prom", "vllm_eagle3_before.prom"])  # 500 drafts, then 400
+    row = next(c for c in report.checks if c.name == "acceptance")
+    assert report.exit_code == 1 and "restarted between the two reads" in row.message and "stays up" in row.fix

@@ -120,6 +120,9 @@ def snapshot(samples: dict, kind: str) -> Snapshot:
     return snap
 
 
+BACKWARDS = "counters went backwards: the server restarted between the two reads"
+
+
 @dataclass
 class Acceptance:
     """Figures over an interval: tau, rate, per-position rates, and how they were obtained."""
@@ -139,7 +142,8 @@ def acceptance(before: Snapshot | None, after: Snapshot) -> Acceptance | None:
         a = after.accepted - (b.accepted if b else 0)
         t = (after.draft_tokens or 0) - ((b.draft_tokens or 0) if b else 0)
         if d <= 0:
-            return Acceptance(None, None, [], 0, "counters did not move" if b else "no verify step yet")
+            return Acceptance(None, None, [], 0, BACKWARDS if d < 0 else
+                              "counters did not move" if b else "no verify step yet")
         positions = sorted(after.per_pos)
         per = [(after.per_pos[p] - ((b.per_pos.get(p, 0.0)) if b else 0.0)) / d for p in positions]
         return Acceptance(1 + a / d, a / t if t else None, per, d,
@@ -149,7 +153,8 @@ def acceptance(before: Snapshot | None, after: Snapshot) -> Acceptance | None:
         t = after.draft_tokens - (b.draft_tokens if b else 0)
         a = after.accepted - (b.accepted if b else 0)
         if t <= 0:
-            return Acceptance(None, None, [], 0, "counters did not move" if b else "no verify step yet")
+            return Acceptance(None, None, [], 0, BACKWARDS if t < 0 else
+                              "counters did not move" if b else "no verify step yet")
         where = "token counters over the probes" if b else "lifetime token counters"
         if a == 0:  # no proposal accepted: every step emitted its bonus token alone, whatever the drafts
             return Acceptance(1.0, 0.0, [], 0, where)

@@ -140,6 +140,8 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
     if acc is None or acc.tau is None:
         why = acc.source if acc else "no figures"
         report.add("acceptance", PROBLEM, f"no verify step was recorded ({why}), although speculation metrics exist",
+                   "run the doctor again once the server stays up (check its log for the restart)"
+                   if why == server_metrics.BACKWARDS else
                    "send traffic (drop --no-probe) and check that requests reach this server")
         report.verdict = "UNVERIFIED: no speculative step was observed"
         return

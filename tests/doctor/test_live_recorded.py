@@ -271,3 +271,11 @@ def test_drafts_counter_going_backwards_is_a_restart_not_missing_traffic():
     report, _ = diagnose("vllm", ["vllm_eagle3_after.prom", "vllm_eagle3_before.prom"])  # 500 drafts, then 400
     row = next(c for c in report.checks if c.name == "acceptance")
     assert report.exit_code == 1 and "restarted between the two reads" in row.message and "stays up" in row.fix
+
+
+def test_sglang_eagle3_with_aux_capture_switched_off_in_the_draft(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"eagle_config": {"use_aux_hidden_state": False}}))
+    info = {**SGLANG_ARGS, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(tmp_path)}
+    report, _ = diagnose("sglang", ["sglang_rejected.prom"], server_info=info)
+    assert next(c for c in report.checks if c.name == "configuration").status == "problem"
+    assert "use_aux_hidden_state is false" in report.figures["likely_causes"][0]

@@ -74,6 +74,9 @@ def _causes(kind: str, configured: str | None = None) -> list[str]:
     if kind == SGLANG and configured == "EAGLE":
         flag = "the algorithm flag, CONFIRMED by /get_server_info: SGLang runs --speculative-algorithm EAGLE; " \
                "an EAGLE-3 draft needs EAGLE3"
+    elif kind == SGLANG and configured == "EAGLE3 without aux states":
+        flag = "the aux states, CONFIRMED by the draft's config.json: eagle_config.use_aux_hidden_state is false, so " \
+               "SGLang captures none even under EAGLE3; set it to true"
     elif kind == SGLANG and configured == "EAGLE3":
         flag = "not the flag: /get_server_info shows EAGLE3"
     return [flag,

@@ -51,3 +51,17 @@ def test_a_draft_narrower_than_its_target_exports_with_its_embeddings(tmp_path, 
         with safe_open(str(out / "model.safetensors"), framework="pt") as f:
             assert tuple(f.get_slice("embed_tokens.weight").get_shape()) == (320, 32)
         formats.load_draft(out, embed_weight=t.embed_tokens.weight)  # and it loads back
+
+
+def test_a_cast_that_overflows_is_refused_not_written(tmp_path, capsys):
+    import torch
+    from interop_helpers import sglang_tensors, write_sglang_fixture
+
+    tensors = sglang_tensors()
+    tensors["fc.weight"][0, 0] = 1e6  # fine in bfloat16 (float32's range), infinite in float16
+    src = write_sglang_fixture(tmp_path / "draft", tensors)
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "a"), "--dtype", "float16"]) == 2
+    assert "fc.weight holds values beyond float16's range" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "model.safetensors").exists()
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "b"), "--dtype", "bfloat16"]) == 0
+    assert torch.isfinite(torch.tensor(1e6, dtype=torch.bfloat16))

@@ -123,6 +123,7 @@ def run(args) -> int:
     if args.keep_answers and not args.regenerate:
         raise EyasError("--keep-answers only means something with --regenerate",
                         "add --regenerate or drop --keep-answers")
+    check_numbers(args)
     if args.magpie_prompts < 1 and "magpie" in args.source:
         raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
     if args.max_prompts is not None and args.max_prompts < 1:
@@ -154,6 +155,24 @@ def run(args) -> int:
     prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))
     ctx.close()
     return 0
+
+
+def check_numbers(args) -> None:
+    """Counts and sampling settings no run can use, refused before any model loads: a batch of 0 crashed in
+    range(), --max-new-tokens 0 in transformers, and a negative --max-length or --limit emptied the data with
+    a message about assistant turns; a negative temperature or a top-p outside (0, 1] was taken silently."""
+    for flag, value in (("--max-length", args.max_length), ("--limit", args.limit), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens), ("--self-per-topic", args.self_per_topic),
+                        ("--concurrency", args.concurrency)):
+        if value is not None and value < 1:
+            raise EyasError(f"{flag} must be at least 1, got {value}", f"pass a positive {flag}, or leave it out")
+    if not 0 <= args.temperature <= 100:  # NaN too
+        raise EyasError(f"--temperature {args.temperature} must be in [0, 100]", "0 is greedy; 0.8 is the usual")
+    if not 0 < args.top_p <= 1:
+        raise EyasError(f"--top-p {args.top_p} must be in (0, 1]", "1.0 keeps the whole distribution")
+    if not args.request_timeout > 0 or not args.retry_for >= 0:
+        raise EyasError(f"--request-timeout {args.request_timeout} must be positive and --retry-for "
+                        f"{args.retry_for} at least 0", "e.g. --request-timeout 600 --retry-for 600")
 
 
 def run_remote(args, cfg, template_kwargs: dict) -> int:

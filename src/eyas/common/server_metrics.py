@@ -38,6 +38,13 @@ NAMES = {
 }
 
 
+def server_root(url: str) -> str:
+    """The server's root from what a user pastes: an OpenAI client's base URL ends in ``/v1``, and asking
+    ``/v1/v1/models`` and ``/v1/metrics`` would blame the server for a 404 of the URL's making."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
 def parse(text: str) -> dict[str, list[tuple[dict, float]]]:
     """Prometheus text -> {sample name without ``_total``: [(labels, value)]}, via prometheus_client."""
     from prometheus_client.parser import text_string_to_metric_families

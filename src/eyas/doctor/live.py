@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from ..common import server_metrics
-from ..common.server_metrics import LABEL
+from ..common.server_metrics import LABEL, server_root
 from ..errors import EyasError
 from . import server_config
 from .judge import judge
@@ -105,13 +105,6 @@ def probe(client: httpx.Client, url: str, model: str | None, prompts: list[str],
         if baseline:
             probe_one(*baseline, text, max_tokens, base)
     return res, base
-
-
-def server_root(url: str) -> str:
-    """The server's root from what a user pastes: an OpenAI client's base URL ends in ``/v1``, and probing
-    ``/v1/v1/models`` and ``/v1/metrics`` would blame the server's metrics for a 404 of the URL's making."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 def read_expect_tau(value: str | None) -> float | None:

@@ -185,6 +185,8 @@ def read_draft(path, allow_pickle: bool = False) -> DraftFolder:
 
 def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     looks = LOOKS_LIKE[fmt]
+    if data.get("eagle_aux_hidden_state_layer_ids"):  # vLLM reads an empty list as "not given"
+        check_layer_ids(path, looks, "eagle_aux_hidden_state_layer_ids", data["eagle_aux_hidden_state_layer_ids"])
     if fmt == SPECULATORS:
         data = speculators_to_sglang_config(path, data)
     else:
@@ -197,8 +199,6 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     sgl_ids = (eagle or {}).get("eagle_aux_hidden_state_layer_ids")
     if sgl_ids is not None:  # SGLang captures exactly these: an empty list captures nothing
         check_layer_ids(path, looks, "eagle_config.eagle_aux_hidden_state_layer_ids", sgl_ids)
-    if data.get("eagle_aux_hidden_state_layer_ids"):  # vLLM reads an empty list as "not given"
-        check_layer_ids(path, looks, "eagle_aux_hidden_state_layer_ids", data["eagle_aux_hidden_state_layer_ids"])
     if data.get("hidden_act", "silu") not in ACT2FN:
         raise EyasError(f"{path} looks like {looks}, but its hidden_act {data.get('hidden_act')!r} is no activation "
                         "transformers knows", "restore the draft's config.json (EAGLE-3 drafts use silu)")

@@ -87,12 +87,14 @@ def check_pair(target_info, draft, aux_layer_ids: list[int]) -> None:
             f"the draft's vocabulary has {draft.config.vocab_size} tokens, the target's {target_info.vocab_size}",
             "use a draft trained for this target's tokenizer",
         )
+    # Every path embeds draft tokens with the draft's own table (draft.embed): a draft narrower or wider than the
+    # target runs when it ships its embeddings (formats.build_draft refuses sharing the target's of another width).
     width = draft.embed_tokens.weight.shape[1]
-    if width != draft.config.hidden_size or target_info.embed_width != draft.config.hidden_size:
+    if width != draft.config.hidden_size:
         raise EyasError(
-            f"embedding width mismatch: draft hidden size {draft.config.hidden_size}, target embeddings "
-            f"{target_info.embed_width} wide",
-            "a draft narrower or wider than its target must ship its own embed_tokens.weight",
+            f"embedding width mismatch: the draft's token embeddings are {width} wide, its hidden size is "
+            f"{draft.config.hidden_size} (the target's embeddings are {target_info.embed_width} wide)",
+            "a draft narrower or wider than its target must ship its own embed_tokens.weight, as wide as its hidden",
         )
     check_vocab_maps(draft.d2t, draft.t2d, draft.draft_vocab_size, target_info.vocab_size)
 
@@ -128,3 +130,15 @@ def check_spec(spec: SpecConfig, target_info, draft, draft_path, aux_layer_ids) 
             if option.speculative:
                 option.check_tree()
         check_pair(target_info, draft, aux_layer_ids)
+        check_topk(spec, draft.draft_vocab_size)
+
+
+def check_topk(spec: SpecConfig, draft_vocab: int) -> None:
+    """Each node expands its ``eagle_topk`` best draft tokens: no more than the draft vocabulary has."""
+    widest = max(o.eagle_topk for o in spec.options if o.speculative)
+    if widest > draft_vocab:
+        raise EyasError(
+            f"--speculative-eagle-topk {widest} is larger than the draft's vocabulary of {draft_vocab} tokens: "
+            "a node cannot expand more children than there are tokens to propose",
+            f"use --speculative-eagle-topk {min(draft_vocab, 8)} or less",
+        )

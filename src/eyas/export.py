@@ -56,6 +56,9 @@ def register(subparsers) -> None:
     p.add_argument("--speculative-tokens", type=int, default=3,
                    help="speculators only: proposal_methods[0].speculative_tokens, vLLM's default "
                         "num_speculative_tokens (default 3)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="read a .bin/.pt pickle draft (an official EAGLE-3 release ships pytorch_model.bin); "
+                        "refused by default since unpickling can run code, and read with weights_only even then")
     p.set_defaults(func=run)
 
 
@@ -68,7 +71,7 @@ def run(args) -> int:
         raise EyasError(f"--out {out} exists and is not an empty folder", "choose a new output folder")
     if out.resolve() == source.resolve():
         raise EyasError("--out is the draft folder itself", "choose a new output folder")
-    folder = formats.read_draft(source)
+    folder = formats.read_draft(source, allow_pickle=args.allow_pickle)
     if args.include_embeddings and "embed_tokens.weight" not in folder.state:
         raise EyasError(f"--include-embeddings: the draft in {source} holds no embed_tokens.weight "
                         "(it shares the target's)",

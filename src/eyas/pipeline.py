@@ -99,6 +99,10 @@ def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code,
                                                   **({"gguf_file": gguf} if gguf else {}))
     except (OSError, ValueError) as e:
+        from .models.safety import remote_code_refusal
+
+        if remote_code_refusal(e, folder):
+            raise remote_code_refusal(e, folder) from None
         raise EyasError(f"--tokenizer-path {path}: no tokenizer could be loaded: {type(e).__name__}: {str(e)[:300]}",
                         "point at a folder with tokenizer.json / tokenizer_config.json (or a .gguf file)") from None
     if len(tokenizer) > vocab_size:
@@ -137,6 +141,9 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
         fc_in, n_aux = draft_fc_width(cfg)
         check_algorithm(algorithm, str(resolved), fc_in, fc_in // n_aux if fc_in else 0, n_aux,
                         ",".join(getattr(cfg, "architectures", None) or []))
+    if args.context_length is not None and args.context_length < 1:
+        raise EyasError(f"--context-length {args.context_length} leaves no room for a single token",
+                        "pass a positive length (e.g. --context-length 4096), or leave it out to use the target's")
     device = check_device(resolve_device(args.device))
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
         raise EyasError(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}",

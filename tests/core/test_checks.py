@@ -162,3 +162,39 @@ def test_a_local_target_is_never_taken_as_its_own_draft(folders):
     assert e.spec.algorithm is Algorithm.NONE and e.draft is None
     with pytest.raises(EyasError, match="needs a draft model"):
         build_engine(EngineArgs(model_path=str(folders / "target"), speculative_algorithm="EAGLE3"))
+
+
+def test_a_topk_wider_than_the_draft_vocabulary_is_refused_not_a_traceback(target):
+    small = Eagle3Draft.for_target(target, draft_vocab_size=6)
+    refuse(target, small, SpecConfig("EAGLE3", 2, 7, 8), match="eagle-topk 7 is larger than the draft's vocabulary")
+    Engine(target, small, SpecConfig("EAGLE3", 2, 6, 8))  # as wide as the vocabulary: fine
+
+
+@pytest.mark.parametrize("length", [0, -5])
+def test_a_context_length_below_one_is_refused_not_ignored(folders, monkeypatch, length):
+    import eyas.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_target", lambda *a, **k: pytest.fail("weights loaded before the check"))
+    with pytest.raises(EyasError, match=f"--context-length {length} leaves no room") as e:
+        build_engine(EngineArgs(model_path=str(folders / "target"), speculative_draft_model_path=str(folders / "draft"),
+                                context_length=length))
+    assert "positive" in e.value.fix
+
+
+def test_a_narrow_draft_that_ships_its_embeddings_runs_as_the_doctor_says(tmp_path):
+    """Draft hidden 32 on a 64-wide target (SGLang's target_hidden_size case), its own 320 x 32 embeddings: the
+    doctor calls it ready, so the engine must run it, losslessly."""
+    from transformers import LlamaConfig
+
+    from eyas.engine.sampling import SamplingParams
+    from eyas.models import formats
+
+    t = tiny_target(dtype=torch.float32)
+    cfg = Eagle3Draft.config_for_target(t).to_dict()
+    cfg.update(hidden_size=32, head_dim=8, intermediate_size=64)
+    Eagle3Draft(LlamaConfig.from_dict(cfg)).save_pretrained(tmp_path / "narrow", include_embeddings=True)
+    d = formats.load_draft(tmp_path / "narrow", embed_weight=t.embed_tokens.weight, dtype=torch.float32)
+    params = SamplingParams(max_new_tokens=12)
+    out = Engine(t, d, SpecConfig("EAGLE3", 3, 2, 6), draft_path="narrow").generate([[1, 2, 3, 4]], params)
+    base = Engine(t, None, SpecConfig("NONE")).generate([[1, 2, 3, 4]], params)
+    assert out[0].output_ids == base[0].output_ids

@@ -8,6 +8,7 @@ from helpers import save_tiny_model
 
 from eyas.errors import EyasError
 from eyas.models import formats
+from eyas.models.draft import Eagle3Draft
 from eyas.models.loading import load_target
 
 
@@ -119,3 +120,42 @@ def test_a_config_that_links_to_itself_is_named(tmp_path):
     (folder / "config.json").symlink_to("config.json")
     with pytest.raises(EyasError, match="config.json is a symbolic link that loops back on itself"):
         load_target(str(folder))
+
+
+def remote_code_folder(tmp_path, marker, where="config"):
+    """A target folder whose config.json (or tokenizer_config.json) asks for code shipped beside it."""
+    import json
+
+    folder = save_tiny_model(tmp_path / "target")
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    name = "config.json" if where == "config" else "tokenizer_config.json"
+    data = json.loads((folder / name).read_text())
+    if where == "config":
+        data.update(model_type="evilmodel", auto_map={"AutoConfig": "evil.EvilConfig",
+                                                      "AutoModelForCausalLM": "evil.EvilModel"})
+    else:
+        data.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
+    (folder / name).write_text(json.dumps(data))
+    return folder
+
+
+@pytest.mark.parametrize("where", ["config", "tokenizer"])
+def test_code_shipped_in_a_target_folder_is_refused_naming_the_flag(tmp_path, where):
+    from eyas.cli import main
+    from eyas.doctor.static import diagnose
+
+    marker = tmp_path / "pwned"
+    folder = remote_code_folder(tmp_path, marker, where)
+    with pytest.raises(EyasError, match="needs Python code shipped inside the folder") as e:
+        load_target(str(folder))
+    assert "--trust-remote-code" in e.value.fix
+    draft = tmp_path / "draft"
+    from helpers import tiny_target
+
+    Eagle3Draft.for_target(tiny_target()).save_pretrained(draft)
+    report = diagnose(draft, str(folder))
+    target_row = next(c for c in report.checks if c.name == "target")
+    assert target_row.status == "problem" and "--trust-remote-code" in target_row.fix
+    assert main(["prepare", "--model-path", str(folder), "--out", str(tmp_path / "data"), "--source", "pydoc",
+                 "--limit", "2"]) == 2
+    assert not marker.exists()

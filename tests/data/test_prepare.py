@@ -167,3 +167,21 @@ def test_magpie_source_end_to_end_and_benchmark_prompts_excluded(tmp_path):
     assert "keep me" in users and not any("photosynthesis" in u.lower() for u in users)
     assert meta["excluded"] == {"sets": ["chat"], "records": 1} and meta["magpie_prompts"] == 6
     assert any(line.startswith("source magpie: ") and line.endswith("from 6 openings of a user turn") for line in logs)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
+    (["--max-length", "-5"], "--max-length must be at least 1, got -5"),
+    (["--limit", "-1"], "--limit must be at least 1, got -1"),
+    (["--temperature", "-1"], "--temperature -1.0 must be in [0, 100]"),
+    (["--top-p", "0"], "--top-p 0.0 must be in (0, 1]"),
+    (["--top-p", "2"], "--top-p 2.0 must be in (0, 1]"),
+])
+def test_prepare_refuses_numbers_no_run_can_use_before_loading(tmp_path, capsys, monkeypatch, flags, needle):
+    import eyas.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: pytest.fail("a model was loaded first"))
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--source", "pydoc", "--regenerate", *flags]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "fix:" in err and "Traceback" not in err

@@ -224,3 +224,58 @@ def test_a_hung_server_is_reported_as_a_timeout():
     assert report.verdict.startswith(f"TIMED OUT: GET {url}/v1/models timed out: no answer after 0.")
     assert "(--timeout 0.5 s)" in report.verdict and "nothing answers" not in report.verdict
     assert "raise --timeout" in report.checks[0].fix
+
+
+def test_vllm_counting_tokens_but_not_drafts_is_speculating_with_an_exact_rate():
+    """Early vLLM v1 (and v0) register num_draft_tokens and num_accepted_tokens only: not 'speculation off'."""
+    report, _ = diagnose("vllm", ["vllm_v1_no_drafts_before.prom", "vllm_v1_no_drafts_after.prom"])
+    assert report.exit_code == 0, report.to_json()
+    assert report.verdict == "working (acceptance rate 0.60; tau not exposed by this server)"
+    assert report.figures["accept_rate"] == pytest.approx(0.6) and report.figures["tau"] is None
+    row = next(c for c in report.checks if c.name == "acceptance")
+    assert row.status == "warning" and "spec_decode_num_drafts" in row.fix
+    v0, _ = diagnose("vllm", ["vllm_v0.prom"], no_probe=True)
+    assert v0.verdict.startswith("working (acceptance rate 0.60") and v0.figures["source"].startswith("lifetime")
+
+
+def test_vllm_counting_tokens_but_not_drafts_with_nothing_accepted_is_tau_one():
+    report, _ = diagnose("vllm", ["vllm_v1_no_drafts_before.prom", "vllm_v1_no_drafts_rejected_after.prom"])
+    assert report.exit_code == 1 and report.verdict.startswith("NOT ACCEPTED (tau 1.00")
+    assert "EAGLE3" in report.figures["likely_causes"][0]
+
+
+@pytest.mark.parametrize("flags", [["--expect-tau", "nan"], ["--expect-tau", "0.5"], ["--expect-tau", "inf"],
+                                   ["--tau-tolerance", "1.5"], ["--tau-tolerance", "nan"]])
+def test_expectations_that_could_never_fail_are_refused(flags, capsys):
+    from eyas.cli import main
+
+    assert main(["doctor", "--url", "http://127.0.0.1:9", *flags]) == 2
+    assert "fix:" in capsys.readouterr().err
+
+
+def test_a_static_context_length_below_one_is_refused(capsys):
+    from eyas.cli import main
+
+    assert main(["doctor", "--context-length", "0"]) == 2
+    assert "--context-length 0 must be at least 1" in capsys.readouterr().err
+
+
+def test_an_openai_base_url_is_taken_to_the_server_root():
+    """Users paste the base URL their OpenAI client has (http://host:8000/v1): not a 'metrics disabled' server."""
+    client, _ = fake_server("vllm", ["vllm_eagle3_after.prom"])
+    report = diagnose_live("http://fake/v1/", LiveOptions(no_probe=True), client=client)
+    assert report.exit_code == 0 and report.verdict.startswith("working"), report.to_json()
+
+
+def test_drafts_counter_going_backwards_is_a_restart_not_missing_traffic():
+    report, _ = diagnose("vllm", ["vllm_eagle3_after.prom", "vllm_eagle3_before.prom"])  # 500 drafts, then 400
+    row = next(c for c in report.checks if c.name == "acceptance")
+    assert report.exit_code == 1 and "restarted between the two reads" in row.message and "stays up" in row.fix
+
+
+def test_sglang_eagle3_with_aux_capture_switched_off_in_the_draft(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"eagle_config": {"use_aux_hidden_state": False}}))
+    info = {**SGLANG_ARGS, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(tmp_path)}
+    report, _ = diagnose("sglang", ["sglang_rejected.prom"], server_info=info)
+    assert next(c for c in report.checks if c.name == "configuration").status == "problem"
+    assert "use_aux_hidden_state is false" in report.figures["likely_causes"][0]

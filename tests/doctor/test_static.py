@@ -59,6 +59,16 @@ def test_algorithm_flag(saved, alg, fix):
     assert row(report, "fc width").status == "ok"  # everything else is still checked
 
 
+def test_aux_capture_switched_off_in_the_config_is_the_silent_failure(saved, tmp_path):
+    """SGLang reads eagle_config.use_aux_hidden_state (default true): false captures nothing under EAGLE3."""
+    target, draft = saved
+    off = edit_config(copy(draft, tmp_path / "off"), lambda c: c["eagle_config"].update(use_aux_hidden_state=False))
+    r = diagnose(off, str(target), "EAGLE3")
+    assert r.exit_code == 1 and row(r, "algorithm").status == "problem"
+    assert "use_aux_hidden_state is false" in row(r, "algorithm").message and "1.00" in row(r, "algorithm").message
+    assert "use_aux_hidden_state to true" in row(r, "algorithm").fix
+
+
 def test_unreadable_folders(saved, tmp_path):
     target, draft = saved
     empty = tmp_path / "empty"
@@ -113,8 +123,10 @@ def test_layers_disagree_with_training(saved, tmp_path):
     target, draft = saved
     d = edit_config(copy(draft, tmp_path / "d"),
                     lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 3, 4]))
-    r = diagnose(d, str(target))
-    assert row(r, "layers").status == "problem" and "trained on layers [2, 4, 5]" in row(r, "layers").message
+    r = diagnose(d, str(target))  # refused as it is read: eyas serve and eyas export would use the edited ids
+    assert row(r, "format").status == "problem" and "trained on the inputs of target layers [2, 4, 5]" in \
+        row(r, "format").message
+    assert "eagle_aux_hidden_state_layer_ids to [1, 3, 4]" in row(r, "format").fix
     d2 = edit_config(copy(draft, tmp_path / "d2"), lambda c: c["eyas"]["target"].update(num_hidden_layers=12))
     assert "12-layer" in row(diagnose(d2, str(target)), "layers").message
 

@@ -81,6 +81,36 @@ CASES = {
     "sglang lm_head of the wrong vocabulary": (
         lambda p: write_sglang_fixture(p, _with("lm_head.weight", torch.zeros(320, 64))),
         ["lm_head.weight is (320, 64)", "(160, 64)"]),
+    "eagle_config not an object": (
+        lambda p: write_sglang_fixture(p, eagle_config=[1, 3, 4]),
+        ["eagle_config is [1, 3, 4], not an object"]),
+    "layer ids that are not numbers": (
+        lambda p: write_sglang_fixture(p, eagle_config={"eagle_aux_hidden_state_layer_ids": ["a", 3, 4]}),
+        ["eagle_config.eagle_aux_hidden_state_layer_ids is ['a', 3, 4]", "distinct whole numbers"]),
+    "layer ids a single number": (
+        lambda p: write_sglang_fixture(p, eagle_config={"eagle_aux_hidden_state_layer_ids": 3}),
+        ["eagle_aux_hidden_state_layer_ids is 3"]),
+    "layer ids empty (SGLang would capture nothing)": (
+        lambda p: write_sglang_fixture(p, eagle_config={"eagle_aux_hidden_state_layer_ids": []}),
+        ["eagle_aux_hidden_state_layer_ids is []"]),
+    "speculators layer ids that are not numbers": (
+        lambda p: write_speculators_fixture(p, eagle_aux_hidden_state_layer_ids=[2, "x", 5]),
+        ["speculators (vLLM)", "eagle_aux_hidden_state_layer_ids is [2, 'x', 5]"]),
+    "unknown activation": (
+        lambda p: write_sglang_fixture(p, hidden_act="evil"),
+        ["hidden_act 'evil' is no activation"]),
+    "layer count that is not a number": (
+        lambda p: write_sglang_fixture(p, num_hidden_layers="one"),
+        ["num_hidden_layers = 'one'"]),
+    "NaN in fc": (
+        lambda p: write_sglang_fixture(p, _with("fc.weight", torch.full((64, 192), float("nan")))),
+        ["fc.weight holds 12288 NaN or infinite values", "accept length 1.00"]),
+    "infinity in a speculators layer tensor, named as speculators names it": (
+        lambda p: write_speculators_fixture(p, _with("midlayer.hidden_norm.weight", torch.full((64,), float("inf")))),
+        ["layers.0.hidden_norm.weight holds 64 NaN or infinite values"]),
+    "eyas draft whose eagle_config was edited away from the layers it was trained on": (
+        lambda p: write_sglang_fixture(p, eyas={"aux_layer_ids": [2, 3, 4]}),
+        ["trained on the inputs of target layers [2, 3, 4]", "capture [2, 4, 5]"]),
     "no weights": (
         lambda p: (write_sglang_fixture(p), (p / "model.safetensors").unlink(), p)[-1],
         ["SGLang/SpecForge", "holds no weights"]),
@@ -111,3 +141,22 @@ def test_cli_prints_message_not_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("eyas: error: ") and "truncated" in err and "fix:" in err
     assert "Traceback" not in err
+
+
+def _d2t_without_t2d(edit):
+    tensors = _without("t2d")  # SGLang ignores t2d and many SGLang folders leave it out
+    tensors["d2t"] = edit(tensors["d2t"].clone())
+    return tensors
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: (d.__setitem__(-1, 10_000), d)[1], "outside the target vocabulary 0..319"),
+    (lambda d: (d.__setitem__(0, -500), d)[1], "to target ids -500"),
+    (lambda d: d[:100], "d2t has shape (100,), its config implies (160,)"),
+])
+def test_a_d2t_without_t2d_that_does_not_fit_is_named_at_load(tmp_path, edit, needle):
+    path = write_sglang_fixture(tmp_path / "draft", _d2t_without_t2d(edit))
+    with pytest.raises(EyasError) as err:
+        formats.load_draft(path, embed_weight=torch.zeros(320, 64))
+    assert needle in str(err.value) and "SGLang/SpecForge" in str(err.value) and err.value.fix
+

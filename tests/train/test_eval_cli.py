@@ -84,3 +84,13 @@ def test_eval_counts_a_prompt_once_when_the_data_holds_two_answers(tmp_path):
 def test_eval_takes_a_builtin_prompt_set_named_by_its_set():
     ids, _, groups = load_prompts(Namespace(data=None, prompts="all", num_prompts=4), byte_tokenizer())
     assert len(ids) == 4 and groups == ["chat", "code", "reasoning", "chat"]
+
+
+def test_counts_below_one_are_refused_before_loading(monkeypatch, capsys):
+    import eyas.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "build_engine", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    for flag, value in (("--batch-size", "0"), ("--num-prompts", "-1"), ("--max-new-tokens", "0")):
+        assert main(["eval", "--prompts", "chat", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} must be at least 1, got {value}" in err and "fix:" in err and "Traceback" not in err

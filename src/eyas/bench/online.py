@@ -118,7 +118,10 @@ def scrape(url: str, timeout: float = 30.0, api_key: str | None = None):
         return None, None
     if r.status_code != 200:
         return None, None
-    samples = server_metrics.parse(r.text)
+    try:
+        samples = server_metrics.parse(r.text)
+    except ValueError:  # not Prometheus text (a proxy's HTML page): no acceptance figures, not a traceback
+        return None, None
     kind = server_metrics.detect(samples)
     return kind, server_metrics.snapshot(samples, kind)
 
@@ -128,7 +131,7 @@ def run_url(url: str, prompts: list[str], max_tokens: int, temperature: float, c
             top_p: float = 1.0, categories: list[str | None] | None = None) -> Run:
     """One run of ``prompts`` at ``concurrency``, each request sampled with ``temperature`` and ``top_p``
     (sent in the body: 0 is greedy); ``categories`` (one per prompt) group ``Run.per_category``."""
-    url = url.rstrip("/")
+    url = server_metrics.server_root(url)
     model = model or served_model(url, api_key=api_key)
     _, before = scrape(url, api_key=api_key)  # a server with --metrics-require-key needs the key here too
     categories = categories or [None] * len(prompts)

@@ -38,6 +38,13 @@ NAMES = {
 }
 
 
+def server_root(url: str) -> str:
+    """The server's root from what a user pastes: an OpenAI client's base URL ends in ``/v1``, and asking
+    ``/v1/v1/models`` and ``/v1/metrics`` would blame the server for a 404 of the URL's making."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
 def parse(text: str) -> dict[str, list[tuple[dict, float]]]:
     """Prometheus text -> {sample name without ``_total``: [(labels, value)]}, via prometheus_client."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -83,8 +90,14 @@ class Snapshot:
         return self.drafts is not None and self.accepted is not None
 
     @property
+    def has_token_counters(self) -> bool:
+        """Draft and accepted token counters without the drafts counter: vLLM v0, and v1 before
+        ``spec_decode_num_drafts`` (both register ``num_draft_tokens`` / ``num_accepted_tokens`` only)."""
+        return self.draft_tokens is not None and self.accepted is not None
+
+    @property
     def has_spec_metrics(self) -> bool:
-        return self.has_counters or self.gauge_length is not None
+        return self.has_counters or self.has_token_counters or self.gauge_length is not None
 
 
 def _sum(samples: dict, name: str | None) -> float | None:
@@ -114,6 +127,9 @@ def snapshot(samples: dict, kind: str) -> Snapshot:
     return snap
 
 
+BACKWARDS = "counters went backwards: the server restarted between the two reads"
+
+
 @dataclass
 class Acceptance:
     """Figures over an interval: tau, rate, per-position rates, and how they were obtained."""
@@ -133,11 +149,23 @@ def acceptance(before: Snapshot | None, after: Snapshot) -> Acceptance | None:
         a = after.accepted - (b.accepted if b else 0)
         t = (after.draft_tokens or 0) - ((b.draft_tokens or 0) if b else 0)
         if d <= 0:
-            return Acceptance(None, None, [], 0, "counters did not move" if b else "no verify step yet")
+            return Acceptance(None, None, [], 0, BACKWARDS if d < 0 else
+                              "counters did not move" if b else "no verify step yet")
         positions = sorted(after.per_pos)
         per = [(after.per_pos[p] - ((b.per_pos.get(p, 0.0)) if b else 0.0)) / d for p in positions]
         return Acceptance(1 + a / d, a / t if t else None, per, d,
                           "counters over the probes" if b else "lifetime counters")
+    if after.has_token_counters:  # no drafts counter: the rate is exact, tau only when nothing was accepted
+        b = before if before is not None and before.has_token_counters else None
+        t = after.draft_tokens - (b.draft_tokens if b else 0)
+        a = after.accepted - (b.accepted if b else 0)
+        if t <= 0:
+            return Acceptance(None, None, [], 0, BACKWARDS if t < 0 else
+                              "counters did not move" if b else "no verify step yet")
+        where = "token counters over the probes" if b else "lifetime token counters"
+        if a == 0:  # no proposal accepted: every step emitted its bonus token alone, whatever the drafts
+            return Acceptance(1.0, 0.0, [], 0, where)
+        return Acceptance(None, a / t, [], 0, f"{where}; tau not exposed (no spec_decode_num_drafts counter)")
     if after.gauge_length is not None:
         return Acceptance(after.gauge_length, after.gauge_rate, [], 0, "gauge (average of the last interval)")
     return None

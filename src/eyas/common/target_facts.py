@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import EyasError
 from ..models.loading import resolve
+from ..models.safety import remote_code_refusal
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ def read_target(path_or_name: str, trust_remote_code: bool = False) -> TargetFac
     try:
         cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - transformers' config validation raises many types
+        if remote_code_refusal(e, folder):
+            raise remote_code_refusal(e, folder) from None
         raise EyasError(f"cannot read the target's config in {folder}: {type(e).__name__}: {e}",
                         "point --target at a Hugging Face model folder (config.json, tokenizer, weights)") from None
     text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
@@ -45,8 +48,11 @@ def read_target(path_or_name: str, trust_remote_code: bool = False) -> TargetFac
     try:
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         template = getattr(tok, "chat_template", None)
-    except (OSError, ValueError):
-        pass  # reported by the chat-template check as "no tokenizer"
+    except (OSError, ValueError) as e:
+        refusal = remote_code_refusal(e, folder)  # not "no template": a tokenizer that wants to run code
+        if refusal is not None:
+            raise refusal from None
+        # otherwise reported by the chat-template check as "no tokenizer"
     hidden = int(text.hidden_size)
     return TargetFacts(
         name=path_or_name, num_layers=int(text.num_hidden_layers), hidden_size=hidden,

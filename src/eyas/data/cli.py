@@ -82,6 +82,10 @@ def register(sub) -> None:
                         "does (CUDA, Llama family), native forces it, generic uses HF generate")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when a GPU is visible)")
     p.add_argument("--dtype", default="auto", help="the target's dtype: auto (bf16 on the GPU), float32, bfloat16")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow Python code shipped in the target's folder (auto_map) to run; refused by default")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="load a target whose weights are .bin/.pt pickles (refused by default: unpickling runs code)")
     p.set_defaults(func=run)
 
 
@@ -119,6 +123,7 @@ def run(args) -> int:
     if args.keep_answers and not args.regenerate:
         raise EyasError("--keep-answers only means something with --regenerate",
                         "add --regenerate or drop --keep-answers")
+    check_numbers(args)
     if args.magpie_prompts < 1 and "magpie" in args.source:
         raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
     if args.max_prompts is not None and args.max_prompts < 1:
@@ -141,7 +146,8 @@ def run(args) -> int:
     if args.regenerate_url:
         return run_remote(args, cfg, kw)
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
-    target = load_target(args.model_path, device=ctx.device, dtype=args.dtype)
+    target = load_target(args.model_path, device=ctx.device, dtype=args.dtype,
+                         trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, seed=args.seed + ctx.rank, system_prompt=args.system_prompt,
                         template_kwargs=kw, engine=args.regen_engine)
@@ -149,6 +155,24 @@ def run(args) -> int:
     prepare(target, cfg, args.out, ctx, log=print if ctx.main else (lambda *a: None))
     ctx.close()
     return 0
+
+
+def check_numbers(args) -> None:
+    """Counts and sampling settings no run can use, refused before any model loads: a batch of 0 crashed in
+    range(), --max-new-tokens 0 in transformers, and a negative --max-length or --limit emptied the data with
+    a message about assistant turns; a negative temperature or a top-p outside (0, 1] was taken silently."""
+    for flag, value in (("--max-length", args.max_length), ("--limit", args.limit), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens), ("--self-per-topic", args.self_per_topic),
+                        ("--concurrency", args.concurrency)):
+        if value is not None and value < 1:
+            raise EyasError(f"{flag} must be at least 1, got {value}", f"pass a positive {flag}, or leave it out")
+    if not 0 <= args.temperature <= 100:  # NaN too
+        raise EyasError(f"--temperature {args.temperature} must be in [0, 100]", "0 is greedy; 0.8 is the usual")
+    if not 0 < args.top_p <= 1:
+        raise EyasError(f"--top-p {args.top_p} must be in (0, 1]", "1.0 keeps the whole distribution")
+    if not args.request_timeout > 0 or not args.retry_for >= 0:
+        raise EyasError(f"--request-timeout {args.request_timeout} must be positive and --retry-for "
+                        f"{args.retry_for} at least 0", "e.g. --request-timeout 600 --retry-for 600")
 
 
 def run_remote(args, cfg, template_kwargs: dict) -> int:
@@ -160,7 +184,7 @@ def run_remote(args, cfg, template_kwargs: dict) -> int:
 
     remote_cfg = RemoteConfig(args.regenerate_url, concurrency=args.concurrency, request_timeout=args.request_timeout,
                               retry_for=args.retry_for, api_key=args.api_key, served_model_name=args.served_model_name)
-    target = load_tokenizer_target(args.model_path)
+    target = load_tokenizer_target(args.model_path, args.trust_remote_code)
     regen = RegenConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                         seed=args.seed, system_prompt=args.system_prompt, template_kwargs=template_kwargs)
     remote = RemoteRegenerator(target, regen, remote_cfg, args.out, args.model_path)

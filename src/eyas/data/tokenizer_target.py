@@ -38,6 +38,10 @@ def load_tokenizer_target(path_or_name: str, trust_remote_code: bool = False) ->
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
+        from ..models.safety import remote_code_refusal
+
+        if remote_code_refusal(e, folder):
+            raise remote_code_refusal(e, folder) from None
         raise EyasError(f"cannot read the tokenizer in {folder}: {type(e).__name__}: {str(e)[:300]}",
                         "--model-path needs the target's tokenizer files (tokenizer.json or its sentencepiece "
                         "model, tokenizer_config.json with the chat template) beside config.json") from None

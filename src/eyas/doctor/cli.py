@@ -30,7 +30,10 @@ def register(sub) -> None:
     s.add_argument("--speculative-algorithm", default=None, type=str.upper,
                    help="the flag you serve with (NONE, EAGLE, EAGLE3), checked against the draft's kind")
     s.add_argument("--context-length", type=int, default=None, help="serving context (default: the target's)")
-    s.add_argument("--trust-remote-code", action="store_true")
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="allow code shipped in the target's folder (auto_map) to run; refused by default")
+    s.add_argument("--allow-pickle", action="store_true",
+                   help="read a .bin/.pt pickle draft (with weights_only); refused by default: unpickling can run code")
     live = p.add_argument_group("live checks (a running server)")
     live.add_argument("--url", default=None, help="base URL of an eyas, SGLang or vLLM server")
     live.add_argument("--probes", type=int, default=5, help="chat requests sent at temperature 0 (default 5)")
@@ -55,6 +58,11 @@ def run(args) -> int:
                         "run eyas doctor twice: once on the files, once on the server")
     if args.probes < 0 or args.max_tokens < 1:
         raise EyasError("--probes must be >= 0 and --max-tokens >= 1", "e.g. --probes 5 --max-tokens 64")
+    if not 0 <= args.tau_tolerance < 1:  # NaN fails too; 1 or more would never call a tau degraded
+        raise EyasError(f"--tau-tolerance {args.tau_tolerance} must be a fraction in [0, 1)", "e.g. 0.1 (10 %)")
+    if args.context_length is not None and args.context_length < 1:
+        raise EyasError(f"--context-length {args.context_length} must be at least 1",
+                        "pass the serving context, e.g. --context-length 4096, or leave it out for the target's")
     if args.url:
         from .live import LiveOptions, diagnose_live, read_expect_tau
 
@@ -75,7 +83,8 @@ def run(args) -> int:
         if draft is None:
             raise EyasError(f"no --draft given and no draft ships with eyas for {target!r}",
                             "pass --draft PATH (a draft folder), or --url URL to check a running server")
-        report = diagnose(draft, target, args.speculative_algorithm, args.context_length, args.trust_remote_code)
+        report = diagnose(draft, target, args.speculative_algorithm, args.context_length, args.trust_remote_code,
+                          allow_pickle=args.allow_pickle)
     from .verdict import render
 
     print(report.to_json() if args.json else render(report))

@@ -19,6 +19,7 @@ from .verdict import OK, PROBLEM, WARNING, Report
 
 NOT_ACCEPTED_TAU = 1.1  # below this nearly every proposal is rejected
 LOW_TAU = 1.5  # accepted, but too little to pay for drafting on most hardware
+LOW_RATE = 0.05  # without tau: below this, even 2 draft tokens a step accept under 0.1 tokens
 MAX_DRAFT_TOKENS = 64  # when the server does not say: more than any EAGLE tree verifies in a step
 
 
@@ -73,6 +74,9 @@ def _causes(kind: str, configured: str | None = None) -> list[str]:
     if kind == SGLANG and configured == "EAGLE":
         flag = "the algorithm flag, CONFIRMED by /get_server_info: SGLang runs --speculative-algorithm EAGLE; " \
                "an EAGLE-3 draft needs EAGLE3"
+    elif kind == SGLANG and configured == "EAGLE3 without aux states":
+        flag = "the aux states, CONFIRMED by the draft's config.json: eagle_config.use_aux_hidden_state is false, so " \
+               "SGLang captures none even under EAGLE3; set it to true"
     elif kind == SGLANG and configured == "EAGLE3":
         flag = "not the flag: /get_server_info shows EAGLE3"
     return [flag,
@@ -133,9 +137,14 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
         report.add("speculation", PROBLEM, msg, fix)
         return
     acc = server_metrics.acceptance(before, after)
+    if acc is not None and acc.tau is None and acc.rate is not None:
+        _rate_only(report, kind, acc)
+        return
     if acc is None or acc.tau is None:
         why = acc.source if acc else "no figures"
         report.add("acceptance", PROBLEM, f"no verify step was recorded ({why}), although speculation metrics exist",
+                   "run the doctor again once the server stays up (check its log for the restart)"
+                   if why == server_metrics.BACKWARDS else
                    "send traffic (drop --no-probe) and check that requests reach this server")
         report.verdict = "UNVERIFIED: no speculative step was observed"
         return
@@ -149,6 +158,33 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
         report.verdict = f"IMPOSSIBLE FIGURES ({bad[0]}): acceptance cannot be judged"
         return
     _acceptance_rows(report, kind, acc, result, opts, baseline)
+
+
+def _rate_only(report: Report, kind: str, acc: Acceptance) -> None:
+    """A server that counts draft and accepted tokens but not drafts (vLLM v0, early v1): the rate is exact,
+    tau is not known (it needs the number of verify steps). Some tokens were accepted, so speculation works."""
+    report.figures.update(accept_rate=round(acc.rate, 4), tau=None, source=acc.source)
+    if not 0 <= acc.rate <= 1:
+        bad = [f"acceptance rate {acc.rate:.4g} is outside [0, 1]"]
+        report.figures["impossible"] = bad
+        report.add("acceptance", PROBLEM, f"the server reports figures no speculative decoder produces ({acc.source}): "
+                   + bad[0], "this is not a pass: check the server's version and log (or a restart between the "
+                   "two reads), then run the doctor again")
+        report.verdict = f"IMPOSSIBLE FIGURES ({bad[0]}): acceptance cannot be judged"
+        return
+    if acc.rate < LOW_RATE:
+        causes = _causes(kind, report.figures.get("server_algorithm"))
+        report.add("acceptance", PROBLEM, f"acceptance rate {acc.rate:.3f} ({acc.source}): the draft's proposals are "
+                   "nearly all rejected", "likely causes, in order: "
+                   + "; ".join(f"({i + 1}) {c}" for i, c in enumerate(causes)))
+        report.figures["likely_causes"] = causes
+        report.verdict = f"NOT ACCEPTED (acceptance rate {acc.rate:.3f}: nearly every proposal is rejected)"
+        return
+    report.add("acceptance", WARNING, f"acceptance rate {acc.rate:.3f} ({acc.source})",
+               f"this {LABEL[kind]} version counts draft and accepted tokens but not verify steps, so tau and the "
+               "per-position rates cannot be computed and --expect-tau / --baseline-url are not judged: upgrade to a "
+               "vLLM whose /metrics has vllm:spec_decode_num_drafts_total")
+    report.verdict = f"working (acceptance rate {acc.rate:.2f}; tau not exposed by this server)"
 
 
 def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: LiveOptions, baseline) -> None:

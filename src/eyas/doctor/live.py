@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from ..common import server_metrics
-from ..common.server_metrics import LABEL
+from ..common.server_metrics import LABEL, server_root
 from ..errors import EyasError
 from . import server_config
 from .judge import judge
@@ -108,28 +108,32 @@ def probe(client: httpx.Client, url: str, model: str | None, prompts: list[str],
 
 
 def read_expect_tau(value: str | None) -> float | None:
-    """``--expect-tau`` is a number, or the JSON ``eyas eval --json-out`` wrote (its accept_length)."""
+    """``--expect-tau`` is a number, or the JSON ``eyas eval --json-out`` wrote (its accept_length); either way an
+    acceptance length: finite and at least 1 (a NaN would compare false and never call a tau degraded)."""
     if value is None:
         return None
     try:
-        return float(value)
+        tau = float(value)
     except ValueError:
-        pass
-    p = Path(value)
-    if not p.is_file():
-        raise EyasError(f"--expect-tau {value!r} is neither a number nor a file",
-                        "pass the tau from `eyas eval`, e.g. --expect-tau 2.8, or its --json-out file")
-    try:
-        return float(json.loads(p.read_text())["accept_length"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise EyasError(f"{p} has no accept_length ({e})", "pass the file `eyas eval --json-out` wrote") from None
+        p = Path(value)
+        if not p.is_file():
+            raise EyasError(f"--expect-tau {value!r} is neither a number nor a file",
+                            "pass the tau from `eyas eval`, e.g. --expect-tau 2.8, or its --json-out file") from None
+        try:
+            tau = float(json.loads(p.read_text())["accept_length"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise EyasError(f"{p} has no accept_length ({e})", "pass the file `eyas eval --json-out` wrote") from None
+    if not 1 <= tau < float("inf"):
+        raise EyasError(f"--expect-tau {value!r} gives {tau}, which is no acceptance length: tau is at least 1 "
+                        "(the bonus token) and finite", "pass the tau `eyas eval` printed, e.g. --expect-tau 2.8")
+    return tau
 
 
 def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = None,
                   baseline_client: httpx.Client | None = None) -> Report:
     from ..common.prompts import prompt_set
 
-    url = url.rstrip("/")
+    url = server_root(url)
     own = client is None
     client = client or opts.client()
     try:
@@ -163,7 +167,7 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                     side = None
                 result, base = probe(client, url, opts.model or view.model, prompts, opts.max_tokens, side)
                 if base is not None:
-                    baseline = (base.tokens_per_s, f"{opts.baseline_url.rstrip('/')}, same probes interleaved")
+                    baseline = (base.tokens_per_s, f"{server_root(opts.baseline_url)}, same probes interleaved")
             view_after, samples_after = look(client, url)
             after = server_metrics.snapshot(samples_after, view.kind) if samples_after is not None else None
             if after is None:  # the second read failed: report how
@@ -184,7 +188,7 @@ def _baseline_side(opts: LiveOptions, client: httpx.Client | None):
     if opts.baseline_tps is not None or not opts.baseline_url:
         yield None
         return
-    url = opts.baseline_url.rstrip("/")
+    url = server_root(opts.baseline_url)
     own = client is None
     client = client or opts.client()
     try:

@@ -102,5 +102,25 @@ def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
         else:
             report.add("configuration", OK, f"EAGLE with an EAGLE-1/2 draft {draft}, {tree}")
         return "EAGLE"
+    if str(alg).upper() == "EAGLE3" and aux_switched_off(draft):
+        report.add("configuration", PROBLEM,
+                   f"--speculative-algorithm EAGLE3 with {draft}, whose config.json sets eagle_config."
+                   "use_aux_hidden_state false: SGLang captures no aux states for it, skips fc and rejects every "
+                   "proposal (accept length 1.00), silently", "set eagle_config.use_aux_hidden_state to true in "
+                   "the draft's config.json (or re-export it with eyas export) and restart SGLang")
+        return "EAGLE3 without aux states"
     report.add("configuration", OK, f"--speculative-algorithm {alg}, draft {draft}, {tree}")
     return str(alg)
+
+
+def aux_switched_off(path: str | None) -> bool:
+    """Whether a draft folder readable here tells SGLang not to capture aux states (eagle_config.use_aux_hidden_state
+    false, read by SGLang's EAGLE worker with a default of true)."""
+    import json
+    from pathlib import Path
+
+    try:
+        eagle = json.loads((Path(path) / "config.json").read_text()).get("eagle_config")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    return isinstance(eagle, dict) and eagle.get("use_aux_hidden_state") is False

@@ -33,10 +33,10 @@ FMT_NAMES = {"eyas": "eyas", "sglang": "SGLang/SpecForge", "speculators": "specu
 
 
 def diagnose(draft_path, target: str, algorithm: str | None = None, context_length: int | None = None,
-             trust_remote_code: bool = False) -> Report:
+             trust_remote_code: bool = False, allow_pickle: bool = False) -> Report:
     report = Report(f"draft {draft_path} for target {target}")
     try:
-        folder = formats.read_draft(draft_path)
+        folder = formats.read_draft(draft_path, allow_pickle)
     except EyasError as e:
         report.add("format", PROBLEM, e.problem, e.fix or "")
         report.verdict = "NOT SERVABLE: the draft folder cannot be read"
@@ -80,6 +80,12 @@ def check_algorithm_row(report: Report, folder, facts: TargetFacts, algorithm: s
     arch = ",".join(getattr(folder.config, "architectures", None) or [])
     n_aux, fc_in = _n_aux(folder), _fc_in(folder)
     kind = draft_kind(fc_in, fc_in // n_aux, n_aux, arch)
+    if kind == "eagle3" and (getattr(folder.config, "eagle_config", None) or {}).get("use_aux_hidden_state") is False:
+        report.add("algorithm", PROBLEM, "eagle_config.use_aux_hidden_state is false in an EAGLE-3 draft whose fc "
+                   f"fuses {fc_in} = {n_aux} x {fc_in // n_aux} features: SGLang then captures no aux states "
+                   "even under EAGLE3, skips fc and rejects every proposal (accept length 1.00), silently",
+                   "set eagle_config.use_aux_hidden_state to true, or re-export the draft with eyas export")
+        return
     if algorithm is None:
         report.add("algorithm", OK, f"{kind.upper()} draft: serve it with --speculative-algorithm EAGLE3 "
                    "(SGLang EAGLE3, vLLM method eagle3); pass --speculative-algorithm to check your flag")

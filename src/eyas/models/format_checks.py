@@ -17,6 +17,16 @@ from ..errors import EyasError
 from .format_names import LOOKS_LIKE, OFFICIAL, OFFICIAL_ARCHITECTURE, REQUIRED, shown
 
 
+def check_layer_ids(path: Path, looks: str, key: str, ids) -> None:
+    """A captured-layer list as a config writes it: a non-empty list of distinct whole numbers."""
+    fine = (isinstance(ids, list) and ids and len(set(ids)) == len(ids)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in ids))
+    if not fine:
+        raise EyasError(f"{path} looks like {looks}, but its {key} is {ids!r}; it must list the captured target "
+                        "layers as distinct whole numbers (three for EAGLE-3, e.g. [1, 15, 27] in SGLang indexing)",
+                        "restore the draft's config.json, or re-export the draft with eyas export")
+
+
 def check_official_shapes(path: Path, data: dict, shapes: dict) -> None:
     """A LlamaForCausalLM folder is an EAGLE-3 draft only if its fc fuses 3 target states."""
     hidden = int(data.get("hidden_size") or 0)
@@ -74,11 +84,44 @@ def check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None:
             + (" (2 x hidden: an EAGLE-1/2 draft)" if fc[-1] == 2 * target_hidden else ""),
             "the weights and config.json do not belong together; re-export the draft from its source",
         )
+    check_finite(path, fmt, state)
     lm_head = tuple(state["lm_head.weight"].shape)
     if lm_head != (draft_vocab, hidden):
         raise EyasError(f"{path} looks like {looks}, but lm_head.weight is {lm_head}, its config implies "
                         f"({draft_vocab}, {hidden}) = (draft_vocab_size, hidden_size)",
                         "the weights and config.json do not belong together")
+
+
+def check_finite(path: Path, fmt: str, state: dict) -> None:
+    """No NaN or infinite weight: a draft with one proposes garbage and is rejected every step, silently."""
+    import torch
+
+    for name, t in state.items():
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            continue
+        flat = t.reshape(-1)
+        for part in flat.split(1 << 24):  # a bounded temporary, also for a shipped 160k x 7168 embedding
+            if not bool(torch.isfinite(part).all()):
+                bad = int((~torch.isfinite(flat)).sum())
+                raise EyasError(f"{path} looks like {LOOKS_LIKE[fmt]}, but {shown(fmt, name)} holds {bad} NaN or "
+                                "infinite values: every proposal would be rejected (accept length 1.00)",
+                                "export the draft again from a healthy checkpoint (a diverged training run or a "
+                                "broken conversion writes such values)")
+
+
+def check_d2t(path: Path, fmt: str, d2t, draft_vocab: int, vocab: int) -> None:
+    """``d2t`` as ``target id = draft id + d2t[draft id]`` can use it: one offset per draft id, inside the target."""
+    import torch
+
+    looks = LOOKS_LIKE[fmt]
+    fix = "rebuild the draft vocabulary maps (eyas train builds d2t/t2d together) or export the draft again"
+    if tuple(d2t.shape) != (draft_vocab,):
+        raise EyasError(f"{path} looks like {looks}, but d2t has shape {tuple(d2t.shape)}, its config implies "
+                        f"({draft_vocab},) = draft_vocab_size", fix)
+    ids = d2t.long() + torch.arange(draft_vocab)
+    if draft_vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise EyasError(f"{path} looks like {looks}, but its d2t maps draft ids to target ids "
+                        f"{int(ids.min())}..{int(ids.max())}, outside the target vocabulary 0..{vocab - 1}", fix)
 
 
 def check_fits(path: Path, fmt: str, state: dict, expected: dict) -> None:

@@ -85,7 +85,7 @@ def speculators_to_sglang_config(path: Path, data: dict) -> dict:
     out["target_hidden_size"] = int(data.get("target_hidden_size") or layer.get("hidden_size") or 0)
     ids = data.get("eagle_aux_hidden_state_layer_ids")
     eagle = {"use_aux_hidden_state": True}
-    if ids:
+    if ids:  # vLLM reads an empty list as "not given": the default layers (checked by formats first)
         eagle["eagle_aux_hidden_state_layer_ids"] = to_sglang(from_speculators(ids))
     out["eagle_config"] = eagle
     verifier = (data.get("speculators_config") or {}).get("verifier") or {}

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ..errors import EyasError
 from ..layers import to_speculators
 from .draft import ARCHITECTURE, HF_NOISE
 from .format_names import SGLANG, SPECULATORS, eyas_target, to_speculators_names
@@ -34,9 +35,19 @@ CONFIG_NOISE = ("eyas", "transformers_version") + HF_NOISE
 
 
 def _export_state(folder: DraftFolder, include_embeddings: bool, dtype) -> dict[str, torch.Tensor]:
+    # A draft of another width than its target keeps its own embeddings: SGLang's set_embed does not share the
+    # target's then (llama_eagle3.py: target_hidden_size != hidden_size), so leaving them out would serve an
+    # uninitialised table and reject every proposal, silently.
+    include_embeddings = include_embeddings or _target_hidden(folder.config) != int(folder.config.hidden_size)
     state = {k: v for k, v in folder.state.items() if include_embeddings or k != "embed_tokens.weight"}
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        # the folder read was finite (format_checks.check_finite): a value that is not now overflowed the cast
+        over = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if over:
+            raise EyasError(f"{over[0]} holds values beyond {str(dtype).replace('torch.', '')}'s range: cast, they "
+                            "become infinite and the exported draft would reject every proposal",
+                            "export with --dtype bfloat16 (float32's range) or keep the draft's dtype")
     if "d2t" in state:  # SGLang reads d2t (int64 offsets); t2d is bool in every format
         state["d2t"] = state["d2t"].long()
         if "t2d" in state:

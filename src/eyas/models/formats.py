@@ -23,12 +23,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import LlamaConfig
+from transformers.activations import ACT2FN
 
 from ..errors import EyasError
-from ..layers import from_sglang
+from ..layers import from_sglang, to_sglang
 from .bounds import check_config
 from .draft import ARCHITECTURE, Eagle3Draft
-from .format_checks import check_fits, check_official_shapes, check_state
+from .format_checks import check_d2t, check_fits, check_layer_ids, check_official_shapes, check_state
 from .format_names import (
     EYAS,
     LOOKS_LIKE,
@@ -184,11 +185,24 @@ def read_draft(path, allow_pickle: bool = False) -> DraftFolder:
 
 def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     looks = LOOKS_LIKE[fmt]
+    if data.get("eagle_aux_hidden_state_layer_ids"):  # vLLM reads an empty list as "not given"
+        check_layer_ids(path, looks, "eagle_aux_hidden_state_layer_ids", data["eagle_aux_hidden_state_layer_ids"])
     if fmt == SPECULATORS:
         data = speculators_to_sglang_config(path, data)
     else:
         data = dict(data)
         data["architectures"] = [ARCHITECTURE]
+    eagle = data.get("eagle_config")
+    if eagle is not None and not isinstance(eagle, dict):
+        raise EyasError(f"{path} looks like {looks}, but its eagle_config is {eagle!r}, not an object",
+                        "restore the draft's config.json, or re-export the draft with eyas export")
+    sgl_ids = (eagle or {}).get("eagle_aux_hidden_state_layer_ids")
+    if sgl_ids is not None:  # SGLang captures exactly these: an empty list captures nothing
+        check_layer_ids(path, looks, "eagle_config.eagle_aux_hidden_state_layer_ids", sgl_ids)
+    if data.get("hidden_act", "silu") not in ACT2FN:
+        raise EyasError(f"{path} looks like {looks}, but its hidden_act {data.get('hidden_act')!r} is no activation "
+                        "transformers knows", "restore the draft's config.json (EAGLE-3 drafts use silu)")
+    check_config(data, f"{path}/config.json ({looks})", dtype_bytes=4)  # before anything is allocated
     layers = int(data.get("num_hidden_layers") or 1)
     if layers != 1:
         raise EyasError(f"{path} looks like {looks} with {layers} decoder layers; eyas's draft has exactly one",
@@ -197,7 +211,6 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
         if not isinstance(data.get(key), int):
             raise EyasError(f"{path} looks like {looks}, but its config has no integer {key!r}",
                             "restore the draft's complete config.json")
-    check_config(data, f"{path}/config.json ({looks})", dtype_bytes=4)  # before anything is allocated
     try:
         config = LlamaConfig.from_dict(data)
     except (ValueError, TypeError, KeyError) as e:
@@ -211,6 +224,16 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
             f"{sgl} (SGLang indexing, = inputs of layers {from_sglang(sgl)}) and a top-level {top} (vLLM indexing)",
             "keep the set the draft was trained with; eyas export writes both consistently",
         )
+    trained = (data.get("eyas") or {}).get("aux_layer_ids") if fmt == EYAS else None
+    if trained is not None and sgl is not None:  # what eyas train recorded against what servers will capture
+        check_layer_ids(path, looks, "eyas.aux_layer_ids", trained)
+        if list(trained) != from_sglang(sgl):
+            raise EyasError(
+                f"{path} looks like {looks} trained on the inputs of target layers {list(trained)}, but its "
+                f"eagle_config makes servers (and eyas) capture {from_sglang(sgl)} (SGLang ids {list(sgl)}): the "
+                "draft would be fed other states than it learnt from, and accept little, silently",
+                f"set eagle_config.eagle_aux_hidden_state_layer_ids to {to_sglang(trained)} in {path}/config.json "
+                "(SGLang indexing of the layers it was trained on; eyas.aux_layer_ids is the training record)")
     if getattr(config, "draft_vocab_size", None) is None:  # SGLang: absent means the full vocabulary
         config.draft_vocab_size = config.vocab_size
     if fmt == OFFICIAL:  # no ids written: it always captures the inputs of layers 2, N//2, N-3
@@ -230,6 +253,7 @@ def load_draft(path, embed_weight: torch.Tensor | None = None, device="cpu", dty
 def build_draft(folder: DraftFolder, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None) -> Eagle3Draft:
     config, state, looks = folder.config, dict(folder.state), LOOKS_LIKE[folder.format]
     if "t2d" not in state and "d2t" in state:  # SGLang ignores t2d; rebuild it from d2t
+        check_d2t(folder.path, folder.format, state["d2t"], int(config.draft_vocab_size), int(config.vocab_size))
         t2d = torch.zeros(int(config.vocab_size), dtype=torch.bool)
         t2d[state["d2t"].long() + torch.arange(state["d2t"].numel())] = True
         state["t2d"] = t2d

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import EyasError
 from .bounds import read_config_file
-from .safety import check_safetensors, refuse_pickle
+from .safety import check_safetensors, refuse_pickle, remote_code_refusal
 from .target import Target
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -173,6 +173,8 @@ def load_target(
         try:
             config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         except Exception as e:  # noqa: BLE001 - transformers' config validation raises many types
+            if remote_code_refusal(e, folder):
+                raise remote_code_refusal(e, folder) from None
             raise EyasError(f"cannot read {folder}/config.json: {type(e).__name__}: {e}",
                             "the folder needs a valid config.json") from None
         check_safetensors(folder, config)
@@ -180,6 +182,8 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model = model_class(model_type).from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
+        if remote_code_refusal(e, folder):
+            raise remote_code_refusal(e, folder) from None
         raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: "
                         f"{type(e).__name__}: {str(e)[:500]}",
                         "check that the folder holds a complete model (config.json, weights, tokenizer)") from None

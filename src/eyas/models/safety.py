@@ -41,6 +41,21 @@ def refuse_pickle(files, allow_pickle: bool) -> None:
         )
 
 
+def remote_code_refusal(error: Exception, folder) -> EyasError | None:
+    """transformers' refusal to run the Python files a model folder ships (an ``auto_map`` in its
+    config.json or tokenizer_config.json) as eyas's own, naming the flag that allows it; None for
+    any other error. eyas passes ``trust_remote_code=False`` unless the user gives the flag."""
+    if "trust_remote_code" not in str(error):
+        return None
+    return EyasError(
+        f"{folder} needs Python code shipped inside the folder to be loaded (an auto_map in its config.json or "
+        "tokenizer_config.json, for a model or tokenizer transformers does not know); eyas does not run a "
+        "checkpoint's code unless asked",
+        "read that code first; if you trust it, pass --trust-remote-code. Otherwise use a model whose "
+        "architecture and tokenizer transformers supports natively",
+    )
+
+
 def _numpy_globals() -> list:
     """What ``np.random.get_state()`` pickles as (older eyas training checkpoints hold it), under
     both module spellings numpy has written (``numpy.core`` before 2.0, ``numpy._core`` since)."""

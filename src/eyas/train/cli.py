@@ -25,7 +25,8 @@ def register(sub) -> None:
                    help="a run folder (its newest intact checkpoint) or one of its checkpoints/step-N; without "
                         "--recipe, the run's recipe.yaml")
     p.add_argument("--allow-pickle", action="store_true",
-                   help="resume from a checkpoint of an older eyas (its state.pt needs NumPy objects unpickled)")
+                   help="read .bin/.pt pickles: a target's or draft.init_from's weights, or an older eyas checkpoint "
+                        "(its state.pt holds NumPy objects); refused by default since unpickling can run code")
     p.add_argument("--allow-recipe-change", action="store_true",
                    help="resume although the recipe differs from the checkpoint's (the new values apply)")
     p.add_argument("--print-recipe", action="store_true", help="print the resolved recipe and exit")
@@ -36,7 +37,8 @@ def register(sub) -> None:
                    help="--plan: memory of one GPU in GB (default 80; an H200 has 141)")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="--plan: show the figures per GPU for N GPUs (default: the fewest that hold the run)")
-    p.add_argument("--trust-remote-code", action="store_true", help="--plan: allow the target config's own code")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow Python code shipped in the target's folder (auto_map) to run; refused by default")
     p.set_defaults(func=run)
 
 
@@ -72,7 +74,7 @@ def run(args) -> int:
         return print_plan(recipe, args)
     from .trainer import Trainer
 
-    trainer = Trainer(recipe)
+    trainer = Trainer(recipe, trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.resume:
         trainer.resume(args.resume, args.allow_pickle, args.allow_recipe_change)
     summary = trainer.fit()

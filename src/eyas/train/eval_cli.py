@@ -148,6 +148,11 @@ def run(args) -> int:
     from ..engine.sampling import SamplingParams
     from ..pipeline import build_engine, engine_args_from
 
+    for flag, value in (("--num-prompts", args.num_prompts), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:  # before any weights are read: 0 crashed in range(), negatives read as 'empty set'
+            raise EyasError(f"{flag} must be at least 1, got {value}",
+                            "e.g. --num-prompts 32 --batch-size 1 --max-new-tokens 128 (the defaults)")
     engine = build_engine(engine_args_from(args))
     if not engine.spec.speculative:
         raise EyasError("eval needs a draft: speculation is off for this target",

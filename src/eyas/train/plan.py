@@ -121,6 +121,10 @@ def meta_target(path: str, trust_remote_code: bool = False):
         with torch.device("meta"):
             model = model_class(config.model_type).from_config(config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as e:
+        from ..models.safety import remote_code_refusal
+
+        if remote_code_refusal(e, folder):
+            raise remote_code_refusal(e, folder) from None
         raise EyasError(f"cannot build the target described in {folder}: {type(e).__name__}: {str(e)[:300]}",
                         "point --model at a Hugging Face model folder (its config.json is all --plan reads)") from None
     return Target(model, None, name=path)

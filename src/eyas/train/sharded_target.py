@@ -45,14 +45,16 @@ def broadcast_module(module: nn.Module, names=None) -> None:
             tdist.broadcast(tensors[name].data, src=0)
 
 
-def load_sharded_target(path: str, ctx: DistContext, dtype: torch.dtype, aux_layer_ids=None):
+def load_sharded_target(path: str, ctx: DistContext, dtype: torch.dtype, aux_layer_ids=None,
+                        trust_remote_code: bool = False, allow_pickle: bool = False):
     """(the sharded target on every rank, the whole target in rank 0's host memory or None elsewhere)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from ..models.loading import build_target_on_meta, load_target
 
-    whole = load_target(path, device="cpu", dtype=dtype, aux_layer_ids=aux_layer_ids) if ctx.main else None
-    target = build_target_on_meta(path, dtype, aux_layer_ids)
+    whole = load_target(path, device="cpu", dtype=dtype, aux_layer_ids=aux_layer_ids,
+                        trust_remote_code=trust_remote_code, allow_pickle=allow_pickle) if ctx.main else None
+    target = build_target_on_meta(path, dtype, aux_layer_ids, trust_remote_code)
     shard_target(target)
     target.model.to_empty(device=ctx.device)
     full = whole.model.state_dict() if whole is not None else {}

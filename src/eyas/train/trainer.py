@@ -78,7 +78,7 @@ def blank_draft(target, recipe: Recipe) -> Eagle3Draft:
     return Eagle3Draft(Eagle3Draft.config_for_target(target, size, r.draft.aux_layer_ids)).float()
 
 
-def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
+def build_draft(target, recipe: Recipe, counts: np.ndarray, allow_pickle: bool = False) -> Eagle3Draft:
     r = recipe
     vocab = target.info.vocab_size
     if len(counts) != vocab:
@@ -90,7 +90,7 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
     draft.d2t.copy_(d2t.to(draft.d2t.device))
     draft.t2d.copy_(t2d.to(draft.t2d.device))
     if r.draft.init_from:
-        warm_start(draft, r.draft.init_from, target)
+        warm_start(draft, r.draft.init_from, target, allow_pickle)
     elif r.draft.init_head_from_target:
         with torch.no_grad():
             head = target.model.get_output_embeddings().weight
@@ -102,7 +102,8 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray) -> Eagle3Draft:
 
 
 class Trainer:
-    def __init__(self, recipe: Recipe, target=None, ctx: dist.DistContext | None = None, log=print):
+    def __init__(self, recipe: Recipe, target=None, ctx: dist.DistContext | None = None, log=print,
+                 trust_remote_code: bool = False, allow_pickle: bool = False):
         self.r = r = recipe.validate()
         self.ctx = ctx or dist.init(r.train.device)
         self.tracker_names = trackers.requested(r.log)  # a missing package stops every rank before any load
@@ -113,11 +114,13 @@ class Trainer:
             from ..models.loading import parse_dtype
 
             dtype = parse_dtype(r.train.target_dtype, self.ctx.device)
-            target, whole = load_sharded_target(r.target, self.ctx, dtype, r.draft.aux_layer_ids)
+            target, whole = load_sharded_target(r.target, self.ctx, dtype, r.draft.aux_layer_ids, trust_remote_code,
+                                                allow_pickle)
         elif target is None:
             from ..models.loading import load_target
 
-            target = load_target(r.target, device=self.ctx.device, dtype=r.train.target_dtype)
+            target = load_target(r.target, device=self.ctx.device, dtype=r.train.target_dtype,
+                                 trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
         if r.draft.aux_layer_ids is not None or target.aux_layer_ids is None:  # None: the error says why
             target.set_aux_layers(r.draft.aux_layer_ids)
         self.target = target
@@ -138,15 +141,15 @@ class Trainer:
         counts_file = data / "vocab_counts.npy"
         counts = np.load(counts_file) if counts_file.is_file() else np.ones(target.info.vocab_size, dtype=np.int64)
         if sharded and not isinstance(target.embed_tokens.weight, DTensor):
-            self.draft = build_draft(target, r, counts).to(self.ctx.device)
+            self.draft = build_draft(target, r, counts, allow_pickle).to(self.ctx.device)
             shard_target(target)  # a target passed in whole: after the draft copied its embeddings and head
         elif sharded:  # made on rank 0 from the whole weights, then sent to every rank
-            self.draft = (build_draft(whole, r, counts) if whole is not None else blank_draft(target, r)).to(
-                self.ctx.device)
+            made = build_draft(whole, r, counts, allow_pickle) if whole is not None else blank_draft(target, r)
+            self.draft = made.to(self.ctx.device)
             broadcast_module(self.draft)
             del whole
         else:
-            self.draft = build_draft(target, r, counts).to(self.ctx.device)
+            self.draft = build_draft(target, r, counts, allow_pickle).to(self.ctx.device)
         self.module = TTTModule(self.draft, r.train.ttt_steps, r.train.decay)
         self.wrapped = self._wrap(self.module)
         params = [p for p in self.module.parameters() if p.requires_grad]

@@ -9,7 +9,7 @@ from ..models.draft import Eagle3Draft
 from ..models.formats import load_draft
 
 
-def warm_start(draft: Eagle3Draft, path: str, target) -> None:
+def warm_start(draft: Eagle3Draft, path: str, target, allow_pickle: bool = False) -> None:
     """Start ``draft`` from a saved draft of the same target (any format eyas reads, or a shipped
     draft's name): every trainable tensor and the vocabulary maps (``lm_head``'s rows belong to
     them). Anything that does not fit is refused, so a warm start never silently scrambles weights."""
@@ -17,7 +17,7 @@ def warm_start(draft: Eagle3Draft, path: str, target) -> None:
 
     folder = resolve_draft_path(path)
     src = load_draft(folder, embed_weight=target.embed_tokens.weight.detach().float(),
-                     dtype=torch.float32)  # raises if it was built for another vocabulary
+                     dtype=torch.float32, allow_pickle=allow_pickle)  # raises if built for another vocabulary
     fix = ("start from a draft trained for this target with the same draft.vocab_size and aux layers, "
            "or unset draft.init_from")
     want = draft.aux_layer_ids or target.aux_layer_ids

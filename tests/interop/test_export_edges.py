@@ -1,0 +1,67 @@
+"""Exports and checks of drafts as released: pickle weights (the flag the refusal names) and other widths."""
+
+from __future__ import annotations
+
+import json
+
+from interop_helpers import write_official_fixture
+
+from eyas.cli import main
+
+
+def test_export_of_an_official_pickle_release_takes_the_flag_its_refusal_names(tmp_path, capsys):
+    src = write_official_fixture(tmp_path / "official", weights="pytorch_model.bin")
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "a")]) == 2
+    assert "--allow-pickle" in capsys.readouterr().err
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "b"), "--allow-pickle"]) == 0
+    assert (tmp_path / "b" / "model.safetensors").is_file()
+
+
+def test_doctor_on_an_official_pickle_release_takes_the_flag_its_refusal_names(tmp_path, capsys):
+    from helpers import save_tiny_model
+
+    target = save_tiny_model(tmp_path / "target")
+    src = write_official_fixture(tmp_path / "official", weights="pytorch_model.bin")
+    base = ["doctor", "--draft", str(src), "--target", str(target), "--json"]
+    assert main(base) == 1
+    fmt = json.loads(capsys.readouterr().out)["checks"][0]
+    assert fmt["name"] == "format" and "--allow-pickle" in fmt["fix"]
+    main(base + ["--allow-pickle"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["checks"][0]["status"] == "ok" and report["figures"]["format"] == "eagle3"
+
+
+def test_a_draft_narrower_than_its_target_exports_with_its_embeddings(tmp_path, capsys):
+    """SGLang does not share the target's embeddings with a draft of another width: the export must keep them."""
+    import torch
+    from helpers import tiny_target
+    from safetensors import safe_open
+    from transformers import LlamaConfig
+
+    from eyas.models import formats
+    from eyas.models.draft import Eagle3Draft
+
+    t = tiny_target(dtype=torch.float32)
+    cfg = Eagle3Draft.config_for_target(t).to_dict()
+    cfg.update(hidden_size=32, head_dim=8, intermediate_size=64)
+    Eagle3Draft(LlamaConfig.from_dict(cfg)).save_pretrained(tmp_path / "narrow", include_embeddings=True)
+    for fmt in ("sglang", "speculators"):
+        out = tmp_path / fmt
+        assert main(["export", str(tmp_path / "narrow"), "--format", fmt, "--out", str(out)]) == 0
+        with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+            assert tuple(f.get_slice("embed_tokens.weight").get_shape()) == (320, 32)
+        formats.load_draft(out, embed_weight=t.embed_tokens.weight)  # and it loads back
+
+
+def test_a_cast_that_overflows_is_refused_not_written(tmp_path, capsys):
+    import torch
+    from interop_helpers import sglang_tensors, write_sglang_fixture
+
+    tensors = sglang_tensors()
+    tensors["fc.weight"][0, 0] = 1e6  # fine in bfloat16 (float32's range), infinite in float16
+    src = write_sglang_fixture(tmp_path / "draft", tensors)
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "a"), "--dtype", "float16"]) == 2
+    assert "fc.weight holds values beyond float16's range" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "model.safetensors").exists()
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "b"), "--dtype", "bfloat16"]) == 0
+    assert torch.isfinite(torch.tensor(1e6, dtype=torch.bfloat16))

@@ -255,6 +255,7 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     param = "sampling_params.max_new_tokens"
     params = _params(sp.max_new_tokens, param, None, sp.n,
                      "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
+                     field_prefix="sampling_params.",
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
                      presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
                      repetition_penalty=sp.repetition_penalty,
@@ -263,8 +264,12 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")
 
 
-def _params(max_tokens, param: str, default, n: int, seed_param: str, **kw) -> SamplingParams:
-    """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later)."""
+def _params(max_tokens, param: str, default, n: int, seed_param: str, field_prefix: str = "",
+            **kw) -> SamplingParams:
+    """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later).
+
+    A value ``SamplingParams`` refuses is a 400 whose ``param`` names the request's field (its message
+    starts with that field's name), as OpenAI's errors do: clients read ``error.param``."""
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"{param} must be at least 1, got {max_tokens}", param=param)
     seed = kw.get("seed")
@@ -276,7 +281,9 @@ def _params(max_tokens, param: str, default, n: int, seed_param: str, **kw) -> S
     try:
         params = SamplingParams(max_new_tokens=chosen or 1, **{k: v for k, v in kw.items() if v is not None})
     except EyasError as e:
-        raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""), code="invalid_value") from None
+        name = e.problem.split(" ", 1)[0]
+        raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),
+                          param=field_prefix + name if name in kw else None, code="invalid_value") from None
     return params
 
 

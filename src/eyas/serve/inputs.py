@@ -107,10 +107,7 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model's tokenizer has no chat template, so chat messages cannot be rendered; "
                           "use /v1/completions with a prompt", param="messages")
-    if "chat_template" in (req.chat_template_kwargs or {}):  # vLLM refuses it too unless trusted
-        raise bad_request("a request cannot bring its own chat template: it would run the client's template code "
-                          "on the server, and no draft was trained with it; the server's template is set with "
-                          "--chat-template", param="chat_template_kwargs.chat_template")
+    kwargs = _template_kwargs(req)
     messages, knows_calls = [], "tool_calls" in str(tokenizer.chat_template)
     for m in req.messages:
         d = m.model_dump(exclude_none=True)
@@ -119,8 +116,7 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         messages.append(template_message(d, knows_calls))
     tools = template_tools(req)
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                             **(req.chat_template_kwargs or {}))
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - jinja raises its own types; its text stays in the server's log
         log.warning("the chat template could not render a request's messages: %s: %s", type(e).__name__, e)
         which = ("these messages with their tools, tool calls or tool results (this model's template may not "
@@ -129,6 +125,46 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         raise bad_request(f"the chat template of this model could not render {which}; the template's error is in "
                           "the server's log", param="tools" if tools else "messages") from None
     return encode(tokenizer, text, "messages", max_chars, add_special_tokens=False)
+
+
+# apply_chat_template's own arguments, which the server sets: a request's chat_template_kwargs cannot replace them
+SERVER_TEMPLATE_ARGS = ("conversation", "messages", "tools", "documents", "tokenize", "padding", "truncation",
+                        "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+                        "tokenizer_kwargs")
+
+
+def _template_kwargs(req: ChatCompletionRequest) -> dict:
+    """``chat_template_kwargs`` with ``add_generation_prompt`` and ``continue_final_message`` settled (vLLM's
+    fields, top-level or inside ``chat_template_kwargs``, which wins), or a 400 naming the key."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if "chat_template" in kwargs:  # vLLM refuses it too unless trusted
+        raise bad_request("a request cannot bring its own chat template: it would run the client's template code "
+                          "on the server, and no draft was trained with it; the server's template is set with "
+                          "--chat-template", param="chat_template_kwargs.chat_template")
+    owned = [k for k in SERVER_TEMPLATE_ARGS if k in kwargs]
+    if owned:
+        raise bad_request(f"chat_template_kwargs.{owned[0]} is set by the server (it renders the messages, the tools "
+                          "and the text the model continues); leave it out", param=f"chat_template_kwargs.{owned[0]}")
+    flags = {}
+    for name in ("add_generation_prompt", "continue_final_message"):
+        inner = name in kwargs
+        value = kwargs.pop(name) if inner else getattr(req, name)
+        if value is not None and not isinstance(value, bool):
+            raise bad_request(f"chat_template_kwargs.{name} must be true or false, got {_short(value)}",
+                              param=f"chat_template_kwargs.{name}", code="invalid_value")
+        flags[name] = (value, f"chat_template_kwargs.{name}" if inner else name)
+    (add, add_param), (cont, cont_param) = flags["add_generation_prompt"], flags["continue_final_message"]
+    if cont:
+        if add:
+            raise bad_request("continue_final_message continues the last message, add_generation_prompt opens a new "
+                              "assistant turn: send one of them (add_generation_prompt: false)", param=add_param)
+        last = req.messages[-1]
+        if last.role != "assistant" or not isinstance(last.content, (str, list)):
+            raise bad_request("continue_final_message needs the last message to be the assistant's text to continue, "
+                              f"got a {last.role!r} message; end messages with {{\"role\": \"assistant\", \"content\": "
+                              "...} or leave continue_final_message out", param=cont_param)
+    kwargs["add_generation_prompt"] = not cont if add is None else add
+    return {**kwargs, "continue_final_message": True} if cont else kwargs
 
 
 def text_prompts(tokenizer, value, param: str, max_chars: int | None = None) -> list[list[int]]:

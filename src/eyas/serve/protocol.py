@@ -113,6 +113,10 @@ class ChatCompletionRequest(_OpenAISampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's extensions (also accepted inside chat_template_kwargs, which wins): continue_final_message
+    # continues the last (assistant) message instead of opening a new turn; null: not continuing
+    add_generation_prompt: bool | None = None  # null: true, or false when continuing the final message
+    continue_final_message: bool | None = None
 
 
 class CompletionRequest(_OpenAISampling):

@@ -203,6 +203,21 @@ def _refuse(param: str, value, neutral, what: str) -> None:
         raise bad_request(f"{param}={_short(value)} is not supported by eyas ({what}); leave it out", param=param)
 
 
+def _refuse_openai_only(req: ChatCompletionRequest) -> None:
+    """OpenAI fields for what eyas has not got (audio, reasoning, web search): null or their default passes."""
+    if req.modalities is not None and req.modalities != ["text"]:
+        raise bad_request(f"modalities={_short(req.modalities)} is not supported by eyas (text only); send "
+                          '["text"] or leave it out', param="modalities")
+    _refuse("audio", req.audio, None, "text only")
+    _refuse("reasoning_effort", req.reasoning_effort, None, "this server has no reasoning-effort control; a chat "
+            "template that reads one takes it in chat_template_kwargs")
+    _refuse("verbosity", req.verbosity, None, "no verbosity control")
+    if req.web_search_options is not None:  # even {}: it turns web search on
+        _refuse("web_search_options", req.web_search_options or "{}", None, "no web search")
+    _refuse("functions", req.functions, None, "the deprecated spelling: send the functions as 'tools'")
+    _refuse("function_call", req.function_call, None, "the deprecated spelling: send 'tool_choice'")
+
+
 def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's ``logit_bias`` (token ids as JSON object keys) -> {token id: bias}."""
     if value is None:
@@ -250,6 +265,7 @@ def _generate_logprobs(req: GenerateRequest) -> int | None:
 def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool) -> Job:
     _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
+        _refuse_openai_only(req)
         logprobs = _chat_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

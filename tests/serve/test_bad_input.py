@@ -73,3 +73,14 @@ def test_openai_client_raises_its_own_error_types(server):
         client.completions.create(model="tiny", prompt="a", temperature=500)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="nope", messages=MSG)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (CHAT, {"messages": [{"role": "user", "content": LONG}]}, "messages"),
+    (COMP, {"prompt": LONG, "max_tokens": 1}, "prompt"),
+    ("/generate", {"text": LONG, "sampling_params": {"max_new_tokens": 1}}, "text"),
+    ("/generate", {"input_ids": [1, 99999]}, "input_ids"),
+])
+def test_a_prompt_that_cannot_be_served_names_the_field_that_held_it(server, path, body, param):
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -48,6 +48,7 @@ class Job:
     max_tokens_param: str = "max_tokens"
     n_param: str = "n"  # how the request named n (limits.Limits.check_job names it back)
     tools: ToolPlan | None = None  # chat with tools: how calls are constrained and read back (``tools.py``)
+    prompt_param: str = "prompt"  # the field that held the prompt, named when it cannot fit
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -292,7 +293,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
                      repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
-               max_tokens is not None or default is not None, param)
+               max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt")
 
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
@@ -313,7 +314,8 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
                      repetition_penalty=sp.repetition_penalty,
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs)
-    return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")
+    return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n",
+               prompt_param="text" if req.text is not None else "input_ids")
 
 
 def _params(max_tokens, param: str, default, n: int, seed_param: str, field_prefix: str = "",
@@ -345,6 +347,11 @@ def sequences_for(engine, job: Job) -> list:
     for prompt in job.prompts:
         budget = engine.max_context - len(prompt)
         given, param, asked = job.max_tokens_given, job.max_tokens_param, job.params.max_new_tokens
+        if len(prompt) >= engine.max_context:  # too long whatever max_tokens says: the prompt is the field to fix
+            raise bad_request(
+                f"this model's maximum context length is {engine.max_context} tokens; the prompt has {len(prompt)}, "
+                "which leaves no room for any output; shorten the prompt", param=job.prompt_param,
+                code="context_length_exceeded")
         if given and len(prompt) + asked > engine.max_context:
             raise bad_request(
                 f"this model's maximum context length is {engine.max_context} tokens; the prompt has "
@@ -364,5 +371,6 @@ def sequences_for(engine, job: Job) -> list:
             except EyasError as e:
                 code = "context_length_exceeded" if "context" in e.problem else "invalid_value"
                 raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),
-                                  param="logit_bias" if "logit_bias" in e.problem else "prompt", code=code) from None
+                                  param="logit_bias" if "logit_bias" in e.problem else job.prompt_param,
+                                  code=code) from None
     return seqs

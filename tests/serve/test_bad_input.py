@@ -84,3 +84,14 @@ def test_openai_client_raises_its_own_error_types(server):
 def test_a_prompt_that_cannot_be_served_names_the_field_that_held_it(server, path, body, param):
     r = httpx.post(server.url + path, json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (CHAT, {"messages": MSG, "stop_token_ids": [-5]}, "stop_token_ids"),
+    (COMP, {"prompt": "a", "stop_token_ids": [2, 10 ** 9]}, "stop_token_ids"),
+    ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [10 ** 9]}}, "sampling_params.stop_token_ids"),
+])
+def test_a_stop_token_id_outside_the_vocabulary_is_refused(server, path, body, param):
+    r = httpx.post(server.url + path, json=body, timeout=60)  # it could never match: the output would run on
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "vocabulary" in r.json()["error"]["message"]

@@ -343,6 +343,13 @@ def _params(max_tokens, param: str, default, n: int, seed_param: str, field_pref
 
 def sequences_for(engine, job: Job) -> list:
     """Engine sequences for every prompt x choice, sized to the context; 400 when one cannot fit."""
+    vocab = engine.target.info.vocab_size
+    wrong = [t for t in job.params.stop_token_ids if not 0 <= t < vocab]
+    if wrong:  # it could never match: the output would run on past where the client asked it to stop
+        param = job.n_param.removesuffix("n") + "stop_token_ids"
+        raise bad_request(f"{param} names token {wrong[0]}, outside the target's vocabulary (0..{vocab - 1}), which "
+                          "no output can hold; use token ids of the target's own tokenizer", param=param,
+                          code="invalid_value")
     seqs = []
     for prompt in job.prompts:
         budget = engine.max_context - len(prompt)

@@ -95,3 +95,14 @@ def test_a_stop_token_id_outside_the_vocabulary_is_refused(server, path, body, p
     r = httpx.post(server.url + path, json=body, timeout=60)  # it could never match: the output would run on
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert "vocabulary" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user"}], "messages.0.content"),
+    ([{"role": "system", "content": "be brief"}, {"role": "user", "content": None}], "messages.1.content"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}], "messages.1.content"),
+])
+def test_a_message_without_content_is_named_not_blamed_on_the_template(server, messages, param):
+    r = httpx.post(server.url + CHAT, json={"messages": messages, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "content' is required" in r.json()["error"]["message"]

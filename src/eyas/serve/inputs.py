@@ -110,7 +110,10 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
                           "use /v1/completions with a prompt", param="messages")
     kwargs = _template_kwargs(req)
     messages, knows_calls = [], "tool_calls" in str(tokenizer.chat_template)
-    for m in req.messages:
+    for i, m in enumerate(req.messages):
+        if m.content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):
+            raise bad_request(f"'messages.{i}.content' is required: a {m.role} message needs its text (only an "
+                              "assistant message with tool_calls may leave it out)", param=f"messages.{i}.content")
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             d["content"] = "\n".join(p.text for p in m.content)

@@ -52,8 +52,14 @@ class Job:
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
-def parse_body(raw: bytes, model: type[BaseModel]):
+def parse_body(raw: bytes, model: type[BaseModel], max_messages: int | None = None):
     data = load_object(raw)  # UTF-8, JSON, depth, 64-bit integers, finite numbers, no lone surrogates
+    messages = data.get("messages")
+    if max_messages is not None and isinstance(messages, list) and len(messages) > max_messages:
+        # checked before validating and rendering them, which takes seconds for ~100k messages
+        raise bad_request(f"'messages' has {len(messages)} messages, more than the {max_messages} prompt tokens this "
+                          "server accepts (every message takes at least one token of the chat template); send fewer "
+                          "messages", param="messages", code="context_length_exceeded")
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -97,11 +103,15 @@ def check_model(requested: str | None, served: list[str]) -> None:
 def encode(tokenizer, text: str, param: str, max_chars: int | None, **kw) -> list[int]:
     """Token ids of ``text``; a text too long to fit is refused by its length, before tokenizing."""
     if max_chars is not None and len(text) > max_chars:
-        raise bad_request(f"{param!r} has {len(text)} characters, more than the {max_chars} that the most prompt "
-                          "tokens this server accepts could hold (the context length, or --max-prompt-tokens, "
-                          "times the longest token's characters); shorten the prompt", param=param,
-                          code="context_length_exceeded")
+        raise _too_long(param, len(text), max_chars)
     return list(tokenizer(text, **kw).input_ids)
+
+
+def _too_long(param: str, chars: int, max_chars: int) -> ApiError:
+    return bad_request(f"{param!r} has {chars} characters, more than the {max_chars} that the most prompt "
+                       "tokens this server accepts could hold (the context length, or --max-prompt-tokens, "
+                       "times the longest token's characters); shorten the prompt", param=param,
+                       code="context_length_exceeded")
 
 
 def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = None) -> list[int]:
@@ -109,6 +119,10 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         raise bad_request("this model's tokenizer has no chat template, so chat messages cannot be rendered; "
                           "use /v1/completions with a prompt", param="messages")
     kwargs = _template_kwargs(req)
+    chars = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
+                for m in req.messages)
+    if max_chars is not None and chars > max_chars:  # the rendered text holds them all: refused before rendering
+        raise _too_long("messages", chars, max_chars)
     messages, knows_calls = [], "tool_calls" in str(tokenizer.chat_template)
     for i, m in enumerate(req.messages):
         if m.content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):

@@ -52,7 +52,8 @@ class Preparer:
         self._spare = list(self.tokenizers)
         self._local = threading.local()
         self.served_names = served_names
-        self.max_chars = prompt_char_bound(tok, max_prompt_tokens or engine.max_context)
+        self.max_tokens = max_prompt_tokens or engine.max_context
+        self.max_chars = prompt_char_bound(tok, self.max_tokens)
         self.log_requests = log_requests
         self.grammars = grammars_for(engine.target)  # structured output: compiled here, off the event loop (locked)
         self._pool = ThreadPoolExecutor(max_workers=len(self.tokenizers), thread_name_prefix="eyas-prepare",

@@ -63,3 +63,28 @@ def test_temperature_is_bounded_to_openais_range_on_openai_routes(server):
     r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {
         "max_new_tokens": 2, "temperature": 2.5}}, timeout=60)
     assert r.status_code == 200, r.text  # SGLang's route: eyas's own bound
+
+
+@pytest.mark.parametrize("fields", [
+    {"audio": None, "modalities": ["text"], "reasoning_effort": None, "verbosity": None, "functions": None,
+     "function_call": None, "web_search_options": None},
+    {"prediction": {"type": "content", "content": "hello"}, "prompt_cache_key": "k", "safety_identifier": "u"},
+])
+def test_openai_fields_with_neutral_values_are_served(client, fields):
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       temperature=0, extra_body=fields)
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"modalities": ["text", "audio"]}, "modalities", "text only"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "text only"),
+    ({"reasoning_effort": "high"}, "reasoning_effort", "chat_template_kwargs"),
+    ({"web_search_options": {}}, "web_search_options", "no web search"),
+    ({"functions": [{"name": "f"}]}, "functions", "'tools'"),
+])
+def test_openai_fields_eyas_has_not_got_are_named(client, fields, param, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       extra_body=fields)
+    assert e.value.param == param and words in e.value.message, e.value.message

@@ -19,3 +19,13 @@ def test_api_key_guards_the_api_but_not_health_or_metrics(inprocess):
         assert ok.completions.create(model="tiny", prompt="a", max_tokens=2, temperature=0).choices
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=srv.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_the_bearer_scheme_is_case_insensitive_and_the_key_is_not(inprocess):
+    with inprocess(api_key="sekrit") as srv:
+        def status(auth):
+            return httpx.get(srv.url + "/v1/models", headers={"Authorization": auth}).status_code
+
+        assert status("bearer sekrit") == 200 and status("BEARER sekrit") == 200  # RFC 9110: scheme case-insensitive
+        assert status("Bearer SEKRIT") == 401 and status("sekrit") == 401 and status("Basic sekrit") == 401
+        assert status("Bearer sekrit2") == 401 and status("Bearer") == 401

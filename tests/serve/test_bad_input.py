@@ -73,3 +73,36 @@ def test_openai_client_raises_its_own_error_types(server):
         client.completions.create(model="tiny", prompt="a", temperature=500)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="nope", messages=MSG)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (CHAT, {"messages": [{"role": "user", "content": LONG}]}, "messages"),
+    (COMP, {"prompt": LONG, "max_tokens": 1}, "prompt"),
+    ("/generate", {"text": LONG, "sampling_params": {"max_new_tokens": 1}}, "text"),
+    ("/generate", {"input_ids": [1, 99999]}, "input_ids"),
+])
+def test_a_prompt_that_cannot_be_served_names_the_field_that_held_it(server, path, body, param):
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (CHAT, {"messages": MSG, "stop_token_ids": [-5]}, "stop_token_ids"),
+    (COMP, {"prompt": "a", "stop_token_ids": [2, 10 ** 9]}, "stop_token_ids"),
+    ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [10 ** 9]}}, "sampling_params.stop_token_ids"),
+])
+def test_a_stop_token_id_outside_the_vocabulary_is_refused(server, path, body, param):
+    r = httpx.post(server.url + path, json=body, timeout=60)  # it could never match: the output would run on
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "vocabulary" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user"}], "messages.0.content"),
+    ([{"role": "system", "content": "be brief"}, {"role": "user", "content": None}], "messages.1.content"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}], "messages.1.content"),
+])
+def test_a_message_without_content_is_named_not_blamed_on_the_template(server, messages, param):
+    r = httpx.post(server.url + CHAT, json={"messages": messages, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "content' is required" in r.json()["error"]["message"]

@@ -229,3 +229,36 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(server):
     assert time.monotonic() - start < 1.0
     ok = httpx.post(server.url + COMP, json={"prompt": "x" * 900, "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200  # a long prompt that fits is still served
+
+
+def test_a_request_slow_to_prepare_does_not_hold_the_others_behind_it(inprocess):
+    """One body that takes seconds to render (a few MB of messages) must not delay the next request's preparing."""
+    with inprocess(wrap=patched_tokenizer(apply_chat_template=_slow_render)) as srv:
+        slow = {}
+
+        def call():
+            slow["r"] = httpx.post(srv.url + CHAT, json={"messages": [{"role": "user", "content": "SLOW"}],
+                                                         "max_tokens": 2}, timeout=60)
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.5)  # the slow one is rendering now (3 s)
+        start = time.monotonic()
+        quick = httpx.post(srv.url + CHAT, json={"messages": MSG, "max_tokens": 2}, timeout=60)
+        took = time.monotonic() - start
+        t.join(60)
+        assert quick.status_code == 200 and slow["r"].status_code == 200
+        assert took < 2.0, took  # behind the slow one it took 2.5 s or more
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "SLOW"}] * 2000,  # more messages than the 1024 tokens of the context
+    [{"role": "user", "content": "SLOW " * 300_000}, {"role": "user", "content": [{"type": "text", "text": "a"}]}],
+])
+def test_messages_that_cannot_fit_are_refused_before_they_are_rendered(inprocess, messages):
+    with inprocess(wrap=patched_tokenizer(apply_chat_template=_slow_render)) as srv:
+        start = time.monotonic()
+        r = httpx.post(srv.url + CHAT, json={"messages": messages, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
+        assert r.json()["error"]["param"] == "messages"
+        assert time.monotonic() - start < 2.5  # the render would have slept 3 s

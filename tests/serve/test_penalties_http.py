@@ -52,8 +52,16 @@ def test_completions_take_logit_bias_and_penalties(server, engine, plain):
                                          ({"logit_bias": {"5": 100.5}}, "logit_bias"),
                                          ({"logit_bias": {"x": 1}}, "logit_bias"),
                                          ({"logit_bias": {"99999999": 1}}, "logit_bias"),
-                                         ({"min_p": 1.5}, "min_p")])
+                                         ({"min_p": 1.5}, "min_p"),
+                                         ({"top_p": 0}, "top_p")])
 def test_out_of_range_settings_are_refused_by_name(server, body, param):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
     assert r.status_code == 400 and param in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == param, r.text  # clients read error.param (the openai SDK's e.param)
+
+
+def test_generate_names_the_sampling_params_field(server):
+    r = httpx.post(server.url + "/generate", timeout=60,
+                   json={"text": "hi", "sampling_params": {"max_new_tokens": 2, "top_p": 0}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.top_p", r.text

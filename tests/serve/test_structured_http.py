@@ -37,7 +37,8 @@ MSG = [{"role": "user", "content": "weather?"}]
 @pytest.fixture(scope="module")
 def served(engine):
     app = create_app(engine, ServeOptions(served_model_name="tiny", log_interval=0))
-    app.state.eyas.prepare.tokenizer.chat_template = TOOL_TEMPLATE  # the preparer's own tokenizer copy
+    for tok in app.state.eyas.prepare.tokenizers:  # the preparer's own tokenizer copies
+        tok.chat_template = TOOL_TEMPLATE
     with InProcessServer(app) as s:
         yield s
 
@@ -57,7 +58,8 @@ STRICT_TEMPLATE = (  # refuses any role but system, user and assistant, as some 
 @pytest.fixture(scope="module")
 def strict_template(engine):
     app = create_app(engine, ServeOptions(served_model_name="tiny", log_interval=0))
-    app.state.eyas.prepare.tokenizer.chat_template = STRICT_TEMPLATE
+    for tok in app.state.eyas.prepare.tokenizers:
+        tok.chat_template = STRICT_TEMPLATE
     with InProcessServer(app) as s:
         yield s
 

@@ -48,11 +48,18 @@ class Job:
     max_tokens_param: str = "max_tokens"
     n_param: str = "n"  # how the request named n (limits.Limits.check_job names it back)
     tools: ToolPlan | None = None  # chat with tools: how calls are constrained and read back (``tools.py``)
+    prompt_param: str = "prompt"  # the field that held the prompt, named when it cannot fit
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
-def parse_body(raw: bytes, model: type[BaseModel]):
+def parse_body(raw: bytes, model: type[BaseModel], max_messages: int | None = None):
     data = load_object(raw)  # UTF-8, JSON, depth, 64-bit integers, finite numbers, no lone surrogates
+    messages = data.get("messages")
+    if max_messages is not None and isinstance(messages, list) and len(messages) > max_messages:
+        # checked before validating and rendering them, which takes seconds for ~100k messages
+        raise bad_request(f"'messages' has {len(messages)} messages, more than the {max_messages} prompt tokens this "
+                          "server accepts (every message takes at least one token of the chat template); send fewer "
+                          "messages", param="messages", code="context_length_exceeded")
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -96,31 +103,38 @@ def check_model(requested: str | None, served: list[str]) -> None:
 def encode(tokenizer, text: str, param: str, max_chars: int | None, **kw) -> list[int]:
     """Token ids of ``text``; a text too long to fit is refused by its length, before tokenizing."""
     if max_chars is not None and len(text) > max_chars:
-        raise bad_request(f"{param!r} has {len(text)} characters, more than the {max_chars} that the most prompt "
-                          "tokens this server accepts could hold (the context length, or --max-prompt-tokens, "
-                          "times the longest token's characters); shorten the prompt", param=param,
-                          code="context_length_exceeded")
+        raise _too_long(param, len(text), max_chars)
     return list(tokenizer(text, **kw).input_ids)
+
+
+def _too_long(param: str, chars: int, max_chars: int) -> ApiError:
+    return bad_request(f"{param!r} has {chars} characters, more than the {max_chars} that the most prompt "
+                       "tokens this server accepts could hold (the context length, or --max-prompt-tokens, "
+                       "times the longest token's characters); shorten the prompt", param=param,
+                       code="context_length_exceeded")
 
 
 def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = None) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model's tokenizer has no chat template, so chat messages cannot be rendered; "
                           "use /v1/completions with a prompt", param="messages")
-    if "chat_template" in (req.chat_template_kwargs or {}):  # vLLM refuses it too unless trusted
-        raise bad_request("a request cannot bring its own chat template: it would run the client's template code "
-                          "on the server, and no draft was trained with it; the server's template is set with "
-                          "--chat-template", param="chat_template_kwargs.chat_template")
+    kwargs = _template_kwargs(req)
+    chars = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
+                for m in req.messages)
+    if max_chars is not None and chars > max_chars:  # the rendered text holds them all: refused before rendering
+        raise _too_long("messages", chars, max_chars)
     messages, knows_calls = [], "tool_calls" in str(tokenizer.chat_template)
-    for m in req.messages:
+    for i, m in enumerate(req.messages):
+        if m.content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):
+            raise bad_request(f"'messages.{i}.content' is required: a {m.role} message needs its text (only an "
+                              "assistant message with tool_calls may leave it out)", param=f"messages.{i}.content")
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             d["content"] = "\n".join(p.text for p in m.content)
         messages.append(template_message(d, knows_calls))
     tools = template_tools(req)
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                             **(req.chat_template_kwargs or {}))
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - jinja raises its own types; its text stays in the server's log
         log.warning("the chat template could not render a request's messages: %s: %s", type(e).__name__, e)
         which = ("these messages with their tools, tool calls or tool results (this model's template may not "
@@ -129,6 +143,46 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         raise bad_request(f"the chat template of this model could not render {which}; the template's error is in "
                           "the server's log", param="tools" if tools else "messages") from None
     return encode(tokenizer, text, "messages", max_chars, add_special_tokens=False)
+
+
+# apply_chat_template's own arguments, which the server sets: a request's chat_template_kwargs cannot replace them
+SERVER_TEMPLATE_ARGS = ("conversation", "messages", "tools", "documents", "tokenize", "padding", "truncation",
+                        "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+                        "tokenizer_kwargs")
+
+
+def _template_kwargs(req: ChatCompletionRequest) -> dict:
+    """``chat_template_kwargs`` with ``add_generation_prompt`` and ``continue_final_message`` settled (vLLM's
+    fields, top-level or inside ``chat_template_kwargs``, which wins), or a 400 naming the key."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if "chat_template" in kwargs:  # vLLM refuses it too unless trusted
+        raise bad_request("a request cannot bring its own chat template: it would run the client's template code "
+                          "on the server, and no draft was trained with it; the server's template is set with "
+                          "--chat-template", param="chat_template_kwargs.chat_template")
+    owned = [k for k in SERVER_TEMPLATE_ARGS if k in kwargs]
+    if owned:
+        raise bad_request(f"chat_template_kwargs.{owned[0]} is set by the server (it renders the messages, the tools "
+                          "and the text the model continues); leave it out", param=f"chat_template_kwargs.{owned[0]}")
+    flags = {}
+    for name in ("add_generation_prompt", "continue_final_message"):
+        inner = name in kwargs
+        value = kwargs.pop(name) if inner else getattr(req, name)
+        if value is not None and not isinstance(value, bool):
+            raise bad_request(f"chat_template_kwargs.{name} must be true or false, got {_short(value)}",
+                              param=f"chat_template_kwargs.{name}", code="invalid_value")
+        flags[name] = (value, f"chat_template_kwargs.{name}" if inner else name)
+    (add, add_param), (cont, cont_param) = flags["add_generation_prompt"], flags["continue_final_message"]
+    if cont:
+        if add:
+            raise bad_request("continue_final_message continues the last message, add_generation_prompt opens a new "
+                              "assistant turn: send one of them (add_generation_prompt: false)", param=add_param)
+        last = req.messages[-1]
+        if last.role != "assistant" or not isinstance(last.content, (str, list)):
+            raise bad_request("continue_final_message needs the last message to be the assistant's text to continue, "
+                              f"got a {last.role!r} message; end messages with {{\"role\": \"assistant\", \"content\": "
+                              "...} or leave continue_final_message out", param=cont_param)
+    kwargs["add_generation_prompt"] = not cont if add is None else add
+    return {**kwargs, "continue_final_message": True} if cont else kwargs
 
 
 def text_prompts(tokenizer, value, param: str, max_chars: int | None = None) -> list[list[int]]:
@@ -165,6 +219,21 @@ def _stops(stop) -> list[str]:
 def _refuse(param: str, value, neutral, what: str) -> None:
     if value is not None and value != neutral and value not in ((), [], {}):
         raise bad_request(f"{param}={_short(value)} is not supported by eyas ({what}); leave it out", param=param)
+
+
+def _refuse_openai_only(req: ChatCompletionRequest) -> None:
+    """OpenAI fields for what eyas has not got (audio, reasoning, web search): null or their default passes."""
+    if req.modalities is not None and req.modalities != ["text"]:
+        raise bad_request(f"modalities={_short(req.modalities)} is not supported by eyas (text only); send "
+                          '["text"] or leave it out', param="modalities")
+    _refuse("audio", req.audio, None, "text only")
+    _refuse("reasoning_effort", req.reasoning_effort, None, "this server has no reasoning-effort control; a chat "
+            "template that reads one takes it in chat_template_kwargs")
+    _refuse("verbosity", req.verbosity, None, "no verbosity control")
+    if req.web_search_options is not None:  # even {}: it turns web search on
+        _refuse("web_search_options", req.web_search_options or "{}", None, "no web search")
+    _refuse("functions", req.functions, None, "the deprecated spelling: send the functions as 'tools'")
+    _refuse("function_call", req.function_call, None, "the deprecated spelling: send 'tool_choice'")
 
 
 def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
@@ -214,6 +283,7 @@ def _generate_logprobs(req: GenerateRequest) -> int | None:
 def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool) -> Job:
     _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
+        _refuse_openai_only(req)
         logprobs = _chat_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -240,7 +310,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
                      repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
-               max_tokens is not None or default is not None, param)
+               max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt")
 
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
@@ -255,16 +325,22 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     param = "sampling_params.max_new_tokens"
     params = _params(sp.max_new_tokens, param, None, sp.n,
                      "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
+                     field_prefix="sampling_params.",
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
                      presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
                      repetition_penalty=sp.repetition_penalty,
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs)
-    return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n")
+    return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n",
+               prompt_param="text" if req.text is not None else "input_ids")
 
 
-def _params(max_tokens, param: str, default, n: int, seed_param: str, **kw) -> SamplingParams:
-    """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later)."""
+def _params(max_tokens, param: str, default, n: int, seed_param: str, field_prefix: str = "",
+            **kw) -> SamplingParams:
+    """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later).
+
+    A value ``SamplingParams`` refuses is a 400 whose ``param`` names the request's field (its message
+    starts with that field's name), as OpenAI's errors do: clients read ``error.param``."""
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"{param} must be at least 1, got {max_tokens}", param=param)
     seed = kw.get("seed")
@@ -276,16 +352,30 @@ def _params(max_tokens, param: str, default, n: int, seed_param: str, **kw) -> S
     try:
         params = SamplingParams(max_new_tokens=chosen or 1, **{k: v for k, v in kw.items() if v is not None})
     except EyasError as e:
-        raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""), code="invalid_value") from None
+        name = e.problem.split(" ", 1)[0]
+        raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),
+                          param=field_prefix + name if name in kw else None, code="invalid_value") from None
     return params
 
 
 def sequences_for(engine, job: Job) -> list:
     """Engine sequences for every prompt x choice, sized to the context; 400 when one cannot fit."""
+    vocab = engine.target.info.vocab_size
+    wrong = [t for t in job.params.stop_token_ids if not 0 <= t < vocab]
+    if wrong:  # it could never match: the output would run on past where the client asked it to stop
+        param = job.n_param.removesuffix("n") + "stop_token_ids"
+        raise bad_request(f"{param} names token {wrong[0]}, outside the target's vocabulary (0..{vocab - 1}), which "
+                          "no output can hold; use token ids of the target's own tokenizer", param=param,
+                          code="invalid_value")
     seqs = []
     for prompt in job.prompts:
         budget = engine.max_context - len(prompt)
         given, param, asked = job.max_tokens_given, job.max_tokens_param, job.params.max_new_tokens
+        if len(prompt) >= engine.max_context:  # too long whatever max_tokens says: the prompt is the field to fix
+            raise bad_request(
+                f"this model's maximum context length is {engine.max_context} tokens; the prompt has {len(prompt)}, "
+                "which leaves no room for any output; shorten the prompt", param=job.prompt_param,
+                code="context_length_exceeded")
         if given and len(prompt) + asked > engine.max_context:
             raise bad_request(
                 f"this model's maximum context length is {engine.max_context} tokens; the prompt has "
@@ -305,5 +395,6 @@ def sequences_for(engine, job: Job) -> list:
             except EyasError as e:
                 code = "context_length_exceeded" if "context" in e.problem else "invalid_value"
                 raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),
-                                  param="logit_bias" if "logit_bias" in e.problem else "prompt", code=code) from None
+                                  param="logit_bias" if "logit_bias" in e.problem else job.prompt_param,
+                                  code=code) from None
     return seqs

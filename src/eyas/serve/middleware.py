@@ -41,13 +41,14 @@ class ApiKey:
 
     def __init__(self, app, key: str, open_paths: frozenset[str]):
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.expected = key.encode()
         self.open = open_paths
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in self.open:
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, given = dict(scope.get("headers") or []).get(b"authorization", b"").strip().partition(b" ")
+            # the scheme is case-insensitive (RFC 9110: "bearer KEY" is the same credentials); the key is not
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
                 body = error_body("invalid or missing API key: send 'Authorization: Bearer <key>' with the key "
                                   "the server was started with (--api-key)", code="invalid_api_key")
                 return await send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])

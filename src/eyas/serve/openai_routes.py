@@ -67,7 +67,7 @@ def failed_error(event: Failed) -> ApiError:
 
 
 def _chat(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
-    req = parse_body(raw, ChatCompletionRequest)
+    req = parse_body(raw, ChatCompletionRequest, max_messages=p.max_tokens)
     check_model(req.model, p.served_names)
     return p.prepared(req, chat_structure(openai_job(req, [chat_prompt(p.tokenizer, req, p.max_chars)], chat=True),
                                           req))

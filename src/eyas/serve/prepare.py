@@ -2,10 +2,12 @@
 
 Decoding a few megabytes of JSON, rendering the chat template and tokenizing are CPU work; on the
 event loop they stall every other request and every running stream (a 3.9 MB chat body held
-``/health`` for 11 s). ``Preparer`` runs that work on one worker thread of its own, with its own
+``/health`` for 11 s). ``Preparer`` runs that work on worker threads of its own, each with its own
 tokenizer copy (Hugging Face fast tokenizers are not safe to share between threads; the engine
 thread decodes with a copy of its own too). The tokenizer releases the GIL while it encodes, so the
-event loop and the engine thread keep running meanwhile.
+event loop and the engine thread keep running meanwhile. There are ``WORKERS`` of them, so one
+request whose body takes seconds to read (a few MB of messages to validate and render) does not hold
+every other request's preparation behind it.
 
 A prompt that cannot fit is refused by its length in characters before it is tokenized: no token
 covers more characters than the longest entry of the vocabulary, so a text longer than
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,6 +32,7 @@ from .api_errors import ApiError, bad_request
 from .inputs import Job
 
 log = logging.getLogger("eyas.serve")
+WORKERS = 2  # preparing threads: a slow body holds one; the GIL is shared, so more buys little
 
 
 @dataclass
@@ -41,15 +45,28 @@ class Prepared:
 class Preparer:
     def __init__(self, engine, served_names: list[str], max_prompt_tokens: int | None, log_requests: bool):
         tok = engine.target.tokenizer
-        try:
-            self.tokenizer = copy.deepcopy(tok)
-        except Exception:  # noqa: BLE001 - an uncopyable tokenizer: this thread is its only other user
-            self.tokenizer = tok
+        try:  # one copy per worker, made here (copying one while another thread uses it is not safe either)
+            self.tokenizers = [copy.deepcopy(tok) for _ in range(WORKERS)]
+        except Exception:  # noqa: BLE001 - an uncopyable tokenizer: one worker, its only other user
+            self.tokenizers = [tok]
+        self._spare = list(self.tokenizers)
+        self._local = threading.local()
         self.served_names = served_names
-        self.max_chars = prompt_char_bound(tok, max_prompt_tokens or engine.max_context)
+        self.max_tokens = max_prompt_tokens or engine.max_context
+        self.max_chars = prompt_char_bound(tok, self.max_tokens)
         self.log_requests = log_requests
-        self.grammars = grammars_for(engine.target)  # structured output: compiled here, off the event loop
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyas-prepare")
+        self.grammars = grammars_for(engine.target)  # structured output: compiled here, off the event loop (locked)
+        self._pool = ThreadPoolExecutor(max_workers=len(self.tokenizers), thread_name_prefix="eyas-prepare",
+                                        initializer=self._claim)
+
+    def _claim(self) -> None:
+        """Each worker thread takes its own tokenizer copy when it starts."""
+        self._local.tokenizer = self._spare.pop()
+
+    @property
+    def tokenizer(self):
+        """The calling worker's tokenizer copy (``tokenizers`` holds every worker's)."""
+        return self._local.tokenizer
 
     async def __call__(self, build, raw: bytes) -> Prepared:
         """``build(preparer, raw) -> Prepared`` on the worker thread; any failure there is a 400."""

@@ -97,6 +97,8 @@ class _OpenAISampling(_Strict):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # eyas/vLLM/SGLang extensions
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -113,6 +115,19 @@ class ChatCompletionRequest(_OpenAISampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's, accepted with their neutral values only (inputs.py refuses the rest, naming the field)
+    modalities: list[str] | None = None  # ["text"]
+    audio: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # OpenAI's deprecated spelling of tools
+    function_call: str | dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None  # accepted and ignored: by OpenAI's definition it never changes the output
+    # vLLM's extensions (also accepted inside chat_template_kwargs, which wins): continue_final_message
+    # continues the last (assistant) message instead of opening a new turn; null: not continuing
+    add_generation_prompt: bool | None = None  # null: true, or false when continuing the final message
+    continue_final_message: bool | None = None
 
 
 class CompletionRequest(_OpenAISampling):

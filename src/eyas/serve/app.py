@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -50,6 +51,7 @@ class ServeOptions:
     extra_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None  # when set, every route but /health (and /metrics) needs "Authorization: Bearer KEY"
     metrics_require_key: bool = False  # with api_key: /metrics needs the key too
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])  # CORS (vLLM's default); [] turns it off
     limits: Limits = field(default_factory=Limits)
     switch_interval_ms: float | None = None  # the interpreter's thread switch interval while serving (eyas serve:
     # 0.1 ms); None: Python's
@@ -114,9 +116,12 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     if options.api_key:
         app.add_middleware(ApiKey, key=options.api_key, open_paths=unguarded)
     app.add_middleware(BodySizeLimit, max_bytes=options.limits.max_request_bytes)
-    app.add_middleware(RequestLog, with_text=options.log_requests)  # outermost: logs refusals too
+    app.add_middleware(RequestLog, with_text=options.log_requests)  # logs refusals too
+    if options.allowed_origins:  # outside the key check: a browser's preflight carries no credentials
+        app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["X-Request-Id"])
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         running, queued = scheduler.counts()
         body = {"status": "ok" if scheduler.alive else "engine thread stopped", "running": running, "queued": queued}

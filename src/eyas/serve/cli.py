@@ -9,6 +9,8 @@ message that names the fix (``eyas.cli`` prints ``EyasError`` that way); nothing
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
 import signal
@@ -63,6 +65,9 @@ def add_serve_arguments(p) -> None:
                         "logged), and log each sequence's outcome and acceptance")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="with --api-key, /metrics needs the key too (default: /metrics is open)")
+    g.add_argument("--allowed-origins", type=origins, default=["*"], metavar="ORIGINS",
+                   help="origins browsers may call the server from (CORS), comma-separated or a JSON list as vLLM "
+                        "takes it; '' for none (default '*', any origin, as vLLM and SGLang)")
     lim = p.add_argument_group("limits (each violation is a 4xx naming the flag)")
     lim.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="request body size (default 4 MiB)")
     lim.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt tokens (default: the context)")
@@ -101,6 +106,20 @@ def add_pasted_arguments(p) -> None:
                    help="seeds everything random at startup, and so the seeds of requests that bring none "
                         "(a server restarted with it answers the same unseeded requests, sent in the same order, "
                         "the same way); default: random")
+
+
+def origins(text: str) -> list[str]:
+    """``--allowed-origins``: 'a,b', or vLLM's JSON list '["a", "b"]'; '' for none."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError(f"not a JSON list of origins: {text!r} (e.g. '[\"https://a.example\"]')")
+        return [v.strip() for v in value if v.strip()]
+    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def pasted_flags(args) -> None:
@@ -264,7 +283,7 @@ def run(args) -> int:
                            chunked_prefill_size=args.chunked_prefill_size,
                            log_interval=args.log_interval,
                            api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
-                           metrics_require_key=args.metrics_require_key,
+                           metrics_require_key=args.metrics_require_key, allowed_origins=args.allowed_origins,
                            limits=Limits(max_request_bytes=args.max_request_bytes,
                                          max_prompt_tokens=args.max_prompt_tokens,
                                          max_stop_strings=args.max_stop_strings,

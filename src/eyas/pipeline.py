@@ -127,8 +127,14 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
     if auto and algorithm is not Algorithm.NONE:  # auto without speculation is plain decoding: NONE stays NONE
         spec = SpecConfig.auto(algorithm)
     elif algorithm is not Algorithm.NONE or schedule:
-        spec = SpecConfig(algorithm, args.speculative_num_steps, args.speculative_eagle_topk,
-                          args.speculative_num_draft_tokens, schedule)
+        steps, topk, tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
+        if topk == 1 and isinstance(tokens, int) and 2 <= tokens <= steps and not schedule:
+            log.warning("--speculative-num-steps %d with --speculative-num-draft-tokens %d: a chain verifies its first "
+                        "%d drafted tokens, so it drafts %d steps, not %d (the same tokens, without the draft "
+                        "forwards whose tokens no step would verify); SGLang instead raises the draft tokens to "
+                        "steps + 1 = %d", steps, tokens, tokens - 1, tokens - 1, steps, steps + 1)
+            steps = tokens - 1
+        spec = SpecConfig(algorithm, steps, topk, tokens, schedule)
     else:
         spec = SpecConfig(Algorithm.NONE)
     # Cheap checks first: flags and the draft's config.json, before any weights are read.

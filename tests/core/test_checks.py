@@ -144,6 +144,23 @@ def test_build_engine_accepts_the_right_pair(folders):
     assert e.spec.algorithm is Algorithm.EAGLE3 and e.target.aux_layer_ids == [2, 4, 5]
 
 
+def test_a_chain_shorter_than_its_steps_drafts_only_what_it_verifies(folders, caplog):
+    """5 steps, topk 1, 3 draft tokens: the step verifies the chain's first 2 drafted tokens, so the engine
+    drafts 2 steps (the same tokens, SGLang's flags kept) and says so."""
+    from eyas.engine.sampling import SamplingParams
+
+    flags = dict(model_path=str(folders / "target"), speculative_draft_model_path=str(folders / "draft"),
+                 speculative_eagle_topk=1, speculative_num_draft_tokens=3)
+    with caplog.at_level("WARNING", logger="eyas"):
+        e = build_engine(EngineArgs(**flags, speculative_num_steps=5))
+    assert (e.spec.num_steps, e.spec.eagle_topk, e.spec.num_draft_tokens) == (2, 1, 3)
+    assert "drafts 2 steps, not 5" in caplog.text and "SGLang" in caplog.text
+    wasteful = Engine(e.target, e.draft, SpecConfig("EAGLE3", 5, 1, 3))
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    a, b = e.generate([[5, 6, 7]], params)[0], wasteful.generate([[5, 6, 7]], params)[0]
+    assert a.output_ids == b.output_ids and a.stats.as_dict() == b.stats.as_dict()
+
+
 def test_cli_exits_nonzero_with_the_fix(folders):
     r = subprocess.run([sys.executable, "-m", "eyas", "generate", "--model-path", str(folders / "target"),
                         "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(folders / "draft"),

@@ -311,3 +311,11 @@ def test_flags_that_need_a_model_or_a_server_are_refused(tmp_path, capsys):
     assert main([*base, "--regenerate-url", "http://127.0.0.1:9", "--device", "cuda", "--batch-size", "64"]) == 2
     err = capsys.readouterr().err
     assert "--batch-size, --device set how the target runs here" in err and "--concurrency" in err
+
+
+def test_an_openai_base_url_is_the_servers_root():
+    """Users paste the base URL their OpenAI client takes; /v1/v1/chat/completions would be a 404 of ours."""
+    from eyas.data.remote import RemoteConfig
+
+    assert RemoteConfig("http://127.0.0.1:30000/v1/").url == RemoteConfig("http://127.0.0.1:30000").url
+    assert RemoteConfig("http://127.0.0.1:30000/v1").url == "http://127.0.0.1:30000"

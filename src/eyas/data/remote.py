@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 from tqdm.auto import tqdm
 
+from ..common.server_metrics import server_root
 from ..errors import EyasError
 from .chat import prompt_messages
 from .regenerate import RegenConfig, RegenStats, with_system
@@ -58,7 +59,7 @@ class RemoteConfig:
     served_model_name: str | None = None  # None: the server's model whose name matches --model-path
 
     def __post_init__(self):
-        self.url = self.url.rstrip("/")
+        self.url = server_root(self.url)  # an OpenAI base URL (.../v1) as users paste it
         if self.concurrency < 1:
             raise EyasError(f"--concurrency must be at least 1, got {self.concurrency}", "e.g. --concurrency 32")
         if not self.request_timeout > 0:

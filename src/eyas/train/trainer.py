@@ -28,17 +28,16 @@ from ..common import dist
 from ..data.tokenized import TokenizedSplit
 from ..errors import EyasError
 from ..models.draft import Eagle3Draft
-from ..models.vocab import build_vocab
 from . import checkpoint, trackers
 from .batches import collate, epoch_batches, rank_rows, to_device
 from .budget import TimeBudget
 from .evaluate import heldout_metrics
 from .logger import RunLog, Window
+from .new_draft import blank_draft, build_draft
 from .recipe import Recipe
 from .sharded_target import broadcast_module, load_sharded_target, shard_target
 from .states import OfflineStates, OnlineStates, build_cache, cache_complete
 from .ttt import ttt_loss
-from .warm_start import warm_start
 
 
 class TTTModule(nn.Module):
@@ -60,45 +59,6 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return f
-
-
-def _target_norm(target):
-    for path in ("model.norm", "model.language_model.norm", "transformer.ln_f", "norm"):
-        try:
-            return target.model.get_submodule(path)
-        except AttributeError:
-            continue
-    return None
-
-
-def blank_draft(target, recipe: Recipe) -> Eagle3Draft:
-    """A draft of ``build_draft``'s shapes with any values, for a rank that receives rank 0's."""
-    r = recipe
-    size = min(r.draft.vocab_size, target.info.vocab_size)
-    return Eagle3Draft(Eagle3Draft.config_for_target(target, size, r.draft.aux_layer_ids)).float()
-
-
-def build_draft(target, recipe: Recipe, counts: np.ndarray, allow_pickle: bool = False) -> Eagle3Draft:
-    r = recipe
-    vocab = target.info.vocab_size
-    if len(counts) != vocab:
-        raise EyasError(f"the data's vocabulary counts cover {len(counts)} ids, the target has {vocab}",
-                        "the data was prepared for another target: run `eyas prepare` with this target")
-    size = min(r.draft.vocab_size, vocab)
-    draft = Eagle3Draft.for_target(target, size, r.draft.aux_layer_ids, seed=r.train.seed).float()
-    d2t, t2d = build_vocab(torch.from_numpy(counts), size)
-    draft.d2t.copy_(d2t.to(draft.d2t.device))
-    draft.t2d.copy_(t2d.to(draft.t2d.device))
-    if r.draft.init_from:
-        warm_start(draft, r.draft.init_from, target, allow_pickle)
-    elif r.draft.init_head_from_target:
-        with torch.no_grad():
-            head = target.model.get_output_embeddings().weight
-            draft.lm_head.weight.copy_(head[t2d.to(head.device)].float())
-            norm = _target_norm(target)
-            if norm is not None and getattr(norm, "weight", None) is not None:
-                draft.norm.weight.copy_(norm.weight.float())
-    return draft
 
 
 class Trainer:

@@ -83,8 +83,14 @@ def test_tp_above_one_is_refused_with_the_export_and_launch_commands(capsys):
     assert serve_args("--tp", "1").tp == 1
 
 
+def test_chunked_prefill_size_defaults_by_device():
+    from eyas.serve.cli import chunk_default
+
+    assert chunk_default(torch.device("cpu")) == 512 and chunk_default(torch.device("cuda", 0)) == 2048
+
+
 def test_chunked_prefill_size_is_taken_and_nonsense_refused(capsys):
-    assert serve_args().chunked_prefill_size == 2048
+    assert serve_args().chunked_prefill_size is None  # the device picks: 2048 on a GPU, 512 on the CPU
     assert serve_args("--chunked-prefill-size", "4096").chunked_prefill_size == 4096
     assert serve_args("--chunked-prefill-size", "-1").chunked_prefill_size == -1  # SGLang's "off": whole prompts
     for bad in ("0", "-2"):

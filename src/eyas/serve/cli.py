@@ -99,13 +99,23 @@ def add_pasted_arguments(p) -> None:
     g.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "-tp", dest="tp", type=int, default=1,
                    metavar="N", help="tensor parallelism: eyas runs on one GPU, so 1; above 1 it prints how to "
                                      "serve the draft with SGLang or vLLM across N GPUs")
-    g.add_argument("--chunked-prefill-size", type=int, default=2048, metavar="N",
+    g.add_argument("--chunked-prefill-size", type=int, default=None, metavar="N",
                    help="a prompt longer than N tokens is prefilled N tokens a turn, the running requests stepping "
-                        "between its chunks; -1 prefills every prompt whole (SGLang's flag) (default 2048)")
+                        "between its chunks; -1 prefills every prompt whole (SGLang's flag) (default: 2048 on a GPU, "
+                        "512 on the CPU)")
     g.add_argument("--random-seed", "--seed", type=int, default=None, metavar="SEED",
                    help="seeds everything random at startup, and so the seeds of requests that bring none "
                         "(a server restarted with it answers the same unseeded requests, sent in the same order, "
                         "the same way); default: random")
+
+
+CHUNK_DEFAULTS = {"cpu": 512}  # else 2048: on the CPU a 2048-token chunk held the running streams 8 s
+# (benchmarks/results/long-prompt-cpu.json), 512 about 2.4 s, with the long prompt's TTFT no worse
+
+
+def chunk_default(device) -> int:
+    """``--chunked-prefill-size`` when not given, for the engine's device."""
+    return CHUNK_DEFAULTS.get(getattr(device, "type", str(device)), 2048)
 
 
 def origins(text: str) -> list[str]:
@@ -137,7 +147,7 @@ def pasted_flags(args) -> None:
         raise EyasError(f"--tp must be at least 1, got {args.tp}", "use 1: eyas runs on one GPU")
     if args.tp > 1:
         raise EyasError(*tensor_parallel_refusal(args))
-    if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
+    if args.chunked_prefill_size is not None and (args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1):
         raise EyasError(f"--chunked-prefill-size must be at least 1, or -1 to prefill every prompt whole; got "
                         f"{args.chunked_prefill_size}", "e.g. --chunked-prefill-size 2048 (the default)")
 
@@ -280,7 +290,7 @@ def run(args) -> int:
                            max_running_requests=args.max_running_requests,
                            max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
                            max_prefill_tokens=args.max_prefill_tokens, log_requests=args.log_requests,
-                           chunked_prefill_size=args.chunked_prefill_size,
+                           chunked_prefill_size=args.chunked_prefill_size or chunk_default(engine.device),
                            log_interval=args.log_interval,
                            api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
                            metrics_require_key=args.metrics_require_key, allowed_origins=args.allowed_origins,
@@ -292,6 +302,9 @@ def run(args) -> int:
                                          request_timeout=args.request_timeout or None),
                            switch_interval_ms=args.switch_interval_ms)
     app = create_app(engine, options)
+    chunk = options.chunked_prefill_size
+    print(f"prefill: a prompt over {chunk} tokens in chunks of {chunk}, the running requests stepping between them"
+          if chunk > 0 else "prefill: every prompt whole (--chunked-prefill-size -1)", flush=True)
     warning = public_bind_warning(args.host, options.api_key)
     if warning:
         print(warning, flush=True)

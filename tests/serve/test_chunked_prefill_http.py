@@ -33,6 +33,10 @@ class Recording:
         self.calls.append("chunk")
         return self._engine.prefill_chunk(part, chunk)
 
+    def prefill(self, seqs):
+        self.calls.append(f"prefill {len(seqs)}")
+        return self._engine.prefill(seqs)
+
 
 def generate(url: str, prompt: list[int], n: int) -> list[int]:
     r = httpx.post(url + "/generate", json={"input_ids": prompt, "sampling_params": {**GREEDY, "max_new_tokens": n}},
@@ -47,6 +51,8 @@ def recorded(engines: list):
 
 
 def test_a_long_prompt_is_prefilled_a_chunk_a_turn_between_the_running_steps(inprocess, reference):
+    # before the server runs: its engine thread and a reference generation must not share the target at once
+    alone = reference([BYSTANDER, LONG_PROMPT], [60, 8], ignore_eos=True)
     engines = []
     with inprocess(wrap=recorded(engines), chunked_prefill_size=16) as srv, ThreadPoolExecutor(1) as pool:
         bystander = pool.submit(generate, srv.url, BYSTANDER, 60)
@@ -55,9 +61,10 @@ def test_a_long_prompt_is_prefilled_a_chunk_a_turn_between_the_running_steps(inp
         while scheduler.counts()[0] < 1 and time.time() < end:
             time.sleep(0.005)
         long_ids = generate(srv.url, LONG_PROMPT, 8)
-        assert bystander.result() == reference([BYSTANDER], 60, ignore_eos=True)[0]
-    assert long_ids == reference([LONG_PROMPT], 8, ignore_eos=True)[0]
+        assert bystander.result() == alone[0]
+    assert long_ids == alone[1]
     calls = engines[0].calls
+    calls = [c for c in calls if not c.startswith("prefill")]  # the bystander's
     first, last = calls.index("chunk"), len(calls) - 1 - calls[::-1].index("chunk")
     assert calls.count("chunk") == 6
     assert calls[first : last + 1] == ["chunk", "step"] * 5 + ["chunk"]  # the bystander stepped between chunks
@@ -65,7 +72,28 @@ def test_a_long_prompt_is_prefilled_a_chunk_a_turn_between_the_running_steps(inp
 
 def test_a_prompt_within_the_chunk_and_chunking_off_prefill_whole(inprocess, reference):
     for size, prompt in ((-1, LONG_PROMPT), (2048, LONG_PROMPT), (16, BYSTANDER)):
-        engines = []
+        engines, alone = [], reference([prompt], 5, ignore_eos=True)[0]
         with inprocess(wrap=recorded(engines), chunked_prefill_size=size) as srv:
-            assert generate(srv.url, prompt, 5) == reference([prompt], 5, ignore_eos=True)[0]
+            assert generate(srv.url, prompt, 5) == alone
         assert "chunk" not in engines[0].calls
+
+
+def test_a_wave_of_prompts_is_prefilled_a_chunks_worth_a_turn(inprocess, reference):
+    """Four 10-token prompts in one request, chunks of 16: one prompt a turn (SGLang's budget), the bystander
+    stepping between them; --chunked-prefill-size -1 keeps --max-prefill-tokens' budget (all four at once)."""
+    prompts = [[5 + i, 6, 7, 8, 9, 10, 11, 12, 13, 14] for i in range(4)]
+    alone = reference(prompts, 4, ignore_eos=True)  # before the server runs (one thread on the target at a time)
+    for size, most in ((16, 1), (-1, 4)):
+        engines = []
+        with inprocess(wrap=recorded(engines), chunked_prefill_size=size) as srv, ThreadPoolExecutor(1) as pool:
+            bystander = pool.submit(generate, srv.url, BYSTANDER, 40)
+            scheduler = srv.app.state.eyas.scheduler
+            end = time.time() + 30
+            while scheduler.counts()[0] < 1 and time.time() < end:
+                time.sleep(0.005)
+            r = httpx.post(srv.url + "/generate", json={"input_ids": prompts, "sampling_params": {
+                **GREEDY, "max_new_tokens": 4}}, timeout=120)
+            assert [o["output_ids"] for o in r.json()] == alone
+            bystander.result()
+        waves = [int(c.split()[1]) for c in engines[0].calls if c.startswith("prefill")][1:]  # after the bystander's
+        assert max(waves) == most and sum(waves) == 4

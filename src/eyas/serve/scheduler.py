@@ -3,7 +3,8 @@
 The engine is synchronous torch code and is only ever called from this one thread. Each turn:
 
     admit     move waiting requests into free slots (up to --max-running-requests, and at most
-              --max-prefill-tokens prompt tokens per turn): prefill them as their own batch, emit
+              --max-prefill-tokens prompt tokens per turn, or --chunked-prefill-size's when less: a
+              prompt over the chunk counts one chunk): prefill them as their own batch, emit
               their first tokens, merge into the running batch. A prompt longer than
               --chunked-prefill-size is prefilled one chunk a turn instead (the first such prompt,
               then the next), and joins the batch after its last chunk: the running rows keep
@@ -83,6 +84,8 @@ class Scheduler:
                  chunked_prefill_size: int | None = None):
         self.engine = engine
         self.chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
+        # prompt tokens one turn prefills (the first prompt always goes): a chunk's worth when chunking, as SGLang
+        self.prefill_budget = min(max_prefill_tokens, self.chunk or max_prefill_tokens)
         self.log_requests = log_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.metrics = metrics
@@ -198,8 +201,8 @@ class Scheduler:
                 admit, tokens = [], 0
                 while self._waiting and len(self._running) + len(self._partial) + len(admit) < self.max_running:
                     n = min(len(self._waiting[0].seq.prompt_ids), self.chunk or 1 << 62)
-                    if admit and tokens + n > self.max_prefill_tokens:
-                        break  # the rest joins next turn: one wave of long prompts must not stall decoding
+                    if admit and tokens + n > self.prefill_budget:
+                        break  # the rest joins next turn: one wave of prompts must not stall decoding
                     admit.append(self._waiting.popleft())
                     tokens += n
                 self.metrics.queued.set(len(self._waiting))

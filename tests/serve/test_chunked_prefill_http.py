@@ -97,3 +97,27 @@ def test_a_wave_of_prompts_is_prefilled_a_chunks_worth_a_turn(inprocess, referen
             bystander.result()
         waves = [int(c.split()[1]) for c in engines[0].calls if c.startswith("prefill")][1:]  # after the bystander's
         assert max(waves) == most and sum(waves) == 4
+
+
+class SlowChunks(Recording):
+    def prefill_chunk(self, part, chunk):
+        time.sleep(0.15)
+        return super().prefill_chunk(part, chunk)
+
+
+def test_a_client_that_leaves_during_a_chunked_prefill_frees_its_slot(inprocess):
+    engines = []
+    with inprocess(wrap=lambda e: engines.append(SlowChunks(e)) or engines[-1], chunked_prefill_size=16) as srv:
+        try:
+            httpx.post(srv.url + "/generate", json={"input_ids": LONG_PROMPT, "sampling_params": {
+                **GREEDY, "max_new_tokens": 8}}, timeout=0.3)
+        except httpx.TimeoutException:
+            pass
+        scheduler = srv.app.state.eyas.scheduler
+        end = time.time() + 10
+        while (scheduler.counts() != (0, 0) or scheduler._inflight) and time.time() < end:
+            time.sleep(0.02)
+        assert scheduler.counts() == (0, 0) and scheduler._inflight == 0
+        assert 1 <= engines[0].calls.count("chunk") < 6  # dropped between chunks, never joined the batch
+        assert "prefill 1" not in engines[0].calls and "step" not in engines[0].calls
+        assert generate(srv.url, BYSTANDER, 3)  # the server goes on

@@ -15,3 +15,24 @@ def test_metrics_that_are_not_prometheus_give_no_figures_not_a_traceback(monkeyp
     page = httpx.Response(200, text="<!DOCTYPE html><html><body>Sign in</body></html>")
     monkeypatch.setattr(online.httpx, "get", lambda *a, **k: page)
     assert online.scrape("http://proxy") == (None, None)
+
+
+def test_a_url_where_nothing_answers_is_refused_before_timing(tmp_path, capsys):
+    import socket
+
+    from eyas.cli import main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["bench", "--url", f"http://127.0.0.1:{port}", "--num-prompts", "1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"nothing answers at http://127.0.0.1:{port}" in err and "start the server first" in err
+    assert not list(tmp_path.iterdir())  # no results of a run that never ran
+
+
+def test_tune_names_the_flag_it_refuses(capsys):
+    from eyas.cli import main
+
+    assert main(["tune", "--batch-sizes", "0"]) == 2
+    assert "--batch-sizes '0' is not a list of positive integers" in capsys.readouterr().err

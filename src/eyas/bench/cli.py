@@ -54,13 +54,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_levels(text: str) -> list[int]:
+def parse_levels(text: str, flag: str = "--concurrency") -> list[int]:
     try:
         levels = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         levels = []
     if not levels or min(levels) < 1:
-        raise EyasError(f"--concurrency {text!r} is not a list of positive integers", "e.g. --concurrency 1,4,16")
+        raise EyasError(f"{flag} {text!r} is not a list of positive integers", f"e.g. {flag} 1,4,16")
     return levels
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from ..common import server_metrics
+from ..errors import EyasError
 from .results import Request, Run
 
 
@@ -102,10 +103,14 @@ async def _run(url: str, model: str, prompts: list[str], max_tokens: int, temper
 
 
 def served_model(url: str, timeout: float = 30.0, api_key: str | None = None) -> str:
-    """The first model id in ``/v1/models`` (what clients must send)."""
+    """The first model id in ``/v1/models`` (what clients must send); a URL where nothing answers is refused
+    before any request is timed."""
     try:
         r = httpx.get(url + "/v1/models", timeout=timeout, headers=_headers(api_key))
         return r.json()["data"][0]["id"]
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        raise EyasError(f"nothing answers at {url}: {type(e).__name__}: {e}",
+                        "start the server first (e.g. eyas serve --port 30000), or check the URL and port") from None
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return "default"
 

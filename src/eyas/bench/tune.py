@@ -123,7 +123,7 @@ def run(args) -> int:
     from ..pipeline import build_engine
     from .cli import parse_levels
 
-    sizes = parse_levels(args.batch_sizes)
+    sizes = parse_levels(args.batch_sizes, "--batch-sizes")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise EyasError(f"--num-prompts must be at least 1, got {args.num_prompts}", "e.g. --num-prompts 16")
     candidates = [parse_candidate(c) for c in args.candidates]

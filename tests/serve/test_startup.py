@@ -97,6 +97,14 @@ def test_port_in_use_is_refused_before_loading(models):
     assert "loading" not in p.stdout
 
 
+def test_a_host_that_is_not_this_machines_names_the_host_not_the_port(capsys):
+    from eyas.cli import main
+
+    assert main(["serve", "--host", "999.1.1.1", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot listen on 999.1.1.1" in err and "pass an address of this machine" in err
+
+
 def test_banner_shows_what_debugging_needs(server):
     out = server.stdout()
     for line in ["speculative algorithm: EAGLE3",

@@ -10,6 +10,7 @@ message that names the fix (``eyas.cli`` prints ``EyasError`` that way); nothing
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -249,8 +250,11 @@ def check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise EyasError(f"cannot listen on {host}:{port}: {e.strerror or e}",
-                            "stop whatever holds the port, or pick another --port") from None
+            if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:  # the host, not the port
+                fix = "pass an address of this machine: 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+            else:
+                fix = "stop whatever holds the port, or pick another --port"
+            raise EyasError(f"cannot listen on {host}:{port}: {e.strerror or e}", fix) from None
 
 
 def run(args) -> int:

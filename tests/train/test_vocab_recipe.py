@@ -65,3 +65,24 @@ def test_bad_input_stops_early(tmp_path):
     other = tiny_target(dtype=torch.float32, vocab_size=400)  # a target with another vocabulary
     with pytest.raises(EyasError, match="another target"):
         Trainer(tiny_recipe(data, tmp_path / "r3"), target=other)
+
+
+@pytest.mark.parametrize("override, match", [
+    ("optim.lr=abc", "optim.lr = 'abc' is not a number"),
+    ("train.seed=1.5", "train.seed = 1.5 is not an integer"),
+    ("optim.betas=[0.9]", "optim.betas .* is not two numbers"),
+    ("draft.aux_layer_ids=[1, x]", "draft.aux_layer_ids .* is not a list of integers"),
+    ("train.max_steps=-5", "train.max_steps = -5 is invalid"),
+    ("log.every=0", "log.every = 0 is invalid"),
+    ("data.eval_rows=-1", "data.eval_rows = -1 is invalid"),
+    ("log.checkpoint_every=-1", "log.checkpoint_every = -1 is invalid"),
+    ("optim.betas=[0.9, 1.5]", "optim.betas = \\[0.9, 1.5\\] is invalid"),
+    ("train.epochs=-1", "train.epochs = -1.0 is invalid"),
+])
+def test_recipe_wrong_types_and_ranges_are_refused(override, match):
+    """A mistyped or negative value is an error naming the key, not a traceback, a 0-step run or a
+    silently reinterpreted value (eval_rows=-1 scored all rows but one)."""
+    with pytest.raises(EyasError, match=match):
+        load_recipe(None, [override, "data.path=x"]).validate()
+    r = load_recipe(None, ["train.max_steps=1e3", "log.run_name=2024", "log.trackers=tensorboard", "data.path=x"])
+    assert r.validate().train.max_steps == 1000 and r.log.run_name == "2024"

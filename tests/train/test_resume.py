@@ -181,3 +181,17 @@ def test_cli_resume_with_the_run_folder_alone(crashed, tmp_path, capsys):
     (run / "checkpoints" / "step-3").mkdir(parents=True)
     assert main(["train", "--resume", str(run)]) == 2
     assert "eyas: error: no intact checkpoint" in capsys.readouterr().err
+
+
+def test_cli_resume_of_a_finished_run_leaves_it_as_it_is(crashed, tmp_path, capsys):
+    """Resuming a run that already reached its last step used to 'finish' it again: summary.json
+    rewritten with heldout null and 0 s, a second done event, draft/ rewritten."""
+    run, _, _ = copy_run(crashed, tmp_path)
+    assert main(["train", "--resume", str(run), "--set", "log.eval_every=8"]) == 0
+    summary = (run / "summary.json").read_text()
+    assert json.loads(summary)["heldout"] is not None
+    log = (run / "log.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--set", "log.eval_every=8"]) == 0
+    assert "nothing to train: the checkpoint is at step 8" in capsys.readouterr().out
+    assert (run / "summary.json").read_text() == summary and (run / "log.jsonl").read_text() == log

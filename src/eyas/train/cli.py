@@ -77,6 +77,12 @@ def run(args) -> int:
     trainer = Trainer(recipe, trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.resume:
         trainer.resume(args.resume, args.allow_pickle, args.allow_recipe_change)
+        if trainer.step >= trainer.total_steps:  # a finished run: fit() would rewrite its summary without eval
+            trainer.print(f"nothing to train: the checkpoint is at step {trainer.step} and the run has "
+                          f"{trainer.total_steps} steps; {trainer.out} is left as it is (to train on, raise "
+                          "train.max_steps or train.epochs with --set)")
+            trainer.ctx.close()
+            return 0
     summary = trainer.fit()
     trainer.print(f"done: {summary['steps']} steps, {summary['tokens_per_s']:.0f} tokens/s on {summary['ranks']} "
                   f"rank(s); draft saved to {trainer.out / 'draft'}")

@@ -39,6 +39,24 @@ def test_prepare_from_jsonl(tmp_path):
     assert counts.sum() == train.loss_tokens and meta["chat"]["template_sha256_16"]
 
 
+
+def test_prepare_counts_conversations_whose_prompt_fills_max_length(tmp_path):
+    """A prompt as long as --max-length leaves no answer token; such rows were dropped without a
+    count (train.jsonl 4 records, 3 rows, meta silent), and if all were, the error blamed missing answers."""
+    target = tiny_target(dtype=torch.float32)
+    src = _jsonl(tmp_path / "in.jsonl", n=3)
+    with src.open("a") as f:
+        f.write(json.dumps({"conversations": [{"from": "human", "value": "x" * 200}, {"from": "gpt", "value": "y"}]})
+                + "\n")
+    said = []
+    meta = prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=64), tmp_path / "out",
+                   log=said.append)
+    assert meta["splits"]["train"]["rows"] == 3 and meta["splits"]["train"]["prompt_fills_max_length"] == 1
+    assert any("1 of 4 conversations dropped: the prompt fills --max-length 64" in m for m in said)
+    with pytest.raises(EyasError, match="every prompt fills --max-length 16"):
+        prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=16), tmp_path / "o2",
+                log=lambda *a: None)
+
 def test_prepare_regenerates_with_the_target(tmp_path):
     target = tiny_target(dtype=torch.float32)
     src = _jsonl(tmp_path / "in.jsonl", n=6, answers=False)

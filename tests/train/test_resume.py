@@ -195,3 +195,16 @@ def test_cli_resume_of_a_finished_run_leaves_it_as_it_is(crashed, tmp_path, caps
     assert main(["train", "--resume", str(run), "--set", "log.eval_every=8"]) == 0
     assert "nothing to train: the checkpoint is at step 8" in capsys.readouterr().out
     assert (run / "summary.json").read_text() == summary and (run / "log.jsonl").read_text() == log
+
+
+def test_cli_new_run_into_a_run_folder_is_refused(crashed, tmp_path, capsys):
+    """Without --resume, a run started in another run's folder overwrote its draft/ and recipe.yaml,
+    appended to its log.jsonl, and its own checkpoints were pruned beside the old run's higher steps."""
+    run, _, data = copy_run(crashed, tmp_path)
+    recipe = run / "recipe.yaml"
+    assert main(["train", "--recipe", str(recipe), "--output", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (checkpoints up to step-6)" in err and f"--resume {run}" in err
+    (tmp_path / "file").write_text("x")
+    assert main(["train", "--recipe", str(recipe), "--output", str(tmp_path / "file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

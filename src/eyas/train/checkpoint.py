@@ -271,3 +271,17 @@ def run_recipe(path) -> Path | None:
         if (folder / "recipe.yaml").is_file():
             return folder / "recipe.yaml"
     return None
+
+
+def check_new_output(output) -> None:
+    """A run started without ``--resume`` needs an output folder that holds no other run's checkpoints:
+    writing there would overwrite its draft/, mix two runs in log.jsonl, and prune the new run's own
+    checkpoints as the oldest (``keep_checkpoints`` keeps the highest steps)."""
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise EyasError(f"the output {out} is a file, not a folder", "pass --output NEW_FOLDER")
+    steps = _steps(out) if out.is_dir() else []
+    if steps:
+        raise EyasError(f"the output {out} already holds a run (checkpoints up to {steps[0].name})",
+                        f"continue it with --resume {out}, or start this run in another --output "
+                        "(or delete that folder to start over)")

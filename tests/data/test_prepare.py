@@ -203,3 +203,13 @@ def test_prepare_refuses_numbers_no_run_can_use_before_loading(tmp_path, capsys,
     assert main(["prepare", "--out", str(tmp_path / "out"), "--source", "pydoc", "--regenerate", *flags]) == 2
     err = capsys.readouterr().err
     assert needle in err and "fix:" in err and "Traceback" not in err
+
+
+def test_prepare_refuses_an_out_that_is_a_file(tmp_path, capsys, monkeypatch):
+    """It died in a FileExistsError traceback after the target had loaded and answered every prompt."""
+    import eyas.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: pytest.fail("a model was loaded first"))
+    (tmp_path / "out").write_text("x")
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--source", "pydoc", "--regenerate"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 from ..errors import EyasError
 
@@ -124,6 +125,8 @@ def run(args) -> int:
         raise EyasError("--keep-answers only means something with --regenerate",
                         "add --regenerate or drop --keep-answers")
     check_numbers(args)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise EyasError(f"--out {args.out} is a file, not a folder", "pass --out NEW_FOLDER")
     if args.magpie_prompts < 1 and "magpie" in args.source:
         raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
     if args.max_prompts is not None and args.max_prompts < 1:

@@ -208,3 +208,9 @@ def test_cli_new_run_into_a_run_folder_is_refused(crashed, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["train", "--recipe", str(recipe), "--output", str(tmp_path / "file")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_cli_resume_of_a_missing_path_says_so(tmp_path, capsys):
+    """It said 'no recipe.yaml in that run folder' of a folder that does not exist (a typo in the path)."""
+    assert main(["train", "--resume", str(tmp_path / "runz")]) == 2
+    assert "no such run folder or checkpoint" in capsys.readouterr().err

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test), on one GPU or many via torchrun")
@@ -54,6 +56,12 @@ def run(args) -> int:
         names = [n.strip() for n in args.report_to.split(",") if n.strip() and n.strip().lower() != "none"]
         overrides += [f"log.trackers=[{', '.join(names)}]", "log.tensorboard=false"]
     recipe_file = args.recipe
+    if args.resume and not Path(args.resume).exists():
+        from ..errors import EyasError
+
+        raise EyasError(f"--resume {args.resume}: no such run folder or checkpoint",
+                        "pass a run's output folder (the run's recipe.yaml is read from it) or one of its "
+                        "checkpoints/step-N")
     if args.resume and recipe_file is None:
         from .checkpoint import run_recipe
 

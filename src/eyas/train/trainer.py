@@ -129,7 +129,8 @@ class Trainer:
             raise EyasError(f"data.max_length {r.data.max_length} exceeds the target's context ({ctx_len})",
                             f"set data.max_length to at most {ctx_len}")
         data = Path(r.data.path)
-        self._check_data_meta(data)
+        meta = self._check_data_meta(data)
+        chat = meta.get("chat") or {}
         self.train_split = TokenizedSplit(data, "train")
         if self.train_split.loss_tokens == 0:
             raise EyasError(f"the training data in {data} has no assistant tokens to learn",
@@ -150,6 +151,10 @@ class Trainer:
             del whole
         else:
             self.draft = build_draft(target, r, counts, allow_pickle).to(self.ctx.device)
+        # what the doctor compares with serving, in every saved config.json (draft/ and each checkpoints/step-N)
+        self.draft.config.eyas = {**(self.draft.config.eyas or {}), "training": {
+            "max_length": min(r.data.max_length, meta.get("max_length") or r.data.max_length),
+            "chat_template_sha256_16": chat.get("template_sha256_16"), "thinking": chat.get("thinking")}}
         self.module = TTTModule(self.draft, r.train.ttt_steps, r.train.decay)
         self.wrapped = self._wrap(self.module)
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -184,10 +189,10 @@ class Trainer:
             self.log.write("budget", step=self.step, total_steps=total, steps_per_s=round(rate, 3))
 
     # -- setup ----------------------------------------------------------------------------------
-    def _check_data_meta(self, data: Path) -> None:
+    def _check_data_meta(self, data: Path) -> dict:
         meta_file = data / "meta.json"
         if not meta_file.is_file():
-            return
+            return {}
         meta = json.loads(meta_file.read_text())
         want = meta.get("target", {})
         info = self.target.info
@@ -197,6 +202,7 @@ class Trainer:
                             f"(vocab {want.get('vocab_size')}, hidden {want.get('hidden_size')}), "
                             f"this target has vocab {info.vocab_size}, hidden {info.hidden_size}",
                             "prepare the data with the target you train for")
+        return meta
 
     def _wrap(self, module: nn.Module) -> nn.Module:
         if not self.ctx.active:

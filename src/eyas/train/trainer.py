@@ -380,7 +380,8 @@ class Trainer:
                 last_eval = self.evaluate()
                 if last_eval:
                     self.log.write("eval", step=self.step, **last_eval)
-                    bar.write(f"step {self.step}: held-out acc per TTT step {last_eval['acc']}")
+                    if ctx.main:  # every rank holds the same summed figures; one reports them
+                        bar.write(f"step {self.step}: held-out acc per TTT step {last_eval['acc']}")
                 t_window = time.perf_counter()
             if r.log.checkpoint_every and self.step % r.log.checkpoint_every == 0 and self.step < self.total_steps:
                 self.save_checkpoint()

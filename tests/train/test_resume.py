@@ -214,3 +214,22 @@ def test_cli_resume_of_a_missing_path_says_so(tmp_path, capsys):
     """It said 'no recipe.yaml in that run folder' of a folder that does not exist (a typo in the path)."""
     assert main(["train", "--resume", str(tmp_path / "runz")]) == 2
     assert "no such run folder or checkpoint" in capsys.readouterr().err
+
+
+def test_a_full_disk_while_saving_says_where_to_go_on_from(crashed, tmp_path, monkeypatch):
+    """A checkpoint that could not be written died in an OSError/SafetensorError traceback and left its
+    half-written .step-N.tmp folder taking the space."""
+    import eyas.train.checkpoint as checkpoint
+
+    run, target, data = copy_run(crashed, tmp_path)
+    t = trainer_for(run, target, data)
+    t.resume(run)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(EyasError, match="could not write the checkpoint step-8 .*No space left on device") as e:
+        t.fit()
+    assert f"continue from step-6 with --resume {run}" in e.value.fix
+    assert not (run / "checkpoints" / ".step-8.tmp").exists()

@@ -32,11 +32,13 @@ import pickle
 import random
 import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..errors import EyasError
@@ -90,17 +92,35 @@ def save(folder, step: int, draft, optimizer, scheduler, position: tuple[int, in
     tmp = root / f".step-{step}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)  # what an interrupted save left
-    draft.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-               tmp / STATE)
-    meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
-    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+    with writing(f"checkpoint step-{step}", folder, tmp):
+        draft.save_pretrained(tmp)
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+                   tmp / STATE)
+        meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
+        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)  # a checkpoint folder exists only once complete
     for old in _steps(Path(folder))[keep:] if keep else []:
         shutil.rmtree(old)
     return path
+
+
+@contextmanager
+def writing(what: str, run, partial: Path | None = None):
+    """A full disk or a failing write while saving ``what`` is an eyas error saying where the run can go
+    on from, not a traceback; ``partial`` (a folder being written) is removed to give the space back."""
+    try:
+        yield
+    except (OSError, SafetensorError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "writ" not in str(e).lower():
+            raise  # torch.save reports a failed write as a RuntimeError; anything else is not ours
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        steps = _steps(Path(run))
+        last = f"continue from {steps[0].name} with --resume {run}" if steps else f"start again with --output {run}"
+        raise EyasError(f"could not write the {what} in {run}: {e}",
+                        f"free disk space there (or lower log.keep_checkpoints), then {last}") from None
 
 
 @dataclass

@@ -396,7 +396,8 @@ class Trainer:
                    "heldout": last_eval}
         plain = self.servable()  # a collective under FSDP: every rank takes part
         if ctx.main:
-            plain.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
+            with checkpoint.writing("final draft", self.out):
+                plain.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
             resolved = copy.deepcopy(r)  # what reproduces this run: the budget resolved to steps
             if budget:
                 resolved.train.max_steps, resolved.train.time_budget_s = self.total_steps, None

@@ -213,3 +213,16 @@ def test_prepare_refuses_an_out_that_is_a_file(tmp_path, capsys, monkeypatch):
     (tmp_path / "out").write_text("x")
     assert main(["prepare", "--out", str(tmp_path / "out"), "--source", "pydoc", "--regenerate"]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_prepare_on_a_full_disk_is_an_error_not_a_traceback(tmp_path, capsys, monkeypatch):
+    import eyas.data.prepare as prepare_module
+
+    def full(path, records):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prepare_module, "write_jsonl", full)
+    src = _jsonl(tmp_path / "in.jsonl", n=3)
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--select-only"]) == 2
+    err = capsys.readouterr().err
+    assert "could not write" in err and "No space left on device" in err and "free disk space" in err

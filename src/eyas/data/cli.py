@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -91,6 +92,18 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    try:
+        return _run(args)
+    except OSError as e:  # a full disk or a read-only --out, met when the splits are written
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise EyasError(f"could not write {e.filename or args.out}: {e.strerror}",
+                        "free disk space there or choose another --out, then run the same command again"
+                        + (" (the answers saved in OUT/answers.jsonl are reused)" if args.regenerate_url else "")
+                        ) from None
+
+
+def _run(args) -> int:
     from ..common import dist
     from ..models.loading import load_target
     from . import mix

@@ -36,3 +36,34 @@ def test_offline_training_runs(tmp_path):
     summary = Trainer(recipe, target=target).fit()
     assert summary["steps"] == 4 and summary["heldout"]["positions"] > 0
     assert (tmp_path / "run" / "states" / "train" / "meta.json").is_file()
+
+
+def test_offline_cache_on_a_full_disk_is_an_error_not_a_sigbus(tmp_path, monkeypatch):
+    """The shards are sparse memory-mapped files: on a full disk (a 1.5 MB tmpfs as train.offline_dir)
+    filling them killed the process with SIGBUS (exit 135, no message). The space is checked first and
+    taken when a shard is created."""
+    import errno
+    import os
+    import shutil
+    from collections import namedtuple
+
+    import pytest
+
+    from eyas.errors import EyasError
+
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=8)
+    split = TokenizedSplit(data, "train")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**6, 10**6, 1000))
+    with pytest.raises(EyasError, match="needs about .* MiB and .* has 0.0 MiB free"):
+        build_cache(target, split, tmp_path / "s1", max_length=64, progress=False)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, 10**12))  # the disk fills later
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(EyasError, match="offline state cache needs about"):
+        build_cache(target, split, tmp_path / "s2", max_length=64, progress=False)
+    assert not list((tmp_path / "s2").glob("*.tmp.npy"))

@@ -15,7 +15,10 @@ final-normed hidden, ``H`` wide), in memory-mapped shards; logits are recomputed
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,16 +63,26 @@ def build_cache(target, split, folder, max_length: int, dtype: str = "float16", 
     np_dtype = np.float16 if dtype == "float16" else np.float32
     n = len(split)
     shards = list(range((n + rows_per_shard - 1) // rows_per_shard))
+    width = target.info.hidden_size
+    need = sum(min(split.length(i), max_length) for i in range(n)) * (len(target.aux_layer_ids) + 1) * width \
+        * np.dtype(np_dtype).itemsize
+    if need > shutil.disk_usage(folder).free:  # memory-mapped shards on a full disk die of SIGBUS, not an error
+        raise _no_space(folder, need)
     dev = target.device
     for k in tqdm(shards[rank::world], desc="cache states", disable=not progress):
         rows = list(range(k * rows_per_shard, min(n, (k + 1) * rows_per_shard)))
         lens = [min(split.length(i), max_length) for i in rows]
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        width = target.info.hidden_size
         aux_out = np.lib.format.open_memmap(folder / f"shard-{k}.aux.tmp.npy", "w+", np_dtype,
                                             (int(offsets[-1]), len(target.aux_layer_ids) * width))
         fin_out = np.lib.format.open_memmap(folder / f"shard-{k}.final.tmp.npy", "w+", np_dtype,
                                             (int(offsets[-1]), width))
+        tmps = [folder / f"shard-{k}.{name}.tmp.npy" for name in ("aux", "final")]
+        if not all(_reserve(t) for t in tmps):  # the space taken now: a sparse file filled later can SIGBUS
+            del aux_out, fin_out
+            for t in tmps:
+                t.unlink()
+            raise _no_space(folder, need)
         for s in range(0, len(rows), batch_rows):
             part = rows[s: s + batch_rows]
             b = collate(split, part, max_length)
@@ -92,6 +105,28 @@ def build_cache(target, split, folder, max_length: int, dtype: str = "float16", 
                 "rows_per_shard": rows_per_shard, "rows": n, "max_length": max_length}
         (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return folder
+
+
+def _no_space(folder: Path, need: int) -> EyasError:
+    def size(b):
+        return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+    return EyasError(f"the offline state cache needs about {size(need)} and {folder} has "
+                     f"{size(shutil.disk_usage(folder).free)} free",
+                     "free space there, point train.offline_dir at a larger disk, use train.offline_dtype float16, "
+                     "or train with train.mode online (no cache)")
+
+
+def _reserve(path: Path) -> bool:
+    """Allocate the file's blocks; False when the disk is full."""
+    with path.open("r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, path.stat().st_size)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                return False
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate: as before
+                raise
+    return True
 
 
 def cache_complete(folder, rows: int, max_length: int, aux_layer_ids) -> bool:

@@ -67,3 +67,25 @@ def test_offline_cache_on_a_full_disk_is_an_error_not_a_sigbus(tmp_path, monkeyp
     with pytest.raises(EyasError, match="offline state cache needs about"):
         build_cache(target, split, tmp_path / "s2", max_length=64, progress=False)
     assert not list((tmp_path / "s2").glob("*.tmp.npy"))
+
+
+def test_a_cache_of_another_target_data_or_dtype_is_refused(tmp_path):
+    """Only rows, max_length and layers were compared: a cache built from another target of the same
+    shapes, or from re-prepared data of the same size, was silently trained on."""
+    import pytest
+
+    from eyas.errors import EyasError
+    from eyas.train.states import cache_complete, fingerprint
+
+    target, other = tiny_target(dtype=torch.float32), tiny_target(seed=1, dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=8)
+    data2 = make_data(target, tmp_path / "data2", rows=8, seed=1)
+    split, split2 = TokenizedSplit(data, "train"), TokenizedSplit(data2, "train")
+    build_cache(target, split, tmp_path / "s", max_length=64, progress=False)
+    ids = target.aux_layer_ids
+    assert cache_complete(tmp_path / "s", len(split), 64, ids, fingerprint(target, split, "float16"))
+    for fp, why in ((fingerprint(other, split, "float16"), "another target"),
+                    (fingerprint(target, split2, "float16"), "other data"),
+                    (fingerprint(target, split, "float32"), "train.offline_dtype float16")):
+        with pytest.raises(EyasError, match=f"was built for {why}"):
+            cache_complete(tmp_path / "s", len(split), 64, ids, fp)

@@ -16,6 +16,7 @@ final-normed hidden, ``H`` wide), in memory-mapped shards; logits are recomputed
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -56,7 +57,8 @@ def capture_with_final(target, input_ids, lengths):
 
 
 def build_cache(target, split, folder, max_length: int, dtype: str = "float16", rows_per_shard: int = 2048,
-                rank: int = 0, world: int = 1, batch_rows: int = 8, progress: bool = True) -> Path:
+                rank: int = 0, world: int = 1, batch_rows: int = 8, progress: bool = True,
+                fp: dict | None = None) -> Path:
     """Write the offline cache for ``split``; rank r writes shards r, r + world, ... ."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +104,8 @@ def build_cache(target, split, folder, max_length: int, dtype: str = "float16", 
         save_file({"weight": head}, str(folder / "lm_head.safetensors"))
         meta = {"target": target.info.name, "aux_layer_ids": list(target.aux_layer_ids),
                 "hidden_size": target.info.hidden_size, "vocab_size": target.info.vocab_size, "dtype": dtype,
-                "rows_per_shard": rows_per_shard, "rows": n, "max_length": max_length}
+                "rows_per_shard": rows_per_shard, "rows": n, "max_length": max_length,
+                **(fp or fingerprint(target, split, dtype))}
         (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return folder
 
@@ -129,7 +132,19 @@ def _reserve(path: Path) -> bool:
     return True
 
 
-def cache_complete(folder, rows: int, max_length: int, aux_layer_ids) -> bool:
+def fingerprint(target, split, dtype: str) -> dict:
+    """What a cache's states depend on beyond its shape: the tokens (a re-prepared split of the same size),
+    the target's weights (another target of the same shapes; its lm_head, every 1024th row or so) and the
+    storage dtype. Recorded in the cache's meta.json and compared before it is reused."""
+    data = hashlib.sha256(np.ascontiguousarray(split.offsets).tobytes())
+    data.update(np.ascontiguousarray(split.tokens).tobytes())
+    head = target.model.get_output_embeddings().weight
+    rows = head[:: max(1, head.shape[0] // 1024)].detach().float().cpu().contiguous()
+    return {"data_sha256_16": data.hexdigest()[:16], "dtype": dtype,
+            "head_sha256_16": hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]}
+
+
+def cache_complete(folder, rows: int, max_length: int, aux_layer_ids, fp: dict | None = None) -> bool:
     folder = Path(folder)
     meta_file = folder / "meta.json"
     if not meta_file.is_file():
@@ -138,6 +153,12 @@ def cache_complete(folder, rows: int, max_length: int, aux_layer_ids) -> bool:
     if meta["rows"] != rows or meta["max_length"] != max_length or list(meta["aux_layer_ids"]) != list(aux_layer_ids):
         raise EyasError(f"the offline state cache in {folder} was built for other data or layers "
                         f"(rows {meta['rows']}, max_length {meta['max_length']}, layers {meta['aux_layer_ids']})",
+                        "delete that folder or point train.offline_dir somewhere new")
+    what = {"data_sha256_16": "other data (the tokens differ)", "head_sha256_16": "another target (the weights "
+            "differ)", "dtype": f"train.offline_dtype {meta.get('dtype')}"}
+    stale = [why for key, why in what.items() if fp and key in meta and meta[key] != fp[key]]
+    if stale:  # caches of older eyas versions record no fingerprint and are taken as they are
+        raise EyasError(f"the offline state cache in {folder} was built for {' and '.join(stale)}",
                         "delete that folder or point train.offline_dir somewhere new")
     shards = (rows + meta["rows_per_shard"] - 1) // meta["rows_per_shard"]
     return all((folder / f"shard-{k}.final.npy").is_file() for k in range(shards))

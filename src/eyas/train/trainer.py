@@ -36,7 +36,7 @@ from .evaluate import heldout_metrics
 from .logger import RunLog, Window
 from .recipe import Recipe
 from .sharded_target import broadcast_module, load_sharded_target, shard_target
-from .states import OfflineStates, OnlineStates, build_cache, cache_complete
+from .states import OfflineStates, OnlineStates, build_cache, cache_complete, fingerprint
 from .ttt import ttt_loss
 from .warm_start import warm_start
 
@@ -223,10 +223,11 @@ class Trainer:
             return OnlineStates(target)
         folder = Path(r.train.offline_dir or (Path(r.output) / "states")) / split
         data = self.train_split if split == "train" else self.heldout
-        if not cache_complete(folder, len(data), r.data.max_length, target.aux_layer_ids):
+        fp = fingerprint(target, data, r.train.offline_dtype)
+        if not cache_complete(folder, len(data), r.data.max_length, target.aux_layer_ids, fp):
             self.print(f"caching target states for {split} in {folder} (offline mode)")
             build_cache(target, data, folder, r.data.max_length, r.train.offline_dtype, rank=self.ctx.rank,
-                        world=self.ctx.world, progress=r.log.progress and self.ctx.main)
+                        world=self.ctx.world, progress=r.log.progress and self.ctx.main, fp=fp)
             self.ctx.barrier()
         return OfflineStates(folder, self.ctx.device, torch.float32 if self.ctx.device == "cpu" else target.dtype)
 

@@ -226,3 +226,19 @@ def test_prepare_on_a_full_disk_is_an_error_not_a_traceback(tmp_path, capsys, mo
     assert main(["prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--select-only"]) == 2
     err = capsys.readouterr().err
     assert "could not write" in err and "No space left on device" in err and "free disk space" in err
+
+
+def test_regeneration_skips_prompts_that_fill_max_length(tmp_path):
+    """A prompt longer than --max-length (here longer than the target's 1024-token context too) was
+    answered, past the context, and its row then dropped; now it is not sent, and counted."""
+    target = tiny_target(dtype=torch.float32)
+    src = _jsonl(tmp_path / "in.jsonl", n=2, answers=False)
+    with src.open("a") as f:
+        f.write(json.dumps({"prompt": "hello " * 300}) + "\n")
+    said = []
+    cfg = PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=1024, regenerate=True,
+                        regen=RegenConfig(max_new_tokens=4, batch_size=4, temperature=0.0, engine="generic"))
+    meta = prepare(target, cfg, tmp_path / "out", log=said.append)
+    assert meta["regeneration"]["stats"]["train"]["prompts"] == 2
+    assert meta["splits"]["train"]["rows"] == 2 and meta["splits"]["train"]["prompt_fills_max_length"] == 1
+    assert any("1 prompts not sent for answers" in m for m in said)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import EyasError
 from . import holdout, sources
-from .chat import render
+from .chat import prompt_messages, render
 from .files import read_inputs
 from .ledger import Ledger
 from .prepare_config import PrepareConfig
@@ -111,6 +111,19 @@ def tokenize(tokenizer, records: list[dict], cfg: PrepareConfig):
     return rows, truncated, skipped, no_answer
 
 
+def _answerable(tokenizer, records: list[dict], cfg: PrepareConfig) -> tuple[list[dict], int]:
+    """The records whose prompt, rendered with the generation prompt, leaves room for an answer within
+    ``max_length``, and how many do not: answering those would cost generation (past the target's
+    context, when the prompt is longer) for rows ``tokenize`` drops."""
+    kw, keep = cfg.regen.template_kwargs, []
+    for r in records:
+        msgs = with_system(prompt_messages(r["messages"]), cfg.regen.system_prompt)
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) < cfg.max_length:
+            keep.append(r)
+    return keep, len(records) - len(keep)
+
+
 def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=None) -> dict:
     """``remote``: a ``remote.RemoteRegenerator`` answers the prompts through a server instead of
     ``target`` in-process (``target`` then needs only its tokenizer and info)."""
@@ -121,9 +134,14 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=No
                         f"use --max-length {ctx} or less")
     ledger = Ledger()
     train, held, chat_eval = select(collect(target, cfg, dist_ctx, log), cfg, ledger, log)
-    stats = {}
+    stats, unanswered = {}, {}
     if cfg.regenerate:
         for name, split in (("train", train), ("heldout", held)):
+            split, unanswered[name] = _answerable(target.tokenizer, split, cfg)
+            if unanswered[name]:
+                log(f"{name}: {unanswered[name]} prompts not sent for answers: each fills --max-length "
+                    f"{cfg.max_length} by itself, so no answer token would be left to learn")
+
             def run(xs):
                 got, st = remote.regenerate(xs) if remote else regenerate(target, xs, cfg.regen)
                 return got, asdict(st)
@@ -149,7 +167,8 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=No
     for name, split in (("train", train), ("heldout", held)):
         write_jsonl(out / f"{name}.jsonl", split)
         rows, truncated, skipped, no_answer = tokenize(target.tokenizer, split, cfg)
-        if no_answer:
+        no_answer += unanswered.get(name, 0)
+        if no_answer and name not in unanswered:
             log(f"{name}: {no_answer} of {len(split)} conversations dropped: the prompt fills --max-length "
                 f"{cfg.max_length}, so no answer token is left to learn")
         if name == "train" and not rows and no_answer:

@@ -233,3 +233,16 @@ def test_a_full_disk_while_saving_says_where_to_go_on_from(crashed, tmp_path, mo
         t.fit()
     assert f"continue from step-6 with --resume {run}" in e.value.fix
     assert not (run / "checkpoints" / ".step-8.tmp").exists()
+
+
+def test_ctrl_c_says_how_to_resume(crashed, tmp_path, capsys, monkeypatch):
+    """Ctrl-C ended eyas train with exit 130 and not a word: which checkpoint holds the run, how to go on."""
+    run, _, _ = copy_run(crashed, tmp_path)
+
+    def interrupted(self, stop_after=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "fit", interrupted)
+    assert main(["train", "--resume", str(run)]) == 130
+    assert f"interrupted at step 6; the newest checkpoint is step-6: continue with eyas train --resume {run}" \
+        in capsys.readouterr().out

@@ -94,7 +94,16 @@ def run(args) -> int:
                           "train.max_steps or train.epochs with --set)")
             trainer.ctx.close()
             return 0
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    except KeyboardInterrupt:
+        from .checkpoint import _steps
+
+        steps = _steps(trainer.out)
+        trainer.print(f"interrupted at step {trainer.step}; " + (
+            f"the newest checkpoint is {steps[0].name}: continue with eyas train --resume {trainer.out}" if steps
+            else f"no checkpoint was saved yet: start again (with --output {trainer.out})"))
+        raise
     trainer.print(f"done: {summary['steps']} steps, {summary['tokens_per_s']:.0f} tokens/s on {summary['ranks']} "
                   f"rank(s); draft saved to {trainer.out / 'draft'}")
     if summary.get("heldout"):

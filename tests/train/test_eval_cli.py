@@ -94,3 +94,16 @@ def test_counts_below_one_are_refused_before_loading(monkeypatch, capsys):
         assert main(["eval", "--prompts", "chat", flag, value]) == 2
         err = capsys.readouterr().err
         assert f"{flag} must be at least 1, got {value}" in err and "fix:" in err and "Traceback" not in err
+
+
+def test_an_empty_held_out_split_names_the_way_out(tmp_path):
+    """A data folder prepared with --held-out 0 (or too few prompts) said only 'the prompt set is empty'."""
+    import pytest
+
+    from eyas.errors import EyasError
+
+    (tmp_path / "heldout.jsonl").write_text("")
+    write_jsonl(tmp_path / "holdout-prompts.jsonl", [{"prompt": "hi"}])
+    with pytest.raises(EyasError, match="held-out split of .* is empty") as e:
+        load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=10), byte_tokenizer())
+    assert f"--prompts {tmp_path / 'holdout-prompts.jsonl'}" in e.value.fix

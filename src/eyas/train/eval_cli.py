@@ -74,6 +74,11 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | Non
             if line.strip():
                 rec = json.loads(line)
                 records.append((normalize(rec), category_of(rec)))
+        if not records:
+            other = folder / "holdout-prompts.jsonl"
+            raise EyasError(f"the held-out split of {folder} is empty (heldout.jsonl holds no prompt)",
+                            (f"pass --prompts {other} (its chat holdout), or " if other.is_file() else "")
+                            + "prepare with --held-out above 0 (e.g. 0.02), or pass --prompts FILE")
     elif builtin:
         records = [([{"role": "user", "content": p}], name) for name, p in builtin]
     elif args.prompts:

@@ -242,3 +242,12 @@ def test_regeneration_skips_prompts_that_fill_max_length(tmp_path):
     assert meta["regeneration"]["stats"]["train"]["prompts"] == 2
     assert meta["splits"]["train"]["rows"] == 2 and meta["splits"]["train"]["prompt_fills_max_length"] == 1
     assert any("1 prompts not sent for answers" in m for m in said)
+
+
+def test_training_on_a_select_only_folder_says_what_it_is(tmp_path):
+    """It said 'no train split ... run eyas prepare first' of a folder eyas prepare had just written."""
+    src = _jsonl(tmp_path / "in.jsonl", n=3, answers=False)
+    assert main(["prepare", "--out", str(tmp_path / "sel"), "--input", str(src), "--select-only"]) == 0
+    with pytest.raises(EyasError, match="written by `eyas prepare --select-only`") as e:
+        TokenizedSplit(tmp_path / "sel", "train")
+    assert "without --select-only" in e.value.fix

@@ -86,3 +86,18 @@ def test_recipe_wrong_types_and_ranges_are_refused(override, match):
         load_recipe(None, [override, "data.path=x"]).validate()
     r = load_recipe(None, ["train.max_steps=1e3", "log.run_name=2024", "log.trackers=tensorboard", "data.path=x"])
     assert r.validate().train.max_steps == 1000 and r.log.run_name == "2024"
+
+
+def test_recipe_files_yaml_reads_oddly_or_not_at_all(tmp_path):
+    """`lr: 1e-3` in a file is a string to YAML 1.1 and died in a TypeError traceback; a file that is a
+    YAML list died in an AttributeError, one that is not UTF-8 in a UnicodeDecodeError."""
+    f = tmp_path / "r.yaml"
+    f.write_text("data:\n  path: x\noptim:\n  lr: 1e-3\ntrain:\n  max_steps: 1e2\n")
+    r = load_recipe(f).validate()
+    assert r.optim.lr == 1e-3 and r.train.max_steps == 100
+    f.write_text("- a\n")
+    with pytest.raises(EyasError, match="is a YAML list, not a mapping"):
+        load_recipe(f)
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(EyasError, match="is not valid YAML"):
+        load_recipe(f)

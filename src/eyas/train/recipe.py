@@ -161,6 +161,11 @@ def _coerce(key: str, value, kind: str):
     if "None" in kind and value is None:
         return None
     base = kind.replace(" | None", "")
+    if base in ("int", "float") and isinstance(value, str):  # YAML 1.1 reads `lr: 1e-3` (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if base == "float" and number:
         return float(value)
@@ -214,8 +219,11 @@ def load_recipe(path=None, overrides: list[str] = ()) -> Recipe:
             raise EyasError(f"no recipe file {p}", "pass --recipe PATH.yaml (see recipes/ in the repository)")
         try:
             data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise EyasError(f"recipe {p} is not valid YAML: {e}", "fix the file's syntax") from None
+        if not isinstance(data, dict):
+            raise EyasError(f"recipe {p} is a YAML {type(data).__name__}, not a mapping of sections",
+                            "write it as `target: ...`, `data: {path: ...}`, ... (see recipes/)")
         _merge(recipe, data, "")
     for o in overrides:
         _merge(recipe, parse_override(o), "")

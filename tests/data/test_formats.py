@@ -133,3 +133,14 @@ def test_sources_are_file_stems_and_one_stem_twice_is_refused(tmp_path):
     _write(tmp_path / "b" / "chat.jsonl", [{"prompt": "p2"}])
     with pytest.raises(EyasError, match="two inputs have the source name 'chat'"):
         list(read_inputs([str(tmp_path / "a"), str(tmp_path / "b" / "chat.jsonl")]))
+
+
+def test_an_unreadable_exclude_file_keeps_its_own_fix(tmp_path):
+    """--exclude of a Latin-1 file told the user to 'name a prompt set or a file', which they had."""
+    from eyas.data.exclude import excluded_prompts
+
+    latin = tmp_path / "bench.jsonl"
+    latin.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(EyasError, match="--exclude .*bench.jsonl is not UTF-8 text") as e:
+        excluded_prompts([str(latin)])
+    assert "re-encode" in e.value.fix

@@ -246,3 +246,15 @@ def test_ctrl_c_says_how_to_resume(crashed, tmp_path, capsys, monkeypatch):
     assert main(["train", "--resume", str(run)]) == 130
     assert f"interrupted at step 6; the newest checkpoint is step-6: continue with eyas train --resume {run}" \
         in capsys.readouterr().out
+
+
+def test_resuming_an_older_step_into_its_own_run_is_refused(crashed, tmp_path, capsys):
+    """--resume RUN/checkpoints/step-2 beside step-6 wrote the branch's checkpoints among the old ones; the
+    branch's own were pruned first and a later --resume RUN continued the abandoned timeline, silently."""
+    run, _, _ = copy_run(crashed, tmp_path)
+    assert main(["train", "--resume", str(run / "checkpoints" / "step-2")]) == 2
+    err = capsys.readouterr().err
+    assert "older than the run's step-6" in err and "--output NEW_FOLDER" in err
+    assert main(["train", "--resume", str(run / "checkpoints" / "step-2"), "--recipe", str(run / "recipe.yaml"),
+                 "--output", str(tmp_path / "branch")]) == 0
+    assert (tmp_path / "branch" / "checkpoints" / "step-8").is_dir()

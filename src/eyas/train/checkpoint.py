@@ -305,3 +305,19 @@ def check_new_output(output) -> None:
         raise EyasError(f"the output {out} already holds a run (checkpoints up to {steps[0].name})",
                         f"continue it with --resume {out}, or start this run in another --output "
                         "(or delete that folder to start over)")
+
+
+def check_branch(resume, output) -> None:
+    """Resuming from a step folder older than its run's newest, into that same run, would mix two timelines:
+    the new checkpoints land beside the abandoned ones (``keep_checkpoints`` keeps the highest steps, so the
+    branch's own are pruned first) and a later ``--resume RUN`` continues the abandoned one."""
+    p = Path(resume)
+    if not (STEP.fullmatch(p.name) and p.parent.name == "checkpoints"):
+        return
+    run = p.parent.parent
+    newer = [q for q in _steps(run) if int(STEP.fullmatch(q.name).group(1)) > int(STEP.fullmatch(p.name).group(1))]
+    if newer and Path(output).resolve() == run.resolve():
+        raise EyasError(f"{p} is older than the run's {newer[0].name}: continuing it in {run} would mix two "
+                        "timelines (a later --resume would take the newer one)",
+                        f"continue the run with --resume {run}, or branch into a new folder: --resume {p} "
+                        f"--recipe {run / 'recipe.yaml'} --output NEW_FOLDER")

@@ -80,11 +80,13 @@ def run(args) -> int:
         return 0
     if args.plan:
         return print_plan(recipe, args)
-    from .checkpoint import check_new_output
+    from .checkpoint import check_branch, check_new_output
     from .trainer import Trainer
 
     if not args.resume:
         check_new_output(recipe.output)
+    else:
+        check_branch(args.resume, recipe.output)
     trainer = Trainer(recipe, trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.resume:
         trainer.resume(args.resume, args.allow_pickle, args.allow_recipe_change)

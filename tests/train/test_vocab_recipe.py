@@ -78,6 +78,10 @@ def test_bad_input_stops_early(tmp_path):
     ("log.checkpoint_every=-1", "log.checkpoint_every = -1 is invalid"),
     ("optim.betas=[0.9, 1.5]", "optim.betas = \\[0.9, 1.5\\] is invalid"),
     ("train.epochs=-1", "train.epochs = -1.0 is invalid"),
+    ("train.autocast=fp16", "train.autocast = 'fp16' is invalid"),  # any other word turned bf16 autocast on
+    ("draft.save_dtype=int8", "draft.save_dtype = 'int8' is invalid"),  # refused only after training
+    ("train.target_dtype=fp64x", "train.target_dtype = 'fp64x' is invalid"),
+    ("train.device=tpu", "train.device = 'tpu' is invalid"),
 ])
 def test_recipe_wrong_types_and_ranges_are_refused(override, match):
     """A mistyped or negative value is an error naming the key, not a traceback, a 0-step run or a
@@ -101,3 +105,16 @@ def test_recipe_files_yaml_reads_oddly_or_not_at_all(tmp_path):
     f.write_bytes(b"\xff\xfe")
     with pytest.raises(EyasError, match="is not valid YAML"):
         load_recipe(f)
+
+
+def test_a_gpu_this_machine_lacks_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """train.device=cuda on a CPU-only PyTorch died in an AttributeError traceback (torch._C has no
+    _cuda_setDevice)."""
+    import eyas.models.loading as loading
+    from eyas.cli import main
+
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: pytest.fail("a model was loaded first"))
+    assert main(["train", "--data", str(tmp_path), "--output", str(tmp_path / "run"),
+                 "--set", "train.device=cuda:99"]) == 2
+    err = capsys.readouterr().err
+    assert "train.device cuda:99" in err and "Traceback" not in err

@@ -83,6 +83,15 @@ def run(args) -> int:
     from .checkpoint import check_branch, check_new_output
     from .trainer import Trainer
 
+    if recipe.train.device != "auto":  # a GPU asked for on a machine without one: said before anything loads
+        from ..errors import EyasError
+        from ..pipeline import check_device
+
+        try:
+            check_device(recipe.train.device)
+        except EyasError as e:  # pipeline words it for --device; here the recipe key is what to change
+            raise EyasError(e.problem.replace("--device", "train.device", 1),
+                            (e.fix or "").replace("pass --device cpu", "--set train.device=cpu")) from None
     if not args.resume:
         check_new_output(recipe.output)
     else:

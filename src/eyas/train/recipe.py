@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import EyasError
+from ..models.loading import DTYPES
 
 
 @dataclass
@@ -127,6 +128,13 @@ class Recipe:
             (self.log.keep_checkpoints >= 0, "log.keep_checkpoints", self.log.keep_checkpoints,
              "0 (keep all) or a positive count"),
             (t.offline_dtype in ("float16", "float32"), "train.offline_dtype", t.offline_dtype, "float16 or float32"),
+            (str(self.draft.save_dtype).lower() in ("auto", *DTYPES), "draft.save_dtype", self.draft.save_dtype,
+             "auto (keep float32), bfloat16, float16 or float32"),  # else refused only at the end, after training
+            (str(t.target_dtype).lower() in ("auto", *DTYPES), "train.target_dtype", t.target_dtype,
+             "auto (bf16 on the GPU, fp32 on the CPU), bfloat16, float16 or float32"),
+            (t.autocast in ("auto", "none", "bf16"), "train.autocast", t.autocast,
+             "auto (bf16 on the GPU), none or bf16"),  # any other word turned bf16 autocast on
+            (_is_device(t.device), "train.device", t.device, "auto, cpu, cuda or cuda:N"),
         ]
         checks.append((not (self.draft.init_from and self.draft.init_head_from_target), "draft.init_head_from_target",
                        self.draft.init_head_from_target,
@@ -138,6 +146,15 @@ class Recipe:
             raise EyasError("the recipe names no data (data.path is empty)",
                             "run `eyas prepare --out DATA ...` and pass --set data.path=DATA")
         return self
+
+
+def _is_device(name: str) -> bool:
+    import torch
+
+    try:
+        return name == "auto" or torch.device(name).type in ("cpu", "cuda")
+    except (RuntimeError, ValueError):
+        return False
 
 
 def _merge(obj, values: dict, where: str):

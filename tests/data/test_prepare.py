@@ -251,3 +251,11 @@ def test_training_on_a_select_only_folder_says_what_it_is(tmp_path):
     with pytest.raises(EyasError, match="written by `eyas prepare --select-only`") as e:
         TokenizedSplit(tmp_path / "sel", "train")
     assert "without --select-only" in e.value.fix
+
+
+def test_prepare_on_a_gpu_this_machine_lacks_is_an_error(tmp_path, capsys):
+    """--device cuda on a CPU-only PyTorch died in an AttributeError traceback from torch.cuda.set_device."""
+    src = _jsonl(tmp_path / "in.jsonl", n=3)
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--device", "cuda:99"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda:99" in err and "Traceback" not in err

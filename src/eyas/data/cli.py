@@ -161,6 +161,10 @@ def _run(args) -> int:
         return 0
     if args.regenerate_url:
         return run_remote(args, cfg, kw)
+    if args.device != "auto":  # a GPU this machine lacks: said here, not as a traceback from torch
+        from ..pipeline import check_device
+
+        check_device(args.device)
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
     target = load_target(args.model_path, device=ctx.device, dtype=args.dtype,
                          trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)

@@ -142,3 +142,10 @@ def test_prepare_cli_reads_the_corpus_and_regenerates_it(corpus, tmp_path, capsy
     printed = capsys.readouterr().out
     table = printed[printed.index("prompts per source:"):]
     assert all(name in table for name in ("chat", "math", "roleplay", "duplicate", "holdout", "mixed out"))
+
+
+def test_a_source_weighted_twice_is_refused():
+    """--source-weights a=1 --source-weights a=2 kept the last value without a word."""
+    with pytest.raises(mix.EyasError, match="gives gsm8k-train two weights: gsm8k-train=1 and gsm8k-train=2"):
+        mix.parse(["gsm8k-train=1", "gsm8k-train=2"])
+    assert mix.parse("a=2,a:10,a=2") == {"a": {"weight": 2.0, "cap": 10}}  # the same value twice, and a cap: fine

@@ -110,6 +110,18 @@ def test_unreadable_files_say_where(tmp_path):
         list(read_inputs([str(tmp_path / "nothing-*.jsonl.gz")]))
 
 
+
+def test_non_utf8_and_cut_gzip_files_are_errors_not_tracebacks(tmp_path):
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(EyasError, match="latin.jsonl is not UTF-8 text"):
+        list(read_records(latin))
+    whole = gzip.compress(b"".join(json.dumps({"prompt": f"question {i}"}).encode() + b"\n" for i in range(5000)))
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(EyasError, match="cut.jsonl.gz is a damaged gzip file after line"):
+        list(read_records(cut))
+
 def test_sources_are_file_stems_and_one_stem_twice_is_refused(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -121,3 +133,14 @@ def test_sources_are_file_stems_and_one_stem_twice_is_refused(tmp_path):
     _write(tmp_path / "b" / "chat.jsonl", [{"prompt": "p2"}])
     with pytest.raises(EyasError, match="two inputs have the source name 'chat'"):
         list(read_inputs([str(tmp_path / "a"), str(tmp_path / "b" / "chat.jsonl")]))
+
+
+def test_an_unreadable_exclude_file_keeps_its_own_fix(tmp_path):
+    """--exclude of a Latin-1 file told the user to 'name a prompt set or a file', which they had."""
+    from eyas.data.exclude import excluded_prompts
+
+    latin = tmp_path / "bench.jsonl"
+    latin.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(EyasError, match="--exclude .*bench.jsonl is not UTF-8 text") as e:
+        excluded_prompts([str(latin)])
+    assert "re-encode" in e.value.fix

@@ -39,6 +39,24 @@ def test_prepare_from_jsonl(tmp_path):
     assert counts.sum() == train.loss_tokens and meta["chat"]["template_sha256_16"]
 
 
+
+def test_prepare_counts_conversations_whose_prompt_fills_max_length(tmp_path):
+    """A prompt as long as --max-length leaves no answer token; such rows were dropped without a
+    count (train.jsonl 4 records, 3 rows, meta silent), and if all were, the error blamed missing answers."""
+    target = tiny_target(dtype=torch.float32)
+    src = _jsonl(tmp_path / "in.jsonl", n=3)
+    with src.open("a") as f:
+        f.write(json.dumps({"conversations": [{"from": "human", "value": "x" * 200}, {"from": "gpt", "value": "y"}]})
+                + "\n")
+    said = []
+    meta = prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=64), tmp_path / "out",
+                   log=said.append)
+    assert meta["splits"]["train"]["rows"] == 3 and meta["splits"]["train"]["prompt_fills_max_length"] == 1
+    assert any("1 of 4 conversations dropped: the prompt fills --max-length 64" in m for m in said)
+    with pytest.raises(EyasError, match="every prompt fills --max-length 16"):
+        prepare(target, PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=16), tmp_path / "o2",
+                log=lambda *a: None)
+
 def test_prepare_regenerates_with_the_target(tmp_path):
     target = tiny_target(dtype=torch.float32)
     src = _jsonl(tmp_path / "in.jsonl", n=6, answers=False)
@@ -185,3 +203,59 @@ def test_prepare_refuses_numbers_no_run_can_use_before_loading(tmp_path, capsys,
     assert main(["prepare", "--out", str(tmp_path / "out"), "--source", "pydoc", "--regenerate", *flags]) == 2
     err = capsys.readouterr().err
     assert needle in err and "fix:" in err and "Traceback" not in err
+
+
+def test_prepare_refuses_an_out_that_is_a_file(tmp_path, capsys, monkeypatch):
+    """It died in a FileExistsError traceback after the target had loaded and answered every prompt."""
+    import eyas.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: pytest.fail("a model was loaded first"))
+    (tmp_path / "out").write_text("x")
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--source", "pydoc", "--regenerate"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_prepare_on_a_full_disk_is_an_error_not_a_traceback(tmp_path, capsys, monkeypatch):
+    import eyas.data.prepare as prepare_module
+
+    def full(path, records):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prepare_module, "write_jsonl", full)
+    src = _jsonl(tmp_path / "in.jsonl", n=3)
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--select-only"]) == 2
+    err = capsys.readouterr().err
+    assert "could not write" in err and "No space left on device" in err and "free disk space" in err
+
+
+def test_regeneration_skips_prompts_that_fill_max_length(tmp_path):
+    """A prompt longer than --max-length (here longer than the target's 1024-token context too) was
+    answered, past the context, and its row then dropped; now it is not sent, and counted."""
+    target = tiny_target(dtype=torch.float32)
+    src = _jsonl(tmp_path / "in.jsonl", n=2, answers=False)
+    with src.open("a") as f:
+        f.write(json.dumps({"prompt": "hello " * 300}) + "\n")
+    said = []
+    cfg = PrepareConfig(inputs=[str(src)], held_out=0.0, max_length=1024, regenerate=True,
+                        regen=RegenConfig(max_new_tokens=4, batch_size=4, temperature=0.0, engine="generic"))
+    meta = prepare(target, cfg, tmp_path / "out", log=said.append)
+    assert meta["regeneration"]["stats"]["train"]["prompts"] == 2
+    assert meta["splits"]["train"]["rows"] == 2 and meta["splits"]["train"]["prompt_fills_max_length"] == 1
+    assert any("1 prompts not sent for answers" in m for m in said)
+
+
+def test_training_on_a_select_only_folder_says_what_it_is(tmp_path):
+    """It said 'no train split ... run eyas prepare first' of a folder eyas prepare had just written."""
+    src = _jsonl(tmp_path / "in.jsonl", n=3, answers=False)
+    assert main(["prepare", "--out", str(tmp_path / "sel"), "--input", str(src), "--select-only"]) == 0
+    with pytest.raises(EyasError, match="written by `eyas prepare --select-only`") as e:
+        TokenizedSplit(tmp_path / "sel", "train")
+    assert "without --select-only" in e.value.fix
+
+
+def test_prepare_on_a_gpu_this_machine_lacks_is_an_error(tmp_path, capsys):
+    """--device cuda on a CPU-only PyTorch died in an AttributeError traceback from torch.cuda.set_device."""
+    src = _jsonl(tmp_path / "in.jsonl", n=3)
+    assert main(["prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--device", "cuda:99"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda:99" in err and "Traceback" not in err

@@ -13,7 +13,7 @@ from train_fixtures import make_data
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def _torchrun(n: int, data, out, tokens_per_batch: int, *extra: str) -> None:
+def _torchrun(n: int, data, out, tokens_per_batch: int, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", str(WORKER),
            str(data), str(out), str(tokens_per_batch), *extra]
@@ -24,12 +24,14 @@ def _torchrun(n: int, data, out, tokens_per_batch: int, *extra: str) -> None:
         raise AssertionError(f"torchrun {extra} hung for {e.timeout} s\nstdout: {text(e.stdout)[-2000:]}\n"
                              f"stderr: {text(e.stderr)[-4000:]}") from None
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def test_two_process_gloo_matches_single(tmp_path):
     target = tiny_target(dtype=torch.float32)
     data = make_data(target, tmp_path / "data", rows=40)  # equal-length rows: same global batches either way
-    _torchrun(2, data, tmp_path / "two", 256, "log.trackers=[tensorboard]")  # 256 tokens per rank
+    two = _torchrun(2, data, tmp_path / "two", 256, "log.trackers=[tensorboard]")  # 256 tokens per rank
+    assert two.stdout.count("step 6: held-out acc per TTT step") == 1  # rank 0 reports, not every rank
     _torchrun(2, data, tmp_path / "fsdp", 256, "train.parallel=fsdp", "train.shard_target=true")
     _torchrun(1, data, tmp_path / "one", 512)  # the same 512-token global batches in one process
     r0 = torch.load(tmp_path / "two" / "rank0-of2.pt")

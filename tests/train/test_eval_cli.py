@@ -94,3 +94,41 @@ def test_counts_below_one_are_refused_before_loading(monkeypatch, capsys):
         assert main(["eval", "--prompts", "chat", flag, value]) == 2
         err = capsys.readouterr().err
         assert f"{flag} must be at least 1, got {value}" in err and "fix:" in err and "Traceback" not in err
+
+
+def test_an_empty_held_out_split_names_the_way_out(tmp_path):
+    """A data folder prepared with --held-out 0 (or too few prompts) said only 'the prompt set is empty'."""
+    import pytest
+
+    from eyas.errors import EyasError
+
+    (tmp_path / "heldout.jsonl").write_text("")
+    write_jsonl(tmp_path / "holdout-prompts.jsonl", [{"prompt": "hi"}])
+    with pytest.raises(EyasError, match="held-out split of .* is empty") as e:
+        load_prompts(Namespace(data=str(tmp_path), prompts=None, num_prompts=10), byte_tokenizer())
+    assert f"--prompts {tmp_path / 'holdout-prompts.jsonl'}" in e.value.fix
+
+
+def test_prompt_files_that_are_not_what_they_seem(tmp_path, monkeypatch, capsys):
+    """A JSONL file with one broken line was read as a text file, so {"prompt": ...} became a prompt's
+    text; a text line '42' died in a TypeError, a Latin-1 file in a UnicodeDecodeError, and a --json-out
+    that is a folder in an IsADirectoryError after the whole evaluation."""
+    import pytest
+
+    import eyas.pipeline as pipeline
+    from eyas.errors import EyasError
+    from eyas.train.eval_cli import _file_records
+
+    broken = tmp_path / "p.jsonl"
+    broken.write_text('{"prompt": "ok"}\nnot json\n')
+    with pytest.raises(EyasError, match="p.jsonl:2 is not valid JSON"):
+        _file_records(broken)
+    text = tmp_path / "p.txt"
+    text.write_text('42\nhello there\n"quoted"\n')
+    assert [m[0]["content"] for m, _ in _file_records(text)] == ["42", "hello there", "quoted"]
+    text.write_bytes(b"caf\xe9\n")
+    with pytest.raises(EyasError, match="p.txt is not UTF-8 text"):
+        _file_records(text)
+    monkeypatch.setattr(pipeline, "build_engine", lambda *a, **k: pytest.fail("loaded before --json-out was checked"))
+    assert main(["eval", "--prompts", "chat", "--json-out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err

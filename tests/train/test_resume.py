@@ -181,3 +181,80 @@ def test_cli_resume_with_the_run_folder_alone(crashed, tmp_path, capsys):
     (run / "checkpoints" / "step-3").mkdir(parents=True)
     assert main(["train", "--resume", str(run)]) == 2
     assert "eyas: error: no intact checkpoint" in capsys.readouterr().err
+
+
+def test_cli_resume_of_a_finished_run_leaves_it_as_it_is(crashed, tmp_path, capsys):
+    """Resuming a run that already reached its last step used to 'finish' it again: summary.json
+    rewritten with heldout null and 0 s, a second done event, draft/ rewritten."""
+    run, _, _ = copy_run(crashed, tmp_path)
+    assert main(["train", "--resume", str(run), "--set", "log.eval_every=8"]) == 0
+    summary = (run / "summary.json").read_text()
+    assert json.loads(summary)["heldout"] is not None
+    log = (run / "log.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--set", "log.eval_every=8"]) == 0
+    assert "nothing to train: the checkpoint is at step 8" in capsys.readouterr().out
+    assert (run / "summary.json").read_text() == summary and (run / "log.jsonl").read_text() == log
+
+
+def test_cli_new_run_into_a_run_folder_is_refused(crashed, tmp_path, capsys):
+    """Without --resume, a run started in another run's folder overwrote its draft/ and recipe.yaml,
+    appended to its log.jsonl, and its own checkpoints were pruned beside the old run's higher steps."""
+    run, _, data = copy_run(crashed, tmp_path)
+    recipe = run / "recipe.yaml"
+    assert main(["train", "--recipe", str(recipe), "--output", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (checkpoints up to step-6)" in err and f"--resume {run}" in err
+    (tmp_path / "file").write_text("x")
+    assert main(["train", "--recipe", str(recipe), "--output", str(tmp_path / "file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_cli_resume_of_a_missing_path_says_so(tmp_path, capsys):
+    """It said 'no recipe.yaml in that run folder' of a folder that does not exist (a typo in the path)."""
+    assert main(["train", "--resume", str(tmp_path / "runz")]) == 2
+    assert "no such run folder or checkpoint" in capsys.readouterr().err
+
+
+def test_a_full_disk_while_saving_says_where_to_go_on_from(crashed, tmp_path, monkeypatch):
+    """A checkpoint that could not be written died in an OSError/SafetensorError traceback and left its
+    half-written .step-N.tmp folder taking the space."""
+    import eyas.train.checkpoint as checkpoint
+
+    run, target, data = copy_run(crashed, tmp_path)
+    t = trainer_for(run, target, data)
+    t.resume(run)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(EyasError, match="could not write the checkpoint step-8 .*No space left on device") as e:
+        t.fit()
+    assert f"continue from step-6 with --resume {run}" in e.value.fix
+    assert not (run / "checkpoints" / ".step-8.tmp").exists()
+
+
+def test_ctrl_c_says_how_to_resume(crashed, tmp_path, capsys, monkeypatch):
+    """Ctrl-C ended eyas train with exit 130 and not a word: which checkpoint holds the run, how to go on."""
+    run, _, _ = copy_run(crashed, tmp_path)
+
+    def interrupted(self, stop_after=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "fit", interrupted)
+    assert main(["train", "--resume", str(run)]) == 130
+    assert f"interrupted at step 6; the newest checkpoint is step-6: continue with eyas train --resume {run}" \
+        in capsys.readouterr().out
+
+
+def test_resuming_an_older_step_into_its_own_run_is_refused(crashed, tmp_path, capsys):
+    """--resume RUN/checkpoints/step-2 beside step-6 wrote the branch's checkpoints among the old ones; the
+    branch's own were pruned first and a later --resume RUN continued the abandoned timeline, silently."""
+    run, _, _ = copy_run(crashed, tmp_path)
+    assert main(["train", "--resume", str(run / "checkpoints" / "step-2")]) == 2
+    err = capsys.readouterr().err
+    assert "older than the run's step-6" in err and "--output NEW_FOLDER" in err
+    assert main(["train", "--resume", str(run / "checkpoints" / "step-2"), "--recipe", str(run / "recipe.yaml"),
+                 "--output", str(tmp_path / "branch")]) == 0
+    assert (tmp_path / "branch" / "checkpoints" / "step-8").is_dir()

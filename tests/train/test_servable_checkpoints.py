@@ -115,3 +115,21 @@ def test_a_truncated_draft_in_a_checkpoint_falls_back_to_the_previous_one(run, t
     t.resume(tmp_path / "run")
     assert t.step == 30
     assert any("step-60" in m and "model.safetensors is truncated" in m for m in messages), messages
+
+
+def test_a_checkpoint_records_its_training_for_the_doctor(tmp_path):
+    """The doctor found draft/'s training length and template through RUN/recipe.yaml, but a
+    checkpoints/step-N (two folders down) recorded neither: its context and template checks said
+    'not recorded' and missed what they exist to catch. The saved config carries them now."""
+    from eyas.common.training_record import read_record
+
+    model = save_tiny_model(tmp_path / "target")
+    target = load_target(str(model), "cpu", "float32")
+    data = make_data(target, tmp_path / "data", rows=16)
+    (data / "meta.json").write_text(json.dumps({"max_length": 48, "chat": {"template_sha256_16": "ab" * 8,
+                                                                           "thinking": None}}))
+    sets = {"train.max_steps": 2, "log.checkpoint_every": 1}
+    Trainer(tiny_recipe(data, tmp_path / "run", target=str(model), **sets), target=target).fit()
+    for folder in (tmp_path / "run" / "checkpoints" / "step-1", tmp_path / "run" / "draft"):
+        rec = read_record(folder, formats.read_draft(folder).config)
+        assert (rec.max_length, rec.template_sha) == (48, "ab" * 8), folder

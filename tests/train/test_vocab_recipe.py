@@ -65,3 +65,56 @@ def test_bad_input_stops_early(tmp_path):
     other = tiny_target(dtype=torch.float32, vocab_size=400)  # a target with another vocabulary
     with pytest.raises(EyasError, match="another target"):
         Trainer(tiny_recipe(data, tmp_path / "r3"), target=other)
+
+
+@pytest.mark.parametrize("override, match", [
+    ("optim.lr=abc", "optim.lr = 'abc' is not a number"),
+    ("train.seed=1.5", "train.seed = 1.5 is not an integer"),
+    ("optim.betas=[0.9]", "optim.betas .* is not two numbers"),
+    ("draft.aux_layer_ids=[1, x]", "draft.aux_layer_ids .* is not a list of integers"),
+    ("train.max_steps=-5", "train.max_steps = -5 is invalid"),
+    ("log.every=0", "log.every = 0 is invalid"),
+    ("data.eval_rows=-1", "data.eval_rows = -1 is invalid"),
+    ("log.checkpoint_every=-1", "log.checkpoint_every = -1 is invalid"),
+    ("optim.betas=[0.9, 1.5]", "optim.betas = \\[0.9, 1.5\\] is invalid"),
+    ("train.epochs=-1", "train.epochs = -1.0 is invalid"),
+    ("train.autocast=fp16", "train.autocast = 'fp16' is invalid"),  # any other word turned bf16 autocast on
+    ("draft.save_dtype=int8", "draft.save_dtype = 'int8' is invalid"),  # refused only after training
+    ("train.target_dtype=fp64x", "train.target_dtype = 'fp64x' is invalid"),
+    ("train.device=tpu", "train.device = 'tpu' is invalid"),
+])
+def test_recipe_wrong_types_and_ranges_are_refused(override, match):
+    """A mistyped or negative value is an error naming the key, not a traceback, a 0-step run or a
+    silently reinterpreted value (eval_rows=-1 scored all rows but one)."""
+    with pytest.raises(EyasError, match=match):
+        load_recipe(None, [override, "data.path=x"]).validate()
+    r = load_recipe(None, ["train.max_steps=1e3", "log.run_name=2024", "log.trackers=tensorboard", "data.path=x"])
+    assert r.validate().train.max_steps == 1000 and r.log.run_name == "2024"
+
+
+def test_recipe_files_yaml_reads_oddly_or_not_at_all(tmp_path):
+    """`lr: 1e-3` in a file is a string to YAML 1.1 and died in a TypeError traceback; a file that is a
+    YAML list died in an AttributeError, one that is not UTF-8 in a UnicodeDecodeError."""
+    f = tmp_path / "r.yaml"
+    f.write_text("data:\n  path: x\noptim:\n  lr: 1e-3\ntrain:\n  max_steps: 1e2\n")
+    r = load_recipe(f).validate()
+    assert r.optim.lr == 1e-3 and r.train.max_steps == 100
+    f.write_text("- a\n")
+    with pytest.raises(EyasError, match="is a YAML list, not a mapping"):
+        load_recipe(f)
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(EyasError, match="is not valid YAML"):
+        load_recipe(f)
+
+
+def test_a_gpu_this_machine_lacks_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """train.device=cuda on a CPU-only PyTorch died in an AttributeError traceback (torch._C has no
+    _cuda_setDevice)."""
+    import eyas.models.loading as loading
+    from eyas.cli import main
+
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: pytest.fail("a model was loaded first"))
+    assert main(["train", "--data", str(tmp_path), "--output", str(tmp_path / "run"),
+                 "--set", "train.device=cuda:99"]) == 2
+    err = capsys.readouterr().err
+    assert "train.device cuda:99" in err and "Traceback" not in err

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import replace
+from pathlib import Path
 
 from ..errors import EyasError
 
@@ -90,6 +92,18 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    try:
+        return _run(args)
+    except OSError as e:  # a full disk or a read-only --out, met when the splits are written
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise EyasError(f"could not write {e.filename or args.out}: {e.strerror}",
+                        "free disk space there or choose another --out, then run the same command again"
+                        + (" (the answers saved in OUT/answers.jsonl are reused)" if args.regenerate_url else "")
+                        ) from None
+
+
+def _run(args) -> int:
     from ..common import dist
     from ..models.loading import load_target
     from . import mix
@@ -124,6 +138,8 @@ def run(args) -> int:
         raise EyasError("--keep-answers only means something with --regenerate",
                         "add --regenerate or drop --keep-answers")
     check_numbers(args)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise EyasError(f"--out {args.out} is a file, not a folder", "pass --out NEW_FOLDER")
     if args.magpie_prompts < 1 and "magpie" in args.source:
         raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
     if args.max_prompts is not None and args.max_prompts < 1:
@@ -145,6 +161,10 @@ def run(args) -> int:
         return 0
     if args.regenerate_url:
         return run_remote(args, cfg, kw)
+    if args.device != "auto":  # a GPU this machine lacks: said here, not as a traceback from torch
+        from ..pipeline import check_device
+
+        check_device(args.device)
     ctx = dist.init(args.device, backend="gloo" if args.device == "cpu" else None)
     target = load_target(args.model_path, device=ctx.device, dtype=args.dtype,
                          trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)

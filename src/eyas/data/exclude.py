@@ -10,6 +10,8 @@ prompts, case and whitespace folded.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import EyasError
 from .chat import prompt_messages
 from .files import read_inputs
@@ -35,8 +37,8 @@ def excluded_prompts(names: list[str]) -> list[str]:
         else:
             try:
                 records = list(read_inputs([name]))
-            except EyasError as e:
-                raise EyasError(f"--exclude {name}: {e.problem}",
+            except EyasError as e:  # a file that exists but cannot be read keeps its own fix (re-encode, ...)
+                raise EyasError(f"--exclude {name}: {e.problem}", e.fix if Path(name).is_file() else
                                 f"name a prompt set ({', '.join(['bench', 'all', *sets])}) or a file, "
                                 "folder or glob of prompts") from None
             out += [m["content"] for r in records for m in r["messages"] if m["role"] == "user"]

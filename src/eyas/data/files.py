@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,11 +68,25 @@ def _open(path: Path):
 
 
 def read_objects(path) -> Iterator[tuple[str, object]]:
-    """(``file:line`` or ``file[index]``, the parsed JSON value) for each record of one file."""
+    """(``file:line`` or ``file[index]``, the parsed JSON value) for each record of one file; a file
+    that is not UTF-8 or a cut gzip stream is an error naming the file and how far it was read."""
     path = Path(path)
+    where = [0]
+    try:
+        yield from _objects(path, where)
+    except UnicodeDecodeError as e:
+        raise EyasError(f"{path} is not UTF-8 text ({e.reason}, after line {where[0]})",
+                        "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise EyasError(f"{path} is a damaged gzip file after line {where[0]} ({e})",
+                        "the file was cut or corrupted: download or compress it again (gzip -t checks it)") from None
+
+
+def _objects(path: Path, where: list[int]) -> Iterator[tuple[str, object]]:
     with _open(path) as f:
         first = True
         for n, line in enumerate(f, 1):
+            where[0] = n
             if not line.strip():
                 continue
             if first and line.lstrip().startswith("["):  # one JSON array

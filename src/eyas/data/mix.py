@@ -61,7 +61,15 @@ def _set(out: dict, name: str, kind: str, value) -> None:
     if kind not in ("weight", "cap") or not name or x is None or x < 0 or (kind == "weight" and not math.isfinite(x)):
         raise EyasError(f"--source-weights: {name}{'=' if kind == 'weight' else ':'}{value} is not a "
                         f"{'weight (a number >= 0)' if kind == 'weight' else 'cap (a whole number >= 0)'}", EXAMPLE)
+    if kind in out[name] and out[name][kind] != x:  # the later value silently won
+        sep = "=" if kind == "weight" else ":"
+        raise EyasError(f"--source-weights gives {name} two {kind}s: {name}{sep}{_num(out[name][kind])} and "
+                        f"{name}{sep}{_num(x)}", f"keep one {name}{sep}... (a weight and a cap may go together)")
     out[name][kind] = x
+
+
+def _num(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 def check_names(spec: dict, known, what: str = "--source-weights") -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import EyasError
 from . import holdout, sources
-from .chat import render
+from .chat import prompt_messages, render
 from .files import read_inputs
 from .ledger import Ledger
 from .prepare_config import PrepareConfig
@@ -91,7 +91,9 @@ def template_hash(tokenizer) -> str:
 
 
 def tokenize(tokenizer, records: list[dict], cfg: PrepareConfig):
-    rows, truncated, skipped = [], 0, 0
+    """``(rows, truncated, skipped, no_answer)``: ``no_answer`` counts conversations whose answer starts
+    beyond ``max_length`` (the prompt fills it), which leave no row."""
+    rows, truncated, skipped, no_answer = [], 0, 0, 0
     kw = cfg.regen.template_kwargs
     for r in records:
         msgs = with_system(r["messages"], cfg.regen.system_prompt)
@@ -104,7 +106,22 @@ def tokenize(tokenizer, records: list[dict], cfg: PrepareConfig):
             ids, mask, truncated = ids[: cfg.max_length], mask[: cfg.max_length - 1] + [0], truncated + 1
         if sum(mask):
             rows.append((ids, mask))
-    return rows, truncated, skipped
+        else:
+            no_answer += 1
+    return rows, truncated, skipped, no_answer
+
+
+def _answerable(tokenizer, records: list[dict], cfg: PrepareConfig) -> tuple[list[dict], int]:
+    """The records whose prompt, rendered with the generation prompt, leaves room for an answer within
+    ``max_length``, and how many do not: answering those would cost generation (past the target's
+    context, when the prompt is longer) for rows ``tokenize`` drops."""
+    kw, keep = cfg.regen.template_kwargs, []
+    for r in records:
+        msgs = with_system(prompt_messages(r["messages"]), cfg.regen.system_prompt)
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) < cfg.max_length:
+            keep.append(r)
+    return keep, len(records) - len(keep)
 
 
 def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=None) -> dict:
@@ -117,9 +134,14 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=No
                         f"use --max-length {ctx} or less")
     ledger = Ledger()
     train, held, chat_eval = select(collect(target, cfg, dist_ctx, log), cfg, ledger, log)
-    stats = {}
+    stats, unanswered = {}, {}
     if cfg.regenerate:
         for name, split in (("train", train), ("heldout", held)):
+            split, unanswered[name] = _answerable(target.tokenizer, split, cfg)
+            if unanswered[name]:
+                log(f"{name}: {unanswered[name]} prompts not sent for answers: each fills --max-length "
+                    f"{cfg.max_length} by itself, so no answer token would be left to learn")
+
             def run(xs):
                 got, st = remote.regenerate(xs) if remote else regenerate(target, xs, cfg.regen)
                 return got, asdict(st)
@@ -144,14 +166,22 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=No
     summary = {}
     for name, split in (("train", train), ("heldout", held)):
         write_jsonl(out / f"{name}.jsonl", split)
-        rows, truncated, skipped = tokenize(target.tokenizer, split, cfg)
+        rows, truncated, skipped, no_answer = tokenize(target.tokenizer, split, cfg)
+        no_answer += unanswered.get(name, 0)
+        if no_answer and name not in unanswered:
+            log(f"{name}: {no_answer} of {len(split)} conversations dropped: the prompt fills --max-length "
+                f"{cfg.max_length}, so no answer token is left to learn")
+        if name == "train" and not rows and no_answer:
+            raise EyasError(f"the training split is empty after rendering: every prompt fills --max-length "
+                            f"{cfg.max_length}, leaving no answer token", "raise --max-length (up to the target's "
+                            "context) or give shorter prompts")
         if name == "train" and not rows:
             raise EyasError("the training split is empty after rendering: no conversation has an assistant turn",
                             "add --regenerate so the target answers the prompts, or give conversations with answers")
         write_split(out, name, rows)
         summary[name] = {"rows": len(rows), "tokens": sum(len(i) for i, _ in rows),
                          "loss_tokens": sum(sum(m) for _, m in rows), "truncated": truncated,
-                         "no_assistant_turn": skipped}
+                         "no_assistant_turn": skipped, "prompt_fills_max_length": no_answer}
         if name == "train":
             np.save(out / "vocab_counts.npy", vocab_counts(rows, target.info.vocab_size))
     meta = {

@@ -32,6 +32,10 @@ class TokenizedSplit:
     def __init__(self, folder, split: str):
         folder = Path(folder)
         path = folder / f"{split}.tokens.npy"
+        if not path.is_file() and (folder / "selection.json").is_file():
+            raise EyasError(f"{folder} was written by `eyas prepare --select-only`: prompts, no answers or tokens",
+                            "run the same prepare without --select-only (with --regenerate, or "
+                            "--regenerate-url URL) to answer and tokenize them")
         if not path.is_file():
             raise EyasError(f"no {split} split in {folder} (looked for {path.name})",
                             "run `eyas prepare --out FOLDER ...` first and pass that folder as data.path")

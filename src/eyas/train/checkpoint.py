@@ -32,11 +32,13 @@ import pickle
 import random
 import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..errors import EyasError
@@ -90,17 +92,35 @@ def save(folder, step: int, draft, optimizer, scheduler, position: tuple[int, in
     tmp = root / f".step-{step}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)  # what an interrupted save left
-    draft.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-               tmp / STATE)
-    meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
-    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+    with writing(f"checkpoint step-{step}", folder, tmp):
+        draft.save_pretrained(tmp)
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+                   tmp / STATE)
+        meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
+        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)  # a checkpoint folder exists only once complete
     for old in _steps(Path(folder))[keep:] if keep else []:
         shutil.rmtree(old)
     return path
+
+
+@contextmanager
+def writing(what: str, run, partial: Path | None = None):
+    """A full disk or a failing write while saving ``what`` is an eyas error saying where the run can go
+    on from, not a traceback; ``partial`` (a folder being written) is removed to give the space back."""
+    try:
+        yield
+    except (OSError, SafetensorError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "writ" not in str(e).lower():
+            raise  # torch.save reports a failed write as a RuntimeError; anything else is not ours
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        steps = _steps(Path(run))
+        last = f"continue from {steps[0].name} with --resume {run}" if steps else f"start again with --output {run}"
+        raise EyasError(f"could not write the {what} in {run}: {e}",
+                        f"free disk space there (or lower log.keep_checkpoints), then {last}") from None
 
 
 @dataclass
@@ -271,3 +291,33 @@ def run_recipe(path) -> Path | None:
         if (folder / "recipe.yaml").is_file():
             return folder / "recipe.yaml"
     return None
+
+
+def check_new_output(output) -> None:
+    """A run started without ``--resume`` needs an output folder that holds no other run's checkpoints:
+    writing there would overwrite its draft/, mix two runs in log.jsonl, and prune the new run's own
+    checkpoints as the oldest (``keep_checkpoints`` keeps the highest steps)."""
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise EyasError(f"the output {out} is a file, not a folder", "pass --output NEW_FOLDER")
+    steps = _steps(out) if out.is_dir() else []
+    if steps:
+        raise EyasError(f"the output {out} already holds a run (checkpoints up to {steps[0].name})",
+                        f"continue it with --resume {out}, or start this run in another --output "
+                        "(or delete that folder to start over)")
+
+
+def check_branch(resume, output) -> None:
+    """Resuming from a step folder older than its run's newest, into that same run, would mix two timelines:
+    the new checkpoints land beside the abandoned ones (``keep_checkpoints`` keeps the highest steps, so the
+    branch's own are pruned first) and a later ``--resume RUN`` continues the abandoned one."""
+    p = Path(resume)
+    if not (STEP.fullmatch(p.name) and p.parent.name == "checkpoints"):
+        return
+    run = p.parent.parent
+    newer = [q for q in _steps(run) if int(STEP.fullmatch(q.name).group(1)) > int(STEP.fullmatch(p.name).group(1))]
+    if newer and Path(output).resolve() == run.resolve():
+        raise EyasError(f"{p} is older than the run's {newer[0].name}: continuing it in {run} would mix two "
+                        "timelines (a later --resume would take the newer one)",
+                        f"continue the run with --resume {run}, or branch into a new folder: --resume {p} "
+                        f"--recipe {run / 'recipe.yaml'} --output NEW_FOLDER")

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test), on one GPU or many via torchrun")
@@ -54,6 +56,12 @@ def run(args) -> int:
         names = [n.strip() for n in args.report_to.split(",") if n.strip() and n.strip().lower() != "none"]
         overrides += [f"log.trackers=[{', '.join(names)}]", "log.tensorboard=false"]
     recipe_file = args.recipe
+    if args.resume and not Path(args.resume).exists():
+        from ..errors import EyasError
+
+        raise EyasError(f"--resume {args.resume}: no such run folder or checkpoint",
+                        "pass a run's output folder (the run's recipe.yaml is read from it) or one of its "
+                        "checkpoints/step-N")
     if args.resume and recipe_file is None:
         from .checkpoint import run_recipe
 
@@ -72,12 +80,41 @@ def run(args) -> int:
         return 0
     if args.plan:
         return print_plan(recipe, args)
+    from .checkpoint import check_branch, check_new_output
     from .trainer import Trainer
 
+    if recipe.train.device != "auto":  # a GPU asked for on a machine without one: said before anything loads
+        from ..errors import EyasError
+        from ..pipeline import check_device
+
+        try:
+            check_device(recipe.train.device)
+        except EyasError as e:  # pipeline words it for --device; here the recipe key is what to change
+            raise EyasError(e.problem.replace("--device", "train.device", 1),
+                            (e.fix or "").replace("pass --device cpu", "--set train.device=cpu")) from None
+    if not args.resume:
+        check_new_output(recipe.output)
+    else:
+        check_branch(args.resume, recipe.output)
     trainer = Trainer(recipe, trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.resume:
         trainer.resume(args.resume, args.allow_pickle, args.allow_recipe_change)
-    summary = trainer.fit()
+        if trainer.step >= trainer.total_steps:  # a finished run: fit() would rewrite its summary without eval
+            trainer.print(f"nothing to train: the checkpoint is at step {trainer.step} and the run has "
+                          f"{trainer.total_steps} steps; {trainer.out} is left as it is (to train on, raise "
+                          "train.max_steps or train.epochs with --set)")
+            trainer.ctx.close()
+            return 0
+    try:
+        summary = trainer.fit()
+    except KeyboardInterrupt:
+        from .checkpoint import _steps
+
+        steps = _steps(trainer.out)
+        trainer.print(f"interrupted at step {trainer.step}; " + (
+            f"the newest checkpoint is {steps[0].name}: continue with eyas train --resume {trainer.out}" if steps
+            else f"no checkpoint was saved yet: start again (with --output {trainer.out})"))
+        raise
     trainer.print(f"done: {summary['steps']} steps, {summary['tokens_per_s']:.0f} tokens/s on {summary['ranks']} "
                   f"rank(s); draft saved to {trainer.out / 'draft'}")
     if summary.get("heldout"):

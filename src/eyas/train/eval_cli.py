@@ -37,20 +37,28 @@ def register(sub) -> None:
 def _file_records(path: Path) -> list[tuple[list[dict], str | None]]:
     from ..data.chat import normalize
 
+    try:
+        lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if line.strip()]
+    except UnicodeDecodeError as e:
+        raise EyasError(f"{path} is not UTF-8 text ({e.reason})",
+                        "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
+    jsonl = bool(lines) and lines[0][1].startswith("{")  # JSON Lines, else one prompt a line
     out = []
-    for line in path.open():
-        if not line.strip():
-            continue
+    for n, line in lines:
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
-            rec = line.strip()
-        if isinstance(rec, str):
+        except json.JSONDecodeError as e:
+            if jsonl:  # a broken record of a JSONL file was read as a text prompt, its JSON and all
+                raise EyasError(f"{path}:{n} is not valid JSON ({e.msg})", "one JSON object per line") from None
+            rec = line
+        if not jsonl:
+            rec = rec if isinstance(rec, str) else line  # a text line that parses as a number stays text
             out.append(([{"role": "user", "content": rec}], None))
-        elif "prompt" in rec:
+        elif isinstance(rec, dict) and "prompt" in rec:
             out.append(([{"role": "user", "content": str(rec["prompt"])}], category_of(rec)))
         else:
-            out.append((normalize(rec), category_of(rec)))
+            out.append((normalize(rec, f"{path}:{n}"), category_of(rec) if isinstance(rec, dict) else None))
     return out
 
 
@@ -74,6 +82,11 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | Non
             if line.strip():
                 rec = json.loads(line)
                 records.append((normalize(rec), category_of(rec)))
+        if not records:
+            other = folder / "holdout-prompts.jsonl"
+            raise EyasError(f"the held-out split of {folder} is empty (heldout.jsonl holds no prompt)",
+                            (f"pass --prompts {other} (its chat holdout), or " if other.is_file() else "")
+                            + "prepare with --held-out above 0 (e.g. 0.02), or pass --prompts FILE")
     elif builtin:
         records = [([{"role": "user", "content": p}], name) for name, p in builtin]
     elif args.prompts:
@@ -153,6 +166,9 @@ def run(args) -> int:
         if value < 1:  # before any weights are read: 0 crashed in range(), negatives read as 'empty set'
             raise EyasError(f"{flag} must be at least 1, got {value}",
                             "e.g. --num-prompts 32 --batch-size 1 --max-new-tokens 128 (the defaults)")
+    if args.json_out and Path(args.json_out).is_dir():  # found before the run, not after it
+        raise EyasError(f"--json-out {args.json_out} is a folder",
+                        f"pass a file, e.g. {Path(args.json_out) / 'eval.json'}")
     engine = build_engine(engine_args_from(args))
     if not engine.spec.speculative:
         raise EyasError("eval needs a draft: speculation is off for this target",

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import EyasError
+from ..models.loading import DTYPES
 
 
 @dataclass
@@ -111,7 +112,29 @@ class Recipe:
             (self.data.tokens_per_batch >= self.data.max_length, "data.tokens_per_batch", self.data.tokens_per_batch,
              f">= data.max_length ({self.data.max_length})"),
             (self.draft.vocab_size >= 1, "draft.vocab_size", self.draft.vocab_size, "e.g. 16384"),
+            (t.epochs >= 0, "train.epochs", t.epochs, "a positive number of passes over the data"),
+            (t.max_steps is None or t.max_steps >= 1, "train.max_steps", t.max_steps, "a positive integer or null"),
+            (t.time_budget_s is None or t.time_budget_s > 0, "train.time_budget_s", t.time_budget_s,
+             "a positive number of seconds or null"),
+            (t.seed >= 0, "train.seed", t.seed, "a non-negative integer"),
+            (all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas), "two numbers in [0, 1), e.g. [0.9, 0.95]"),
+            (o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "0 or positive"),
+            (0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]"),
+            (self.data.eval_rows >= 0, "data.eval_rows", self.data.eval_rows, "0 or more held-out rows"),
+            (self.log.every >= 1, "log.every", self.log.every, "a positive number of steps"),
+            (self.log.eval_every >= 0, "log.eval_every", self.log.eval_every, "0 (off) or a positive number of steps"),
+            (self.log.checkpoint_every >= 0, "log.checkpoint_every", self.log.checkpoint_every,
+             "0 (only at the end) or a positive number of steps"),
+            (self.log.keep_checkpoints >= 0, "log.keep_checkpoints", self.log.keep_checkpoints,
+             "0 (keep all) or a positive count"),
             (t.offline_dtype in ("float16", "float32"), "train.offline_dtype", t.offline_dtype, "float16 or float32"),
+            (str(self.draft.save_dtype).lower() in ("auto", *DTYPES), "draft.save_dtype", self.draft.save_dtype,
+             "auto (keep float32), bfloat16, float16 or float32"),  # else refused only at the end, after training
+            (str(t.target_dtype).lower() in ("auto", *DTYPES), "train.target_dtype", t.target_dtype,
+             "auto (bf16 on the GPU, fp32 on the CPU), bfloat16, float16 or float32"),
+            (t.autocast in ("auto", "none", "bf16"), "train.autocast", t.autocast,
+             "auto (bf16 on the GPU), none or bf16"),  # any other word turned bf16 autocast on
+            (_is_device(t.device), "train.device", t.device, "auto, cpu, cuda or cuda:N"),
         ]
         checks.append((not (self.draft.init_from and self.draft.init_head_from_target), "draft.init_head_from_target",
                        self.draft.init_head_from_target,
@@ -125,6 +148,15 @@ class Recipe:
         return self
 
 
+def _is_device(name: str) -> bool:
+    import torch
+
+    try:
+        return name == "auto" or torch.device(name).type in ("cpu", "cuda")
+    except (RuntimeError, ValueError):
+        return False
+
+
 def _merge(obj, values: dict, where: str):
     for key, value in values.items():
         if not hasattr(obj, key) or key.startswith("_"):
@@ -136,11 +168,44 @@ def _merge(obj, values: dict, where: str):
                 raise EyasError(f"recipe key {where}{key} is a section, got {value!r}", f"write {key}: {{...}}")
             _merge(current, value, f"{where}{key}.")
         else:
-            if isinstance(current, tuple) and isinstance(value, list):
-                value = tuple(value)
-            if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            setattr(obj, key, value)
+            kind = {f.name: f.type for f in dataclasses.fields(obj)}[key]
+            setattr(obj, key, _coerce(f"{where}{key}", value, str(kind)))
+
+
+def _coerce(key: str, value, kind: str):
+    """``value`` as the field's annotated type (``int``, ``float | None``, ``list[int] | None``, ...),
+    or an error naming the key: a wrong type must not reach the trainer as a traceback."""
+    if "None" in kind and value is None:
+        return None
+    base = kind.replace(" | None", "")
+    if base in ("int", "float") and isinstance(value, str):  # YAML 1.1 reads `lr: 1e-3` (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base == "float" and number:
+        return float(value)
+    if base == "int" and number and float(value).is_integer():
+        return int(value)
+    if base == "bool" and isinstance(value, bool):
+        return value
+    if base == "str" and (isinstance(value, str) or number):
+        return str(value)
+    if base == "list[str]" and (isinstance(value, str) or (isinstance(value, list)
+                                                           and all(isinstance(v, str) for v in value))):
+        return value  # a string is split into names where it is read (log.trackers=tensorboard,wandb)
+    if base == "list[int]" and isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                               for v in value):
+        return value
+    if base == "tuple[float, float]" and isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return tuple(float(v) for v in value)
+    want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "list[str]": "a list of names", "list[int]": "a list of integers",
+            "tuple[float, float]": "two numbers, e.g. [0.9, 0.95]"}.get(base, base)
+    raise EyasError(f"recipe key {key} = {value!r} is not {want}" + (" (or null)" if "None" in kind else ""),
+                    f"set {key} to {want}")
 
 
 def parse_override(text: str) -> dict:
@@ -171,8 +236,11 @@ def load_recipe(path=None, overrides: list[str] = ()) -> Recipe:
             raise EyasError(f"no recipe file {p}", "pass --recipe PATH.yaml (see recipes/ in the repository)")
         try:
             data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise EyasError(f"recipe {p} is not valid YAML: {e}", "fix the file's syntax") from None
+        if not isinstance(data, dict):
+            raise EyasError(f"recipe {p} is a YAML {type(data).__name__}, not a mapping of sections",
+                            "write it as `target: ...`, `data: {path: ...}`, ... (see recipes/)")
         _merge(recipe, data, "")
     for o in overrides:
         _merge(recipe, parse_override(o), "")

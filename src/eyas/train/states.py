@@ -15,7 +15,11 @@ final-normed hidden, ``H`` wide), in memory-mapped shards; logits are recomputed
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -53,23 +57,34 @@ def capture_with_final(target, input_ids, lengths):
 
 
 def build_cache(target, split, folder, max_length: int, dtype: str = "float16", rows_per_shard: int = 2048,
-                rank: int = 0, world: int = 1, batch_rows: int = 8, progress: bool = True) -> Path:
+                rank: int = 0, world: int = 1, batch_rows: int = 8, progress: bool = True,
+                fp: dict | None = None) -> Path:
     """Write the offline cache for ``split``; rank r writes shards r, r + world, ... ."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     np_dtype = np.float16 if dtype == "float16" else np.float32
     n = len(split)
     shards = list(range((n + rows_per_shard - 1) // rows_per_shard))
+    width = target.info.hidden_size
+    need = sum(min(split.length(i), max_length) for i in range(n)) * (len(target.aux_layer_ids) + 1) * width \
+        * np.dtype(np_dtype).itemsize
+    if need > shutil.disk_usage(folder).free:  # memory-mapped shards on a full disk die of SIGBUS, not an error
+        raise _no_space(folder, need)
     dev = target.device
     for k in tqdm(shards[rank::world], desc="cache states", disable=not progress):
         rows = list(range(k * rows_per_shard, min(n, (k + 1) * rows_per_shard)))
         lens = [min(split.length(i), max_length) for i in rows]
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        width = target.info.hidden_size
         aux_out = np.lib.format.open_memmap(folder / f"shard-{k}.aux.tmp.npy", "w+", np_dtype,
                                             (int(offsets[-1]), len(target.aux_layer_ids) * width))
         fin_out = np.lib.format.open_memmap(folder / f"shard-{k}.final.tmp.npy", "w+", np_dtype,
                                             (int(offsets[-1]), width))
+        tmps = [folder / f"shard-{k}.{name}.tmp.npy" for name in ("aux", "final")]
+        if not all(_reserve(t) for t in tmps):  # the space taken now: a sparse file filled later can SIGBUS
+            del aux_out, fin_out
+            for t in tmps:
+                t.unlink()
+            raise _no_space(folder, need)
         for s in range(0, len(rows), batch_rows):
             part = rows[s: s + batch_rows]
             b = collate(split, part, max_length)
@@ -89,12 +104,47 @@ def build_cache(target, split, folder, max_length: int, dtype: str = "float16", 
         save_file({"weight": head}, str(folder / "lm_head.safetensors"))
         meta = {"target": target.info.name, "aux_layer_ids": list(target.aux_layer_ids),
                 "hidden_size": target.info.hidden_size, "vocab_size": target.info.vocab_size, "dtype": dtype,
-                "rows_per_shard": rows_per_shard, "rows": n, "max_length": max_length}
+                "rows_per_shard": rows_per_shard, "rows": n, "max_length": max_length,
+                **(fp or fingerprint(target, split, dtype))}
         (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return folder
 
 
-def cache_complete(folder, rows: int, max_length: int, aux_layer_ids) -> bool:
+def _no_space(folder: Path, need: int) -> EyasError:
+    def size(b):
+        return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+    return EyasError(f"the offline state cache needs about {size(need)} and {folder} has "
+                     f"{size(shutil.disk_usage(folder).free)} free",
+                     "free space there, point train.offline_dir at a larger disk, use train.offline_dtype float16, "
+                     "or train with train.mode online (no cache)")
+
+
+def _reserve(path: Path) -> bool:
+    """Allocate the file's blocks; False when the disk is full."""
+    with path.open("r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, path.stat().st_size)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                return False
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate: as before
+                raise
+    return True
+
+
+def fingerprint(target, split, dtype: str) -> dict:
+    """What a cache's states depend on beyond its shape: the tokens (a re-prepared split of the same size),
+    the target's weights (another target of the same shapes; its lm_head, every 1024th row or so) and the
+    storage dtype. Recorded in the cache's meta.json and compared before it is reused."""
+    data = hashlib.sha256(np.ascontiguousarray(split.offsets).tobytes())
+    data.update(np.ascontiguousarray(split.tokens).tobytes())
+    head = target.model.get_output_embeddings().weight
+    rows = head[:: max(1, head.shape[0] // 1024)].detach().float().cpu().contiguous()
+    return {"data_sha256_16": data.hexdigest()[:16], "dtype": dtype,
+            "head_sha256_16": hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]}
+
+
+def cache_complete(folder, rows: int, max_length: int, aux_layer_ids, fp: dict | None = None) -> bool:
     folder = Path(folder)
     meta_file = folder / "meta.json"
     if not meta_file.is_file():
@@ -103,6 +153,12 @@ def cache_complete(folder, rows: int, max_length: int, aux_layer_ids) -> bool:
     if meta["rows"] != rows or meta["max_length"] != max_length or list(meta["aux_layer_ids"]) != list(aux_layer_ids):
         raise EyasError(f"the offline state cache in {folder} was built for other data or layers "
                         f"(rows {meta['rows']}, max_length {meta['max_length']}, layers {meta['aux_layer_ids']})",
+                        "delete that folder or point train.offline_dir somewhere new")
+    what = {"data_sha256_16": "other data (the tokens differ)", "head_sha256_16": "another target (the weights "
+            "differ)", "dtype": f"train.offline_dtype {meta.get('dtype')}"}
+    stale = [why for key, why in what.items() if fp and key in meta and meta[key] != fp[key]]
+    if stale:  # caches of older eyas versions record no fingerprint and are taken as they are
+        raise EyasError(f"the offline state cache in {folder} was built for {' and '.join(stale)}",
                         "delete that folder or point train.offline_dir somewhere new")
     shards = (rows + meta["rows_per_shard"] - 1) // meta["rows_per_shard"]
     return all((folder / f"shard-{k}.final.npy").is_file() for k in range(shards))

@@ -36,7 +36,7 @@ from .logger import RunLog, Window
 from .new_draft import blank_draft, build_draft
 from .recipe import Recipe
 from .sharded_target import broadcast_module, load_sharded_target, shard_target
-from .states import OfflineStates, OnlineStates, build_cache, cache_complete
+from .states import OfflineStates, OnlineStates, build_cache, cache_complete, fingerprint
 from .ttt import ttt_loss
 
 
@@ -89,7 +89,8 @@ class Trainer:
             raise EyasError(f"data.max_length {r.data.max_length} exceeds the target's context ({ctx_len})",
                             f"set data.max_length to at most {ctx_len}")
         data = Path(r.data.path)
-        self._check_data_meta(data)
+        meta = self._check_data_meta(data)
+        chat = meta.get("chat") or {}
         self.train_split = TokenizedSplit(data, "train")
         if self.train_split.loss_tokens == 0:
             raise EyasError(f"the training data in {data} has no assistant tokens to learn",
@@ -110,6 +111,10 @@ class Trainer:
             del whole
         else:
             self.draft = build_draft(target, r, counts, allow_pickle).to(self.ctx.device)
+        # what the doctor compares with serving, in every saved config.json (draft/ and each checkpoints/step-N)
+        self.draft.config.eyas = {**(self.draft.config.eyas or {}), "training": {
+            "max_length": min(r.data.max_length, meta.get("max_length") or r.data.max_length),
+            "chat_template_sha256_16": chat.get("template_sha256_16"), "thinking": chat.get("thinking")}}
         self.module = TTTModule(self.draft, r.train.ttt_steps, r.train.decay)
         self.wrapped = self._wrap(self.module)
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -144,10 +149,10 @@ class Trainer:
             self.log.write("budget", step=self.step, total_steps=total, steps_per_s=round(rate, 3))
 
     # -- setup ----------------------------------------------------------------------------------
-    def _check_data_meta(self, data: Path) -> None:
+    def _check_data_meta(self, data: Path) -> dict:
         meta_file = data / "meta.json"
         if not meta_file.is_file():
-            return
+            return {}
         meta = json.loads(meta_file.read_text())
         want = meta.get("target", {})
         info = self.target.info
@@ -157,6 +162,7 @@ class Trainer:
                             f"(vocab {want.get('vocab_size')}, hidden {want.get('hidden_size')}), "
                             f"this target has vocab {info.vocab_size}, hidden {info.hidden_size}",
                             "prepare the data with the target you train for")
+        return meta
 
     def _wrap(self, module: nn.Module) -> nn.Module:
         if not self.ctx.active:
@@ -177,10 +183,11 @@ class Trainer:
             return OnlineStates(target)
         folder = Path(r.train.offline_dir or (Path(r.output) / "states")) / split
         data = self.train_split if split == "train" else self.heldout
-        if not cache_complete(folder, len(data), r.data.max_length, target.aux_layer_ids):
+        fp = fingerprint(target, data, r.train.offline_dtype)
+        if not cache_complete(folder, len(data), r.data.max_length, target.aux_layer_ids, fp):
             self.print(f"caching target states for {split} in {folder} (offline mode)")
             build_cache(target, data, folder, r.data.max_length, r.train.offline_dtype, rank=self.ctx.rank,
-                        world=self.ctx.world, progress=r.log.progress and self.ctx.main)
+                        world=self.ctx.world, progress=r.log.progress and self.ctx.main, fp=fp)
             self.ctx.barrier()
         return OfflineStates(folder, self.ctx.device, torch.float32 if self.ctx.device == "cpu" else target.dtype)
 
@@ -334,7 +341,8 @@ class Trainer:
                 last_eval = self.evaluate()
                 if last_eval:
                     self.log.write("eval", step=self.step, **last_eval)
-                    bar.write(f"step {self.step}: held-out acc per TTT step {last_eval['acc']}")
+                    if ctx.main:  # every rank holds the same summed figures; one reports them
+                        bar.write(f"step {self.step}: held-out acc per TTT step {last_eval['acc']}")
                 t_window = time.perf_counter()
             if r.log.checkpoint_every and self.step % r.log.checkpoint_every == 0 and self.step < self.total_steps:
                 self.save_checkpoint()
@@ -349,7 +357,8 @@ class Trainer:
                    "heldout": last_eval}
         plain = self.servable()  # a collective under FSDP: every rank takes part
         if ctx.main:
-            plain.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
+            with checkpoint.writing("final draft", self.out):
+                plain.save_pretrained(self.out / "draft", dtype=_dtype(r.draft.save_dtype))
             resolved = copy.deepcopy(r)  # what reproduces this run: the budget resolved to steps
             if budget:
                 resolved.train.max_steps, resolved.train.time_budget_s = self.total_steps, None

@@ -253,10 +253,14 @@ class Engine:
         """The next ``chunk`` tokens of one long prompt (``Prefilling``, ``prefill.prefill_chunk``), so that a
         server steps its running batch between them; on the prompt's last chunk, ``prefill``'s batch."""
         with sdpa_kernel(PREFILL_ATTENTION), phase("prefill"):
-            seqs = [part.seq]
-            rows, first_of, logprobs = self._first_tokens(seqs)
+            made = {}  # the rows' sampling settings, built on the last chunk only (the one that draws)
+
+            def first_of(logits):
+                made["rows"], pick, made["logprobs"] = self._first_tokens([part.seq])
+                return pick(logits)
+
             out = prefill_chunk(self.target, part, chunk, first_of, self._extend())
-            return None if out is None else self._started(out[0], rows, out[1], logprobs)
+            return None if out is None else self._started(out[0], made["rows"], out[1], made["logprobs"])
 
     def _first_tokens(self, seqs: list[Sequence]):
         """(the rows' ``SamplingRows``, ``first_of(logits)`` -> their first tokens read back, the first tokens'

@@ -311,8 +311,8 @@ def test_build_engine_takes_the_native_path_when_asked(tmp_path):
     assert engine.static and engine.target_pool.capacity_rows == 3
     assert any(line.startswith("engine: native Llama forward, static KV cache 3 x")
                for line in banner_lines(engine, 3, 8))
-    generic = build_engine(EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE"))
-    assert not generic.static and "CUDA devices" in generic.layout
+    generic = build_engine(EngineArgs(model_path=str(tmp_path / "t"), speculative_algorithm="NONE", engine="generic"))
+    assert not generic.static and "--engine generic" in generic.layout
 
 
 @pytest.mark.parametrize("name", ["chain-5", "tree-4x3-8"])

@@ -63,24 +63,30 @@ def share_pool(graphs) -> None:
             g.pool = handle
 
 
-def capture(fn, pool, device):
-    """(graph, its outputs, memory pool) for ``fn()``, after two warm-up runs on a side stream."""
+WARM_UPS = 2  # runs before a capture (eagerly, the same runs stand for them)
+
+
+def capture(fn, pool, device, reset):
+    """(graph, its outputs, memory pool) for ``fn()``, after ``WARM_UPS`` runs on a side stream, each (and the
+    capture) after ``reset()``: a run that carries state into its own inputs must not start the next from it."""
     stream = torch.cuda.Stream(device=device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        for _ in range(2):
+        for _ in range(WARM_UPS):
+            reset()
             fn()
     torch.cuda.current_stream(device).wait_stream(stream)
+    reset()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         outputs = fn()
     return graph, outputs, graph.pool()
 
 
-def capture_or_not(owner, fn, device):
+def capture_or_not(owner, fn, device, reset):
     """``capture`` for a runner; if capture fails, the runner stays eager from then on (and says so)."""
     try:
-        return capture(fn, owner.pool, device)
+        return capture(fn, owner.pool, device, reset)
     except Exception as e:  # noqa: BLE001 - an op that cannot be captured must not take a server down
         owner.capture = False
         log.warning("%s: CUDA graph capture failed (%s: %s); running this part eagerly", owner.name,
@@ -266,16 +272,27 @@ class BatchGraph:
         bufs = {n: torch.zeros_like(x, device=dev) for n, x in inputs.items()}
         bufs.update({n: torch.zeros(1, dtype=torch.long, device=dev) for n in fixed})
         g = _Graph(bufs)
-        # Warm-up (and capture) write their keys to the window's last slots, past every row's
-        # committed ones (a bucket is only chosen when used + top_slots fits the window). Without
-        # CUDA the warm-up still runs once: the CPU tests would have caught a warm-up that wrote
-        # outside its window (found on the H200 as a device-side assert).
-        for n in fixed:
-            bufs[n].fill_(window - self.top_slots)
+
+        def reset():
+            """The warm-up's inputs: zeros, and slot numbers whose keys land in the window's last slots, past
+            every row's committed ones (a bucket is only chosen when used + top_slots fits the window)."""
+            for n, buf in bufs.items():
+                if n in fixed:
+                    buf.fill_(window - self.top_slots)
+                else:
+                    buf.zero_()
+
+        # Each warm-up run starts from reset(): a carry writes the next step's slot numbers into these
+        # buffers, and a second run from them wrote its keys over committed slots of every row (found on the
+        # H200: a bucket built mid-sequence changed every row's tokens). Without CUDA the same runs stand for
+        # the warm-ups, so the CPU tests see what they write.
         if self.capture:
-            g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self._fn(g.inputs, window), dev)
+            g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self._fn(g.inputs, window), dev, reset)
             log.debug("captured %s graph rows=%d window=%d", self.name, rows, window)
         else:
-            self._fn(g.inputs, window)
+            for _ in range(WARM_UPS):
+                reset()
+                self._fn(g.inputs, window)
+        reset()  # rows from ``filled`` (0) on are zeros
         self.graphs[key] = g
         return g

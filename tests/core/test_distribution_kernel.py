@@ -166,7 +166,8 @@ def test_extreme_logits(config):
 
 @pytest.fixture(params=["as measured", "split"])
 def table(request, monkeypatch):
-    """The dispatch's table as it is (many rows: one program a row), or the split at every row count."""
+    """The dispatch's table as it is (the split to 40 rows, then one program a row), or the split at every
+    row count."""
     if request.param == "split":
         monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", ((1 << 62, Config(2, 64, 256, 4)),))
     return request.param

@@ -89,7 +89,7 @@ def test_a_step_reads_the_device_once_at_the_end(target, draft, host_reads, spec
         host_reads.reads.clear()
         with host_reads:
             emitted = engine.step(batch)
-        assert host_reads.reads == [("tolist", "_finish")]  # by parts, or replayed whole (graph buckets)
+        assert host_reads.reads == [("tolist", "collect")]  # by parts, or replayed whole (graph buckets)
         assert host_reads.kernels_after_last_read == 0  # the device has nothing left once the host reads
         assert all(emitted)
     if path == "native-graph-buckets":  # the step ran whole, in the variant its rows need

@@ -116,7 +116,7 @@ def test_no_alternatives_and_the_cap(engines):
 
 
 def test_a_step_with_logprobs_reads_the_device_once_then_unpacks_on_the_host(engine, monkeypatch):
-    """The logprobs travel with the step's one readback (``_finish``): unpacking them reads host memory only."""
+    """The logprobs travel with the step's one readback (``collect``): unpacking them reads host memory only."""
     eng = Engine(engine.target, engine.draft, SpecConfig(Algorithm.EAGLE3, 3, 2, 6), max_batch=4)
     asking, plain = (SamplingParams(max_new_tokens=40, ignore_eos=True, logprobs=k) for k in (3, None))
     batch = eng.prefill([eng.new_sequence(_ids(eng, p), sp) for p, sp in zip(PROMPTS, (asking, plain))])
@@ -129,5 +129,5 @@ def test_a_step_with_logprobs_reads_the_device_once_then_unpacks_on_the_host(eng
 
     monkeypatch.setattr(torch.Tensor, "tolist", recorded)
     eng.step(batch)
-    assert reads == ["_finish", "unpack"]
+    assert reads == ["collect", "unpack"]
     assert len(batch.seqs[0].logprobs) == len(batch.seqs[0].output_ids) and batch.seqs[1].logprobs is None

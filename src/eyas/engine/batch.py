@@ -98,7 +98,7 @@ class Batch:
     # (serial, steps) name what the tensors above hold: a step graph that left exactly that in its buffers
     # (``BatchGraph``'s carry) takes nothing from them. Membership changes make a new batch, a new serial.
     serial: int = field(default_factory=lambda: next(_batches))
-    steps: int = 0  # steps finished (``Engine._finish``)
+    steps: int = 0  # steps launched (``Engine.launch``)
 
     def __len__(self) -> int:
         return len(self.seqs)

@@ -13,7 +13,7 @@ all steps whose rows ask for logprobs or follow a grammar, and all steps on the 
              logits that seed the next tree (on the native path one graph replay per path width)
 
 With ``Algorithm.NONE`` the tree is the root alone, so plain decoding is the same code path. The step ends in
-``host``, the one tensor ``Engine._finish`` reads back. Each part is a phase (``phases.py``), named for a
+``host``, the one tensor ``Engine.collect`` reads back. Each part is a phase (``phases.py``), named for a
 profiler.
 """
 
@@ -45,7 +45,7 @@ class StepByParts:
         self.ops, self.capture = ops, capture
 
     def __call__(self, batch: Batch, spec: SpecConfig, logprobs: bool) -> tuple[torch.Tensor, Pending | None]:
-        """One step of ``spec``'s settings: ``(host [B, width + 4], the asking rows' logprobs)`` (``Engine._finish``
+        """One step of ``spec``'s settings: ``(host [B, width + 4], the asking rows' logprobs)`` (``Engine.collect``
         reads them); ``logprobs``: whether any row asks for them. Updates the batch's draft output."""
         rows = batch.rows
         with phase("draft"):

@@ -148,7 +148,7 @@ class StaticStep:
         the caches' next slot."""
         host, width = outputs[0], self.spec.path_width
         lengths = kept(inputs, host[:, width + 1])
-        used = lengths.max().view(1)  # the caches' next prefix: ``Engine._finish`` crops them to the longest row
+        used = lengths.max().view(1)  # the caches' next prefix: ``Engine.collect`` crops them to the longest row
         out = {"lengths": lengths, "root": kept(inputs, host[:, width + 2]), "tprefix": used}
         if self.draft is not None:
             out.update(hidden0=kept(inputs, outputs[-1]), dprefix=used)
@@ -183,19 +183,26 @@ class StaticStep:
                  **rows_example(kind, rows, dev, vocab_of(self.native))}, fixed)
 
     @torch.inference_mode()
-    def __call__(self, lengths, root, logits0, hidden0, rows, state: tuple | None = None):
+    def __call__(self, lengths, root, logits0, hidden0, rows, state: tuple | None = None, ahead: bool = False):
         """(host [B, width + 4], draft logits, draft hidden) as ``step_static`` returns them for a batch
         of sampling settings ``rows`` (``SamplingRows``, whose penalty counts it updates), or None past the
         last bucket (run the step by parts). The logits are None for a setting that drafts nothing, both
-        without a draft. ``state``: ``BatchGraph``'s (the inputs' token, the next one)."""
+        without a draft. ``state``: ``BatchGraph``'s (the inputs' token, the next one). ``ahead``: the step
+        before is not read back, so the caches' slot counts on the host are one step old: the prefix is the
+        longest row's length, read on the device, and the window leaves room for one more step's tokens."""
         fixed = {"tprefix": self.tpool.used}
         if self.dpool is not None:
             fixed["dprefix"] = self.dpool.used
+        need = max(fixed.values()) + self.span
+        if ahead:
+            prefix = lengths.max()  # what ``Engine.collect`` crops both caches to, once it has read it
+            fixed = dict.fromkeys(fixed, prefix)
+            need += self.spec.path_width
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
         inputs = {"lengths": lengths, "root": root, **self._drafts(logits0, hidden0), "live": self._live,
                   **rows_inputs(rows)}
-        out = self.graphs[rows.kind](inputs, fixed, max(fixed.values()) + self.span, state)
+        out = self.graphs[rows.kind](inputs, fixed, need, state)
         if out is None:
             return None
         self.steps += 1

@@ -2,10 +2,11 @@
 
 A step replays the whole step as one CUDA graph where one fits (``decode.py``), else runs it by parts
 (``by_parts.py``: draft a tree, verify it with the target, accept, commit, extend the draft); either way it
-ends in one read-back, ``_finish``, the host's share. With ``Algorithm.NONE`` the tree is the root alone, so
-plain decoding is the same code path. A ``SpecConfig.schedule`` picks the settings per step from the batch
-size (``for_batch``); its no-speculation entries verify the root alone but still feed the draft (draft
-extend), so it can draft again when the batch shrinks. An adaptive spec (``--speculative-batch-schedule
+ends in one read-back, ``collect``, the host's share; ``launch`` queues the device's, so a caller can launch
+the next step before it reads this one (the server's overlap schedule). With ``Algorithm.NONE`` the tree is
+the root alone, so plain decoding is the same code path. A ``SpecConfig.schedule`` picks the settings per
+step from the batch size (``for_batch``); its no-speculation entries verify the root alone but still feed
+the draft (draft extend), so it can draft again when the batch shrinks. An adaptive spec (``--speculative-batch-schedule
 auto``) leaves the choice to its ``Chooser`` (``adaptive.py``): step costs per rows bucket
 (``adaptive.measure_step_costs``, timed at warm-up on the GPU) and the live acceptance of each setting.
 Prefill is ``prefill.py``; the native path's caches and graph runners, ``pools.py``; the sequences and
@@ -20,8 +21,8 @@ tokens, no extra wait on the device). Such a row emits nothing more, and
 
 from __future__ import annotations
 
-import gc
 import time
+from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -33,18 +34,41 @@ from ..errors import EyasError
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget
 from ..spec.ops import TORCH
-from .adaptive import Chooser, measure_step_costs, model_costs
+from .adaptive import Chooser, model_costs
 from .batch import Batch, Output, Sequence, not_finite, scrub
 from .by_parts import StepByParts
-from .decode import STARTUP_KINDS
 from .grammar import RowGrammar, constrained, grammars_for
 from .logprobs import Pending
 from .phases import phase
 from .pools import native_pools
 from .prefill import Prefilling, prefill_chunk, prefill_eagerly, read_first_tokens
 from .sampling import SamplingParams, SamplingRows
+from .warmup import graph_runners, warm_up
 
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@dataclass
+class Launched:
+    """A step on the device (``Engine.launch``), its tokens on their way to the host (``Engine.collect``)."""
+
+    batch: Batch
+    spec: SpecConfig
+    host: torch.Tensor  # [B, width + 4]: on the device until ``keep`` copies it out
+    pending: Pending | None  # the asking rows' logprobs
+    start: float  # when it was launched
+    arrived: object = None  # after ``keep`` on a GPU: the CUDA event marking the copy's arrival in pinned memory
+
+    def keep(self) -> None:
+        """Copy the tokens out before the next step is launched ahead: a whole step's outputs are its graph's
+        buffers, which that step overwrites. On a GPU the copy goes into pinned memory, queued behind this
+        step and before the next, so ``collect`` waits for this step alone."""
+        if self.host.is_cuda:
+            pinned = torch.empty(self.host.shape, dtype=self.host.dtype, pin_memory=True)
+            self.host, self.arrived = pinned.copy_(self.host, non_blocking=True), torch.cuda.Event()
+            self.arrived.record()
+        else:
+            self.host = self.host.clone()
 
 
 class Engine:
@@ -80,6 +104,9 @@ class Engine:
                                     spec.speculative)
         rows = buckets(config.graph_rows)
         self.chooser = Chooser(spec.options, model_costs(spec.options, rows)) if spec.adaptive else None
+        self._collected = 0.0  # when the last step's tokens were collected
+        self._uncollected: Launched | None = None  # the step launched last, until collected or kept
+        self._chosen: tuple = (None, None)  # ((batch serial, steps, rows), its next step's setting)
 
     @property
     def target_runner(self):
@@ -92,56 +119,13 @@ class Engine:
         return self.max_context - self.tree_size - 1
 
     def graph_runners(self) -> list:
-        """The native path's graph runners: target forward, the whole step (one per setting,
-        each in its greedy, sampled and filtered variants), and, when steps run by parts,
-        one tree drafter per setting and one draft extend per path width."""
-        if not self.static:
-            return []
-        # The drafters and extenders beside whole-step graphs are captured when first used (steps by parts),
-        # not at startup: a step that no whole-step bucket fits fits none of theirs either (the same rows and
-        # window buckets).
-        extra = ([d.graph for d in self.drafters.values()] + [e.graph for e in self.extenders.values()]
-                 if not self.config.whole_step_graphs else [])
-        # the penalized variants are captured on first use
-        whole = [g for w in self.whole_steps.values() for kind, g in w.graphs.items() if kind in STARTUP_KINDS]
-        prefill = self.prefiller.graphs() if self.prefiller else []
-        return [self.target_runner] + whole + extra + prefill
+        """The native path's graph runners (``warmup.graph_runners``)."""
+        return graph_runners(self)
 
     @torch.inference_mode()
     def warm_up(self, progress: bool = True, on_cpu: bool = False) -> str:
-        """Capture every CUDA graph the engine can replay (each runner's ``plan()``: rows buckets up to
-        the graph max batch x token buckets x every window bucket) now, not on first use; return a
-        one-line summary. The caches are emptied afterwards, so generation is unchanged. On the CPU
-        there is nothing to capture: skipped, unless ``on_cpu`` (tests) runs each bucket once eagerly."""
-        runners = [r for r in self.graph_runners() if r.enabled]
-        if not runners:
-            return "CUDA graphs: none to capture (" + ("disabled)" if self.static else "generic path)")
-        cuda = self.device.type == "cuda"
-        if not (cuda and any(r.capture for r in runners)) and not on_cpu:
-            return "CUDA graphs: n/a on the CPU, nothing captured"
-        from tqdm.auto import tqdm
-
-        work = [(r, key) for r in runners for key in r.plan()]
-        if cuda:  # capture empties the allocator's cache; do it first, so the delta below is the graphs' own
-            gc.collect()
-            torch.cuda.empty_cache()
-        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device) if cuda else 0
-        bar = tqdm(work, desc="capturing CUDA graphs" if cuda else "warming up graph buckets", disable=not progress,
-                   unit="", bar_format="{desc}: {n_fmt}/{total_fmt} {unit}")  # {postfix} starts with ", "
-        for runner, key in bar:
-            bar.unit = f"[{runner.name}, rows {key[0]}, window {key[-1]}]"
-            runner.warm(key)
-        bar.close()
-        self._reset_pools()
-        if cuda and self.chooser:
-            self.chooser.set_costs(measure_step_costs(self), measured=True)
-        seconds = time.perf_counter() - start
-        if not cuda:
-            return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"
-        torch.cuda.synchronize(self.device)
-        pool = (torch.cuda.memory_reserved(self.device) - reserved) / 2**20
-        captured = sum(1 for r in runners for g in r.graphs.values() if g.graph is not None)
-        return f"CUDA graphs: {captured} of {len(work)} captured in {seconds:.1f} s, graph memory {pool:.0f} MiB"
+        """Capture every CUDA graph the engine can replay now, not on first use (``warmup.warm_up``)."""
+        return warm_up(self, progress, on_cpu)
 
     def _reset_pools(self) -> None:
         """Empty the preallocated caches (after warm-up's work): generation starts from nothing."""
@@ -299,40 +283,71 @@ class Engine:
     def step(self, batch: Batch, setting: SpecConfig | None = None) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted. ``setting``: one of the
         spec's ``options`` instead of the one the batch size (or the chooser) picks."""
+        return self.collect(self.launch(batch, setting))
+
+    def launch(self, batch: Batch, setting: SpecConfig | None = None, ahead: bool = False) -> Launched | None:
+        """The device's share of a step, queued: its tokens are on their way to the host (``collect`` takes
+        them). ``ahead``: the batch's previous step is launched but not collected yet (the overlapped
+        scheduler); only a whole-step graph can run so (it reads its inputs on the device), else None."""
         with phase("step"):
             start = time.perf_counter()
-            self._own(batch)
-            spec = setting or (self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch)))
-            if spec.speculative and batch.draft_logits is None:  # the steps before drafted nothing
-                batch.draft_logits = self.draft_steps.net.logits(batch.draft_hidden, batch.draft_cache)
             rows = batch.rows
             # The whole-step graphs return the tokens alone (their outputs are fixed at capture, and a logprobs
             # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.
             whole = rows.logprobs is None
             graphs = whole and not constrained(batch.seqs)  # a grammar's mask is made on the host (grammar.py)
+            if ahead and not (graphs and self.whole_steps):
+                return None
+            self._own(batch)
+            spec = setting or self._choose(batch)
+            if spec.speculative and batch.draft_logits is None:  # the steps before drafted nothing
+                batch.draft_logits = self.draft_steps.net.logits(batch.draft_hidden, batch.draft_cache)
             if graphs and spec in self.whole_steps:  # the whole step in one graph replay, where one fits
+                if ahead and self._uncollected is not None:
+                    self._uncollected.keep()
+                    self._uncollected = None
                 out = self.whole_steps[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden,
-                                             rows, batch.state())
+                                             rows, batch.state(), ahead)
                 if out is not None:
                     host, batch.draft_logits, batch.draft_hidden = out
-                    return self._finish(batch, spec, host, start=start)
+                    return self._launched(batch, spec, host, None, start)
+            if ahead:
+                return None
             host, pending = self.by_parts(batch, spec, logprobs=not whole)
-            return self._finish(batch, spec, host, pending, start)
+            return self._launched(batch, spec, host, pending, start)
 
-    def _finish(self, batch: Batch, spec: SpecConfig, host: torch.Tensor, pending: Pending | None = None,
-                start: float | None = None) -> list[list[int]]:
-        """The host's share of a step: ``host`` [B, width + 4] holds each row's emitted tokens (padded to
+    def _choose(self, batch: Batch) -> SpecConfig:
+        """The setting of the batch's next step, chosen once per step (a launch ahead that found no graph
+        leaves its choice to the launch that follows)."""
+        key = (batch.serial, batch.steps, len(batch))
+        if self._chosen[0] != key:
+            self._chosen = key, self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch))
+        return self._chosen[1]
+
+    def _launched(self, batch: Batch, spec: SpecConfig, host: torch.Tensor, pending: Pending | None,
+                  start: float) -> Launched:
+        """The step, launched: the batch's tensors now name what it leaves."""
+        width = spec.path_width
+        batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
+        batch.steps += 1  # the tensors now hold what this step left (a step graph may have carried it)
+        self._uncollected = Launched(batch, spec, host, pending, start)
+        return self._uncollected
+
+    def collect(self, step: Launched) -> list[list[int]]:
+        """The host's share of a step: ``step.host`` [B, width + 4] holds each row's emitted tokens (padded to
         the path width), their count, the new length, the next root and whether its logits were finite.
-        The step's one device-to-host copy, queued behind everything the step launched (the batch moves
-        on only once it has arrived); then the caches' slot count and the tokens. A row whose logits were
-        not finite emits nothing and ends with an error. ``pending``: the asking rows' logprobs (arrived
-        with the tokens); ``start``: when the step began (the chooser learns the step's cost from it)."""
+        Waits for it to arrive; then the caches' slot count and the tokens. A row whose logits were not
+        finite emits nothing and ends with an error. ``step.pending``: the asking rows' logprobs (arrived
+        with the tokens). The chooser learns the step's cost from the time since its launch or the last
+        collect, whichever is later (with a step launched ahead, the device ran it meanwhile)."""
         with phase("finish"):
-            width = spec.path_width
-            rows = host.tolist()
-            logprobs = pending.unpack([h[width] for h in rows]) if pending is not None else [None] * len(rows)
-            batch.lengths, batch.root = host[:, width + 1], host[:, width + 2]
-            batch.steps += 1  # the tensors now hold what this step left (a step graph may have carried it)
+            if step is self._uncollected:
+                self._uncollected = None
+            if step.arrived is not None:
+                step.arrived.synchronize()
+            batch, spec, width = step.batch, step.spec, step.spec.path_width
+            rows = step.host.tolist()
+            logprobs = step.pending.unpack([h[width] for h in rows]) if step.pending is not None else [None] * len(rows)
             used = max((h[width + 1] for h in rows), default=0)
             batch.target_cache.crop(used)
             if batch.draft_cache is not None:
@@ -346,9 +361,10 @@ class Engine:
                     s.stats.record(spec.num_draft_tokens - 1, n - 1)
                     accepted.append(n - 1)
                 emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
+            now = time.perf_counter()
             if self.chooser:
-                seconds = None if start is None else time.perf_counter() - start
-                self.chooser.observe(spec, accepted, seconds, len(batch))
+                self.chooser.observe(spec, accepted, now - max(step.start, self._collected), len(batch))
+            self._collected = now
             return emitted
 
     # -- the simple static-batch loop ---------------------------------------------------------

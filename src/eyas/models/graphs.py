@@ -205,7 +205,7 @@ class BatchGraph:
         if key not in self.graphs:
             self._build(key)
 
-    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, int], need: int,
+    def __call__(self, inputs: dict[str, torch.Tensor], fixed: dict[str, int | torch.Tensor], need: int,
                  state: tuple | None = None) -> tuple | None:
         """The outputs' first ``B`` rows for ``inputs`` (``[B, ...]`` each). ``state``: (the token of what
         ``inputs`` hold, the token of what this step leaves), e.g. a batch and its step count: where this

@@ -1,0 +1,69 @@
+"""Capturing the engine's CUDA graphs at startup (``Engine.warm_up``), so that no request pays for one.
+
+Every runner's ``plan()`` lists the buckets it can hit (rows x token buckets x windows); each is built once,
+the caches emptied afterwards. On the CPU nothing is captured; tests warm the buckets up eagerly.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from .adaptive import measure_step_costs
+from .decode import STARTUP_KINDS
+
+
+def graph_runners(engine) -> list:
+    """The native path's graph runners: target forward, the whole step (one per setting,
+    each in its greedy, sampled and filtered variants), and, when steps run by parts,
+    one tree drafter per setting and one draft extend per path width."""
+    if not engine.static:
+        return []
+    # The drafters and extenders beside whole-step graphs are captured when first used (steps by parts),
+    # not at startup: a step that no whole-step bucket fits fits none of theirs either (the same rows and
+    # window buckets).
+    extra = ([d.graph for d in engine.drafters.values()] + [e.graph for e in engine.extenders.values()]
+             if not engine.config.whole_step_graphs else [])
+    # the penalized variants are captured on first use
+    whole = [g for w in engine.whole_steps.values() for kind, g in w.graphs.items() if kind in STARTUP_KINDS]
+    prefill = engine.prefiller.graphs() if engine.prefiller else []
+    return [engine.target_runner] + whole + extra + prefill
+
+
+@torch.inference_mode()
+def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
+    """Capture every CUDA graph the engine can replay (each runner's ``plan()``: rows buckets up to
+    the graph max batch x token buckets x every window bucket) now, not on first use; return a
+    one-line summary. The caches are emptied afterwards, so generation is unchanged. On the CPU
+    there is nothing to capture: skipped, unless ``on_cpu`` (tests) runs each bucket once eagerly."""
+    runners = [r for r in graph_runners(engine) if r.enabled]
+    if not runners:
+        return "CUDA graphs: none to capture (" + ("disabled)" if engine.static else "generic path)")
+    cuda = engine.device.type == "cuda"
+    if not (cuda and any(r.capture for r in runners)) and not on_cpu:
+        return "CUDA graphs: n/a on the CPU, nothing captured"
+    from tqdm.auto import tqdm
+
+    work = [(r, key) for r in runners for key in r.plan()]
+    if cuda:  # capture empties the allocator's cache; do it first, so the delta below is the graphs' own
+        gc.collect()
+        torch.cuda.empty_cache()
+    start, reserved = time.perf_counter(), torch.cuda.memory_reserved(engine.device) if cuda else 0
+    bar = tqdm(work, desc="capturing CUDA graphs" if cuda else "warming up graph buckets", disable=not progress,
+               unit="", bar_format="{desc}: {n_fmt}/{total_fmt} {unit}")  # {postfix} starts with ", "
+    for runner, key in bar:
+        bar.unit = f"[{runner.name}, rows {key[0]}, window {key[-1]}]"
+        runner.warm(key)
+    bar.close()
+    engine._reset_pools()
+    if cuda and engine.chooser:
+        engine.chooser.set_costs(measure_step_costs(engine), measured=True)
+    seconds = time.perf_counter() - start
+    if not cuda:
+        return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"
+    torch.cuda.synchronize(engine.device)
+    pool = (torch.cuda.memory_reserved(engine.device) - reserved) / 2**20
+    captured = sum(1 for r in runners for g in r.graphs.values() if g.graph is not None)
+    return f"CUDA graphs: {captured} of {len(work)} captured in {seconds:.1f} s, graph memory {pool:.0f} MiB"

@@ -12,6 +12,12 @@ The engine is synchronous torch code and is only ever called from this one threa
     retire    drop rows that finished (stop, length, a stop string, or cancelled by the client)
     step      one speculative verify step for every running row; emit what each row produced
 
+With ``overlap`` (``--overlap-schedule``) the next step is launched before this one's tokens are read
+back (``Engine.launch(ahead=True)``: a whole-step graph, whose inputs are already on the device), so the
+host's share of a turn (emitting, handing over, bookkeeping) runs while the device computes the next
+step. A row that ends is stepped once more for nothing; any membership change (a row that ended, was
+cancelled or stopped, a prompt to admit or a chunk to prefill) first collects the step in flight.
+
 Requests come in from asyncio handlers through ``submit`` (which refuses with ``Overloaded`` past
 running + queue capacity, so the HTTP layer answers 503). The thread only steps and hands token ids
 over: what a turn produced (each row's new ids, the rows that ended) goes to the event loop in one
@@ -36,53 +42,27 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.batch import Sequence
 from ..engine.prefill import Prefilling
 from ..engine.stats import SpecStats
 from .metrics import ServeMetrics
-from .stream import Delta, Ended, Failed, Finished, Outbox, Receiver
+from .stream import Delta, Ended, Failed, Finished, Outbox
+from .work import Overloaded, Work
 
 __all__ = ["Delta", "Failed", "Finished", "Overloaded", "Scheduler", "Work"]
 log = logging.getLogger("eyas.serve")
 
 
-@dataclass(eq=False)  # identity: the queue and the batch find a request by itself, never by its fields
-class Work:
-    """One sequence's life in the server. The engine thread owns ``seq``; the event loop owns
-    ``receiver`` (its text and events) and sets ``stopped`` when a stop string matched."""
-
-    seq: Sequence
-    receiver: Receiver
-    arrival: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
-    stopped: bool = False
-    done: bool = False  # its last payload (Ended or Failed) was handed over
-    on_cancel: Callable[[Work], None] | None = field(default=None, repr=False)  # set by Scheduler.submit
-
-    def cancel(self) -> None:
-        """Called from any thread: a queued request leaves the queue now; the engine thread drops a
-        running row before its next step."""
-        self.cancelled = True
-        if self.on_cancel is not None:
-            self.on_cancel(self)
-
-
-class Overloaded(Exception):
-    def __init__(self, running: int, queued: int):
-        super().__init__(f"{running} running, {queued} queued")
-        self.running, self.queued = running, queued
-
-
 class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, max_running: int = 32, max_queued: int = 256,
                  log_interval: float = 10.0, max_prefill_tokens: int = 16384, log_requests: bool = False,
-                 chunked_prefill_size: int | None = None):
+                 chunked_prefill_size: int | None = None, overlap: bool = False):
         self.engine = engine
+        self.overlap = overlap
+        self._ahead = None  # the step launched and not yet collected (``Engine.launch``)
+        self._collected = 0.0  # when the last step's tokens were collected
         self.chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
         # prompt tokens one turn prefills (the first prompt always goes): a chunk's worth when chunking, as SGLang
         self.prefill_budget = min(max_prefill_tokens, self.chunk or max_prefill_tokens)
@@ -217,6 +197,8 @@ class Scheduler:
             self.metrics.kv_usage.set(self.engine.kv_usage(self._batch))  # per turn: 0 once the batch is empty
 
     def _turn(self, admit: list[Work]) -> None:
+        if self._ahead is not None and (admit or self._partial or self._ending()):
+            self._drain()  # the batch changes only as its last step left it
         live = [w for w in admit if not w.cancelled]
         for w in admit:
             if w.cancelled:
@@ -303,6 +285,8 @@ class Scheduler:
         try:
             self._step_once()
         except Exception as e:
+            if self._ahead is not None:  # a step launched ahead holds the rows' next tokens: out first
+                self._drain()
             joined_now = set(joined)  # Work hashes by identity
             new = [w for w in self._running if w in joined_now]
             if not new:
@@ -316,10 +300,33 @@ class Scheduler:
                 self._step_once()  # raises again: a broken engine, every row fails (_fail_all)
 
     def _step_once(self) -> None:
+        """One step's tokens out; with ``overlap``, the next step launched before they are read back."""
+        if not self.overlap:
+            self._emit(lambda: self.engine.step(self._batch), time.perf_counter())
+            return
+        step, self._ahead = self._ahead or self.engine.launch(self._batch), None
+        try:
+            if not self._ending():
+                self._ahead = self.engine.launch(self._batch, ahead=True)  # None where no whole-step graph fits
+        finally:  # this step's tokens are the rows' own, whatever happened to the next
+            self._emit(lambda: self.engine.collect(step), step.start)
+
+    def _ending(self) -> bool:
+        """Whether a running row ended, was cancelled or stopped: the batch is about to change."""
+        return any(w.seq.finished or w.stopped or w.cancelled for w in self._running)
+
+    def _drain(self) -> None:
+        step, self._ahead = self._ahead, None
+        self._emit(lambda: self.engine.collect(step), step.start)
+
+    def _emit(self, run, start: float) -> None:
+        """Hand over what ``run()`` (a step's tokens, per row) gave each row; the step took the time from
+        ``start`` (its launch) or the last step's end, whichever is later."""
         before = [(w.seq.stats.drafts, w.seq.stats.draft_tokens, w.seq.stats.accepted) for w in self._running]
-        start = time.perf_counter()
-        emitted = self.engine.step(self._batch)
-        self.metrics.engine_step(len(self._running), time.perf_counter() - start)
+        emitted = run()
+        now = time.perf_counter()
+        self.metrics.engine_step(len(self._running), now - max(start, self._collected))
+        self._collected = now
         self.steps += 1
         per_row = []
         for w, (d, t, a), tokens in zip(self._running, before, emitted):
@@ -377,7 +384,7 @@ class Scheduler:
             self._partial.clear()
             waiting = [a for a in dict.fromkeys(admit + partial) if a not in self._running]  # a long one: in both
             works = [w for w in self._running + waiting if not w.done]
-            self._running, self._batch = [], None
+            self._running, self._batch, self._ahead = [], None, None
             self._inflight -= len(works)
         self.metrics.running.set(0)
         for w in works:

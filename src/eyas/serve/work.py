@@ -1,0 +1,38 @@
+"""A request's life in the server (``Work``), from ``Scheduler.submit`` to its last event, and the refusal
+of one the server has no room for (``Overloaded``: the HTTP layer answers 503)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine.batch import Sequence
+from .stream import Receiver
+
+
+@dataclass(eq=False)  # identity: the queue and the batch find a request by itself, never by its fields
+class Work:
+    """One sequence's life in the server. The engine thread owns ``seq``; the event loop owns
+    ``receiver`` (its text and events) and sets ``stopped`` when a stop string matched."""
+
+    seq: Sequence
+    receiver: Receiver
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    stopped: bool = False
+    done: bool = False  # its last payload (Ended or Failed) was handed over
+    on_cancel: Callable[[Work], None] | None = field(default=None, repr=False)  # set by Scheduler.submit
+
+    def cancel(self) -> None:
+        """Called from any thread: a queued request leaves the queue now; the engine thread drops a
+        running row before its next step."""
+        self.cancelled = True
+        if self.on_cancel is not None:
+            self.on_cancel(self)
+
+
+class Overloaded(Exception):
+    def __init__(self, running: int, queued: int):
+        super().__init__(f"{running} running, {queued} queued")
+        self.running, self.queued = running, queued

@@ -121,3 +121,15 @@ def test_a_storm_of_dropped_streams_leaves_nothing_behind(overlapped):
     assert m.get('eyas:requests_total{outcome="error"}', 0) == 0
     ok = httpx.post(srv.url + "/v1/completions", json={"prompt": "after", "max_tokens": 4}, timeout=60)
     assert ok.status_code == 200 and any(ahead)
+
+
+def test_an_app_runs_no_more_rows_than_the_cache_holds(native, caplog):
+    """An engine whose KV cache holds 16 rows, asked to run 32: the app runs 16, says so, and /server_info
+    reports it (past it, every step of a full batch failed)."""
+    from eyas.serve.app import ServeOptions, create_app
+
+    app = create_app(native, ServeOptions(served_model_name="tiny", log_interval=0, max_running_requests=32))
+    assert app.state.eyas.scheduler.max_running == 16
+    assert "KV cache holds (16 rows" in caplog.text
+    with InProcessServer(app) as srv:
+        assert httpx.get(srv.url + "/server_info").json()["max_running_requests"] == 16

@@ -10,7 +10,7 @@ import logging
 import sys
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -72,6 +72,11 @@ class ServeState:
 
 def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     options = options or ServeOptions()
+    rows = getattr(getattr(engine, "config", None), "max_batch", None) if getattr(engine, "static", False) else None
+    if rows and options.max_running_requests > rows:  # the native path's KV cache holds that many rows, no more
+        log.warning("max_running_requests %d is more than the engine's KV cache holds (%d rows, "
+                    "EngineArgs.max_batch): running at most %d", options.max_running_requests, rows, rows)
+        options = replace(options, max_running_requests=rows)
     spec = engine.spec
     name = options.served_model_name or options.model_path or engine.target.name
     metrics = ServeMetrics(spec.num_steps, spec.num_draft_tokens, options.metrics_window, spec.speculative,

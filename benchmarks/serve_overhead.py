@@ -7,7 +7,9 @@ The real ``eyas serve`` stack (uvicorn, the OpenAI routes, the scheduler thread,
 detokenizing and SSE framing) over a real target's tokenizer and chat template (``--model-path``,
 default the embedded SmolLM2), with the engine's device work replaced: a step sleeps ``--step-ms``
 (the interpreter lock free, as it is while a replay runs) and gives every row one token; a prefill
-sleeps ``--prefill-ms`` and gives each new row its first token. Nothing runs on a device, so any
+sleeps ``--prefill-ms`` and gives each new row its first token. With ``--overlap-schedule`` a step is
+launched onto a queue that frees ``--step-ms`` after the step before it ends, and collecting it sleeps
+until then, as a GPU's stream would. Nothing runs on a device, so any
 machine measures how much a served step costs beyond the device's own time: the inter-token latency
 over ``--step-ms`` and the tokens per second against ``clients x 1000 / step-ms``. The load is
 ``serve_load.py``'s (closed-loop streaming chat clients, ``ignore_eos``), in the same process as the
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -56,12 +59,24 @@ def serve(args) -> None:
         time.sleep(args.step_ms / 1e3)
         return emit(batch.seqs)
 
-    engine.prefill, engine.step = prefill, step
+    device = {"free": 0.0}  # when the device's queue runs dry: steps launched ahead queue behind each other
+
+    def launch(batch, setting=None, ahead=False):
+        now = time.perf_counter()
+        device["free"] = max(device["free"], now) + args.step_ms / 1e3
+        return SimpleNamespace(batch=batch, start=now, done=device["free"])
+
+    def collect(step):
+        time.sleep(max(0.0, step.done - time.perf_counter()))
+        return emit(step.batch.seqs)
+
+    engine.prefill, engine.step, engine.launch, engine.collect = prefill, step, launch, collect
     engine.merge = lambda a, b: b if a is None or not len(a) else Batch(a.seqs + b.seqs, None, None, None, None)
     engine.filter = lambda batch, keep: Batch([batch.seqs[i] for i in keep], None, None, None, None)
     engine.prefill_groups = lambda seqs: [list(range(len(seqs)))] if seqs else []
     app = create_app(engine, ServeOptions(model_path=args.model_path, switch_interval_ms=args.switch_interval_ms,
-                                          max_running_requests=args.max_running_requests))
+                                          max_running_requests=args.max_running_requests,
+                                          overlap_schedule=args.overlap_schedule))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
@@ -73,6 +88,7 @@ def measure(args) -> dict:
            "--step-ms", str(args.step_ms), "--prefill-ms", str(args.prefill_ms),
            "--max-running-requests", str(args.max_running_requests),
            "--switch-interval-ms", str(args.switch_interval_ms)]
+    cmd += ["--overlap-schedule"] if args.overlap_schedule else []
     log = Path(args.log)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -103,6 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.5, help="a step's device time (default 0.5)")
     ap.add_argument("--prefill-ms", type=float, default=2.0, help="a prefill's device time (default 2)")
     ap.add_argument("--switch-interval-ms", type=float, default=0.1, help="as eyas serve's (default 0.1)")
+    ap.add_argument("--overlap-schedule", action="store_true",
+                    help="serve with --overlap-schedule: a step's sleep runs while the host handles the step before")
     ap.add_argument("--clients", default="1,16,64")
     ap.add_argument("--requests-per-client", type=int, default=1)
     ap.add_argument("--min-requests", type=int, default=64)

@@ -152,8 +152,8 @@ def load_pair(model_path: str, draft_path: str | None, dtype: str = "bfloat16", 
 
 def load_draft_for(target, draft_path: str | None, device: str = "cuda"):
     """The draft at ``draft_path`` (the shipped one by default) over ``target``'s embedding."""
+    from eyas import formats
     from eyas.common.draft_registry import BUILTIN_DRAFTS, resolve_draft_path
-    from eyas.models import formats
 
     path = resolve_draft_path(draft_path or BUILTIN_DRAFTS["smollm2-135m-instruct"])
     return formats.load_draft(path, embed_weight=target.embed_tokens.weight, device=device, dtype=target.dtype)

@@ -19,7 +19,8 @@ ALLOWED_APP_IMPORTS = {
     ("eyas.train", "eyas.data"): "training reads the tokenized data folder `eyas prepare` writes",
 }
 # What the engine and the layers below it must never import, directly or through others.
-ABOVE_ENGINE = (*APPS, "eyas.common", "eyas.pipeline", "eyas.cli", "eyas.demo", "eyas.export", "eyas.generate")
+ABOVE_ENGINE = (*APPS, "eyas.formats", "eyas.common", "eyas.pipeline", "eyas.cli", "eyas.demo", "eyas.export",
+                "eyas.generate")
 # The layers under the apps, lowest first: the transformer block, speculative decoding's tree, drafting and
 # verification, the engine. Each may import those before it, never one after.
 LAYERS = ("eyas.models", "eyas.spec", "eyas.engine")

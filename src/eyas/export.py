@@ -1,6 +1,6 @@
 """``eyas export DRAFT --format sglang|speculators --out DIR``: a draft folder SGLang or vLLM serves as is.
 
-The source may be in any format eyas reads (see ``eyas.models.formats``). The command writes a
+The source may be in any format eyas reads (see ``eyas.formats``). The command writes a
 complete folder (config.json + model.safetensors; token embeddings are shared from the target, as
 both engines do) and prints the launch lines for it. Those lines always say ``EAGLE3``/``eagle3``:
 SGLang's ``EAGLE`` would run an EAGLE-3 draft without its aux states and accept nothing. The target
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
+from . import formats
 from .errors import EyasError
-from .models import format_names, format_writers, formats
+from .formats import names as format_names
+from .formats import write as format_writers
 from .models.loading import SMOLLM2
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

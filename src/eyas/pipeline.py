@@ -12,12 +12,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import formats
 from .checks import check_algorithm
 from .common.draft_registry import default_draft_for, resolve_draft_path
 from .config import AUTO, Algorithm, SpecConfig, parse_schedule
 from .engine_config import EngineConfig
 from .errors import EyasError
-from .models import formats
 from .models.loading import SMOLLM2, load_target, resolve_device
 from .models.native import choose
 from .models.target import Target

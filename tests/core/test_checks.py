@@ -203,8 +203,8 @@ def test_a_narrow_draft_that_ships_its_embeddings_runs_as_the_doctor_says(tmp_pa
     doctor calls it ready, so the engine must run it, losslessly."""
     from transformers import LlamaConfig
 
+    from eyas import formats
     from eyas.engine.sampling import SamplingParams
-    from eyas.models import formats
 
     t = tiny_target(dtype=torch.float32)
     cfg = Eagle3Draft.config_for_target(t).to_dict()

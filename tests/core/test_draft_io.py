@@ -7,8 +7,8 @@ import torch
 from safetensors import safe_open
 
 from eyas.errors import EyasError
+from eyas.formats import load_draft
 from eyas.models.draft import Eagle3Draft
-from eyas.models.formats import load_draft
 from eyas.models.vocab import build_vocab, draft_to_target, target_to_draft
 
 SGLANG_NAMES = {

@@ -62,7 +62,7 @@ def test_smollm2_greedy_speculation_is_lossless_over_128_tokens():
     assert target.aux_layer_ids == [2, 15, 27]
     shipped = builtin_draft(SMOLLM2)
     if shipped is not None:
-        from eyas.models.formats import load_draft
+        from eyas.formats import load_draft
 
         draft = load_draft(shipped, embed_weight=target.embed_tokens.weight, dtype=target.dtype)
     else:
@@ -118,7 +118,7 @@ def test_absurd_target_configs_are_refused_before_anything_is_built(tiny_folder,
 
 
 def test_an_absurd_draft_config_is_refused(tmp_path, draft):
-    from eyas.models import formats
+    from eyas import formats
 
     draft.save_pretrained(tmp_path / "d")
     for key in ("vocab_size", "draft_vocab_size"):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import save_tiny_model
 
+from eyas import formats
 from eyas.errors import EyasError
-from eyas.models import formats
 from eyas.models.draft import Eagle3Draft
 from eyas.models.loading import load_target
 

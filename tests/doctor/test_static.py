@@ -13,10 +13,11 @@ from helpers import save_tiny_model, tiny_target
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
+from eyas import formats
 from eyas.cli import main
 from eyas.common.training_record import template_sha
 from eyas.doctor.static import diagnose
-from eyas.models import format_writers, formats
+from eyas.formats import write as format_writers
 from eyas.models.draft import Eagle3Draft
 
 

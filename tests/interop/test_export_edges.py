@@ -38,7 +38,7 @@ def test_a_draft_narrower_than_its_target_exports_with_its_embeddings(tmp_path, 
     from safetensors import safe_open
     from transformers import LlamaConfig
 
-    from eyas.models import formats
+    from eyas import formats
     from eyas.models.draft import Eagle3Draft
 
     t = tiny_target(dtype=torch.float32)

@@ -7,10 +7,11 @@ import torch
 from helpers import reference_greedy, save_tiny_model
 from interop_helpers import DRAFT_VOCAB, WRITERS, sglang_tensors
 
+from eyas import formats
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
-from eyas.models import format_names, formats
+from eyas.formats import names as format_names
 from eyas.models.draft import Eagle3Draft
 
 PROMPTS = [[72, 101, 108, 108, 111], [256, 87, 104, 97, 116, 32]]

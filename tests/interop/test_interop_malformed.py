@@ -8,9 +8,9 @@ import pytest
 import torch
 from interop_helpers import sglang_tensors, write_official_fixture, write_sglang_fixture, write_speculators_fixture
 
+from eyas import formats
 from eyas.cli import main
 from eyas.errors import EyasError
-from eyas.models import formats
 
 
 def _without(name):

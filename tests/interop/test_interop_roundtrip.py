@@ -10,8 +10,10 @@ import torch
 from interop_helpers import DRAFT_VOCAB, WRITERS, sglang_tensors
 from safetensors import safe_open
 
+from eyas import formats
 from eyas.cli import main
-from eyas.models import format_names, format_writers, formats
+from eyas.formats import names as format_names
+from eyas.formats import write as format_writers
 from eyas.models.draft import Eagle3Draft
 
 AUX = [1, 3, 6]  # eyas ids (inputs of decoder layers 1, 3, 6), deliberately not the default

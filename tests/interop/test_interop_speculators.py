@@ -23,7 +23,9 @@ from helpers import save_tiny_model
 from interop_helpers import DRAFT_VOCAB, sglang_tensors
 from safetensors.torch import load_file
 
-from eyas.models import format_names, format_writers, formats
+from eyas import formats
+from eyas.formats import names as format_names
+from eyas.formats import write as format_writers
 from eyas.models.draft import Eagle3Draft
 
 INSTALL = "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 loguru==0.7.3"

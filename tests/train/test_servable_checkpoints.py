@@ -10,9 +10,10 @@ from helpers import reference_greedy, save_tiny_model
 from safetensors.torch import load_file
 from train_fixtures import make_data, tiny_recipe
 
+from eyas import formats
 from eyas.cli import main
 from eyas.engine.sampling import SamplingParams
-from eyas.models import format_names, formats
+from eyas.formats import names as format_names
 from eyas.models.loading import load_target
 from eyas.pipeline import EngineArgs, build_engine
 from eyas.train.trainer import Trainer

@@ -7,7 +7,7 @@ from helpers import tiny_target
 from train_fixtures import make_data, tiny_recipe
 
 from eyas.errors import EyasError
-from eyas.models.formats import load_draft
+from eyas.formats import load_draft
 from eyas.models.vocab import build_vocab, draft_to_target, target_to_draft
 from eyas.train.recipe import load_recipe
 from eyas.train.trainer import Trainer

@@ -35,8 +35,8 @@ def draft_is_eagle3(path: str | None) -> bool | None:
     """True/False when the draft folder is readable here, None otherwise."""
     if not path:
         return None
+    from .. import formats
     from ..checks import draft_kind
-    from ..models import formats
     from ..pipeline import draft_fc_width
 
     try:

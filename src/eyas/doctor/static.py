@@ -1,6 +1,6 @@
 """``eyas doctor --draft PATH --target PATH``: every reason a draft would be silently useless, before serving.
 
-Reads the draft folder in any format eyas knows (``eyas.models.formats``: eyas, SGLang/SpecForge,
+Reads the draft folder in any format eyas knows (``eyas.formats``: eyas, SGLang/SpecForge,
 speculators, official EAGLE-3), the draft's tensors (small) and the target's config and tokenizer
 (weights only for a GGUF target), then runs one check per failure mode. The refusals themselves
 live in ``eyas.checks`` and ``eyas.layers``; this module turns each into a table row instead of an
@@ -19,13 +19,14 @@ exception, so a person sees every problem at once.
 
 from __future__ import annotations
 
+from .. import formats
 from ..checks import check_algorithm, check_vocab_maps, draft_kind
 from ..common.target_facts import TargetFacts, read_target
 from ..common.training_record import read_record, template_sha
 from ..config import Algorithm
 from ..errors import EyasError
+from ..formats import names as format_names
 from ..layers import check_aux_layers, default_aux_layers, to_sglang
-from ..models import format_names, formats
 from .verdict import OK, PROBLEM, WARNING, Report
 
 FMT_NAMES = {"eyas": "eyas", "sglang": "SGLang/SpecForge", "speculators": "speculators (vLLM)",

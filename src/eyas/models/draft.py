@@ -186,7 +186,7 @@ class Eagle3Draft(nn.Module):
         return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
     def save_pretrained(self, path, include_embeddings: bool = False, dtype: torch.dtype | None = None) -> Path:
-        """Write the draft in eyas's format; ``eyas.models.formats.load_draft`` reads it back (and every other
+        """Write the draft in eyas's format; ``eyas.formats.load_draft`` reads it back (and every other
         format eyas reads)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import EyasError
+from ..formats import load_draft
 from ..models.draft import Eagle3Draft
-from ..models.formats import load_draft
 
 
 def warm_start(draft: Eagle3Draft, path: str, target, allow_pickle: bool = False) -> None:

@@ -14,9 +14,9 @@ from safetensors.torch import save_file
 
 from ..errors import EyasError
 from ..layers import to_speculators
-from .draft import ARCHITECTURE, HF_NOISE
-from .format_names import SGLANG, SPECULATORS, eyas_target, to_speculators_names
-from .formats import DraftFolder
+from ..models.draft import ARCHITECTURE, HF_NOISE
+from .names import SGLANG, SPECULATORS, eyas_target, to_speculators_names
+from .read import DraftFolder
 
 
 def _legacy_rope(config: dict) -> dict:
@@ -42,7 +42,7 @@ def _export_state(folder: DraftFolder, include_embeddings: bool, dtype) -> dict[
     state = {k: v for k, v in folder.state.items() if include_embeddings or k != "embed_tokens.weight"}
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-        # the folder read was finite (format_checks.check_finite): a value that is not now overflowed the cast
+        # the folder read was finite (checks.check_finite): a value that is not now overflowed the cast
         over = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
         if over:
             raise EyasError(f"{over[0]} holds values beyond {str(dtype).replace('torch.', '')}'s range: cast, they "

@@ -4,8 +4,8 @@ The format ids and how each is described in messages; the architectures that mar
 tensor names (SGLang's, which are eyas's, and speculators' ``layers.0.*``); speculators' config
 mapped to eyas's (SGLang's) config; and the target a draft's config records. Each name and key
 cites the file of the project it was checked against; the layer-id conventions live in
-``eyas.layers``. Reading (``formats``), checking (``format_checks``) and writing
-(``format_writers``) all take their names from here.
+``eyas.layers``. Reading (``read``), checking (``checks``) and writing
+(``write``) all take their names from here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import EyasError
 from ..layers import from_speculators, to_sglang
-from .draft import ARCHITECTURE
+from ..models.draft import ARCHITECTURE
 
 EYAS, SGLANG, SPECULATORS, OFFICIAL = "eyas", "sglang", "speculators", "eagle3"
 FORMATS = (EYAS, SGLANG, SPECULATORS, OFFICIAL)

@@ -9,8 +9,8 @@
 Every format is read into one internal shape, ``DraftFolder``: an eyas/SGLang ``LlamaConfig``
 (``draft_vocab_size``, ``target_hidden_size``, ``eagle_config`` with SGLang-indexed layer ids) and
 a state dict in SGLang's tensor names. ``Eagle3Draft`` is built from that (``load_draft``,
-``build_draft``), and ``format_writers`` writes it back out. The names each ecosystem uses, and the
-maps between them, are in ``format_names``; the checks of a folder's tensors in ``format_checks``.
+``build_draft``), and ``write`` writes it back out. The names each ecosystem uses, and the
+maps between them, are in ``names``; the checks of a folder's tensors in ``checks``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from transformers.activations import ACT2FN
 
 from ..errors import EyasError
 from ..layers import from_sglang, to_sglang
-from .bounds import check_config
-from .draft import ARCHITECTURE, Eagle3Draft
-from .format_checks import check_d2t, check_fits, check_layer_ids, check_official_shapes, check_state
-from .format_names import (
+from ..models.bounds import check_config
+from ..models.draft import ARCHITECTURE, Eagle3Draft
+from ..models.safety import checked_file, load_torch_file, refuse_pickle
+from .checks import check_d2t, check_fits, check_layer_ids, check_official_shapes, check_state
+from .names import (
     EYAS,
     LOOKS_LIKE,
     OFFICIAL,
@@ -41,7 +42,6 @@ from .format_names import (
     from_speculators_names,
     speculators_to_sglang_config,
 )
-from .safety import checked_file, load_torch_file, refuse_pickle
 
 
 @dataclass

@@ -4,7 +4,7 @@
 ``fc`` fuses three target states (and not two: EAGLE-1/2). ``check_state``: every tensor the draft
 needs is there and ``fc`` / ``lm_head`` agree with the config. ``check_fits``: no tensor more and
 every shape the one eyas's draft built from the config has. Tensors are named as the folder's
-format spells them (``format_names.shown``).
+format spells them (``names.shown``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from transformers import LlamaConfig
 
 from ..errors import EyasError
-from .format_names import LOOKS_LIKE, OFFICIAL, OFFICIAL_ARCHITECTURE, REQUIRED, shown
+from .names import LOOKS_LIKE, OFFICIAL, OFFICIAL_ARCHITECTURE, REQUIRED, shown
 
 
 def check_layer_ids(path: Path, looks: str, key: str, ids) -> None:

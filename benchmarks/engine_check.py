@@ -9,6 +9,8 @@ few seconds (the tests' own helpers):
 
 - greedy: NONE, a chain and a tree, native eager and native graphs, a batch of prompts, each output
   equal to HF ``generate``'s greedy continuation;
+- overlapped: each step launched before the last one is read back (the server's overlap schedule), the
+  same greedy outputs, and the same seeded sampled ones as steps taken one at a time;
 - sampled: a seeded request gives the same tokens alone, among greedy and sampled neighbours at any
   row, when it joins a running batch (the device sampler and tree verifier inside the graphs) and
   eagerly (its draws in torch ops, not the kernel), and another seed gives other tokens.
@@ -28,6 +30,7 @@ from common import ROOT, write
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "core")]
 
 from helpers import reference_greedy, tiny_target, train_draft  # noqa: E402
+from test_overlap import overlapped  # noqa: E402  the CPU test's loop with steps launched ahead
 from test_seeded_rows import MINE, OTHERS, PROMPT, joined_late  # noqa: E402  the CPU test's request and batch
 
 from eyas.config import SpecConfig, setting_name  # noqa: E402
@@ -72,6 +75,13 @@ def main() -> int:
             accepted = sum(o.stats.accepted for o in outs)
             record(f"greedy {setting_name(spec)} {'graphs' if graphs else 'eager'}", not bad,
                    f"rows differing from HF: {bad}; draft tokens accepted: {accepted}")
+    for spec in SPECS:  # the overlap schedule: each step launched before the last is read back
+        engine = Engine(NativeTarget.from_target(target), draft if spec.speculative else None, spec, max_batch=8,
+                        cuda_graphs=True)
+        outs, ahead = overlapped(engine, [greedy] * len(PROMPTS), PROMPTS)
+        bad = [i for i, (o, w) in enumerate(zip(outs, want)) if o != w]
+        record(f"greedy {setting_name(spec)} graphs, steps launched ahead", not bad and ahead > 0,
+               f"rows differing from HF: {bad}; steps launched ahead: {ahead}")
     spec = SPECS[2]
     engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, cuda_graphs=True)
     alone = engine.generate([PROMPTS[0]], MINE)[0]
@@ -88,6 +98,13 @@ def main() -> int:
     record("sampled: the eager path (draws in torch ops) gives the graphs' tokens (draws in a kernel)",
            eager.output_ids == alone.output_ids)
     record("sampled: the filtered whole-step graph ran", bool(engine.whole_steps[spec].graphs["filtered"].graphs))
+    rows = [sp for _, sp in OTHERS[:1]] + [MINE] + [sp for _, sp in OTHERS[1:3]]
+    prompts = [p for p, _ in OTHERS[:1]] + [PROMPTS[0]] + [p for p, _ in OTHERS[1:3]]
+    one = [o.output_ids for o in engine.generate(prompts, rows)]
+    ahead, launched = overlapped(engine, rows, prompts)
+    kept = [0, 1, 3]  # the greedy row and the seeded ones (row 2 draws fresh each run)
+    record("sampled: steps launched ahead give the tokens of steps one at a time",
+           [ahead[i] for i in kept] == [one[i] for i in kept] and launched > 0, f"steps launched ahead: {launched}")
     seconds = time.perf_counter() - start
     print(f"{len(checks) - failed}/{len(checks)} checks passed in {seconds:.0f} s")
     if args.out:

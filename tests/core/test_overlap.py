@@ -27,10 +27,10 @@ def engine_for(target, draft, spec) -> Engine:
                   cuda_graphs=True)
 
 
-def overlapped(engine: Engine, rows: list[SamplingParams]) -> tuple[list[list[int]], int]:
+def overlapped(engine: Engine, rows: list[SamplingParams], prompts=PROMPTS) -> tuple[list[list[int]], int]:
     """The scheduler's loop with overlap: the next step launched before this one is collected, drained
     before the batch changes. Returns every row's tokens and how many steps were launched ahead."""
-    seqs = [engine.new_sequence(p, sp) for p, sp in zip(PROMPTS, rows)]
+    seqs = [engine.new_sequence(p, sp) for p, sp in zip(prompts, rows)]
     batch, ahead, launched = engine.prefill_all(seqs), None, 0
     while True:
         alive = [i for i, s in enumerate(batch.seqs) if not s.finished]

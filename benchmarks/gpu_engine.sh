@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The GPU engine benchmarks (a)-(d) in one go, each bounded in time, results under $OUT (or /tmp/gpu-engine).
 #   MODEL=/tmp/smollm2.gguf [DRAFT=folder] [ONLY="c d"] bash benchmarks/gpu_engine.sh
+# Besides: e = engine_check (the engine against HF, steps launched ahead, seeded sampling; run it first),
+# k = kernel_profile greedy / T 1.0 / T 0.7 top-p 0.95 (none, 4/4/16, 6/8/32), s = the served load (1 and 16
+# clients, T 0 and 0.7, NONE against auto) with the overlap schedule off, then on.
 # Needs PYTHONPATH with src (and the staged wheels); see ../shared/tools/stage-smollm2.sh.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-engine}; MODEL=${MODEL:-/tmp/smollm2.gguf}; ONLY=${ONLY:-"c d a b"}
@@ -13,6 +16,16 @@ for b in $ONLY; do
     c) stamp "(c) pair"; timeout 240 python3 pair.py --model-path "$MODEL" $D --out "$OUT/pair-smollm2.json" ;;
     d) stamp "(d) batch"; timeout 200 python3 batch_throughput.py --model-path "$MODEL" $D --out "$OUT/batch-smollm2.json" ;;
     a) stamp "(a) decode 8B"; timeout 200 python3 decode_8b.py --out "$OUT/decode-8b.json" ;;
+    e) stamp "(e) engine check"; timeout 240 python3 engine_check.py --out "$OUT/engine-check.json" ;;
+    k) stamp "(k) kernel profile, greedy and sampled"
+       for t in "0 1.0" "1.0 1.0" "0.7 0.95"; do set -- $t
+         timeout 150 python3 kernel_profile.py --model-path "$MODEL" $D --specs none 4,4,16 6,8,32 --temperature $1 \
+           --top-p $2 --out "$OUT/kernel-profile-t$1-p$2.json"; done ;;
+    s) stamp "(s) served load, overlap off and on"
+       for o in "" --overlap-schedule; do
+         timeout 280 python3 serve_load.py --model-path "$MODEL" ${DRAFT:+--speculative-draft-model-path $DRAFT} \
+           --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients 1,16 --temperatures 0,0.7 \
+           --top-p 0.95 --min-requests 32 --max-tokens 256 $o --out "$OUT/serve-load${o:+-overlap}.json"; done ;;
     b) stamp "(b) verify cost"; timeout 150 python3 verify_cost.py --out "$OUT/verify-cost-8b.json" &&
        timeout 60 python3 verify_cost.py --model-path "$MODEL" --out "$OUT/verify-cost-smollm2.json" ;;
   esac 2>&1 | grep -v "Loading weights" | tee "$OUT/log-$b.txt"

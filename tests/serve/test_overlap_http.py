@@ -133,3 +133,12 @@ def test_an_app_runs_no_more_rows_than_the_cache_holds(native, caplog):
     assert "KV cache holds (16 rows" in caplog.text
     with InProcessServer(app) as srv:
         assert httpx.get(srv.url + "/server_info").json()["max_running_requests"] == 16
+
+
+def test_the_banner_says_whether_the_overlap_schedule_applies(native, engine):
+    """The native path's whole-step graphs run ahead; the generic path has none, and the banner says the flag
+    does nothing there rather than claiming it."""
+    from eyas.serve.banner import overlap_line
+
+    assert "launched before" in overlap_line(native)
+    assert engine.whole_steps == {} and "no effect" in overlap_line(engine)

@@ -139,3 +139,12 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
         f"max running requests: {max_running}, queue: {max_queued}",
     ]
     return lines + training_warnings(engine)
+
+
+def overlap_line(engine) -> str:
+    """The banner's word on ``--overlap-schedule``: what it does on this engine, if anything."""
+    if getattr(engine, "whole_steps", None):
+        return ("schedule: each step launched before the last one's tokens are read back (--overlap-schedule; "
+                "steps by parts, for logprobs or a grammar, are read back first)")
+    return ("schedule: --overlap-schedule has no effect on this engine: it launches whole-step CUDA graphs ahead, "
+            "and this one has none (the generic path, or CUDA graphs off); every step is read back first")

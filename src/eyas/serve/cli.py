@@ -277,7 +277,7 @@ def run(args) -> int:
     except ImportError as e:
         raise EyasError(f"eyas serve needs {e.name}, which is not installed", "pip install 'eyas[serve]'") from None
     from ..pipeline import build_engine
-    from .banner import banner_lines
+    from .banner import banner_lines, overlap_line
 
     _quiet_progress_bars()
     if args.random_seed is not None:
@@ -317,8 +317,7 @@ def run(args) -> int:
     print(f"prefill: a prompt over {chunk} tokens in chunks of {chunk}, the running requests stepping between them"
           if chunk > 0 else "prefill: every prompt whole (--chunked-prefill-size -1)", flush=True)
     if options.overlap_schedule:
-        print("schedule: each step launched before the last one's tokens are read back (--overlap-schedule; "
-              "whole-step CUDA graphs only)", flush=True)
+        print(overlap_line(engine), flush=True)
     warning = public_bind_warning(args.host, options.api_key)
     if warning:
         print(warning, flush=True)

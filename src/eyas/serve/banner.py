@@ -146,5 +146,5 @@ def overlap_line(engine) -> str:
     if getattr(engine, "whole_steps", None):
         return ("schedule: each step launched before the last one's tokens are read back (--overlap-schedule; "
                 "steps by parts, for logprobs or a grammar, are read back first)")
-    return ("schedule: --overlap-schedule has no effect on this engine: it launches whole-step CUDA graphs ahead, "
-            "and this one has none (the generic path, or CUDA graphs off); every step is read back first")
+    return ("schedule: --overlap-schedule has no effect on this engine: it launches whole steps ahead (the native "
+            "path), and this one has none (the generic path); every step is read back first")

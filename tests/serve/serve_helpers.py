@@ -77,3 +77,13 @@ def scrape(url: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k not in CONSTANT_LABELS)
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
+
+
+def wait_idle(url: str, timeout: float = 60.0) -> dict:
+    """``/health`` once nothing runs or waits (or the last answer, after ``timeout`` seconds)."""
+    deadline = time.time() + timeout
+    while True:
+        health = httpx.get(url + "/health", timeout=10).json()
+        if health["running"] == 0 and health["queued"] == 0 or time.time() > deadline:
+            return health
+        time.sleep(0.1)

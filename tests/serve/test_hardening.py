@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 import torch
-from serve_helpers import scrape
+from serve_helpers import scrape, wait_idle
 
 CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hello"}]
@@ -192,13 +192,7 @@ def test_client_storm_leaves_nothing_behind(server):
             t.join(120)
     assert len(dropped) == 200
     assert set(dropped) <= {200, 503}, set(dropped)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        health = httpx.get(server.url + "/health", timeout=10).json()
-        if health["running"] == 0 and health["queued"] == 0:
-            break
-        time.sleep(0.2)
-    assert health == {"status": "ok", "running": 0, "queued": 0}
+    assert wait_idle(server.url) == {"status": "ok", "running": 0, "queued": 0}
     m = scrape(server.url)
     assert m["eyas:num_requests_running"] == 0
     assert m.get('eyas:requests_total{outcome="error"}', 0) == 0

@@ -5,12 +5,11 @@ lengths, one leaving mid-stream and counters that add up."""
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_helpers import InProcessServer, scrape
+from serve_helpers import InProcessServer, scrape, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +109,7 @@ def test_a_storm_of_dropped_streams_leaves_nothing_behind(overlapped):
     with ThreadPoolExecutor(24) as pool:
         codes = list(pool.map(client, range(72)))
     assert set(codes) <= {200, 503}, set(codes)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        health = httpx.get(srv.url + "/health", timeout=10).json()
-        if health["running"] == 0 and health["queued"] == 0:
-            break
-        time.sleep(0.1)
-    assert health == {"status": "ok", "running": 0, "queued": 0}
+    assert wait_idle(srv.url) == {"status": "ok", "running": 0, "queued": 0}
     m = scrape(srv.url)
     assert m.get('eyas:requests_total{outcome="error"}', 0) == 0
     ok = httpx.post(srv.url + "/v1/completions", json={"prompt": "after", "max_tokens": 4}, timeout=60)

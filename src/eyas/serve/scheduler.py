@@ -59,19 +59,14 @@ class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, max_running: int = 32, max_queued: int = 256,
                  log_interval: float = 10.0, max_prefill_tokens: int = 16384, log_requests: bool = False,
                  chunked_prefill_size: int | None = None, overlap: bool = False):
-        self.engine = engine
-        self.overlap = overlap
+        self.engine, self.overlap = engine, overlap
         self._ahead = None  # the step launched and not yet collected (``Engine.launch``)
         self._collected = 0.0  # when the last step's tokens were collected
         self.chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
         # prompt tokens one turn prefills (the first prompt always goes): a chunk's worth when chunking, as SGLang
         self.prefill_budget = min(max_prefill_tokens, self.chunk or max_prefill_tokens)
-        self.log_requests = log_requests
-        self.max_prefill_tokens = max_prefill_tokens
-        self.metrics = metrics
-        self.max_running = max_running
-        self.max_queued = max_queued
-        self.log_interval = log_interval
+        self.metrics, self.log_requests, self.log_interval = metrics, log_requests, log_interval
+        self.max_running, self.max_queued = max_running, max_queued
         self._outboxes: dict[object, Outbox] = {}  # event loop -> its outbox
         self._out: list[tuple[Work, object]] = []  # this turn's payloads (engine thread only)
         self._cond = threading.Condition()

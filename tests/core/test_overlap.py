@@ -86,3 +86,32 @@ def test_a_launch_ahead_past_the_cache_is_refused_not_written(target, draft):
     assert room > whole.span + spec.path_width  # a fresh batch: room for a step ahead
     engine.target_pool.used = engine.target_pool.capacity_slots - whole.span - spec.path_width + 1
     assert engine.launch(batch, ahead=True) is None
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_settings_that_change_each_step_launched_ahead(target, draft, sampled):
+    """The adaptive spec may pick another setting for the step launched ahead: that step's graph copies its
+    inputs from the outputs of the step still in flight (another graph's buffers), on the device, in order."""
+    auto = SpecConfig.auto("EAGLE3")
+    cycle = [auto.options[i] for i in (4, 0, 2, 3, 1)]  # 6/8/32, none, chain 5, 4/4/16, chain 3
+    rows = params(sampled)
+
+    def run(ahead: bool) -> list[list[int]]:
+        engine = Engine(NativeTarget.from_target(target), draft, auto, max_batch=4, cuda_graphs=True)
+        seqs = [engine.new_sequence(p, sp) for p, sp in zip(PROMPTS, rows)]
+        batch, pending, n = engine.prefill_all(seqs), None, 0
+        while not all(s.finished for s in seqs):
+            if any(s.finished for s in batch.seqs):
+                if pending is not None:
+                    engine.collect(pending)
+                    pending = None
+                batch = engine.filter(batch, [i for i, s in enumerate(batch.seqs) if not s.finished])
+                continue
+            step = pending or engine.launch(batch, cycle[n % len(cycle)])
+            n += pending is None
+            pending = engine.launch(batch, cycle[n % len(cycle)], ahead=True) if ahead else None
+            n += pending is not None
+            engine.collect(step)
+        return [s.output_ids for s in seqs]
+
+    assert run(ahead=True) == run(ahead=False)

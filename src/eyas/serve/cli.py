@@ -54,8 +54,8 @@ def add_serve_arguments(p) -> None:
                    "(default: the EYAS_API_KEY environment variable, else no key)")
     g.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=False,
                    help="launch each decode step before the last one's tokens are read back, so the server's own "
-                        "work runs while the GPU computes (whole-step CUDA graphs only; not yet measured on a GPU, "
-                        "so off by default)")
+                        "work runs while the GPU computes (the native path's whole steps only; not yet measured on "
+                        "a GPU, so off by default)")
     g.add_argument("--max-prefill-tokens", type=int, default=16384,
                    help="prompt tokens prefilled together in one engine turn; more waiting prompts join the "
                         "next turn (default 16384)")

@@ -87,7 +87,7 @@ def test_a_client_leaving_mid_stream_leaves_the_others_whole(overlapped, native,
     assert got == want[1:]
     assert any(ahead)
     info = json.loads(httpx.get(srv.url + "/server_info").text)
-    assert info["engine_steps"] > 0
+    assert info["engine_steps"] > 0 and info["overlap_schedule"] is True
 
 
 def test_a_storm_of_dropped_streams_leaves_nothing_behind(overlapped):

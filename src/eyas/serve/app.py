@@ -180,6 +180,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
             "served_model_name": names[0],
             "max_running_requests": options.max_running_requests,
             "max_queued_requests": options.max_queued_requests,
+            "overlap_schedule": options.overlap_schedule and bool(getattr(engine, "whole_steps", None)),
             "running": running,
             "queued": queued,
             "engine_steps": scheduler.steps,

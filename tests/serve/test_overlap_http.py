@@ -135,3 +135,32 @@ def test_the_banner_says_whether_the_overlap_schedule_applies(native, engine):
 
     assert "launched before" in overlap_line(native)
     assert engine.whole_steps == {} and "no effect" in overlap_line(engine)
+
+
+def test_a_row_cancelled_mid_turn_never_shifts_the_others_tokens(native, reference, monkeypatch):
+    """A client may leave at any moment of a turn, also after the turn checked for leavers and before it retires
+    them. The step launched ahead was launched for the batch with that row: the turn must collect it before the
+    row leaves the batch, or its tokens land on the wrong rows (here: every later row's)."""
+    from eyas.serve.app import ServeOptions, create_app
+
+    app = create_app(native, ServeOptions(served_model_name="tiny", log_interval=0, overlap_schedule=True))
+    scheduler, groups = app.state.eyas.scheduler, native.prefill_groups
+    left = []
+
+    def leave_mid_turn(seqs):  # called each turn between the check for leavers and the retire
+        running = scheduler._running
+        if not left and scheduler._ahead is not None and len(running) == 4 and scheduler.steps >= 3:
+            left.append(running[0])
+            running[0].cancel()
+        return groups(seqs)
+
+    monkeypatch.setattr(native, "prefill_groups", leave_mid_turn)
+    tok = native.target.tokenizer
+    ids = [tok(f"row {i} " * (2 + i)).input_ids for i in range(4)]
+    want = reference(ids, 40, ignore_eos=True)
+    with InProcessServer(app) as srv:
+        batch = httpx.post(srv.url + "/generate", json={"input_ids": ids, "sampling_params": {
+            "max_new_tokens": 40, "temperature": 0, "ignore_eos": True}}, timeout=300).json()
+    assert left, "the hook never ran"
+    got = [r["output_ids"] for r in batch]
+    assert got[1:] == want[1:]

@@ -74,14 +74,12 @@ class Scheduler:
         self._running: list[Work] = []  # rows of self._batch, same order
         self._partial: deque[tuple[Work, Prefilling]] = deque()  # long prompts being prefilled a chunk a turn
         self._batch = None
-        self._stopping = False
-        self._stopping_admissions = False
+        self._stopping = self._stopping_admissions = False
         self._inflight = 0  # submitted and not yet finished
         self._thread: threading.Thread | None = None
         self.steps = 0
         self._log_at = 0.0  # the first busy turn logs at once, then every log_interval seconds
-        self._last_log = time.monotonic()
-        self._log_tokens = 0
+        self._last_log, self._log_tokens = time.monotonic(), 0
 
     # -- called from the event loop ------------------------------------------------------------
     def start(self) -> None:
@@ -126,9 +124,8 @@ class Scheduler:
             self._cond.notify()
 
     def _withdraw(self, w: Work) -> None:
-        """``w.cancel()``: a request still queued leaves the queue and ends ("abort") now, so its slot
-        counts no more against --max-queued-requests; one already taken for admission or running is
-        left to the engine thread."""
+        """``w.cancel()``: a queued request leaves the queue and ends ("abort") now, its slot free for the next
+        ``submit``; one already taken for admission or running is left to the engine thread."""
         with self._cond:
             try:
                 self._waiting.remove(w)
@@ -192,8 +189,8 @@ class Scheduler:
             self.metrics.kv_usage.set(self.engine.kv_usage(self._batch))  # per turn: 0 once the batch is empty
 
     def _turn(self, admit: list[Work]) -> None:
-        if self._ahead is not None and (admit or self._partial or self._ending()):
-            self._drain()  # the batch changes only as its last step left it
+        if self._ahead is not None and (admit or self._partial):
+            self._drain()  # the batch grows (and shrinks: _retire) only as its last step left it
         live = [w for w in admit if not w.cancelled]
         for w in admit:
             if w.cancelled:
@@ -306,11 +303,10 @@ class Scheduler:
         finally:  # this step's tokens are the rows' own, whatever happened to the next
             self._emit(lambda: self.engine.collect(step), step.start)
 
-    def _ending(self) -> bool:
-        """Whether a running row ended, was cancelled or stopped: the batch is about to change."""
+    def _ending(self) -> bool:  # a running row ended, was cancelled or stopped: the batch is about to change
         return any(w.seq.finished or w.stopped or w.cancelled for w in self._running)
 
-    def _drain(self) -> None:
+    def _drain(self) -> None:  # the step launched ahead, collected
         step, self._ahead = self._ahead, None
         self._emit(lambda: self.engine.collect(step), step.start)
 
@@ -336,15 +332,19 @@ class Scheduler:
             self._out.append((w, tokens))
 
     def _retire(self) -> None:
-        keep, gone = [], []
-        for i, w in enumerate(self._running):
-            if w.stopped and not w.seq.finished:  # a stop string, found on the event loop
-                w.seq.finish_reason = "stop"
-            elif w.cancelled and not w.seq.finished:
-                w.seq.finish_reason = "abort"
-            (gone if w.seq.finished else keep).append(i)
-        if not gone:
-            return
+        while True:
+            keep, gone = [], []
+            for i, w in enumerate(self._running):
+                if w.stopped and not w.seq.finished:  # a stop string, found on the event loop
+                    w.seq.finish_reason = "stop"
+                elif w.cancelled and not w.seq.finished:  # (a client may leave at any moment of the turn)
+                    w.seq.finish_reason = "abort"
+                (gone if w.seq.finished else keep).append(i)
+            if not gone:
+                return
+            if self._ahead is None:
+                break
+            self._drain()  # the step in flight was launched with the leaving rows: its tokens out first
         works = [self._running[i] for i in gone]
         with self._cond:
             self._running = [self._running[i] for i in keep]

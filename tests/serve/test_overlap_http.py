@@ -138,16 +138,16 @@ def test_the_banner_says_whether_the_overlap_schedule_applies(native, engine):
 
 
 def test_a_row_cancelled_mid_turn_never_shifts_the_others_tokens(native, reference, monkeypatch):
-    """A client may leave at any moment of a turn, also after the turn checked for leavers and before it retires
-    them. The step launched ahead was launched for the batch with that row: the turn must collect it before the
-    row leaves the batch, or its tokens land on the wrong rows (here: every later row's)."""
+    """A client may leave at any moment of a turn, here after the turn began and before it retires leavers. The
+    step launched ahead was launched for the batch with that row: the turn must collect it before the row leaves
+    the batch, or its tokens land on the wrong rows (here: every later row's)."""
     from eyas.serve.app import ServeOptions, create_app
 
     app = create_app(native, ServeOptions(served_model_name="tiny", log_interval=0, overlap_schedule=True))
     scheduler, groups = app.state.eyas.scheduler, native.prefill_groups
     left = []
 
-    def leave_mid_turn(seqs):  # called each turn between the check for leavers and the retire
+    def leave_mid_turn(seqs):  # called each turn after it began, before its retire
         running = scheduler._running
         if not left and scheduler._ahead is not None and len(running) == 4 and scheduler.steps >= 3:
             left.append(running[0])

@@ -115,3 +115,21 @@ def test_settings_that_change_each_step_launched_ahead(target, draft, sampled):
         return [s.output_ids for s in seqs]
 
     assert run(ahead=True) == run(ahead=False)
+
+
+def test_a_batch_with_a_step_in_flight_refuses_to_change_rows(target, draft):
+    """Filtering or merging a batch whose step launched ahead is not collected would hand that step's tokens to
+    the wrong rows: refused, naming the fix; once collected, it goes."""
+    from eyas.errors import EyasError
+
+    engine = engine_for(target, draft, SPECS[2])
+    batch = engine.prefill_all([engine.new_sequence(p, SamplingParams(max_new_tokens=8)) for p in PROMPTS])
+    step = engine.launch(batch)
+    ahead = engine.launch(batch, ahead=True)
+    engine.collect(step)
+    other = engine.prefill_all([engine.new_sequence([9, 9], SamplingParams(max_new_tokens=8))])
+    for change in (lambda: engine.filter(batch, [0, 2]), lambda: engine.merge(batch, other)):
+        with pytest.raises(EyasError, match="collect it first"):
+            change()
+    engine.collect(ahead)
+    assert len(engine.filter(batch, [0, 2])) == 2

@@ -167,6 +167,7 @@ class Engine:
         return Sequence(list(prompt_ids), params, grammar=grammar)
 
     def filter(self, batch: Batch, keep: list[int]) -> Batch:
+        self._settled(batch)
         kept_rows = set(keep)
         failed = [i for i, s in enumerate(batch.seqs) if s.error is not None and i not in kept_rows]
         if failed:
@@ -186,6 +187,7 @@ class Engine:
         return kept
 
     def merge(self, a: Batch | None, b: Batch) -> Batch:
+        self._settled(a)
         if a is None or len(a) == 0:
             self._own(b)
             return b
@@ -315,6 +317,13 @@ class Engine:
                 return None
             host, pending = self.by_parts(batch, spec, logprobs=not whole)
             return self._launched(batch, spec, host, pending, start)
+
+    def _settled(self, batch: Batch | None) -> None:
+        """A batch changes rows only as its last step left it: the tokens of a step still in flight would land on
+        the wrong rows."""
+        if batch is not None and self._uncollected is not None and self._uncollected.batch is batch:
+            raise EyasError("the batch's rows change while a step launched for them is not collected",
+                            "collect it first (Engine.collect), then filter or merge")
 
     def _choose(self, batch: Batch) -> SpecConfig:
         """The setting of the batch's next step, chosen once per step (a launch ahead that found no graph

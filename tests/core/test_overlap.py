@@ -27,24 +27,33 @@ def engine_for(target, draft, spec) -> Engine:
                   cuda_graphs=True)
 
 
-def overlapped(engine: Engine, rows: list[SamplingParams], prompts=PROMPTS) -> tuple[list[list[int]], int]:
+def overlapped(engine: Engine, rows: list[SamplingParams], prompts=PROMPTS, settings=None,
+               ahead: bool = True) -> tuple[list[list[int]], int]:
     """The scheduler's loop with overlap: the next step launched before this one is collected, drained
-    before the batch changes. Returns every row's tokens and how many steps were launched ahead."""
+    before the batch changes (``ahead=False``: one step at a time). ``settings``: the steps' settings in turn,
+    as ``auto`` may change them. Returns every row's tokens and how many steps were launched ahead."""
     seqs = [engine.new_sequence(p, sp) for p, sp in zip(prompts, rows)]
-    batch, ahead, launched = engine.prefill_all(seqs), None, 0
+    batch, pending, launched, n = engine.prefill_all(seqs), None, 0, 0
+
+    def launch(**kwargs):
+        nonlocal n
+        step = engine.launch(batch, settings[n % len(settings)] if settings else None, **kwargs)
+        n += step is not None
+        return step
+
     while True:
+        if pending is not None and any(s.finished for s in batch.seqs):  # the batch changes: drain
+            engine.collect(pending)
+            pending = None
         alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
         if not alive:
             return [s.output_ids for s in seqs], launched
         if len(alive) < len(batch):
             batch = engine.filter(batch, alive)
-        step = ahead or engine.launch(batch)
-        ahead = engine.launch(batch, ahead=True)
-        launched += ahead is not None
+        step = pending or launch()
+        pending = launch(ahead=True) if ahead else None
+        launched += pending is not None
         engine.collect(step)
-        if ahead is not None and any(s.finished for s in batch.seqs):  # the batch changes: drain
-            engine.collect(ahead)
-            ahead = None
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
@@ -95,26 +104,9 @@ def test_settings_that_change_each_step_launched_ahead(target, draft, sampled):
     auto = SpecConfig.auto("EAGLE3")
     cycle = [auto.options[i] for i in (4, 0, 2, 3, 1)]  # 6/8/32, none, chain 5, 4/4/16, chain 3
     rows = params(sampled)
-
-    def run(ahead: bool) -> list[list[int]]:
-        engine = Engine(NativeTarget.from_target(target), draft, auto, max_batch=4, cuda_graphs=True)
-        seqs = [engine.new_sequence(p, sp) for p, sp in zip(PROMPTS, rows)]
-        batch, pending, n = engine.prefill_all(seqs), None, 0
-        while not all(s.finished for s in seqs):
-            if any(s.finished for s in batch.seqs):
-                if pending is not None:
-                    engine.collect(pending)
-                    pending = None
-                batch = engine.filter(batch, [i for i, s in enumerate(batch.seqs) if not s.finished])
-                continue
-            step = pending or engine.launch(batch, cycle[n % len(cycle)])
-            n += pending is None
-            pending = engine.launch(batch, cycle[n % len(cycle)], ahead=True) if ahead else None
-            n += pending is not None
-            engine.collect(step)
-        return [s.output_ids for s in seqs]
-
-    assert run(ahead=True) == run(ahead=False)
+    engines = [Engine(NativeTarget.from_target(target), draft, auto, max_batch=4, cuda_graphs=True) for _ in "ab"]
+    got, launched = overlapped(engines[0], rows, settings=cycle)
+    assert got == overlapped(engines[1], rows, settings=cycle, ahead=False)[0] and launched >= 3
 
 
 def test_a_batch_with_a_step_in_flight_refuses_to_change_rows(target, draft):

@@ -109,6 +109,11 @@ class Engine:
         self._chosen: tuple = (None, None)  # ((batch serial, steps, rows), its next step's setting)
 
     @property
+    def launches_ahead(self) -> bool:
+        """Whether ``launch(ahead=True)`` can run a step: the native path's whole steps (not rows by parts)."""
+        return bool(self.whole_steps)
+
+    @property
     def target_runner(self):
         """The native target's forward over ``target_pool``: its ``ForwardGraphs``."""
         return self.target.runners[self.target_pool]
@@ -298,7 +303,7 @@ class Engine:
             # variant per top-N would multiply them): a step where some row asks for logprobs runs by parts.
             whole = rows.logprobs is None
             graphs = whole and not constrained(batch.seqs)  # a grammar's mask is made on the host (grammar.py)
-            if ahead and not (graphs and self.whole_steps):
+            if ahead and not (graphs and self.launches_ahead):
                 return None
             self._own(batch)
             spec = setting or self._choose(batch)
@@ -319,15 +324,13 @@ class Engine:
             return self._launched(batch, spec, host, pending, start)
 
     def _settled(self, batch: Batch | None) -> None:
-        """A batch changes rows only as its last step left it: the tokens of a step still in flight would land on
-        the wrong rows."""
+        """A batch changes rows only as its last step left it (a step in flight's tokens would go astray)."""
         if batch is not None and self._uncollected is not None and self._uncollected.batch is batch:
             raise EyasError("the batch's rows change while a step launched for them is not collected",
                             "collect it first (Engine.collect), then filter or merge")
 
     def _choose(self, batch: Batch) -> SpecConfig:
-        """The setting of the batch's next step, chosen once per step (a launch ahead that found no graph
-        leaves its choice to the launch that follows)."""
+        """The batch's next step's setting, chosen once (a launch ahead that ran nothing leaves it to the next)."""
         key = (batch.serial, batch.steps, len(batch))
         if self._chosen[0] != key:
             self._chosen = key, self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch))

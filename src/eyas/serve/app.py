@@ -72,7 +72,7 @@ class ServeState:
 
 def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     options = options or ServeOptions()
-    rows = getattr(getattr(engine, "config", None), "max_batch", None) if getattr(engine, "static", False) else None
+    rows = engine.config.max_batch if getattr(engine, "static", False) else None
     if rows and options.max_running_requests > rows:  # the native path's KV cache holds that many rows, no more
         log.warning("max_running_requests %d is more than the engine's KV cache holds (%d rows, "
                     "EngineArgs.max_batch): running at most %d", options.max_running_requests, rows, rows)
@@ -180,7 +180,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
             "served_model_name": names[0],
             "max_running_requests": options.max_running_requests,
             "max_queued_requests": options.max_queued_requests,
-            "overlap_schedule": options.overlap_schedule and bool(getattr(engine, "whole_steps", None)),
+            "overlap_schedule": options.overlap_schedule and getattr(engine, "launches_ahead", False),
             "running": running,
             "queued": queued,
             "engine_steps": scheduler.steps,

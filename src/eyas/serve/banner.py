@@ -143,7 +143,7 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
 
 def overlap_line(engine) -> str:
     """The banner's word on ``--overlap-schedule``: what it does on this engine, if anything."""
-    if getattr(engine, "whole_steps", None):
+    if getattr(engine, "launches_ahead", False):
         return ("schedule: each step launched before the last one's tokens are read back (--overlap-schedule; "
                 "steps by parts, for logprobs or a grammar, are read back first)")
     return ("schedule: --overlap-schedule has no effect on this engine: it launches whole steps ahead (the native "

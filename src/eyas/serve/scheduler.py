@@ -277,8 +277,6 @@ class Scheduler:
         try:
             self._step_once()
         except Exception as e:
-            if self._ahead is not None:  # a step launched ahead holds the rows' next tokens: out first
-                self._drain()
             joined_now = set(joined)  # Work hashes by identity
             new = [w for w in self._running if w in joined_now]
             if not new:

@@ -124,11 +124,63 @@ def test_greedy_answers_from_the_engine_equal_hf_generate():
     assert target.info.max_context == tiny_target().info.max_context  # the caller's target is not resized
 
 
-def test_engine_regeneration_refuses_sampling():
+def test_sampled_answers_from_the_engine_do_not_depend_on_the_batching():
+    """Each prompt is sampled with a seed of its own (``cfg.seed`` and its index), so its answer is the
+    same in batches of 3 or 8 and beside other prompts; another ``cfg.seed``, or the same prompt at
+    another index, gives another answer. A row that reached eos keeps it as its last token; a row
+    without one is max_new_tokens long and cut."""
     from eyas.data.regenerate import generate_batched
 
-    with pytest.raises(EyasError, match="greedy answers only"):
-        generate_batched(tiny_target(dtype=torch.float32), [[5, 6]], RegenConfig(temperature=0.8, engine="native"))
+    target = tiny_target(dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 9, 3, 12, 7, 4, 10, 6, 8, 11, 2, 13)] * 3
+    extra = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (6, 3, 9, 12, 2)]
+
+    def sample(ps, batch_size, seed=7):
+        cfg = RegenConfig(temperature=0.8, top_p=0.95, max_new_tokens=16, batch_size=batch_size, seed=seed,
+                          engine="native")
+        return generate_batched(target, ps, cfg, progress=False)
+
+    answers, cut = sample(prompts, 3)
+    assert sample(prompts, 8) == (answers, cut)
+    beside, cut_beside = sample(prompts + extra, 8)
+    assert (beside[: len(prompts)], cut_beside[: len(prompts)]) == (answers, cut)
+    other, _ = sample(prompts, 3, seed=8)
+    assert sum(a != b for a, b in zip(answers, other)) > len(prompts) // 2
+    assert sum(answers[i] != answers[i + 12] for i in range(12)) >= 10  # the same prompt at another index
+    eos = set(target.eos_token_ids)
+    for a, c in zip(answers, cut):
+        assert not eos & set(a[:-1]) and c == (a[-1] not in eos) and (len(a) == 16 if c else len(a) <= 16)
+    assert 0 < sum(cut) < len(prompts)  # both kinds of row are checked
+
+
+def test_sampled_answers_from_the_engine_follow_the_targets_distribution():
+    """4000 one-token answers to one prompt, each with its own seed, against softmax(logits / T) cut to
+    the top-p nucleus from the HF model's own forward: nothing outside the nucleus, and a chi-square
+    fit that a temperature off by 15%, or shared seeds, fails."""
+    from scipy.stats import chisquare
+
+    from eyas.data.regenerate import generate_batched
+
+    target = tiny_target(dtype=torch.float32)
+    prompt, n, temperature, top_p = [72, 101, 108, 108, 111], 4000, 0.5, 0.9
+    cfg = RegenConfig(temperature=temperature, top_p=top_p, max_new_tokens=1, batch_size=256, engine="native")
+    answers, _ = generate_batched(target, [prompt] * n, cfg, progress=False)
+    counts = torch.bincount(torch.tensor([a[0] for a in answers]), minlength=target.info.vocab_size).double()
+    with torch.no_grad():
+        logits = target.model(torch.tensor([prompt])).logits[0, -1].double()
+    p = torch.softmax(logits / temperature, -1)
+    desc, order = p.sort(descending=True)
+    nucleus = order[(desc.cumsum(0) - desc) < top_p]  # the smallest prefix holding top_p (mass before < top_p)
+    outside = torch.ones_like(p, dtype=torch.bool)
+    outside[nucleus] = False
+    assert counts[outside].sum() == 0
+    exact = p[nucleus] / p[nucleus].sum()
+    big = exact * n >= 5  # cells of small expected count pooled into one
+    obs = torch.cat([counts[nucleus][big], counts[nucleus][~big].sum()[None]])
+    ex = torch.cat([exact[big], exact[~big].sum()[None]]) * n
+    keep = ex > 0
+    assert chisquare(obs[keep].numpy(), ex[keep].numpy() * obs[keep].sum().item() / ex[keep].sum().item()).pvalue > 1e-3
 
 
 def test_engine_regeneration_names_its_flag_when_the_model_cannot_run_natively(monkeypatch):

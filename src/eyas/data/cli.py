@@ -80,8 +80,8 @@ def register(sub) -> None:
                    help="pass enable_thinking to the chat template (Qwen3-style templates)")
     p.add_argument("--template-kwargs", default="{}", help="JSON of extra chat-template options")
     p.add_argument("--regen-engine", choices=["auto", "native", "generic"], default="auto",
-                   help="greedy answers (--temperature 0): auto runs eyas's engine where the native path "
-                        "does (CUDA, Llama family), native forces it, generic uses HF generate")
+                   help="what answers the prompts, greedy or sampled: auto runs eyas's engine where the native "
+                        "path does (CUDA, Llama family), native forces it, generic uses HF generate")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when a GPU is visible)")
     p.add_argument("--dtype", default="auto", help="the target's dtype: auto (bf16 on the GPU), float32, bfloat16")
     p.add_argument("--trust-remote-code", action="store_true",

@@ -5,11 +5,12 @@ sampled, come from eyas's own engine (native forward, static KV cache, CUDA grap
 than Hugging Face ``generate``; elsewhere (another model family, the CPU, ``engine="generic"``) HF
 ``generate`` runs on left-padded batches. On the engine a sampled answer draws from the target's
 exact distribution (temperature, top-p) with a seed of its own, a function of ``RegenConfig.seed``
-and the prompt's index in the list (``prompt_seed``), so it does not depend on the batch size or on
-which prompts share its batch. Under ``torchrun`` each rank answers every ``world``-th prompt and
-the caller gathers the parts. The settings (temperature, system prompt, thinking mode, template
-options) are returned with the data so a server can later check that it serves the way the draft was
-trained.
+and the prompt's index in the list (``prompt_seed``), so its draws do not depend on the batch size
+or on which prompts share its batch (in float32 neither does the answer; in bf16 the logits'
+rounding varies with the batch's shape). Under ``torchrun`` each rank answers every ``world``-th
+prompt and the caller gathers the parts. The settings (temperature, system prompt, thinking mode,
+template options) are returned with the data so a server can later check that it serves the way the
+draft was trained.
 
 ``magpie_prompts`` lets the target write the prompts too: given only its chat template's opening of
 a user turn, an instruct model writes a user message in the style it was tuned on (Magpie, Xu et
@@ -96,7 +97,7 @@ def generate_on_engine(target, prompts: list[list[int]], cfg: RegenConfig, progr
     the KV pool is sized for the longest prompt plus ``max_new_tokens``. Greedy at temperature 0, else
     sampled at ``cfg.temperature`` and ``cfg.top_p`` (no top-k), prompt ``i`` seeded with
     ``prompt_seed(cfg.seed, i)``: the engine's draws are a function of a row's seed and positions alone
-    (``spec/rng.py``), so an answer does not depend on the batch size or on the prompts beside it."""
+    (``spec/rng.py``), never of the batch size or the prompts beside it."""
     from ..engine.engine import Engine
     from ..engine.sampling import SamplingParams
 

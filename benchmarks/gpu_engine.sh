@@ -9,6 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu-engine}; MODEL=${MODEL:-/tmp/smollm2.gguf}; ONLY=${ONLY:-"c d a b"}
 mkdir -p "$OUT"; cd "$(dirname "$0")"
 D=${DRAFT:+--draft $DRAFT}
+SHIPPED=smollm2-135m-instruct-eagle3  # the servers need a draft named: the shipped one unless DRAFT
 stamp() { echo "=== $(date +%T) $*"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
 for b in $ONLY; do
@@ -22,10 +23,10 @@ for b in $ONLY; do
          timeout 150 python3 kernel_profile.py --model-path "$MODEL" $D --specs none 4,4,16 6,8,32 --temperature $1 \
            --top-p $2 --out "$OUT/kernel-profile-t$1-p$2.json"; done ;;
     s) stamp "(s) served load, overlap off and on"
-       for o in "" --overlap-schedule; do
-         timeout 280 python3 serve_load.py --model-path "$MODEL" ${DRAFT:+--speculative-draft-model-path $DRAFT} \
+       for o in no-overlap overlap; do
+         timeout 280 python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
            --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients 1,16 --temperatures 0,0.7 \
-           --top-p 0.95 --min-requests 32 --max-tokens 256 $o --out "$OUT/serve-load${o:+-overlap}.json"; done ;;
+           --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule --out "$OUT/serve-load-$o.json"; done ;;
     b) stamp "(b) verify cost"; timeout 150 python3 verify_cost.py --out "$OUT/verify-cost-8b.json" &&
        timeout 60 python3 verify_cost.py --model-path "$MODEL" --out "$OUT/verify-cost-smollm2.json" ;;
   esac 2>&1 | grep -v "Loading weights" | tee "$OUT/log-$b.txt"

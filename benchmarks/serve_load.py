@@ -187,7 +187,7 @@ def engine_flags(args) -> list[str]:
     """The engine flags given here, as ``eyas serve`` takes them (speculative ones apart)."""
     flags = ["--model-path", args.model_path, "--device", args.device, "--dtype", args.dtype,
              "--max-running-requests", str(args.max_running_requests)]
-    flags += ["--overlap-schedule"] if args.overlap_schedule else []
+    flags += [] if args.overlap_schedule else ["--no-overlap-schedule"]
     return flags + (["--disable-cuda-graph"] if args.disable_cuda_graph else [])
 
 
@@ -223,7 +223,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--overlap-schedule", action="store_true", help="start the servers with --overlap-schedule")
+    p.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=True,
+                   help="the servers' overlap schedule (on, as eyas serve's default; --no-overlap-schedule: off)")
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--clients", default="1,4,16,64", help="client counts (default 1,4,16,64)")
     p.add_argument("--temperatures", default="0,0.7", help="default 0,0.7")

@@ -7,11 +7,11 @@ The real ``eyas serve`` stack (uvicorn, the OpenAI routes, the scheduler thread,
 detokenizing and SSE framing) over a real target's tokenizer and chat template (``--model-path``,
 default the embedded SmolLM2), with the engine's device work replaced: a step sleeps ``--step-ms``
 (the interpreter lock free, as it is while a replay runs) and gives every row one token; a prefill
-sleeps ``--prefill-ms`` and gives each new row its first token. With ``--overlap-schedule`` a step is
-launched onto a queue that frees ``--step-ms`` after the step before it ends, and collecting it sleeps
-until then, as a GPU's stream would. Nothing runs on a device, so any
-machine measures how much a served step costs beyond the device's own time: the inter-token latency
-over ``--step-ms`` and the tokens per second against ``clients x 1000 / step-ms``. The load is
+sleeps ``--prefill-ms`` and gives each new row its first token. With the overlap schedule (on unless
+``--no-overlap-schedule``, as ``eyas serve``) a step is launched onto a queue that frees ``--step-ms``
+after the step before it ends, and collecting it sleeps until then, as a GPU's stream would. Nothing
+runs on a device, so any machine measures how much a served step costs beyond the device's own time:
+the inter-token latency over ``--step-ms`` and the tokens per second against ``clients x 1000 / step-ms``. The load is
 ``serve_load.py``'s (closed-loop streaming chat clients, ``ignore_eos``), in the same process as the
 client, so on a small machine the two share its cores: compare runs of one machine only.
 """
@@ -88,7 +88,7 @@ def measure(args) -> dict:
            "--step-ms", str(args.step_ms), "--prefill-ms", str(args.prefill_ms),
            "--max-running-requests", str(args.max_running_requests),
            "--switch-interval-ms", str(args.switch_interval_ms)]
-    cmd += ["--overlap-schedule"] if args.overlap_schedule else []
+    cmd += ["--overlap-schedule" if args.overlap_schedule else "--no-overlap-schedule"]
     log = Path(args.log)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -119,8 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.5, help="a step's device time (default 0.5)")
     ap.add_argument("--prefill-ms", type=float, default=2.0, help="a prefill's device time (default 2)")
     ap.add_argument("--switch-interval-ms", type=float, default=0.1, help="as eyas serve's (default 0.1)")
-    ap.add_argument("--overlap-schedule", action="store_true",
-                    help="serve with --overlap-schedule: a step's sleep runs while the host handles the step before")
+    ap.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=True,
+                    help="the overlap schedule (on, as eyas serve's default): a step's sleep runs while the host "
+                         "handles the step before; --no-overlap-schedule: off")
     ap.add_argument("--clients", default="1,16,64")
     ap.add_argument("--requests-per-client", type=int, default=1)
     ap.add_argument("--min-requests", type=int, default=64)

@@ -128,13 +128,29 @@ def test_an_app_runs_no_more_rows_than_the_cache_holds(native, caplog):
         assert httpx.get(srv.url + "/server_info").json()["max_running_requests"] == 16
 
 
+def test_the_schedule_is_on_by_default_where_steps_launch_ahead(native, engine):
+    """``ServeOptions()`` (and ``eyas serve`` without the flag) overlaps on the native path; the generic path,
+    which launches nothing ahead, steps one at a time whatever the flag says, and ``/server_info`` says so."""
+    from eyas.serve.app import ServeOptions, create_app
+
+    for eng, on in ((native, True), (engine, False)):
+        app = create_app(eng, ServeOptions(served_model_name="tiny", log_interval=0))
+        assert app.state.eyas.scheduler.overlap is on
+        with InProcessServer(app) as srv:
+            assert httpx.get(srv.url + "/server_info").json()["overlap_schedule"] is on
+    off = create_app(native, ServeOptions(served_model_name="tiny", log_interval=0, overlap_schedule=False))
+    assert off.state.eyas.scheduler.overlap is False
+
+
 def test_the_banner_says_whether_the_overlap_schedule_applies(native, engine):
-    """The native path's whole-step graphs run ahead; the generic path has none, and the banner says the flag
-    does nothing there rather than claiming it."""
+    """The native path's whole-step graphs run ahead (the default); the generic path has none: the banner says
+    the flag does nothing there when it was asked for, and is silent when it was only the default."""
     from eyas.serve.banner import overlap_line
 
     assert "launched before" in overlap_line(native)
-    assert not engine.launches_ahead and "no effect" in overlap_line(engine)
+    assert "read back before the next" in overlap_line(native, on=False)
+    assert not engine.launches_ahead and "no effect" in overlap_line(engine, asked=True)
+    assert overlap_line(engine) is None
 
 
 def test_a_row_cancelled_mid_turn_never_shifts_the_others_tokens(native, reference, monkeypatch):

@@ -93,8 +93,9 @@ def test_chunked_prefill_size_is_taken_and_nonsense_refused(capsys):
     assert serve_args().chunked_prefill_size is None  # the device picks: 2048 on a GPU, 512 on the CPU
     assert serve_args("--chunked-prefill-size", "4096").chunked_prefill_size == 4096
     assert serve_args("--chunked-prefill-size", "-1").chunked_prefill_size == -1  # SGLang's "off": whole prompts
-    assert not serve_args().overlap_schedule and serve_args("--overlap-schedule").overlap_schedule
-    assert not serve_args("--overlap-schedule", "--disable-overlap-schedule").overlap_schedule  # SGLang's flag
+    assert serve_args().overlap_schedule is None and serve_args("--overlap-schedule").overlap_schedule  # on
+    assert serve_args("--no-overlap-schedule").overlap_schedule is False
+    assert serve_args("--disable-overlap-schedule").overlap_schedule is False  # SGLang's flag
     for bad in ("0", "-2"):
         err = refused(capsys, "--chunked-prefill-size", bad, "--port", "0")
         assert "--chunked-prefill-size must be at least 1, or -1" in err

@@ -47,7 +47,7 @@ class ServeOptions:
     log_interval: float = 10.0  # seconds between "decode: ..." log lines while busy
     max_prefill_tokens: int = 16384  # prompt tokens prefilled together in one engine turn
     chunked_prefill_size: int = 2048  # a longer prompt is prefilled this many tokens a turn; -1: whole
-    overlap_schedule: bool = False  # launch the next step before this one's tokens are read back (scheduler.py)
+    overlap_schedule: bool = True  # launch the next step before this one's tokens are read back (scheduler.py)
     log_requests: bool = False  # one log line per finished request, with its acceptance
     extra_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None  # when set, every route but /health (and /metrics) needs "Authorization: Bearer KEY"
@@ -85,7 +85,8 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     metrics.follow_chooser(getattr(engine, "chooser", None))  # --speculative-batch-schedule auto
     scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
                           options.log_interval, options.max_prefill_tokens, options.log_requests,
-                          options.chunked_prefill_size, options.overlap_schedule)
+                          options.chunked_prefill_size,
+                          options.overlap_schedule and getattr(engine, "launches_ahead", False))
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
     preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests)
@@ -180,7 +181,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
             "served_model_name": names[0],
             "max_running_requests": options.max_running_requests,
             "max_queued_requests": options.max_queued_requests,
-            "overlap_schedule": options.overlap_schedule and getattr(engine, "launches_ahead", False),
+            "overlap_schedule": scheduler.overlap,  # on where the engine launches steps ahead
             "running": running,
             "queued": queued,
             "engine_steps": scheduler.steps,

@@ -52,10 +52,10 @@ def add_serve_arguments(p) -> None:
                         "draft was trained with")
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate "
                    "(default: the EYAS_API_KEY environment variable, else no key)")
-    g.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=False,
+    g.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each decode step before the last one's tokens are read back, so the server's own "
-                        "work runs while the GPU computes (the native path's whole steps only; not yet measured on "
-                        "a GPU, so off by default)")
+                        "work runs while the GPU computes (the native path's whole steps; on by default, "
+                        "--no-overlap-schedule: each step read back before the next is launched)")
     g.add_argument("--max-prefill-tokens", type=int, default=16384,
                    help="prompt tokens prefilled together in one engine turn; more waiting prompts join the "
                         "next turn (default 16384)")
@@ -104,7 +104,7 @@ def add_pasted_arguments(p) -> None:
     g.add_argument("--tp", "--tp-size", "--tensor-parallel-size", "-tp", dest="tp", type=int, default=1,
                    metavar="N", help="tensor parallelism: eyas runs on one GPU, so 1; above 1 it prints how to "
                                      "serve the draft with SGLang or vLLM across N GPUs")
-    g.add_argument("--disable-overlap-schedule", dest="overlap_schedule", action="store_false",
+    g.add_argument("--disable-overlap-schedule", dest="overlap_schedule", action="store_false", default=None,
                    help="SGLang's flag: the same as --no-overlap-schedule")
     g.add_argument("--chunked-prefill-size", type=int, default=None, metavar="N",
                    help="a prompt longer than N tokens is prefilled N tokens a turn, the running requests stepping "
@@ -301,7 +301,7 @@ def run(args) -> int:
                            max_queued_requests=args.max_queued_requests, metrics_window=args.metrics_window,
                            max_prefill_tokens=args.max_prefill_tokens, log_requests=args.log_requests,
                            chunked_prefill_size=args.chunked_prefill_size or chunk_default(engine.device),
-                           overlap_schedule=args.overlap_schedule,
+                           overlap_schedule=args.overlap_schedule is not False,
                            log_interval=args.log_interval,
                            api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
                            metrics_require_key=args.metrics_require_key, allowed_origins=args.allowed_origins,
@@ -316,8 +316,9 @@ def run(args) -> int:
     chunk = options.chunked_prefill_size
     print(f"prefill: a prompt over {chunk} tokens in chunks of {chunk}, the running requests stepping between them"
           if chunk > 0 else "prefill: every prompt whole (--chunked-prefill-size -1)", flush=True)
-    if options.overlap_schedule:
-        print(overlap_line(engine), flush=True)
+    line = overlap_line(engine, options.overlap_schedule, asked=args.overlap_schedule is True)
+    if line:
+        print(line, flush=True)
     warning = public_bind_warning(args.host, options.api_key)
     if warning:
         print(warning, flush=True)

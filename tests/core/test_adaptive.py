@@ -7,7 +7,7 @@ import pytest
 from helpers import reference_greedy
 
 from eyas.config import AUTO_CANDIDATES, Algorithm, SpecConfig, format_schedule, parse_schedule
-from eyas.engine.adaptive import Chooser, measure_step_costs, prior_reach
+from eyas.engine.adaptive import GREEDY, SAMPLED, Chooser, measure_step_costs, prior_reach
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.errors import EyasError
@@ -39,7 +39,7 @@ def test_the_choice_maximises_expected_tokens_per_second_in_each_bucket():
                                            64: (4.0, 12.0, 14.0, 20.0, 40.0)}))
     for s, reach in zip(AUTO.options[1:], ([0.7, 0.5, 0.3], [0.7, 0.5, 0.3, 0.2, 0.1], [0.9, 0.7, 0.5, 0.3],
                                            [0.95, 0.8, 0.6, 0.45, 0.3, 0.2])):
-        chooser.reach[s] = list(reach)
+        chooser.reach[GREEDY][s] = list(reach)
     for rows in (1, 2, 5, 8, 9, 64, 100):
         best = max(AUTO.options, key=lambda s: chooser.tau(s) / chooser.cost(s, rows))
         assert chooser.choose(rows) == best, rows
@@ -67,8 +67,9 @@ def test_live_acceptance_moves_the_choice_and_the_log_says_why(caplog):
             chooser.observe(chooser.choose(1), [0])
         assert chooser.choice == NONE and len(caplog.records) == learnt
     changes = [r.getMessage() for r in caplog.records]
-    assert changes[0].startswith("adaptive speculation: 1 rows -> setting 6,8,32 (expected")
-    assert changes[-1].startswith("adaptive speculation: 1 rows -> setting 0 (expected 1 tok/s, tau 1.00; ")
+    assert changes[0].startswith("adaptive speculation: 1 rows (0 sampled) -> setting 6,8,32 (expected")
+    assert changes[-1].startswith("adaptive speculation: 1 rows (0 sampled) -> setting 0 (expected 1 tok/s, "
+                                  "tau 1.00 greedy, 1.00 sampled; ")
     assert all(" tok/s" in m and "; " in m and " at " in m for m in changes)  # the top two's figures
     assert len(changes) < 200 / 3  # one line per change, not per step
 
@@ -88,8 +89,8 @@ def test_probes_that_find_nothing_come_ever_more_rarely():
     """A draft that never pays (sampled at temperature 1, say): each probe costs a speculative step, so the gap
     between them doubles up to max_probe_every; with the gap kept at probe_every it would be 63 probes."""
     chooser = Chooser(AUTO.options, costs({1: (1.0, 1.5, 1.8, 2.5, 3.0)}))
-    for s in chooser.reach:
-        chooser.reach[s] = [0.0] * len(chooser.reach[s])
+    for s in chooser.reach[GREEDY]:
+        chooser.reach[GREEDY][s] = [0.0] * len(chooser.reach[GREEDY][s])
     probes = []
     for step in range(4096):
         s = chooser.choose(1)
@@ -108,7 +109,7 @@ def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():
     for measured in (False, True):
         chooser = Chooser(AUTO.options, table)
         chooser.set_costs(table, measured=measured)
-        chooser.reach[TREE32] = [0.5, 0.2, 0.1, 0.05, 0.0, 0.0]  # tau 1.85
+        chooser.reach[GREEDY][TREE32] = [0.5, 0.2, 0.1, 0.05, 0.0, 0.0]  # tau 1.85
         assert chooser.choose(32) == TREE32
         for _ in range(200):
             s = chooser.choose(32)
@@ -121,6 +122,46 @@ def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():
         assert chooser.cost(TREE32, 1) == 1.0  # another bucket: untouched
     chooser.observe(NONE, [], seconds=100.0, rows=32)  # one stalled step moves it at most 2x times the decay
     assert chooser.cost(NONE, 32) <= 1.0 + chooser.cost_decay * 1.0 + 1e-9
+
+
+def test_sampled_rows_are_weighed_by_what_sampled_rows_accepted():
+    """Greedy rows accept the whole tree, sampled rows nothing: a greedy batch keeps the tree, a sampled one
+    runs no speculation (no greedy-era estimate to unlearn), a mixed batch weighs each kind by its rows; each
+    kind's step costs follow steps of batches of that kind only."""
+    chooser = Chooser(AUTO.options, costs({4: (1.0, 1.3, 1.4, 1.6, 1.8)}))
+    chooser.set_costs(costs({4: (1.0, 1.3, 1.4, 1.6, 1.8)}), measured=True)
+    for _ in range(100):
+        chooser.observe(TREE32, [5] * 4, seconds=1.8, rows=4)  # greedy rows: the whole path
+        for s in AUTO.options[1:]:  # sampled rows: nothing, whatever the shape
+            chooser.observe(s, [0] * 4, seconds=2.7 if s == TREE32 else None, rows=4, drew=[True] * 4)
+    assert chooser.tau(TREE32, GREEDY) > 5.5 and chooser.tau(TREE32, SAMPLED) < 1.05
+    assert chooser.cost(TREE32, 4) == pytest.approx(1.8) and chooser.cost(TREE32, 4, sampled=4) > 2.6
+    assert chooser.choose(4) == TREE32
+    chooser.choice = None
+    assert chooser.choose(4, sampled=4) == NONE
+    rate = dict((s, r) for r, s in chooser.rates(4, sampled=1))[TREE32]
+    want = (3 * chooser.tau(TREE32, GREEDY) + chooser.tau(TREE32, SAMPLED)) / chooser.cost(TREE32, 4, sampled=1)
+    assert rate == pytest.approx(want)
+    # a batch of both kinds: each row teaches its own kind; the cost goes to the sampled table
+    greedy_cost, seen = chooser.cost(CHAIN5, 4), {k: chooser.seen[k][CHAIN5] for k in (GREEDY, SAMPLED)}
+    chooser.observe(CHAIN5, [4, 4, 0, 0], seconds=5.0, rows=4, drew=[False, False, True, True])
+    assert [chooser.seen[k][CHAIN5] for k in (GREEDY, SAMPLED)] == [seen[GREEDY] + 1, seen[SAMPLED] + 1]
+    assert chooser.cost(CHAIN5, 4) == greedy_cost < chooser.cost(CHAIN5, 4, sampled=2)
+    chooser.observe(NONE, [], seconds=2.0, rows=4, sampled=1)  # a plain step of a mixed batch: its cost alone
+    assert chooser.cost(NONE, 4) == 1.0 < chooser.cost(NONE, 4, sampled=1)
+
+
+def test_the_engine_tells_the_chooser_which_rows_draw(target, draft, references):
+    """A batch of greedy and sampled rows: the chooser learns each kind's acceptance from its own rows, and
+    the greedy rows still get the target's own greedy tokens."""
+    engine = Engine(NativeTarget.from_target(target), draft, AUTO, max_batch=4)
+    engine.chooser.set_costs(costs({4: (1.0, 1.1, 1.2, 1.3, 1.4)}))  # drafting always pays: trees run
+    params = [SamplingParams(max_new_tokens=16, ignore_eos=True, temperature=t, seed=i)
+              for i, t in enumerate((0.0, 1.0, 0.0, 1.0))]
+    outs = engine.generate(PROMPTS, params)
+    assert [outs[i].output_ids for i in (0, 2)] == [references[i][:16] for i in (0, 2)]
+    spec = next(s for s in AUTO.options if engine.chooser.steps[s] and s.speculative)
+    assert engine.chooser.seen[GREEDY][spec] > 0 and engine.chooser.seen[SAMPLED][spec] > 0
 
 
 def test_no_cost_for_a_setting_is_refused():
@@ -174,7 +215,7 @@ def test_the_engine_teaches_the_chooser_each_steps_cost(target, draft, reference
     outs = engine.generate(PROMPTS[:2], [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths])
     assert [o.output_ids for o in outs] == [r[:n] for r, n in zip(references, lengths)]
     assert outs[0].stats.drafts > 0  # drafted after plain steps, from logits computed anew
-    moved = [(s, b) for s in AUTO.options for b in (1, 2) if engine.chooser.costs[s][b] != table[s][b]]
+    moved = [(s, b) for s in AUTO.options for b in (1, 2) if engine.chooser.costs[GREEDY][s][b] != table[s][b]]
     assert (NONE, 2) in moved and all(engine.chooser.steps[s] for s, _ in moved), moved
     assert engine.chooser.cost(NONE, 2) < 1.0  # a CPU step of this tiny model takes milliseconds, not a second
 

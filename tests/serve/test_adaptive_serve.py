@@ -79,6 +79,7 @@ def test_greedy_answers_equal_plain_decoding_and_metrics_show_the_choice(auto_en
     steps = {n: m[f'eyas:spec_setting_steps_total{{setting="{n}"}}'] for n in names}
     assert sum(steps.values()) == m["eyas:engine_steps_total"]  # every step ran exactly one setting
     assert steps["0"] > 0 and sum(v for n, v in steps.items() if n != "0") > 0, steps  # it switched
-    assert m['eyas:spec_expected_accept_length{setting="0"}'] == 1.0
-    assert all(1 <= m[f'eyas:spec_expected_accept_length{{setting="{n}"}}'] for n in names)
+    for kind in ("greedy", "sampled"):
+        assert m[f'eyas:spec_expected_accept_length{{rows="{kind}",setting="0"}}'] == 1.0
+        assert all(1 <= m[f'eyas:spec_expected_accept_length{{rows="{kind}",setting="{n}"}}'] for n in names)
     assert m["eyas:spec_decode_num_drafts_total"] > 0  # the speculative steps recorded their acceptance

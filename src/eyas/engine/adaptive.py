@@ -1,14 +1,20 @@
 """Adaptive speculation (``--speculative-batch-schedule auto``): each step runs the setting that promises
 the most tokens per second for the batch it has, no speculation included.
 
-    tau(s)      expected tokens per row and step: 1 + sum over depths i of P(the accepted path reaches i);
-                1 without speculation
+    tau(s, k)   expected tokens per row and step of rows of kind k (greedy rows take the argmax, sampled
+                rows draw: a draft's acceptance differs by far between them): 1 + sum over depths i of
+                P(the accepted path reaches i); 1 without speculation
     cost(s, B)  seconds of one step of setting s over B rows: measured per rows bucket at warm-up
                 (``measure_step_costs``), or ``model_costs`` where nothing was measured (the CPU); then
-                followed live: each step's own wall time moves its (setting, bucket) estimate (``observe``)
-    rate(s, B)  B * tau(s) / cost(s, B); the step runs the argmax
+                followed live: each step's own wall time moves its (setting, bucket) estimate (``observe``),
+                one table for batches where every row is greedy, one for batches where some row draws
+                (its step runs the sampling kernels), the second starting as a copy of the first
+    rate(s, B)  (greedy rows x tau(s, greedy) + sampled rows x tau(s, sampled)) / cost(s, B); the step runs
+                the argmax
 
-P(reach i) is kept per tree shape, from the live acceptance of that shape's own steps: a running mean over
+P(reach i) is kept per tree shape and kind of row, from the live acceptance of that shape's own steps
+on rows of that kind (a server that turns from greedy to sampled traffic starts from what sampled rows
+accepted, not from what greedy ones did): a running mean over
 its first steps that becomes an exponential moving average (weight ``decay``) once it has ``1 / decay`` of
 them, starting from a prior worth ``prior_steps`` steps (``prior_reach``: optimistic on purpose, so that
 every shape is tried once its cost can pay, and its own figures then replace the guess). A shape that does
@@ -45,6 +51,7 @@ from .sampling import SamplingParams
 log = logging.getLogger("eyas.engine")
 
 PRIOR_LEVEL = 0.8  # a chain's acceptance per depth before any data (optimistic: see the module docstring)
+GREEDY, SAMPLED = "greedy", "sampled"  # kinds of rows: each has its own acceptance and its own step costs
 
 
 def prior_reach(spec: SpecConfig, level: float = PRIOR_LEVEL) -> list[float]:
@@ -83,8 +90,8 @@ class Chooser:
         self._probed = False  # the last step was a probe: the next choice says whether it found anything
         self.cost_decay = cost_decay
         self.measured = False  # costs in seconds (``set_costs(..., measured=True)``): only those follow live steps
-        self.reach = {s: prior_reach(s) for s in self.options if s.speculative}
-        self.seen = {s: 0 for s in self.reach}  # steps observed per shape
+        self.reach = {k: {s: prior_reach(s) for s in self.options if s.speculative} for k in (GREEDY, SAMPLED)}
+        self.seen = {k: dict.fromkeys(self.reach[k], 0) for k in self.reach}  # steps observed per kind and shape
         self.steps = {s: 0 for s in self.options}  # steps run per setting
         self.choice: SpecConfig | None = None
         self._quiet = 0  # steps in a row without speculation
@@ -96,34 +103,37 @@ class Chooser:
         missing = [setting_name(s) for s in self.options if not costs.get(s)]
         if missing:
             raise ValueError(f"no step cost for the settings {missing}")
-        self.costs = {s: dict(sorted(costs[s].items())) for s in self.options}
+        self.costs = {k: {s: dict(sorted(costs[s].items())) for s in self.options} for k in (GREEDY, SAMPLED)}
         self.measured = measured
 
-    def tau(self, spec: SpecConfig) -> float:
-        """Expected tokens per row and step."""
-        return 1.0 + sum(self.reach.get(spec, ()))
+    def tau(self, spec: SpecConfig, kind: str = GREEDY) -> float:
+        """Expected tokens per row and step, for rows of ``kind``."""
+        return 1.0 + sum(self.reach[kind].get(spec, ()))
 
     def bucket(self, spec: SpecConfig, rows: int) -> int | None:
         """The smallest rows bucket of ``spec``'s costs that holds ``rows``; None past the largest."""
-        return next((b for b in self.costs[spec] if b >= rows), None)
+        return next((b for b in self.costs[GREEDY][spec] if b >= rows), None)
 
-    def cost(self, spec: SpecConfig, rows: int) -> float:
-        """Seconds of a step over ``rows``: its bucket's (``bucket``); past the largest, that one's cost scaled
-        by the rows (those steps run eagerly)."""
-        table, bucket = self.costs[spec], self.bucket(spec, rows)
+    def cost(self, spec: SpecConfig, rows: int, sampled: int = 0) -> float:
+        """Seconds of a step over ``rows``, ``sampled`` of which draw: its bucket's (``bucket``); past the
+        largest, that one's cost scaled by the rows (those steps run eagerly)."""
+        table, bucket = self.costs[SAMPLED if sampled else GREEDY][spec], self.bucket(spec, rows)
         if bucket is None:
             bucket = max(table)
             return table[bucket] * rows / bucket
         return table[bucket]
 
-    def rates(self, rows: int) -> list[tuple[float, SpecConfig]]:
-        """(expected tokens per second, setting), best first (ties: the earlier option, so NONE)."""
-        ranked = [(rows * self.tau(s) / self.cost(s, rows), -i, s) for i, s in enumerate(self.options)]
+    def rates(self, rows: int, sampled: int = 0) -> list[tuple[float, SpecConfig]]:
+        """(expected tokens per second, setting) for ``rows`` rows, ``sampled`` of which draw, best first
+        (ties: the earlier option, so NONE)."""
+        def tokens(s: SpecConfig) -> float:
+            return (rows - sampled) * self.tau(s, GREEDY) + sampled * self.tau(s, SAMPLED)
+        ranked = [(tokens(s) / self.cost(s, rows, sampled), -i, s) for i, s in enumerate(self.options)]
         return [(rate, s) for rate, _, s in sorted(ranked, key=lambda r: r[:2], reverse=True)]
 
-    def choose(self, rows: int) -> SpecConfig:
-        """The setting of the next step over ``rows`` rows (counted in ``steps``)."""
-        ranked = self.rates(rows)
+    def choose(self, rows: int, sampled: int = 0) -> SpecConfig:
+        """The setting of the next step over ``rows`` rows, ``sampled`` of which draw (counted in ``steps``)."""
+        ranked = self.rates(rows, sampled)
         best = ranked[0][1]
         current = next((r for r, s in ranked if s == self.choice), 0.0)
         if current * (1 + self.margin) >= ranked[0][0]:
@@ -143,26 +153,37 @@ class Chooser:
                 return probe
         if best != self.choice:
             others = ", then ".join(f"{setting_name(s)} at {r:.4g}" for r, s in ranked[1:2])
-            log.info("adaptive speculation: %d rows -> setting %s (expected %.4g tok/s, tau %.2f; %s)",
-                     rows, setting_name(best), ranked[0][0], self.tau(best), others)
+            log.info("adaptive speculation: %d rows (%d sampled) -> setting %s (expected %.4g tok/s, tau %.2f "
+                     "greedy, %.2f sampled; %s)", rows, sampled, setting_name(best), ranked[0][0],
+                     self.tau(best, GREEDY), self.tau(best, SAMPLED), others)
             self.choice = best
         self.steps[best] += 1
         return best
 
-    def observe(self, spec: SpecConfig, accepted: list[int], seconds: float | None = None, rows: int = 0) -> None:
-        """One step of ``spec`` over ``rows`` rows that took ``seconds``: the draft tokens each live row accepted."""
+    def observe(self, spec: SpecConfig, accepted: list[int], seconds: float | None = None, rows: int = 0,
+                drew: list[bool] | None = None, sampled: int | None = None) -> None:
+        """One step of ``spec`` over ``rows`` rows that took ``seconds``: the draft tokens each live row accepted,
+        ``drew[i]`` whether the row of ``accepted[i]`` draws (None: none does), ``sampled`` the rows of the
+        batch that draw (None: those of ``drew``; any picks the sampled cost table)."""
+        drew = drew or [False] * len(accepted)
+        sampled = sum(drew) if sampled is None else sampled
         bucket = self.bucket(spec, rows) if seconds is not None and self.measured else None
         if bucket is not None:  # past the largest bucket the cost is scaled, not kept: nothing to move
-            old = self.costs[spec][bucket]
-            self.costs[spec][bucket] = old + self.cost_decay * (min(max(seconds, old / 2), old * 2) - old)
-        if not spec.speculative or not accepted:
+            table = self.costs[SAMPLED if sampled else GREEDY][spec]
+            old = table[bucket]
+            table[bucket] = old + self.cost_decay * (min(max(seconds, old / 2), old * 2) - old)
+        if not spec.speculative:
             return
-        self.seen[spec] += 1
-        weight = max(self.decay, 1.0 / (self.seen[spec] + self.prior_steps))
-        reach = self.reach[spec]
-        for i in range(len(reach)):
-            share = sum(1 for a in accepted if a > i) / len(accepted)
-            reach[i] += weight * (share - reach[i])
+        for kind, mine in ((GREEDY, False), (SAMPLED, True)):
+            counts = [a for a, d in zip(accepted, drew) if d == mine]
+            if not counts:
+                continue
+            self.seen[kind][spec] += 1
+            weight = max(self.decay, 1.0 / (self.seen[kind][spec] + self.prior_steps))
+            reach = self.reach[kind][spec]
+            for i in range(len(reach)):
+                share = sum(1 for a in counts if a > i) / len(counts)
+                reach[i] += weight * (share - reach[i])
 
 
 @torch.inference_mode()
@@ -172,7 +193,7 @@ def measure_step_costs(engine, rows: list[int] | None = None, repeats: int = 3) 
     prompts, wall time around ``Engine.step`` (it ends on the step's read-back, so the device's work and the
     host's are both in it: graph replays on the GPU, eager forwards elsewhere). These steps teach the chooser
     nothing (it is set aside meanwhile); the preallocated caches are emptied after each batch."""
-    rows = rows or list(engine.chooser.costs[engine.spec.options[0]])
+    rows = rows or list(engine.chooser.costs[GREEDY][engine.spec.options[0]])
     chooser, engine.chooser = engine.chooser, None
     prompt = [i % engine.target.info.vocab_size for i in range(1, 9)]
     params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -102,6 +103,11 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+    @cached_property
+    def drawing(self) -> int:
+        """Rows that sample (the rest take the argmax); membership changes make a new batch."""
+        return sum(not s.params.greedy for s in self.seqs)
 
     def state(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """(what the batch holds now, what it holds after the next step): a step graph's ``state``."""

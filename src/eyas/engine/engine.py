@@ -1,22 +1,21 @@
 """The speculative engine: ``prefill`` new sequences, ``step`` a batch, and the batch bookkeeping around them.
 
 A step replays the whole step as one CUDA graph where one fits (``decode.py``), else runs it by parts
-(``by_parts.py``: draft a tree, verify it with the target, accept, commit, extend the draft); either way it
-ends in one read-back, ``collect``, the host's share; ``launch`` queues the device's, so a caller can launch
-the next step before it reads this one (the server's overlap schedule). With ``Algorithm.NONE`` the tree is
-the root alone, so plain decoding is the same code path. A ``SpecConfig.schedule`` picks the settings per
-step from the batch size (``for_batch``); its no-speculation entries verify the root alone but still feed
-the draft (draft extend), so it can draft again when the batch shrinks. An adaptive spec (``--speculative-batch-schedule
-auto``) leaves the choice to its ``Chooser`` (``adaptive.py``): step costs per rows bucket
-(``adaptive.measure_step_costs``, timed at warm-up on the GPU) and the live acceptance of each setting.
-Prefill is ``prefill.py``; the native path's caches and graph runners, ``pools.py``; the sequences and
-batches, ``batch.py``. Sequences join (``merge``) and leave (``filter``) between steps: that is all
-continuous batching needs from the engine.
+(``by_parts.py``: draft a tree, verify it with the target, accept, commit, extend the draft); either way it ends in
+one read-back, ``collect``, the host's share; ``launch`` queues the device's, so a caller can launch the next step
+before it reads this one (the server's overlap schedule). With ``Algorithm.NONE`` the tree is the root alone, so
+plain decoding is the same code path. A ``SpecConfig.schedule`` picks the settings per step from the batch size
+(``for_batch``); its no-speculation entries verify the root alone but still feed the draft (draft extend), so it can
+draft again when the batch shrinks. An adaptive spec (``--speculative-batch-schedule auto``) leaves the choice to
+its ``Chooser`` (``adaptive.py``): step costs per rows bucket (``adaptive.measure_step_costs``, timed at warm-up on
+the GPU) and the live acceptance of each setting. Prefill is ``prefill.py``; the native path's caches and graph
+runners, ``pools.py``; the sequences and batches, ``batch.py``. Sequences join (``merge``) and leave (``filter``)
+between steps: that is all continuous batching needs from the engine.
 
-A fault confined to one row ends that row alone (``finish_reason`` "error", ``Sequence.error`` says
-why) and the batch goes on: logits that are not finite (``finite_rows``, read back with the step's
-tokens, no extra wait on the device). Such a row emits nothing more, and
-``filter`` zeroes its slots in the preallocated caches (``batch.scrub``).
+A fault confined to one row ends that row alone (``finish_reason`` "error", ``Sequence.error`` says why) and the
+batch goes on: logits that are not finite (``finite_rows``, read back with the step's tokens, no extra wait on the
+device). Such a row emits nothing more, and ``filter`` zeroes its slots in the preallocated caches
+(``batch.scrub``).
 """
 
 from __future__ import annotations
@@ -333,7 +332,8 @@ class Engine:
         """The batch's next step's setting, chosen once (a launch ahead that ran nothing leaves it to the next)."""
         key = (batch.serial, batch.steps, len(batch))
         if self._chosen[0] != key:
-            self._chosen = key, self.chooser.choose(len(batch)) if self.chooser else self.spec.for_batch(len(batch))
+            self._chosen = key, (self.chooser.choose(len(batch), batch.drawing) if self.chooser
+                                 else self.spec.for_batch(len(batch)))
         return self._chosen[1]
 
     def _launched(self, batch: Batch, spec: SpecConfig, host: torch.Tensor, pending: Pending | None,
@@ -364,7 +364,7 @@ class Engine:
             batch.target_cache.crop(used)
             if batch.draft_cache is not None:
                 batch.draft_cache.crop(used)
-            emitted, accepted = [], []
+            emitted, accepted, drew = [], [], []
             for s, h, lp in zip(batch.seqs, rows, logprobs):
                 n, length = h[width], h[width + 1]
                 if not h[width + 3]:
@@ -372,10 +372,12 @@ class Engine:
                 if not s.finished and spec.speculative:
                     s.stats.record(spec.num_draft_tokens - 1, n - 1)
                     accepted.append(n - 1)
+                    drew.append(not s.params.greedy)
                 emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
             now = time.perf_counter()
             if self.chooser:
-                self.chooser.observe(spec, accepted, now - max(step.start, self._collected), len(batch))
+                self.chooser.observe(spec, accepted, now - max(step.start, self._collected), len(batch), drew,
+                                     batch.drawing)
             self._collected = now
             return emitted
 

@@ -16,8 +16,8 @@ Adaptive speculation (``--speculative-batch-schedule auto``), read from the engi
 
     eyas:spec_active_setting{setting}         1 for the setting the last step chose ("6,8,32"; "0" = none), else 0
     eyas:spec_setting_steps_total{setting}    engine steps run with each setting
-    eyas:spec_expected_accept_length{setting} the chooser's tau estimate per setting (its reason, with the
-                                              step costs measured at startup)
+    eyas:spec_expected_accept_length{setting,rows}  the chooser's tau estimate per setting, for greedy and for
+                                              sampled rows (its reason, with the step costs measured at startup)
 
 PromQL for the lifetime figures (exactly what the gauges hold while the window covers everything):
 
@@ -220,11 +220,12 @@ class ChooserCollector(Collector):
         steps = CounterMetricFamily(PREFIX + "spec_setting_steps", "Engine steps run with each setting",
                                     labels=["setting"])
         tau = GaugeMetricFamily(PREFIX + "spec_expected_accept_length", "Adaptive speculation's estimate of "
-                                "the tokens per row a step of each setting emits (from its live acceptance)",
-                                labels=["setting"])
+                                "the tokens per row a step of each setting emits, for greedy and for sampled rows "
+                                "(from its live acceptance on rows of that kind)", labels=["setting", "rows"])
         for spec in c.options:
             name = setting_name(spec)
             active.add_metric([name], 1.0 if spec == c.choice else 0.0)
             steps.add_metric([name], float(c.steps[spec]))
-            tau.add_metric([name], c.tau(spec))
+            for kind in ("greedy", "sampled"):
+                tau.add_metric([name, kind], c.tau(spec, kind))
         yield from (active, steps, tau)

@@ -63,6 +63,61 @@ def test_sixteen_clients_get_the_targets_greedy_answers(overlapped, native, refe
     assert after["eyas:num_requests_running"] == 0
 
 
+@pytest.fixture(scope="module")
+def native_auto(models):
+    """The native engine with ``--speculative-batch-schedule auto`` and a cost table under which the setting
+    changes with the batch: the big tree at 1 row, chains at 2 and 4, no speculation from 8 rows."""
+    from eyas.pipeline import EngineArgs, build_engine
+
+    tiny, draft = models
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(draft), dtype="float64",
+                                     engine="native", speculative_batch_schedule="auto", max_batch=16))
+    table = {1: (1.0, 1.2, 1.3, 1.6, 2.2), 2: (1.0, 1.5, 2.0, 2.4, 3.0), 4: (1.0, 1.9, 2.6, 8.0, 12.0),
+             8: (1.0, 8.0, 10.0, 16.0, 24.0), 16: (1.0, 16.0, 20.0, 32.0, 48.0)}
+    engine.chooser.set_costs({s: {b: row[i] for b, row in table.items()} for i, s in enumerate(engine.spec.options)})
+    return engine
+
+
+def test_auto_overlapped_under_sixteen_clients_answers_as_plain_decoding(native_auto, reference, monkeypatch):
+    """``auto`` with the overlap schedule (both the defaults on this path): as rows come and go the setting
+    changes between steps launched ahead, and every greedy answer is the target's own; sampled rows beside
+    them teach the chooser their own acceptance."""
+    from eyas.engine.adaptive import GREEDY, SAMPLED
+    from eyas.serve.app import ServeOptions, create_app
+
+    ahead, launch = [], native_auto.launch
+
+    def counted(*args, **kwargs):
+        step = launch(*args, **kwargs)
+        ahead.append(kwargs.get("ahead", False) and step is not None)
+        return step
+
+    monkeypatch.setattr(native_auto, "launch", counted)
+    app = create_app(native_auto, ServeOptions(served_model_name="tiny", log_interval=0))
+    assert app.state.eyas.scheduler.overlap
+    tok = native_auto.target.tokenizer
+    ids = [tok(f"auto {i}: " + "xy" * (i % 4)).input_ids for i in range(16)]
+    lengths = [4 + (7 * i) % 29 for i in range(16)]
+    want = reference(ids, lengths, ignore_eos=True)
+
+    def call(i: int) -> list[int]:
+        params = {"max_new_tokens": lengths[i], "temperature": 0 if i % 4 else 1.0, "seed": i, "ignore_eos": True}
+        r = httpx.post(srv.url + "/generate", json={"input_ids": ids[i], "sampling_params": params}, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()["output_ids"]
+
+    with InProcessServer(app) as srv, ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(call, range(16)))
+        wait_idle(srv.url)
+    assert [g for i, g in enumerate(got) if i % 4] == [w for i, w in enumerate(want) if i % 4]
+    assert [len(g) for g in got] == lengths
+    chooser = native_auto.chooser
+    ran = [s for s, n in chooser.steps.items() if n]
+    assert len(ran) >= 2 and any(not s.speculative for s in ran), chooser.steps
+    assert any(chooser.seen[GREEDY].values()) and any(chooser.seen[SAMPLED].values())
+    assert sum(ahead) > 10  # the steps did run ahead
+
+
 def test_a_client_leaving_mid_stream_leaves_the_others_whole(overlapped, native, reference):
     srv, ahead = overlapped
     tok = native.target.tokenizer

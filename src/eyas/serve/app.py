@@ -33,6 +33,7 @@ from .openai_routes import router as openai_router
 from .openapi import install_openapi
 from .prepare import Preparer
 from .scheduler import Failed, Scheduler
+from .tokenize_route import router as tokenize_router
 
 log = logging.getLogger("eyas.serve")
 
@@ -117,6 +118,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(generate_router)
     app.include_router(dashboard_router)
+    app.include_router(tokenize_router)
     _add_error_handlers(app, metrics)
     unguarded = open_paths(options.metrics_require_key)  # the one place a route's auth is decided
     install_openapi(app, unguarded)

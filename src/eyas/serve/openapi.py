@@ -11,12 +11,18 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
 
 BODIES = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/generate": GenerateRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+}
+ANSWERS = {  # the 200 of each POST operation
+    "/tokenize": "{count, max_model_len, tokens} (and token_strs with return_token_strs)",
+    "/detokenize": "{prompt}: the text of the tokens",
 }
 REF = "#/components/schemas/{model}"
 
@@ -66,11 +72,12 @@ def install_openapi(app: FastAPI, open_paths: frozenset[str]) -> None:
             op = doc["paths"][path]["post"]
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {
                 "$ref": REF.format(model=model.__name__)}}}}
-            op["responses"] = {
-                "200": {"description": "the completion (JSON), or server-sent events when stream is true",
-                        "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": {}}}},
-                **{code: _error_response(text) for code, text in ERRORS.items()},
-            }
+            ok = ({"description": ANSWERS[path], "content": {"application/json": {"schema": {"type": "object"}}}}
+                  if path in ANSWERS else
+                  {"description": "the completion (JSON), or server-sent events when stream is true",
+                   "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": {}}}})
+            errors = {c: t for c, t in ERRORS.items() if path not in ANSWERS or c not in ("500", "503")}
+            op["responses"] = {"200": ok, **{code: _error_response(text) for code, text in errors.items()}}
         for path, item in doc["paths"].items():
             if path in BODIES:
                 continue

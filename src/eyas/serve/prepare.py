@@ -52,6 +52,7 @@ class Preparer:
         self._spare = list(self.tokenizers)
         self._local = threading.local()
         self.served_names = served_names
+        self.max_context = engine.max_context  # the model's context length (/tokenize's max_model_len)
         self.max_tokens = max_prompt_tokens or engine.max_context
         self.max_chars = prompt_char_bound(tok, self.max_tokens)
         self.log_requests = log_requests
@@ -68,8 +69,9 @@ class Preparer:
         """The calling worker's tokenizer copy (``tokenizers`` holds every worker's)."""
         return self._local.tokenizer
 
-    async def __call__(self, build, raw: bytes) -> Prepared:
-        """``build(preparer, raw) -> Prepared`` on the worker thread; any failure there is a 400."""
+    async def __call__(self, build, raw: bytes):
+        """``build(preparer, raw)`` (a ``Prepared`` for the generating routes) on the worker thread; any failure
+        there is a 400."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, build, self, raw)
         except ApiError:

@@ -180,6 +180,27 @@ class GenerateRequest(_Strict):
     custom_logit_processor: str | None = None
 
 
+class TokenizeRequest(_Strict):
+    """vLLM's ``/tokenize``: a ``prompt``, or chat ``messages`` rendered as ``/v1/chat/completions`` renders them
+    (the same template fields), so ``count`` is what that request's ``usage.prompt_tokens`` would be."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool | None = None  # null: true for a prompt; false for messages (the template writes them)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's ``/detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]
+
 # What to say when a union-typed field gets the wrong type (pydantic lists every alternative).
 EXPECTED = {
     "prompt": "a string, a list of strings, a list of token ids, or a list of lists of token ids",

@@ -20,7 +20,8 @@ two chunks with text; one chunk can hold several tokens, a speculative step's), 
 ((e2e - TTFT) / (tokens - 1)), p50/p90/p99 of each, tau from the server's ``/metrics`` counters
 before and after the level and, where the prompts have categories (a built-in set's name, a JSONL
 line's ``category``), ``per_category``: tau per category from each response's usage (verify steps and
-accepted tokens summed per category, as ``eyas eval`` reports it). ``--in-process`` loads the same
+accepted tokens summed per category, as ``eyas eval`` reports it) and, with ``auto``, the steps each setting
+ran (``steps_per_setting``, from ``eyas:spec_setting_steps_total``). ``--in-process`` loads the same
 engine here (``--model-path`` and the ``--speculative-*`` flags must describe the servers) and runs
 the same prompts through its own prefill/step loop with the clients as the batch size and the same
 temperature and top-p, so each served figure has its in-process figure beside it.
@@ -104,13 +105,24 @@ async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clie
     return [r for r in results if isinstance(r, dict)], [r for r in results if isinstance(r, str)], seconds
 
 
+def setting_steps(url: str) -> dict[str, float]:
+    """Steps run per setting so far (``eyas:spec_setting_steps_total``, ``auto`` only; else empty)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=30).text
+        return {labels["setting"]: v for labels, v in server_metrics.parse(text).get("eyas:spec_setting_steps", [])}
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+
+
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
                  temperature: float) -> dict:
     _, before = scrape(url)
+    steps_before = setting_steps(url)
     done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
                                              args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
                                              args.top_p))
     _, after = scrape(url)
+    steps = {k: int(v - steps_before.get(k, 0)) for k, v in setting_steps(url).items()}
     tokens = sum(r["tokens"] for r in done)
     level = {"requests": len(done), "errors": errors[:5], "output_tokens": tokens, "seconds": round(seconds, 4),
              "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else 0.0,
@@ -118,6 +130,8 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
              "itl_s": percentiles([g for r in done for g in r["gaps"]]),
              "tpot_s": percentiles([(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]),
              "tau": None, "per_category": requests_tally((r["category"], r["steps"], r["accepted"]) for r in done)}
+    if any(steps.values()):  # which settings auto ran during this level
+        level["steps_per_setting"] = {k: n for k, n in steps.items() if n}
     if after is not None and after.has_spec_metrics:
         acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:
@@ -331,6 +345,8 @@ def line(level: dict) -> str:
         text += f"  tau {level['tau']:.2f}"
     if level.get("per_category"):
         text += " (" + ", ".join(f"{g} {r['accept_length']:.2f}" for g, r in level["per_category"].items()) + ")"
+    if level.get("steps_per_setting"):
+        text += "  steps " + " ".join(f"{k}:{n}" for k, n in level["steps_per_setting"].items())
     if "in_process" in level:
         text += f"  in-process {level['in_process']['tokens_per_s']:.1f} tok/s ({level['served_over_in_process']:.0%})"
     if level["errors"]:

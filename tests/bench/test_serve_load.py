@@ -35,6 +35,7 @@ def test_serve_load_reports_each_level_with_tau_and_the_in_process_figure(http_p
         (s, t, c) for t in (0.0, 0.7) for c in (1, 3) for s in ("EAGLE3", "NONE")]  # the servers side by side
     for r in runs:
         assert r["errors"] == [] and r["requests"] == max(2, r["clients"])  # --min-requests 2: 2 from one client
+        assert "steps_per_setting" not in r  # fixed settings: no auto counters
         assert r["output_tokens"] == 6 * r["requests"]  # ignore_eos: every request asks the same work
         assert abs(r["tokens_per_s"] - r["output_tokens"] / r["seconds"]) <= 0.01 * r["tokens_per_s"]
         for key in ("ttft_s", "itl_s", "tpot_s"):
@@ -82,3 +83,23 @@ def test_serve_load_refuses_a_top_p_out_of_range(capsys):
     with pytest.raises(SystemExit):
         load_script().parse_args(["--url", "http://127.0.0.1:9", "--top-p", "0"])
     assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_serve_load_reports_the_settings_auto_ran(target, draft, tmp_path):
+    """Against an ``auto`` server each level records the steps each setting ran (from its /metrics counters),
+    and they add up to the level's engine steps; a fixed setting records none."""
+    from live_server import LiveServer
+
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+
+    auto = Engine(target, draft, SpecConfig.auto("EAGLE3"), max_batch=4)
+    out = tmp_path / "load.json"
+    with LiveServer(auto) as srv:
+        code = load_script().main(["--url", srv.url, "--clients", "1,3", "--temperatures", "0",
+                                   "--requests-per-client", "1", "--max-tokens", "6", "--out", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert all(r["steps_per_setting"] and all(n > 0 for n in r["steps_per_setting"].values()) for r in runs)
+    assert sum(sum(r["steps_per_setting"].values()) for r in runs) <= sum(auto.chooser.steps.values())
+    assert set().union(*(r["steps_per_setting"] for r in runs)) <= {"0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"}

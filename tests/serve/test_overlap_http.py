@@ -22,19 +22,25 @@ def native(models):
                                    speculative_num_draft_tokens=6, max_batch=16))
 
 
-@pytest.fixture
-def overlapped(native, monkeypatch):
-    """(an in-process server with the overlap schedule, the steps launched ahead so far)."""
-    from eyas.serve.app import ServeOptions, create_app
-
-    ahead, launch = [], native.launch
+def launches_ahead(engine, monkeypatch) -> list[bool]:
+    """One entry per ``engine.launch`` from now on: whether it launched a step ahead."""
+    ahead, launch = [], engine.launch
 
     def counted(*args, **kwargs):
         step = launch(*args, **kwargs)
         ahead.append(kwargs.get("ahead", False) and step is not None)
         return step
 
-    monkeypatch.setattr(native, "launch", counted)
+    monkeypatch.setattr(engine, "launch", counted)
+    return ahead
+
+
+@pytest.fixture
+def overlapped(native, monkeypatch):
+    """(an in-process server with the overlap schedule, the steps launched ahead so far)."""
+    from eyas.serve.app import ServeOptions, create_app
+
+    ahead = launches_ahead(native, monkeypatch)
     app = create_app(native, ServeOptions(served_model_name="tiny", log_interval=0, overlap_schedule=True))
     with InProcessServer(app) as srv:
         yield srv, ahead
@@ -85,14 +91,7 @@ def test_auto_overlapped_under_sixteen_clients_answers_as_plain_decoding(native_
     from eyas.engine.adaptive import GREEDY
     from eyas.serve.app import ServeOptions, create_app
 
-    ahead, launch = [], native_auto.launch
-
-    def counted(*args, **kwargs):
-        step = launch(*args, **kwargs)
-        ahead.append(kwargs.get("ahead", False) and step is not None)
-        return step
-
-    monkeypatch.setattr(native_auto, "launch", counted)
+    ahead = launches_ahead(native_auto, monkeypatch)
     app = create_app(native_auto, ServeOptions(served_model_name="tiny", log_interval=0))
     assert app.state.eyas.scheduler.overlap
     tok = native_auto.target.tokenizer

@@ -210,14 +210,15 @@ def test_magpie_prompts_continue_the_templates_user_turn(monkeypatch):
         return [tok(x, add_special_tokens=False).input_ids + [eos] for x in texts], [False, False, False, False, True]
 
     monkeypatch.setattr(rg, "generate_batched", fake)
-    got = rg.magpie_prompts(target, 5, RegenConfig(temperature=0.0, system_prompt="Be brief."), progress=False)
+    got = rg.magpie_prompts(target, 5, RegenConfig(temperature=0.0, system_prompt="Be brief.", engine="native"),
+                            progress=False)
     assert [r["messages"][0]["content"] for r in got] == ["How do I bake bread at home?", "What is a prime number?"]
     assert all(r["source"] == "magpie" and r["messages"][0]["role"] == "user" for r in got)
     opening = tok.decode(seen["prompt"])
     full = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
                                    tokenize=False)
     assert full.startswith(opening) and opening.endswith("user\n") and "Be brief." in opening
-    assert seen["cfg"].temperature == 1.0 and seen["cfg"].engine == "generic"
+    assert seen["cfg"].temperature == 1.0 and seen["cfg"].engine == "native"  # the caller's engine, sampling
 
 
 def test_magpie_source_end_to_end_and_benchmark_prompts_excluded(tmp_path):

@@ -205,9 +205,9 @@ def pre_query_ids(tokenizer, cfg: RegenConfig) -> list[int]:
 
 def magpie_prompts(target, n: int, cfg: RegenConfig, progress: bool = True, max_new_tokens: int = 96) -> list[dict]:
     """Up to ``n`` distinct user prompts written by the target from its template's opening of a user
-    turn, sampled at temperature 1 (at least ``cfg.temperature``); cut or very short ones are dropped."""
-    sampling = replace(cfg, temperature=max(cfg.temperature, 1.0), top_p=1.0, max_new_tokens=max_new_tokens,
-                       engine="generic")
+    turn, sampled at temperature 1 (at least ``cfg.temperature``); cut or very short ones are dropped. The
+    ``n`` openings are one prompt repeated: on eyas's engine each draws with its own seed (``prompt_seed``)."""
+    sampling = replace(cfg, temperature=max(cfg.temperature, 1.0), top_p=1.0, max_new_tokens=max_new_tokens)
     answers, cut = generate_batched(target, [pre_query_ids(target.tokenizer, cfg)] * n, sampling, progress)
     eos, out, seen = set(target.eos_token_ids), [], set()
     for a, c in zip(answers, cut):

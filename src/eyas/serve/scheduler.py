@@ -12,11 +12,12 @@ The engine is synchronous torch code and is only ever called from this one threa
     retire    drop rows that finished (stop, length, a stop string, or cancelled by the client)
     step      one speculative verify step for every running row; emit what each row produced
 
-With ``overlap`` (``--overlap-schedule``) the next step is launched before this one's tokens are read
-back (``Engine.launch(ahead=True)``: a whole-step graph, whose inputs are already on the device), so the
-host's share of a turn (emitting, handing over, bookkeeping) runs while the device computes the next
-step. A row that ends is stepped once more for nothing; any membership change (a row that ended, was
-cancelled or stopped, a prompt to admit or a chunk to prefill) first collects the step in flight.
+With ``overlap`` (``--overlap-schedule``, on by default; the app passes it only for an engine that launches
+steps ahead) the next step is launched before this one's tokens are read back (``Engine.launch(ahead=True)``:
+a whole-step graph, whose inputs are already on the device), so the host's share of a turn (emitting, handing
+over, bookkeeping) runs while the device computes the next step. A row that ends is stepped once more for
+nothing; any membership change (a row that ended, was cancelled or stopped, a prompt to admit or a chunk to
+prefill) first collects the step in flight.
 
 Requests come in from asyncio handlers through ``submit`` (which refuses with ``Overloaded`` past
 running + queue capacity, so the HTTP layer answers 503). The thread only steps and hands token ids

@@ -92,7 +92,7 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     refs = [reference_greedy(model, p, 40) for p in prompts]
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 40, 12)]
     engine = Engine(NativeTarget(model), None, SpecConfig("NONE"), max_batch=4, cuda_graphs=True)
-    outs = engine.generate(prompts, params)
+    outs = engine.generate(prompts, params, overlap=False)  # steps one at a time: counted exactly below
     assert [o.output_ids for o in outs] == [refs[0], refs[1], refs[2][:12]]
     whole = engine.whole_steps[engine.spec]
     assert whole.steps == 39  # every step after prefill's token, the batch filtered as rows finish
@@ -105,8 +105,10 @@ def test_a_plain_greedy_step_replays_whole_and_decodes_like_hugging_face(monkeyp
     assert [o.output_ids for o in parts.generate(prompts, params)] == [o.output_ids for o in outs]
     mixed = [params[0], SamplingParams(max_new_tokens=8, temperature=0.7, seed=1), params[2]]
     before = whole.steps
-    outs = engine.generate(prompts, mixed)
+    outs = engine.generate(prompts, mixed, overlap=False)
     assert outs[0].output_ids == refs[0] and whole.steps - before == 39  # the sampled row on the graph too
+    ahead = engine.generate(prompts, params)  # launched ahead: the same tokens, one more step per row that ends
+    assert [o.output_ids for o in ahead] == [refs[0], refs[1], refs[2][:12]]
     assert whole.graphs["sampled"].graphs and len(outs[1].output_ids) == 8
 
 

@@ -291,6 +291,7 @@ class Engine:
         spec's ``options`` instead of the one the batch size (or the chooser) picks."""
         return self.collect(self.launch(batch, setting))
 
+    @torch.inference_mode()
     def launch(self, batch: Batch, setting: SpecConfig | None = None, ahead: bool = False) -> Launched | None:
         """The device's share of a step, queued: its tokens are on their way to the host (``collect`` takes
         them). ``ahead``: the batch's previous step is launched but not collected yet (the overlapped
@@ -345,6 +346,7 @@ class Engine:
         self._uncollected = Launched(batch, spec, host, pending, start)
         return self._uncollected
 
+    @torch.inference_mode()
     def collect(self, step: Launched) -> list[list[int]]:
         """The host's share of a step: ``step.host`` [B, width + 4] holds each row's emitted tokens (padded to
         the path width), their count, the new length, the next root and whether its logits were finite.
@@ -382,21 +384,29 @@ class Engine:
             return emitted
 
     # -- the simple static-batch loop ---------------------------------------------------------
-    def generate(self, prompts: list[list[int]],
-                 params: SamplingParams | list[SamplingParams] | None = None) -> list[Output]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 overlap: bool = True) -> list[Output]:
+        """Every prompt to its end. With ``overlap`` (where whole steps launch ahead) each step is launched
+        before the last one is collected, as the server's overlap schedule does: the same tokens."""
         if not prompts:
             return []
         params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         seqs = [self.new_sequence(p, sp) for p, sp in zip(prompts, params)]
         start = time.perf_counter()
-        batch = self.prefill_all(seqs)
+        batch, ahead = self.prefill_all(seqs), None
         while True:
             alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
+            if ahead is not None and len(alive) < len(batch):  # launched with rows that ended: collected first
+                self.collect(ahead)
+                ahead = None
+                continue
             if not alive:
                 break
             if len(alive) < len(batch):
                 batch = self.filter(batch, alive)
-            self.step(batch)
+            step = ahead or self.launch(batch)
+            ahead = self.launch(batch, ahead=True) if overlap and self.launches_ahead else None
+            self.collect(step)
         seconds = time.perf_counter() - start
         return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds, s.logprobs) for s in seqs]
 

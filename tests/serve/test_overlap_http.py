@@ -88,7 +88,6 @@ def test_auto_overlapped_under_sixteen_clients_answers_as_plain_decoding(native_
     """``auto`` with the overlap schedule (both the defaults on this path), greedy and seeded sampled clients
     together: as rows come and go the setting may change between steps launched ahead, and every greedy answer
     is the target's own."""
-    from eyas.engine.adaptive import GREEDY
     from eyas.serve.app import ServeOptions, create_app
 
     ahead = launches_ahead(native_auto, monkeypatch)
@@ -110,10 +109,10 @@ def test_auto_overlapped_under_sixteen_clients_answers_as_plain_decoding(native_
         wait_idle(srv.url)
     assert [g for i, g in enumerate(got) if i % 4] == [w for i, w in enumerate(want) if i % 4]
     assert [len(g) for g in got] == lengths
-    # how the rows overlap depends on when each request arrives, so what the chooser picked is not asserted
-    # beyond this (tests/core/test_overlap.py changes the setting every step launched ahead, deterministically)
+    # how the rows overlap depends on when each request arrives (which kinds of row a drafting step holds, which
+    # setting it picked), so the chooser is not asserted beyond this: tests/core/test_adaptive.py and
+    # test_overlap.py check those deterministically
     assert any(n for s, n in native_auto.chooser.steps.items() if s.speculative), native_auto.chooser.steps
-    assert any(native_auto.chooser.seen[GREEDY].values())
     assert sum(ahead) > 10  # the steps did run ahead
 
 

@@ -285,7 +285,6 @@ class Engine:
             batch, firsts = prefill_eagerly(self.target, seqs, first_of, self._extend())
         return self._started(batch, rows, firsts, logprobs)
 
-    @torch.inference_mode()
     def step(self, batch: Batch, setting: SpecConfig | None = None) -> list[list[int]]:
         """One verify step for every row; returns the tokens each row emitted. ``setting``: one of the
         spec's ``options`` instead of the one the batch size (or the chooser) picks."""
@@ -366,6 +365,7 @@ class Engine:
             batch.target_cache.crop(used)
             if batch.draft_cache is not None:
                 batch.draft_cache.crop(used)
+            drawing = self.chooser is not None and batch.drawing  # rows' kinds only where the chooser weighs them
             emitted, accepted, drew = [], [], []
             for s, h, lp in zip(batch.seqs, rows, logprobs):
                 n, length = h[width], h[width + 1]
@@ -374,12 +374,13 @@ class Engine:
                 if not s.finished and spec.speculative:
                     s.stats.record(spec.num_draft_tokens - 1, n - 1)
                     accepted.append(n - 1)
-                    drew.append(not s.params.greedy)
+                    if drawing:
+                        drew.append(not s.params.greedy)
                 emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
             now = time.perf_counter()
             if self.chooser:
-                self.chooser.observe(spec, accepted, now - max(step.start, self._collected), len(batch), drew,
-                                     batch.drawing)
+                self.chooser.observe(spec, accepted, now - max(step.start, self._collected), len(batch),
+                                     drew or None, batch.drawing)
             self._collected = now
             return emitted
 

@@ -12,10 +12,9 @@ import torch
 from distributions import CHAIN, TREE, batch_tree, emitted, pvalue, step_distribution, tree_and_logits
 from scipy.stats import chisquare
 
-from eyas.engine import sampler
 from eyas.engine.sampler import accept_rows, draws
 from eyas.engine.sampling import SamplingParams, SamplingRows, probs
-from eyas.spec import tree_ops
+from eyas.spec import rejection, tree_ops
 from eyas.spec.rng import uniform
 from eyas.spec.tree import Tree
 from eyas.spec.verify import accept_greedy, accept_greedy_batch
@@ -60,7 +59,7 @@ def test_one_batch_of_mixed_settings_emits_each_rows_exact_distribution(shape):
 @pytest.mark.parametrize("biased", ["unrenormalised acceptance", "rejected mass kept in the residual"])
 def test_a_biased_rule_fails_the_same_test(biased, monkeypatch):
     if biased.startswith("unrenormalised"):  # accept c_i with p(c_i) instead of p(c_i) / (1 - earlier mass)
-        monkeypatch.setattr(sampler, "_accepts", lambda u, w, before, z: u * z < w)
+        monkeypatch.setattr(rejection, "accepts", lambda u, w, before, z: u * z < w)
     else:
         monkeypatch.setattr(tree_ops, "_residual", lambda weights, rejected: weights)
     params = SamplingParams(temperature=1.0)

@@ -9,13 +9,11 @@ child is accepted, the bonus token is drawn from ``p`` with the rejected childre
 leaf, from ``p``. Every candidate is a point mass, so ``P(emit x) = p(x)`` at every node: the output
 is exactly the target's distribution.
 
-Here every node's decision is made at once (``[B, T, K]`` gathers of the weights at the children's
-tokens, ``K`` = the most children a node has), the accepted path follows from the tree's ancestor
-mask, and only the path's last node ``f`` gets a residual for the bonus: ``ops.bonus`` draws by inverse
-CDF from that node's weights, its children's tokens (all rejected) zeroed, at ``u`` times the remaining
-mass (the reference: a cumsum and a search over ``[B, V]``; two Triton launches, ``spec.bonus_kernel``,
-where its ``ROW_TABLE`` takes them: nowhere until a GPU has timed them). A root-only tree (the plain step,
-the prefill's first token) takes the same op at the root. Greedy rows of the same batch walk the same way
+Every row walks at once (``ops.walk``, ``spec.rejection``: a gather over every node in torch, one Triton
+program a row on a GPU), to the path's last node ``f``, which alone gets a residual for the bonus:
+``ops.bonus`` draws by inverse CDF from that node's weights, its children's tokens (all rejected) zeroed,
+at ``u`` times the remaining mass (``spec.bonus_kernel`` on a GPU). A root-only tree (the plain step, the
+prefill's first token) takes the same op at the root. Greedy rows of the same batch walk the same way
 with ``p`` the point mass at the argmax, so they get exactly ``accept_greedy_batch``'s result.
 
 The draws come from ``rng.uniform`` keyed by the row's seed, its length at the step's start and a
@@ -29,6 +27,7 @@ import torch
 
 from ..models import consts
 from ..spec.ops import TORCH
+from ..spec.rejection import root_alone
 from ..spec.tree import Tree
 from ..spec.verify import accept_greedy_batch
 from .penalties import penalize
@@ -68,26 +67,6 @@ def first_tokens(logits: torch.Tensor, kind: str, floats, ints, lengths: torch.T
     return accept(Tree.root_only(root), logits[:, None], 1, kind, floats, ints, lengths - 1, 0, ops, pen)[2]
 
 
-def children(parents: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kids [B, T, k] the children's columns of each node in column order, valid [B, T, k]) from the
-    parent pointers [B, T]; padding is column 0 with ``valid`` False."""
-    b, t = parents.shape
-    dev = parents.device
-    i = consts.arange(t, dev)
-    rank = ((parents[:, :, None] == parents[:, None, :]) & (i[:, None] > i[None, :])).sum(-1)  # earlier siblings
-    ok = (parents >= 0) & (rank < k)
-    slot = torch.where(ok, parents * k + rank, t * k)  # t * k: a junk slot for the root (and overflow)
-    kids = torch.zeros((b, t * k + 1), dtype=torch.long, device=dev).scatter_(1, slot, i.expand(b, t))
-    valid = torch.zeros((b, t * k + 1), dtype=torch.bool, device=dev).scatter_(1, slot, ok)
-    return kids[:, : t * k].view(b, t, k), valid[:, : t * k].view(b, t, k)
-
-
-def _accepts(u: torch.Tensor, w: torch.Tensor, before: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Child i (weight ``w``, its earlier siblings' weights summing to ``before``, the node's total ``z``) is
-    accepted when ``u < p(c_i) / (1 - p(c_1) - ... - p(c_{i-1}))``: the sequential rule, renormalised."""
-    return (u * (z - before) < w) & (w > 0)
-
-
 def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tensor, ints: torch.Tensor,
                 u: torch.Tensor, filtered: bool, ops=TORCH):
     """(cols [B, width], counts [B], bonus [B]) by rejection sampling for every row (see the module's
@@ -97,43 +76,14 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
     or top-p. Rows with temperature 0 are greedy. The distribution is ``ops.distribution`` (a kernel
     with no sort on a GPU), the bonus ``ops.bonus``."""
     b, t, v = logits.shape
-    k, dev = u.shape[-1] - 1, logits.device
-    argmax = logits.argmax(dim=-1)  # [B, T]
+    k = u.shape[-1] - 1
     greedy = floats[:, 0] <= 0  # [B]
     x, m, thr, z = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
-                                ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered)
+                                    ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered)
     x, m, thr, z = x.view(b, t, v), m.view(b, t), thr.view(b, t), z.view(b, t)
     if k > 0 and t > 1:
-        kids, valid = children(tree.parents, k)  # [B, T, K]
-        tok = tree.tokens.gather(1, kids.view(b, t * k)).view(b, t, k)
-        xk = x.gather(2, tok)
-        kept = valid & (xk >= thr[..., None])
-        w = torch.exp(xk - m[..., None]) * kept  # the children's weights (p times z)
-        uk = u[:, :, :k].gather(1, tree.depth[..., None].expand(b, t, k))  # lane (depth of the node, i)
-        # every kept token a child: once the others are rejected the last kept one holds all the mass
-        # (counted exactly, so rounding in rem cannot leave an empty residual)
-        empty = (x >= thr[..., None]).sum(-1) == kept.sum(-1)
-        last = kept & (kept.flip(-1).cumsum(-1).flip(-1) == 1)
-        take = _accepts(uk, w, w.cumsum(-1) - w, z[..., None]) | (empty[..., None] & last)
-        take = torch.where(greedy[:, None, None], tok == argmax[..., None], take) & valid
-        first = kids.gather(2, take.long().argmax(-1, keepdim=True))[..., 0]
-        choice = torch.where(take.any(-1), first, -1)  # [B, T] the accepted child's column, -1: none
-        i = consts.arange(t, dev)
-        chosen = (tree.parents < 0) | (choice.gather(1, tree.parents.clamp(min=0)) == i)
-        on_path = ~(tree.mask & ~chosen[:, None, :]).any(-1)  # every ancestor-or-self chosen by its parent
-        slot = torch.where(on_path, tree.depth, width)
-        cols = torch.zeros((b, width + 1), dtype=torch.long, device=dev).scatter_(1, slot, i.expand(b, t))[:, :width]
-        counts = on_path.sum(-1)
-        f = cols.gather(1, (counts - 1)[:, None])[:, 0]  # [B] the path's last node
-        at_f = f[:, None, None].expand(b, 1, k)
-        rejected, rvalid = tok.gather(1, at_f)[:, 0], valid.gather(1, at_f)[:, 0]  # its children: all rejected
-        mf, thrf, af = (a.gather(1, f[:, None])[:, 0] for a in (m, thr, argmax))
-        ub = u[:, :, k].gather(1, (counts - 1)[:, None])[:, 0]  # lane (depth of the last node, K)
-    else:  # the root alone: views, no gathers
-        cols = consts.full((b, width), 0, torch.long, dev)
-        counts = consts.full((b,), 1, torch.long, dev)
-        f = consts.full((b,), 0, torch.long, dev)
-        rejected = rvalid = None
-        mf, thrf, af, ub = m[:, 0], thr[:, 0], argmax[:, 0], u[:, 0, k]
-    bonus = torch.where(greedy, af, ops.bonus(x, f, mf, thrf, rejected, rvalid, ub))
-    return cols, counts, bonus
+        path = ops.walk(tree.tokens, tree.parents, tree.depth, tree.mask, x, m, thr, z, greedy, u, width)
+    else:
+        path = root_alone(x, m, thr, u, width)
+    bonus = ops.bonus(x, path.last, path.m, path.thr, path.rejected, path.valid, path.u)
+    return path.cols, path.counts, torch.where(greedy, path.argmax, bonus)

@@ -21,6 +21,9 @@ the transformer block's ops (``models.torch_ops``, ``models.kernels``) as the en
     distribution(logits, floats, ints, filtered)
                                    -> each row's sampling distribution in threshold form, (x, m, thr, z)
                                       (``distribution.distribution``)
+    walk(tokens, parents, depth, mask, x, m, thr, z, greedy, u, width)
+                                   -> a sampled step's accepted path by tree rejection sampling, and
+                                      what its bonus draw needs (``rejection.Path``)
     bonus(x, f, m, thr, rejected, valid, u)
                                    -> a sampled step's bonus token: an inverse-CDF draw from node ``f``'s
                                       distribution, its rejected children's mass removed
@@ -34,6 +37,7 @@ import math
 import torch
 
 from ..models import consts, kv_cache
+from . import rejection
 from .distribution import distribution
 from .rng import uniform
 
@@ -51,6 +55,14 @@ class TreeOps:
         ``(x [N, V], m [N], thr [N], z [N])``, ``distribution.distribution`` (the reference, a sort
         where ``filtered``)."""
         return distribution(logits, floats, ints, filtered)
+
+    def walk(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
+             x: torch.Tensor, m: torch.Tensor, thr: torch.Tensor, z: torch.Tensor, greedy: torch.Tensor,
+             u: torch.Tensor, width: int) -> rejection.Path:
+        """``rejection.walk``: each row's accepted path through its tree ([B, T] ``tokens``, ``parents``,
+        ``depth``, [B, T, T] ``mask``) under the distribution ``(x [B, T, V], m, thr, z [B, T])``, the
+        step's uniforms ``u`` [B, width, K + 1]; ``greedy`` [B] rows follow the argmax."""
+        return rejection.walk(tokens, parents, depth, mask, x, m, thr, z, greedy, u, width)
 
     def bonus(self, x: torch.Tensor, f: torch.Tensor, m: torch.Tensor, thr: torch.Tensor,
               rejected: torch.Tensor | None, valid: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ acceptance, masks and draws in one launch each.
   integer torch ops of the reference;
 - ``distribution``: a sampled step's distribution in threshold form without the reference's sort
   (``distribution_kernel``);
+- ``walk``: a sampled step's accepted path, one program a row (``rejection_kernel``);
 - ``bonus``: a sampled step's bonus draw in two launches of several programs a row (``bonus_kernel``).
 
 ``TritonVerifyOps`` is a mixin over ``TritonOps`` (its ``_launch`` and ``_or_torch``); a kernel that
@@ -24,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..models.kernels.pdl import _after_previous_kernel
-from . import bonus_kernel, distribution_kernel
+from . import bonus_kernel, distribution_kernel, rejection_kernel
 from .tree_ops import TreeOps
 
 
@@ -110,7 +111,7 @@ def _uniform_kernel(seed, position, out, LANES, BLOCK: tl.constexpr, PDL: tl.con
 
 class TritonVerifyOps(TreeOps):
     """The verified tree's ops as Triton kernels, a mixin over ``TritonOps`` (its ``_or_torch``):
-    ``accept_greedy``, the masks, the draws, the distribution and the bonus fall back to the ``TreeOps``
+    ``accept_greedy``, the masks, the draws, the distribution, the walk and the bonus fall back to the ``TreeOps``
     reference with the forward's kernels (``failed``)."""
 
     def accept_greedy(self, tokens, parents, depth, mask, choice, width: int):
@@ -134,6 +135,11 @@ class TritonVerifyOps(TreeOps):
             return TreeOps.distribution(self, logits, floats, ints, filtered)
         return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered),
                               lambda: TreeOps.distribution(self, logits, floats, ints, filtered))
+
+    def walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width: int):
+        return self._or_torch(lambda: rejection_kernel.walk(self._launch, tokens, parents, x, m, thr, z, greedy, u,
+                                                            width),
+                              lambda: TreeOps.walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width))
 
     def bonus(self, x, f, m, thr, rejected, valid, u):
         if not bonus_kernel.chosen(x.shape[0]):  # where the kernel is not (yet) measured faster

@@ -36,6 +36,7 @@ from ..spec.ops import TORCH
 from .adaptive import Chooser, model_costs
 from .batch import Batch, Output, Sequence, not_finite, scrub
 from .by_parts import StepByParts
+from .generate import run_to_end
 from .grammar import RowGrammar, constrained, grammars_for
 from .logprobs import Pending
 from .phases import phase
@@ -387,27 +388,6 @@ class Engine:
     # -- the simple static-batch loop ---------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  overlap: bool = True) -> list[Output]:
-        """Every prompt to its end. With ``overlap`` (where whole steps launch ahead) each step is launched
-        before the last one is collected, as the server's overlap schedule does: the same tokens."""
-        if not prompts:
-            return []
+        """Every prompt to its end (``run_to_end``)."""
         params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        seqs = [self.new_sequence(p, sp) for p, sp in zip(prompts, params)]
-        start = time.perf_counter()
-        batch, ahead = self.prefill_all(seqs), None
-        while True:
-            alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
-            if ahead is not None and len(alive) < len(batch):  # launched with rows that ended: collected first
-                self.collect(ahead)
-                ahead = None
-                continue
-            if not alive:
-                break
-            if len(alive) < len(batch):
-                batch = self.filter(batch, alive)
-            step = ahead or self.launch(batch)
-            ahead = self.launch(batch, ahead=True) if overlap and self.launches_ahead else None
-            self.collect(step)
-        seconds = time.perf_counter() - start
-        return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds, s.logprobs) for s in seqs]
-
+        return run_to_end(self, [self.new_sequence(p, sp) for p, sp in zip(prompts, params)], overlap)

@@ -26,7 +26,7 @@ for b in $ONLY; do
            --top-p $2 --out "$OUT/kernel-profile-t$1-p$2.json"; done ;;
     s) stamp "(s) served load, overlap off and on"
        for o in ${OVERLAPS:-no-overlap overlap}; do
-         timeout 280 python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
+         timeout 400 python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
            --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients ${CLIENTS:-1,16} --temperatures 0,0.7 \
            --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule --out "$OUT/serve-load-$o.json"; done ;;
     p) stamp "(p) distribution kernel configs"

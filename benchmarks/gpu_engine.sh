@@ -4,7 +4,7 @@
 # Besides: e = engine_check (the engine against HF, steps launched ahead, seeded sampling; run it first),
 # k = kernel_profile greedy / T 1.0 / T 0.7 top-p 0.95 (none, 4/4/16, 6/8/32), s = the served load (1 and 16
 # clients, T 0 and 0.7, NONE against auto) with the overlap schedule off, then on (OVERLAPS="overlap": on
-# alone; CLIENTS=1,4,16,64: more levels), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
+# alone; CLIENTS=1,4,16,64: more levels; INPROC=1: the engine in-process beside each level), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
 # 129 rows) at its default launch and at more candidates a search pass (fewer passes).
 # Needs PYTHONPATH with src (and the staged wheels); see ../shared/tools/stage-smollm2.sh.
 set -uo pipefail
@@ -26,9 +26,9 @@ for b in $ONLY; do
            --top-p $2 --out "$OUT/kernel-profile-t$1-p$2.json"; done ;;
     s) stamp "(s) served load, overlap off and on"
        for o in ${OVERLAPS:-no-overlap overlap}; do
-         timeout 400 python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
+         timeout ${S_TIMEOUT:-400} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
            --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients ${CLIENTS:-1,16} --temperatures 0,0.7 \
-           --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule --out "$OUT/serve-load-$o.json"; done ;;
+           --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule ${INPROC:+--in-process} --out "$OUT/serve-load-$o.json"; done ;;
     p) stamp "(p) distribution kernel configs"
        timeout 120 python3 kernel_profile.py --distribution 1,5,33,129,49152 --temperature 0.7 --top-p 0.95 \
          --distribution-configs 64x16x256x4 64x64x256x4 64x256x256x4 32x256x512x4 16x256x1024x8 \

@@ -1,6 +1,7 @@
 """In-process benchmark: the engine with speculation against the same target without it.
 
-Prompts run in batches of ``concurrency`` through the engine's own prefill/step loop, timed per
+Prompts run in batches of ``concurrency`` through the engine's own loop (``engine.generate.run_to_end``:
+each step launched ahead where the engine can, as the server's overlap schedule does), timed per
 request: TTFT is the prefill (which emits the first token), a request ends at the step that
 finishes it. Both sides share one loaded target, so the comparison is exact: the same weights,
 prompts, sampling and thread settings.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from ..engine.generate import run_to_end
 from ..engine.sampling import SamplingParams
 from ..engine.stats import SpecStats
 from .results import Request, Run
@@ -26,26 +28,13 @@ def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurr
     for lo in range(0, len(prompts), concurrency):
         chunk = prompts[lo: lo + concurrency]
         seqs = [engine.new_sequence(p, params) for p in chunk]
-        t0 = time.perf_counter()
-        batch = engine.prefill_all(seqs)
-        ttft = time.perf_counter() - t0
-        done: dict[int, float] = {}
-        while True:
-            now = time.perf_counter() - t0
-            for i, s in enumerate(seqs):
-                if s.finished and i not in done:
-                    done[i] = now
-            alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
-            if not alive:
-                break
-            if len(alive) < len(batch):
-                batch = engine.filter(batch, alive)
-            engine.step(batch)
+        clock = Clock(seqs)
+        run_to_end(engine, seqs, after_step=clock)
         for i, s in enumerate(seqs):
             spec = engine.spec.speculative and s.stats.drafts
-            requests.append(Request(len(s.output_ids), ttft, done[i], s.stats.accept_length if spec else None,
-                                    s.stats.drafts if spec else None, s.stats.accepted if spec else None,
-                                    categories[lo + i]))
+            requests.append(Request(len(s.output_ids), clock.ttft, clock.done[i],
+                                    s.stats.accept_length if spec else None, s.stats.drafts if spec else None,
+                                    s.stats.accepted if spec else None, categories[lo + i]))
             total.add(s.stats)
         if progress is not None:
             progress.update(len(chunk))
@@ -57,6 +46,19 @@ def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurr
                           "per_position": [round(a / total.drafts, 4) for a in counts] if total.drafts else [],
                           "verify_steps": total.drafts}
     return run
+
+
+class Clock:
+    """``run_to_end``'s ``after_step``: the prefill's end (TTFT: it emits the first token) and the step
+    that ended each of ``seqs``, in seconds from its creation."""
+
+    def __init__(self, seqs: list):
+        self.seqs, self.start, self.ttft, self.done = seqs, time.perf_counter(), None, {}
+
+    def __call__(self) -> None:
+        now = time.perf_counter() - self.start
+        self.ttft = now if self.ttft is None else self.ttft
+        self.done.update({i: now for i, s in enumerate(self.seqs) if s.finished and i not in self.done})
 
 
 def warm_up(engine, prompt: list[int]) -> None:

@@ -12,16 +12,20 @@ import time
 from .batch import Output, Sequence
 
 
-def run_to_end(engine, seqs: list[Sequence], overlap: bool = True) -> list[Output]:
-    """``seqs`` (``Engine.new_sequence``'s) prefilled together and stepped until each has ended."""
+def run_to_end(engine, seqs: list[Sequence], overlap: bool = True, after_step=None) -> list[Output]:
+    """``seqs`` (``Engine.new_sequence``'s) prefilled together and stepped until each has ended;
+    ``after_step()`` (a benchmark's clock) runs after the prefill and after each step is collected."""
     if not seqs:
         return []
+    after_step = after_step or (lambda: None)
     start = time.perf_counter()
     batch, ahead = engine.prefill_all(seqs), None
+    after_step()
     while True:
         alive = [i for i, s in enumerate(batch.seqs) if not s.finished]
         if ahead is not None and len(alive) < len(batch):  # launched with rows that ended: collected first
             engine.collect(ahead)
+            after_step()
             ahead = None
             continue
         if not alive:
@@ -31,5 +35,6 @@ def run_to_end(engine, seqs: list[Sequence], overlap: bool = True) -> list[Outpu
         step = ahead or engine.launch(batch)
         ahead = engine.launch(batch, ahead=True) if overlap and engine.launches_ahead else None
         engine.collect(step)
+        after_step()
     seconds = time.perf_counter() - start
     return [Output(s.prompt_ids, s.output_ids, s.finish_reason, s.stats, seconds, s.logprobs) for s in seqs]

@@ -151,6 +151,23 @@ def test_sampled_rows_are_weighed_by_what_sampled_rows_accepted():
     assert chooser.cost(NONE, 4) == 1.0 < chooser.cost(NONE, 4, sampled=1)
 
 
+def test_sampled_batches_start_from_their_own_measured_costs():
+    """Warm-up times sampled steps too: a sampled batch is ranked on those from its first step, so where the
+    sampling kernels make drafting lose, it runs no speculation while a greedy batch drafts."""
+    chooser = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}))
+    chooser.set_costs(costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), measured=True,
+                      sampled=costs({1: (1.1, 3.0, 3.3, 4.0, 5.0)}))
+    for s in AUTO.options[1:]:  # sampled rows accept half as deep at each depth: tau < 2
+        chooser.reach[SAMPLED][s] = [0.5 ** (i + 1) for i in range(len(chooser.reach[SAMPLED][s]))]
+    assert chooser.cost(TREE32, 1) == 1.7 and chooser.cost(TREE32, 1, sampled=1) == 5.0
+    assert chooser.choose(1) == TREE32  # the greedy prior
+    chooser.choice = None
+    assert chooser.choose(1, sampled=1) == NONE  # 1 / 1.1 beats 1.875 / 3.0 (3,1,4) and the rest
+    chooser.set_costs(costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), measured=True)  # no sampled table: the greedy copy
+    chooser.choice = None
+    assert chooser.choose(1, sampled=1) != NONE  # 1.875 / 1.1 would draft
+
+
 def test_the_engine_tells_the_chooser_which_rows_draw(target, draft, references):
     """A batch of greedy and sampled rows: the chooser learns each kind's acceptance from its own rows, and
     the greedy rows still get the target's own greedy tokens."""
@@ -200,6 +217,8 @@ def test_step_costs_are_measured_for_every_setting_and_bucket(target, draft):
     assert all(set(t) == {1, 2} and all(v > 0 for v in t.values()) for t in measured.values())
     assert engine.chooser.steps == dict.fromkeys(AUTO.options, 0)  # measuring is not serving
     assert engine.chooser.tau(TREE32) == pytest.approx(1 + sum(prior_reach(TREE32)))  # nor learning
+    sampled = measure_step_costs(engine, [1], repeats=1, params=SamplingParams(temperature=0.7, top_p=0.95))
+    assert set(sampled) == set(AUTO.options) and all(t[1] > 0 for t in sampled.values())
     out = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, ignore_eos=True))[0]
     assert out.output_ids == reference_greedy(target.model, PROMPTS[0], 8)  # the caches were emptied after
 

@@ -8,7 +8,8 @@ the most tokens per second for the batch it has, no speculation included.
                 (``measure_step_costs``), or ``model_costs`` where nothing was measured (the CPU); then
                 followed live: each step's own wall time moves its (setting, bucket) estimate (``observe``),
                 one table for batches where every row is greedy, one for batches where some row draws
-                (its step runs the sampling kernels), the second starting as a copy of the first
+                (its step runs the sampling kernels: measured at warm-up on rows at temperature 0.7,
+                top-p 0.95, or a copy of the first)
     rate(s, B)  (greedy rows x tau(s, greedy) + sampled rows x tau(s, sampled)) / cost(s, B); the step runs
                 the argmax
 
@@ -97,13 +98,16 @@ class Chooser:
         self._quiet = 0  # steps in a row without speculation
         self.set_costs(costs)
 
-    def set_costs(self, costs: dict[SpecConfig, dict[int, float]], measured: bool = False) -> None:
-        """``costs`` {setting: {rows bucket: cost}}; ``measured``: seconds (``measure_step_costs``), which live
-        steps then refine, rather than ``model_costs``' relative units."""
-        missing = [setting_name(s) for s in self.options if not costs.get(s)]
+    def set_costs(self, costs: dict[SpecConfig, dict[int, float]], measured: bool = False,
+                  sampled: dict[SpecConfig, dict[int, float]] | None = None) -> None:
+        """``costs`` {setting: {rows bucket: cost}} of all-greedy batches, ``sampled`` the same of batches where
+        rows draw (None: ``costs`` again); ``measured``: seconds (``measure_step_costs``), which live steps then
+        refine, rather than ``model_costs``' relative units."""
+        tables = {GREEDY: costs, SAMPLED: sampled or costs}
+        missing = sorted({setting_name(s) for t in tables.values() for s in self.options if not t.get(s)})
         if missing:
             raise ValueError(f"no step cost for the settings {missing}")
-        self.costs = {k: {s: dict(sorted(costs[s].items())) for s in self.options} for k in (GREEDY, SAMPLED)}
+        self.costs = {k: {s: dict(sorted(t[s].items())) for s in self.options} for k, t in tables.items()}
         self.measured = measured
 
     def tau(self, spec: SpecConfig, kind: str = GREEDY) -> float:
@@ -187,16 +191,19 @@ class Chooser:
 
 
 @torch.inference_mode()
-def measure_step_costs(engine, rows: list[int] | None = None, repeats: int = 3) -> dict[SpecConfig, dict[int, float]]:
+def measure_step_costs(engine, rows: list[int] | None = None, repeats: int = 3,
+                       params: SamplingParams | None = None) -> dict[SpecConfig, dict[int, float]]:
     """Seconds of one step of every setting ``engine`` may run, per batch size (``rows``: its chooser's
-    buckets): the median of ``repeats`` steps after one untimed, each setting on a fresh batch of short greedy
-    prompts, wall time around ``Engine.step`` (it ends on the step's read-back, so the device's work and the
-    host's are both in it: graph replays on the GPU, eager forwards elsewhere). These steps teach the chooser
+    buckets): the median of ``repeats`` steps after one untimed, each setting on a fresh batch of short
+    prompts (greedy, or sampled with ``params``' settings), wall time around ``Engine.step`` (it ends on the
+    step's read-back, so the device's work and the host's are both in it: graph replays on the GPU, eager
+    forwards elsewhere). These steps teach the chooser
     nothing (it is set aside meanwhile); the preallocated caches are emptied after each batch."""
     rows = rows or list(engine.chooser.costs[GREEDY][engine.spec.options[0]])
     chooser, engine.chooser = engine.chooser, None
     prompt = [i % engine.target.info.vocab_size for i in range(1, 9)]
-    params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True)
+    settings = {} if params is None else dict(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+    params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True, **settings)
     costs = {}
     try:
         for spec in engine.spec.options:

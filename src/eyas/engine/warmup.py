@@ -13,6 +13,9 @@ import torch
 
 from .adaptive import measure_step_costs
 from .decode import STARTUP_KINDS
+from .sampling import SamplingParams
+
+SAMPLED_COSTS = SamplingParams(temperature=0.7, top_p=0.95)  # the sampled rows whose step costs warm-up times
 
 
 def graph_runners(engine) -> list:
@@ -59,7 +62,8 @@ def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
     bar.close()
     engine._reset_pools()
     if cuda and engine.chooser:
-        engine.chooser.set_costs(measure_step_costs(engine), measured=True)
+        sampled = measure_step_costs(engine, params=SAMPLED_COSTS)
+        engine.chooser.set_costs(measure_step_costs(engine), measured=True, sampled=sampled)
     seconds = time.perf_counter() - start
     if not cuda:
         return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"

@@ -27,7 +27,7 @@ import time
 import torch
 from common import ROOT, write
 
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "core")]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "engine")]
 
 from helpers import reference_greedy, tiny_target, train_draft  # noqa: E402
 from test_overlap import overlapped  # noqa: E402  the CPU test's loop with steps launched ahead

@@ -21,7 +21,7 @@ and for each that differs, the target's two best logits at the first difference 
 means the two orders of bf16 arithmetic, one token vs a tree per forward, rounded differently).
 In fp32 (``--fp32-prompts``), speculative output must equal the baseline token for token. Sampled
 runs skip both checks (speculation draws other random numbers than plain decoding: the texts differ,
-the distribution does not; ``tests/core/test_device_sampling.py`` tests that).
+the distribution does not; ``tests/spec/test_device_sampling.py`` tests that).
 """
 
 from __future__ import annotations

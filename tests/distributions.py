@@ -1,5 +1,5 @@
 """Exact distributions of one speculative step, and the chi-square test that compares them with what the
-sampler emits (tests/core/test_device_sampling.py, tests/core/test_penalties.py).
+sampler emits (tests/spec/test_device_sampling.py, tests/engine/test_penalties.py).
 
 A step's first ``n`` tokens are enumerated along the tree: at each node the target's distribution; a
 token that is a child's continues at that child, any other ends the step (it is the bonus token).

@@ -110,7 +110,7 @@ def test_auto_overlapped_under_sixteen_clients_answers_as_plain_decoding(native_
     assert [g for i, g in enumerate(got) if i % 4] == [w for i, w in enumerate(want) if i % 4]
     assert [len(g) for g in got] == lengths
     # how the rows overlap depends on when each request arrives (which kinds of row a drafting step holds, which
-    # setting it picked), so the chooser is not asserted beyond this: tests/core/test_adaptive.py and
+    # setting it picked), so the chooser is not asserted beyond this: tests/engine/test_adaptive.py and
     # test_overlap.py check those deterministically
     assert any(n for s, n in native_auto.chooser.steps.items() if s.speculative), native_auto.chooser.steps
     assert sum(ahead) > 10  # the steps did run ahead

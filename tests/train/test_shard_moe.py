@@ -18,7 +18,7 @@ from eyas.common import dist
 from eyas.models.loading import load_target
 from eyas.models.target import Target
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from test_families import TOK, family_model
 
 FAMILIES = ["qwen3_moe", "deepseek_v3"]

@@ -230,7 +230,7 @@ class BatchGraph:
                         buf[b:g.filled].zero_()
             g.filled = b
         for name, value in fixed.items():
-            if carried and name in self._carries:  # tests/core/test_native.py checks it equals ``value``
+            if carried and name in self._carries:  # tests/models/test_native.py checks it equals ``value``
                 continue
             g.inputs[name].fill_(value)  # one kernel; a tensor made on the host and copied took two
         g.holds = None  # from here the buffers hold the step's own inputs, or (carry) what it leaves

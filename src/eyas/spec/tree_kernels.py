@@ -20,7 +20,7 @@ The verified tree's kernels (``accept_greedy``, ``tree_mask`` / ``block_mask``, 
 kernels'). ``SpecTritonOps`` at the end is the block's kernels and the tree's together: the engine's
 ops on the GPU (``spec.ops.ops_for``). It is composed here, not in ``models``,
 because ``models`` never imports ``spec``; and not in ``spec.ops``, which must import without Triton.
-The kernels agree with ``TreeOps`` exactly (``tests/core/test_kernels.py``).
+The kernels agree with ``TreeOps`` exactly (``tests/models/test_kernels.py``).
 """
 
 from __future__ import annotations

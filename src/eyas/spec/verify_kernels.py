@@ -15,7 +15,7 @@ acceptance, masks and draws in one launch each.
 ``TritonVerifyOps`` is a mixin over ``TritonOps`` (its ``_launch`` and ``_or_torch``); a kernel that
 cannot run falls back to the ``TreeOps`` reference together with the forward's kernels (``failed``).
 ``tree_kernels.TritonTreeOps`` adds the drafting kernels to it. The kernels agree with ``TreeOps``
-exactly (``tests/core/test_kernels.py``).
+exactly (``tests/models/test_kernels.py``).
 """
 
 from __future__ import annotations

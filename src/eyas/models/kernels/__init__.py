@@ -17,6 +17,6 @@ The token tree's kernels are ``eyas.spec.tree_kernels`` (drafting) and ``eyas.sp
 (acceptance, masks, draws).
 
 The arithmetic is float32 with one rounding to the model's dtype at the end, where the torch ops
-round after each op; the two agree to that rounding (``tests/core/test_kernels.py``). Without a
+round after each op; the two agree to that rounding (``tests/models/test_kernels.py``). Without a
 GPU, the same kernels run in Triton's interpreter, which is how the CPU tests check them.
 """

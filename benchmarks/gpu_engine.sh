@@ -29,10 +29,9 @@ for b in $ONLY; do
          timeout ${S_TIMEOUT:-400} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
            --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients ${CLIENTS:-1,16} --temperatures 0,0.7 \
            --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule ${INPROC:+--in-process} --out "$OUT/serve-load-$o.json"; done ;;
-    p) stamp "(p) distribution kernel configs"
-       timeout 120 python3 kernel_profile.py --distribution 1,5,33,129,49152 --temperature 0.7 --top-p 0.95 \
-         --distribution-configs 64x16x256x4 64x64x256x4 64x256x256x4 32x256x512x4 16x256x1024x8 \
-         --out "$OUT/distribution-configs.json" ;;
+    p) stamp "(p) distribution kernel configs"  # each config compiles its launches' variants first: minutes
+       timeout ${P_TIMEOUT:-400} python3 kernel_profile.py --distribution ${P_ROWS:-1,33},49152 --temperature 0.7 \
+         --top-p 0.95 --distribution-configs ${P_CONFIGS:-64x64x256x4 64x256x256x4} --out "$OUT/distribution-configs.json" ;;
     b) stamp "(b) verify cost"; timeout 150 python3 verify_cost.py --out "$OUT/verify-cost-8b.json" &&
        timeout 60 python3 verify_cost.py --model-path "$MODEL" --out "$OUT/verify-cost-smollm2.json" ;;
   esac 2>&1 | grep -v "Loading weights" | tee "$OUT/log-$b.txt"

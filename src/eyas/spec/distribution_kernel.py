@@ -60,13 +60,13 @@ class Config(NamedTuple):
     warps: int
 
 
-# (most rows, config), first match; None: the reference (a sort). Measured on the H200 (vocabulary 49,152;
-# ``kernel_profile.py --distribution``, benchmarks/results/distribution-configs-h200.json): up to 32 rows the
-# split, 64 programs a row, is fastest (filtered 0.06-0.17 ms at 1-32 rows against the sort's 0.13-0.38 and one
-# program's 0.37); it runs to 40 rows so that a 32-node tree's verify (33 rows) takes it; many rows fill the GPU
-# one program a row.
-ROW_CONFIGS = ((40, Config(64, 16, 256, 4)), (132, Config(1, SPLIT, 4096, 32)), (264, Config(1, SPLIT, 2048, 16)),
-               (1 << 62, Config(1, SPLIT, BLOCK, 8)))
+# (most rows, config), first match; None: the reference (a sort). Measured with ``kernel_profile.py
+# --distribution`` (vocabulary 49,152, T 0.7, top-p 0.95; docs/engine.md, *Figures*): up to 32 rows the split,
+# 64 programs a row, is fastest (0.06-0.17 ms at 1-32 rows on the H200, against the sort's 0.13-0.38 and one
+# program a row's 0.37); it runs to 40 rows so that a 32-node tree's verify (33 rows) takes it. From 66 to 400
+# rows the split at 16 programs a row led or tied on the H100 (0.22-1.12 ms against 0.38-1.32); past that one
+# program a row fills the GPU. More candidates a pass (fewer passes) cost more at every row count measured.
+ROW_CONFIGS = ((40, Config(64, 16, 256, 4)), (400, Config(16, 16, 256, 4)), (1 << 62, Config(1, SPLIT, BLOCK, 8)))
 # the same for rows without top-k and top-p (a max pass and a z pass): 0.022-0.024 ms split, 0.037 one program a row
 UNFILTERED_CONFIGS = ((40, Config(32, 1, 1024, 4)), (1 << 62, Config(1, 1, BLOCK, 4)))
 

@@ -21,9 +21,11 @@ two chunks with text; one chunk can hold several tokens, a speculative step's), 
 before and after the level and, where the prompts have categories (a built-in set's name, a JSONL
 line's ``category``), ``per_category``: tau per category from each response's usage (verify steps and
 accepted tokens summed per category, as ``eyas eval`` reports it) and, with ``auto``, the steps each setting
-ran (``steps_per_setting``, from ``eyas:spec_setting_steps_total``). ``--in-process`` loads the same
-engine here (``--model-path`` and the ``--speculative-*`` flags must describe the servers) and runs
-the same prompts through its own prefill/step loop with the clients as the batch size and the same
+ran (``steps_per_setting``, from ``eyas:spec_setting_steps_total``) and what its chooser believed after it
+(``chooser``: tau per setting and kind of row, and step cost per setting, kind of batch and rows bucket).
+``--in-process`` loads the same engine here (``--model-path`` and the ``--speculative-*`` flags must
+describe the servers) and runs the same prompts through its own loop (steps launched ahead, as
+``Engine.generate``) with the clients as the batch size and the same
 temperature and top-p, so each served figure has its in-process figure beside it.
 """
 
@@ -114,6 +116,22 @@ def setting_steps(url: str) -> dict[str, float]:
         return {}
 
 
+def chooser_view(url: str) -> dict:
+    """What ``auto``'s chooser believes after a level (its tau per setting and kind of row, and where timed its
+    step cost per setting, kind of batch and rows bucket), from ``/metrics``; empty for a fixed setting."""
+    try:
+        parsed = server_metrics.parse(httpx.get(url + "/metrics", timeout=30).text)
+    except (httpx.HTTPError, ValueError):
+        return {}
+    view: dict = {}
+    for labels, v in parsed.get("eyas:spec_expected_accept_length", []):
+        view.setdefault("tau", {}).setdefault(labels["setting"], {})[labels["rows"]] = round(v, 4)
+    for labels, v in parsed.get("eyas:spec_step_cost_seconds", []):
+        costs = view.setdefault("cost_ms", {}).setdefault(labels["setting"], {}).setdefault(labels["rows"], {})
+        costs[labels["bucket"]] = round(1000 * v, 4)
+    return view
+
+
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
                  temperature: float) -> dict:
     _, before = scrape(url)
@@ -130,8 +148,9 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
              "itl_s": percentiles([g for r in done for g in r["gaps"]]),
              "tpot_s": percentiles([(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]),
              "tau": None, "per_category": requests_tally((r["category"], r["steps"], r["accepted"]) for r in done)}
-    if any(steps.values()):  # which settings auto ran during this level
+    if any(steps.values()):  # which settings auto ran during this level, and why
         level["steps_per_setting"] = {k: n for k, n in steps.items() if n}
+        level["chooser"] = chooser_view(url)
     if after is not None and after.has_spec_metrics:
         acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:

@@ -87,7 +87,7 @@ def test_serve_load_refuses_a_top_p_out_of_range(capsys):
 
 def test_serve_load_reports_the_settings_auto_ran(target, draft, tmp_path):
     """Against an ``auto`` server each level records the steps each setting ran (from its /metrics counters),
-    and they add up to the level's engine steps; a fixed setting records none."""
+    and they add up to the level's engine steps, and what its chooser believed; a fixed setting records none."""
     from live_server import LiveServer
 
     from eyas.config import SpecConfig
@@ -103,3 +103,6 @@ def test_serve_load_reports_the_settings_auto_ran(target, draft, tmp_path):
     assert all(r["steps_per_setting"] and all(n > 0 for n in r["steps_per_setting"].values()) for r in runs)
     assert sum(sum(r["steps_per_setting"].values()) for r in runs) <= sum(auto.chooser.steps.values())
     assert set().union(*(r["steps_per_setting"] for r in runs)) <= {"0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"}
+    tau = runs[-1]["chooser"]["tau"]  # what the chooser believed: tau per setting and kind of row
+    assert tau["0"] == {"greedy": 1.0, "sampled": 1.0} and set(tau) == {"0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"}
+    assert "cost_ms" not in runs[-1]["chooser"]  # the CPU's costs are relative units: not exported as seconds

@@ -83,3 +83,33 @@ def test_greedy_answers_equal_plain_decoding_and_metrics_show_the_choice(auto_en
         assert m[f'eyas:spec_expected_accept_length{{rows="{kind}",setting="0"}}'] == 1.0
         assert all(1 <= m[f'eyas:spec_expected_accept_length{{rows="{kind}",setting="{n}"}}'] for n in names)
     assert m["eyas:spec_decode_num_drafts_total"] > 0  # the speculative steps recorded their acceptance
+
+
+def test_the_step_costs_the_chooser_weighs_are_exported_where_timed():
+    """``eyas:spec_step_cost_seconds`` per setting, kind of batch and rows bucket, through the Prometheus text
+    format and its parser; absent where the costs are the CPU's relative units."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from eyas.config import SpecConfig
+    from eyas.engine.adaptive import Chooser, model_costs
+    from eyas.serve.metrics import ChooserCollector
+
+    options = SpecConfig.auto("EAGLE3").options
+    chooser = Chooser(options, model_costs(options, [1, 8]))
+
+    def samples():
+        registry = CollectorRegistry()
+        registry.register(ChooserCollector(chooser))
+        text = generate_latest(registry).decode()
+        return {(s.labels["setting"], s.labels["rows"], s.labels["bucket"]): s.value
+                for f in text_string_to_metric_families(text) if f.name == "eyas:spec_step_cost_seconds"
+                for s in f.samples}
+
+    assert samples() == {}
+    greedy = {s: {1: 0.001 * (i + 1), 8: 0.002 * (i + 1)} for i, s in enumerate(options)}
+    sampled = {s: {1: 0.003 * (i + 1), 8: 0.004 * (i + 1)} for i, s in enumerate(options)}
+    chooser.set_costs(greedy, measured=True, sampled=sampled)
+    got = samples()
+    assert len(got) == len(options) * 2 * 2
+    assert got[("6,8,32", "greedy", "8")] == pytest.approx(0.010) and got[("0", "sampled", "1")] == pytest.approx(0.003)

@@ -102,6 +102,20 @@ def test_probes_that_find_nothing_come_ever_more_rarely():
     assert chooser.probe_gap == chooser.max_probe_every and chooser.choice == NONE
 
 
+def test_a_plain_step_refreshes_its_cost_while_speculation_runs():
+    """Measured costs: every ``probe_every`` speculative steps in a row one plain step runs, so the plain step's
+    cost follows the live server (its warm-up figure has no server in it); the choice stays. Relative costs (the
+    CPU) follow nothing: no refresh."""
+    chooser = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), probe_every=8)
+    chooser.set_costs(costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), measured=True)
+    picks = [chooser.choose(1) for _ in range(27)]
+    assert picks.count(NONE) == 3 and picks[8] == NONE and picks[17] == NONE and chooser.choice == TREE32
+    chooser.observe(NONE, [], seconds=1.6, rows=1)  # the refresh's own time moves the estimate
+    assert chooser.cost(NONE, 1) == pytest.approx(1.0 + 0.05 * 0.6)
+    relative = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), probe_every=8)
+    assert NONE not in [relative.choose(1) for _ in range(27)]
+
+
 def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():
     """Warm-up said the tree costs what a plain step does; served steps take three times as long, so the
     chooser moves to no speculation once its estimate follows them. Model costs (no units) are not followed."""
@@ -212,6 +226,7 @@ def test_greedy_output_equals_plain_decoding_while_the_setting_changes(target, d
 
 def test_step_costs_are_measured_for_every_setting_and_bucket(target, draft):
     engine = Engine(NativeTarget.from_target(target), draft, AUTO, max_batch=2, cuda_graphs=False)
+    assert engine.launches_ahead  # so the steps are timed launched ahead, as the overlap schedule runs them
     measured = measure_step_costs(engine, [1, 2], repeats=1)
     assert set(measured) == set(AUTO.options)
     assert all(set(t) == {1, 2} and all(v > 0 for v in t.values()) for t in measured.values())

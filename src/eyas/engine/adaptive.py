@@ -24,7 +24,10 @@ not run keeps its last estimate. While no speculation runs, nothing is learnt ab
 become good again is noticed (the draft is fed on every step, so its cache never falls behind). A probe
 costs a speculative step; one that finds speculation still losing doubles the gap to the next (up to
 ``max_probe_every``), one that finds it winning brings the gap back: a workload the draft cannot help
-(sampled at temperature 1, say) pays for a probe every thousand steps, not every sixty-five.
+(sampled at temperature 1, say) pays for a probe every thousand steps, not every sixty-five. The other way
+round, where costs are measured, every ``probe_every`` speculative steps in a row one plain step runs (a
+refresh): it emits a token a row like any step, and keeps the plain step's cost the live one (a server's host
+work per step weighs most on it), not the warm-up's.
 
 Warm-up times short greedy prompts on an idle engine; a served batch has longer contexts, sampled rows and
 a host that also serves HTTP. So each step's own seconds (from ``Engine.step`` to its read-back and
@@ -96,6 +99,7 @@ class Chooser:
         self.steps = {s: 0 for s in self.options}  # steps run per setting
         self.choice: SpecConfig | None = None
         self._quiet = 0  # steps in a row without speculation
+        self._busy = 0  # steps in a row with speculation (measured costs: a plain step refreshes its cost)
         self.set_costs(costs)
 
     def set_costs(self, costs: dict[SpecConfig, dict[int, float]], measured: bool = False,
@@ -161,6 +165,12 @@ class Chooser:
                      "greedy, %.2f sampled; %s)", rows, sampled, setting_name(best), ranked[0][0],
                      self.tau(best, GREEDY), self.tau(best, SAMPLED), others)
             self.choice = best
+        self._busy = self._busy + 1 if best.speculative and self.measured else 0
+        plain = next((s for s in self.options if not s.speculative), None)
+        if self._busy > self.probe_every and plain is not None:  # a refresh of the plain step's live cost
+            self._busy = 0
+            self.steps[plain] += 1
+            return plain
         self.steps[best] += 1
         return best
 
@@ -194,12 +204,14 @@ class Chooser:
 def measure_step_costs(engine, rows: list[int] | None = None, repeats: int = 3,
                        params: SamplingParams | None = None) -> dict[SpecConfig, dict[int, float]]:
     """Seconds of one step of every setting ``engine`` may run, per batch size (``rows``: its chooser's
-    buckets): the median of ``repeats`` steps after one untimed, each setting on a fresh batch of short
-    prompts (greedy, or sampled with ``params``' settings), wall time around ``Engine.step`` (it ends on the
-    step's read-back, so the device's work and the host's are both in it: graph replays on the GPU, eager
-    forwards elsewhere). These steps teach the chooser
-    nothing (it is set aside meanwhile); the preallocated caches are emptied after each batch."""
+    buckets), each setting on a fresh batch of short prompts (greedy, or sampled with ``params``' settings):
+    where whole steps launch ahead, the median time between read-backs of steps each launched before the last
+    is collected (``_overlapped_seconds``: the overlap schedule's steady state, the device's work with the
+    host's hidden behind it); elsewhere the median of ``repeats`` steps one at a time, wall time around
+    ``Engine.step`` (device and host both). These steps teach the chooser nothing (it is set aside
+    meanwhile); the preallocated caches are emptied after each batch."""
     rows = rows or list(engine.chooser.costs[GREEDY][engine.spec.options[0]])
+    seconds = _overlapped_seconds if engine.launches_ahead else _sequential_seconds
     chooser, engine.chooser = engine.chooser, None
     prompt = [i % engine.target.info.vocab_size for i in range(1, 9)]
     settings = {} if params is None else dict(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
@@ -210,14 +222,34 @@ def measure_step_costs(engine, rows: list[int] | None = None, repeats: int = 3,
             costs[spec] = {}
             for b in rows:
                 batch = engine.prefill_all([engine.new_sequence(prompt, params) for _ in range(b)])
-                times = []
-                for _ in range(repeats + 1):
-                    start = time.perf_counter()
-                    engine.step(batch, spec)
-                    times.append(time.perf_counter() - start)
-                costs[spec][b] = sorted(times[1:])[repeats // 2]
+                costs[spec][b] = seconds(engine, batch, spec, repeats)
                 if engine.static:
                     engine._reset_pools()
     finally:
         engine.chooser = chooser
     return costs
+
+
+def _sequential_seconds(engine, batch, spec: SpecConfig, repeats: int) -> float:
+    """The median of ``repeats`` steps one at a time, after one untimed."""
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        engine.step(batch, spec)
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[repeats // 2]
+
+
+def _overlapped_seconds(engine, batch, spec: SpecConfig, repeats: int) -> float:
+    """The median time between the read-backs of ``repeats + 1`` steps, each launched before the last is
+    collected, as the server's overlap schedule runs them (the host's work for a step hides behind the device's
+    for the one before): what ``Chooser.observe`` then sees of each step."""
+    step, marks = engine.launch(batch, spec), []
+    for _ in range(repeats + 1):
+        ahead = engine.launch(batch, spec, ahead=True)
+        engine.collect(step)
+        marks.append(time.perf_counter())
+        step = ahead if ahead is not None else engine.launch(batch, spec)
+    engine.collect(step)
+    gaps = sorted(b - a for a, b in zip(marks, marks[1:]))
+    return gaps[len(gaps) // 2]

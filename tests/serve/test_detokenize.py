@@ -103,3 +103,28 @@ def test_the_backends_decode_is_the_tokenizers_own():
     mine = copy.deepcopy(TOK)
     mine.__class__ = Own
     assert backend_decode(mine, True)([1, 2]) == "own"
+
+
+def test_the_backends_stream_and_the_two_offsets_give_the_same_text():
+    """A fast tokenizer streams through ``tokenizers``' ``DecodeStream``; any other takes two decodes a push.
+    Random ids (split characters, special tokens) in chunks of 1 and 3: the same text either way, the full
+    decode's; an unfinished character at the end decodes as it is on both."""
+    import random
+
+    rng = random.Random(1)
+    special = TOK.all_special_ids
+    for _ in range(60):
+        some = ids(rng.choice(["héllo ✓ 日本語", " a  b", "✓✓", "x"])) + [rng.randrange(len(TOK)) for _ in range(8)]
+        some += rng.sample(special, 1)
+        rng.shuffle(some)
+        for chunk in (1, 3):
+            streamed = stream(Detokenizer(TOK), some, chunk)[0]
+            offsets = Detokenizer(TOK)
+            offsets._stream = None
+            assert Detokenizer(TOK)._stream is not None
+            assert streamed == stream(offsets, some, chunk)[0] == TOK.decode(some, skip_special_tokens=True)
+    half = ids("ab✓")[:-1]  # the check mark's last byte never comes
+    streamed, offsets = Detokenizer(TOK), Detokenizer(TOK)
+    offsets._stream = None
+    assert streamed.push(half).text + streamed.flush() == offsets.push(half).text + offsets.flush() == TOK.decode(half)
+    assert streamed.text == offsets.text == "ab\ufffd"

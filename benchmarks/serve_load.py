@@ -107,40 +107,34 @@ async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clie
     return [r for r in results if isinstance(r, dict)], [r for r in results if isinstance(r, str)], seconds
 
 
-def setting_steps(url: str) -> dict[str, float]:
-    """Steps run per setting so far (``eyas:spec_setting_steps_total``, ``auto`` only; else empty)."""
-    try:
-        text = httpx.get(url + "/metrics", timeout=30).text
-        return {labels["setting"]: v for labels, v in server_metrics.parse(text).get("eyas:spec_setting_steps", [])}
-    except (httpx.HTTPError, ValueError, KeyError):
-        return {}
-
-
-def chooser_view(url: str) -> dict:
-    """What ``auto``'s chooser believes after a level (its tau per setting and kind of row, and where timed its
-    step cost per setting, kind of batch and rows bucket), from ``/metrics``; empty for a fixed setting."""
+def auto_state(url: str) -> tuple[dict[str, float], dict]:
+    """``auto``'s state from ``/metrics`` (both empty for a fixed setting): the steps run per setting so far
+    (``eyas:spec_setting_steps_total``), and what its chooser believes (its tau per setting and kind of row,
+    and where timed its step cost per setting, kind of batch and rows bucket)."""
     try:
         parsed = server_metrics.parse(httpx.get(url + "/metrics", timeout=30).text)
     except (httpx.HTTPError, ValueError):
-        return {}
+        return {}, {}
+    steps = {labels["setting"]: v for labels, v in parsed.get("eyas:spec_setting_steps", [])}
     view: dict = {}
     for labels, v in parsed.get("eyas:spec_expected_accept_length", []):
         view.setdefault("tau", {}).setdefault(labels["setting"], {})[labels["rows"]] = round(v, 4)
     for labels, v in parsed.get("eyas:spec_step_cost_seconds", []):
         costs = view.setdefault("cost_ms", {}).setdefault(labels["setting"], {}).setdefault(labels["rows"], {})
         costs[labels["bucket"]] = round(1000 * v, 4)
-    return view
+    return steps, view
 
 
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
                  temperature: float) -> dict:
     _, before = scrape(url)
-    steps_before = setting_steps(url)
+    steps_before, _ = auto_state(url)
     done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
                                              args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
                                              args.top_p))
     _, after = scrape(url)
-    steps = {k: int(v - steps_before.get(k, 0)) for k, v in setting_steps(url).items()}
+    steps_after, view = auto_state(url)
+    steps = {k: int(v - steps_before.get(k, 0)) for k, v in steps_after.items()}
     tokens = sum(r["tokens"] for r in done)
     level = {"requests": len(done), "errors": errors[:5], "output_tokens": tokens, "seconds": round(seconds, 4),
              "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else 0.0,
@@ -150,7 +144,7 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
              "tau": None, "per_category": requests_tally((r["category"], r["steps"], r["accepted"]) for r in done)}
     if any(steps.values()):  # which settings auto ran during this level, and why
         level["steps_per_setting"] = {k: n for k, n in steps.items() if n}
-        level["chooser"] = chooser_view(url)
+        level["chooser"] = view
     if after is not None and after.has_spec_metrics:
         acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:

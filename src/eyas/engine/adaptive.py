@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -214,8 +215,7 @@ def measure_step_costs(engine, rows: list[int] | None = None, repeats: int = 3,
     seconds = _overlapped_seconds if engine.launches_ahead else _sequential_seconds
     chooser, engine.chooser = engine.chooser, None
     prompt = [i % engine.target.info.vocab_size for i in range(1, 9)]
-    settings = {} if params is None else dict(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-    params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True, **settings)
+    params = replace(params or SamplingParams(), max_new_tokens=1 << 20, ignore_eos=True)
     costs = {}
     try:
         for spec in engine.spec.options:

@@ -97,6 +97,14 @@ def main() -> int:
     eager = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8).generate([PROMPTS[0]], MINE)[0]
     record("sampled: the eager path (draws in torch ops) gives the graphs' tokens (draws in a kernel)",
            eager.output_ids == alone.output_ids)
+    # 8 rows of this tree are 48 distribution rows: one program a row, for the nodes with children alone (T 0.2:
+    # nearly the greedy path, which the tiny draft is trained on)
+    many = [SamplingParams(max_new_tokens=args.new_tokens, temperature=0.2, seed=s, ignore_eos=True) for s in range(8)]
+    rate = [sum(o.stats.accepted for o in outs) / max(1, sum(o.stats.drafts for o in outs))
+            for outs in (engine.generate([PROMPTS[0]] * 8, many),
+                         [engine.generate([PROMPTS[0]], sp)[0] for sp in many])]
+    record("sampled: 8 rows at once accept the draft's tokens as rows one at a time do",
+           rate[0] > 0.5 * rate[1] > 0, f"accepted a step: {rate[0]:.2f} (8 rows), {rate[1]:.2f} (1 row)")
     record("sampled: the filtered whole-step graph ran", bool(engine.whole_steps[spec].graphs["filtered"].graphs))
     rows = [sp for _, sp in OTHERS[:1]] + [MINE] + [sp for _, sp in OTHERS[1:3]]
     prompts = [p for p, _ in OTHERS[:1]] + [PROMPTS[0]] + [p for p, _ in OTHERS[1:3]]

@@ -80,13 +80,11 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
     greedy = floats[:, 0] <= 0  # [B]
     # where each row costs its own work, the distribution is computed at the nodes the walk reads (those with
     # children) and, after the walk, at the path's last node where that is a leaf (the bonus reads it)
-    inner = None  # [B, T] the nodes with children, where the distribution is computed for them alone
-    if k > 0 and t > 1 and ops.skips_rows(b * t, filtered):
-        inner = torch.zeros((b, t), dtype=torch.bool, device=logits.device)
-        inner.scatter_(1, tree.parents.clamp(min=0), tree.parents >= 0)
+    # [B, T] the nodes with children, where the distribution is computed for them alone
+    inner = tree.has_children() if k > 0 and t > 1 and ops.skips_rows(b * t, filtered) else None
     x, m, thr, z = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
                                     ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered,
-                                    needed=None if inner is None else inner.view(-1))
+                                    needed=None if inner is None else inner.reshape(-1))
     x, m, thr, z = x.view(b, t, v), m.view(b, t), thr.view(b, t), z.view(b, t)
     if k > 0 and t > 1:
         path = ops.walk(tree.tokens, tree.parents, tree.depth, tree.mask, x, m, thr, z, greedy, u, width)

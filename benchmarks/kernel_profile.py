@@ -99,23 +99,27 @@ def analyse(trace: dict, steps: int) -> dict:
 def profile_engine(engine: Engine, prompt: list[int], steps: int, trace_path: Path | None,
                    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> dict:
     params = SamplingParams(max_new_tokens=10_000, ignore_eos=True, temperature=temperature, top_p=top_p, top_k=top_k)
-    batch = engine.prefill([engine.new_sequence(prompt, params) for _ in range(engine.rows)])
+    seqs = [engine.new_sequence(prompt, params) for _ in range(engine.rows)]
+    batch = engine.prefill(seqs)
     for _ in range(5):
         engine.step(batch)
     sync()
+    before = sum(len(s.output_ids) for s in seqs)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities, record_shapes=False) as prof:
         for _ in range(steps):
             engine.step(batch)
         sync()
     path = trace_path or Path("/tmp/kernel-profile-trace.json")
+    # tokens a row gains a step: a setting that accepts nothing (tau 1) times a step that does no work
+    tau = (sum(len(s.output_ids) for s in seqs) - before) / (steps * len(seqs))
     prof.export_chrome_trace(str(path))
     trace = json.loads(path.read_text())
     if trace_path is not None:
         with gzip.open(str(path) + ".gz", "wt") as f:
             json.dump(trace, f)
         path.unlink()
-    return analyse(trace, steps)
+    return {**analyse(trace, steps), "tokens_per_row_step": round(tau, 3)}
 
 
 def distribution_config(text: str):
@@ -308,7 +312,8 @@ def main() -> None:
         r = results[text]
         print(f"{text:>8} max-batch {args.max_batch}: {r.get('kernels_per_step')} kernels, busy "
               f"{r.get('device_busy_ms_per_step')} ms of {r.get('device_span_ms_per_step')} ms per step; "
-              f"{r['memcpy_memset_per_step']} copies/memsets, {r['memcpy_memset_ms_per_step']} ms")
+              f"{r['memcpy_memset_per_step']} copies/memsets, {r['memcpy_memset_ms_per_step']} ms; "
+              f"{r['tokens_per_row_step']} tokens a row a step")
         for phase in NAMES:
             if phase in r:
                 print(f"    {phase:>13}: {r[phase]}")

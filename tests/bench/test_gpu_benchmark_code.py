@@ -68,4 +68,5 @@ def test_the_profiling_benchmarks_time_the_engines_own_phases(target, draft, tmp
     engine.rows = 1
     profiled = kernel_profile.profile_engine(engine, [5, 6, 7], 2, tmp_path / "trace.json")
     assert parts <= set(profiled) and profiled["step"]["span_ms_per_step"] > 0
+    assert 1 <= profiled["tokens_per_row_step"] <= 3  # what a step of this tree gained: the steps did work
     assert (tmp_path / "trace.json.gz").exists()

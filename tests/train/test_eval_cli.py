@@ -46,6 +46,11 @@ def test_eval_cli_reports_acceptance(tmp_path, capsys):
     assert "per_category" not in res  # prompts without a category: the report is as it was
     out = capsys.readouterr().out
     assert "tau" in out and "category" not in out
+    # sampled, as a server's clients ask: the settings reach the engine and the record
+    sampled = ("--temperature", "0.8", "--top-p", "0.9", "--top-k", "20")
+    res = eval_json(model, draft, prompts, tmp_path / "t.json", *sampled)
+    assert (res["temperature"], res["top_p"], res["top_k"], res["min_p"]) == (0.8, 0.9, 20, 0.0)
+    assert res["accept_length"] >= 1.0 and res["drafts"] > 0
 
 
 def test_eval_cli_reports_tau_per_category(tmp_path, capsys):
@@ -94,6 +99,11 @@ def test_counts_below_one_are_refused_before_loading(monkeypatch, capsys):
         assert main(["eval", "--prompts", "chat", flag, value]) == 2
         err = capsys.readouterr().err
         assert f"{flag} must be at least 1, got {value}" in err and "fix:" in err and "Traceback" not in err
+    for flag, value, said in (("--top-p", "0", "top_p must be in (0, 1]"), ("--temperature", "-1", "temperature must"),
+                              ("--min-p", "2", "min_p must be in [0, 1]")):
+        assert main(["eval", "--prompts", "chat", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
 
 
 def test_an_empty_held_out_split_names_the_way_out(tmp_path):

@@ -27,7 +27,10 @@ def register(sub) -> None:
                    "line; or a built-in set: chat, code, reasoning, all")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sampled, seeded")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus top-p of sampled rows (default 1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k of sampled rows (default 0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p of sampled rows (default 0: off)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     p.add_argument("--baseline", action="store_true", help="also decode without speculation and report the speedup")
     p.add_argument("--json-out", default=None, help="write the results here as JSON")
@@ -169,15 +172,18 @@ def run(args) -> int:
     if args.json_out and Path(args.json_out).is_dir():  # found before the run, not after it
         raise EyasError(f"--json-out {args.json_out} is a folder",
                         f"pass a file, e.g. {Path(args.json_out) / 'eval.json'}")
+    # checked before any weights are read, as the server checks a request's (tau depends on all of them)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, min_p=args.min_p, seed=0)
     engine = build_engine(engine_args_from(args))
     if not engine.spec.speculative:
         raise EyasError("eval needs a draft: speculation is off for this target",
                         "pass --speculative-draft-model-path DRAFT (and --speculative-algorithm EAGLE3)")
     prompts, chat, groups = load_prompts(args, engine.target.tokenizer)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0)
     res = evaluate(engine, prompts, params, args.batch_size, args.baseline, groups)
     res.update({"target": engine.target.name, "draft": getattr(engine.draft, "name_or_path", None),
-                "device": str(engine.device), "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                "device": str(engine.device), "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                "min_p": args.min_p, "max_new_tokens": args.max_new_tokens,
                 "chat": chat})
     print(f"tau (acceptance length): {res['accept_length']:.3f}   acceptance rate: {res['accept_rate']:.3f}")
     print(f"accepted per position: {res['accepted_per_position']}  (over {res['drafts']} verify steps)")

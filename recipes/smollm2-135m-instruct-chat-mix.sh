@@ -13,7 +13,9 @@
 # same prompts. Every prompt set eyas reports acceptance on is excluded.
 #
 #   CORPUS   the chat-prompts folder: default ../shared/data/chat-prompts, else .stage/chat-prompts (carried)
-#   ANSWER_T the target's answers' temperature (default 0: greedy; sampled answers with --seed 4)
+#   ANSWER_T the target's answers' temperature (default 0: greedy; sampled answers with --seed SEED)
+#   SEED     the mix's and the answers' seed (default 4; the chat holdout does not depend on it)
+#   MAX_PROMPTS  at most this many training prompts (default all: about 33,500), for a shorter run
 # Usage:
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh select OUT     # any machine, ~15 s: the prompts, holdout file, summary
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh flags          # print the flags
@@ -21,7 +23,8 @@
 #   bash recipes/smollm2-135m-instruct-chat-mix.sh judge [DRAFT]  # on the GPU after `gpu`: DRAFT (default the run's)
 #        and the shipped draft on the chat holdout (tau at 6/8/32 and 4/4/16 greedy, 6/8/32 at T 0.7) and on the
 #        built-in chat set, per category, one after the other (`eyas eval`, batch 64, 256 tokens, eager: about
-#        50 s each; QUICK=1: the holdout at 6/8/32 alone, T 0 and 0.7); the JSONs go to /tmp/job/judge and,
+#        50 s each; QUICK=1: the holdout at 6/8/32 alone, T 0 and 0.7; TOP_P=0.95: the T 0.7 runs with that
+#        top-p); the JSONs go to /tmp/job/judge and,
 #        as judge.tgz, to $OUT
 # The shipped draft v8 came from: NG=1 BUDGET=780 EVAL=0 EXTRA="--set optim.lr=3e-4 --set
 # data.tokens_per_batch=32768" CORPUS=... bash recipes/smollm2-135m-instruct-chat-mix.sh gpu start (init v6), then judge.
@@ -35,7 +38,8 @@ CORPUS=${CORPUS:-$([ -d ../shared/data/chat-prompts ] && echo ../shared/data/cha
 HOLDOUT_SOURCES=sharegpt-v3-pypi,sharegpt92k-sample,oasst-eval-prompts,koala-test-set,arena-hard,hh-rlhf-test,prompts-chat,gpteacher,self-instruct-human,strategyqa,gsm8k-train,qwen-math-evals,t0-templates
 WEIGHTS=strategyqa=0.5,t0-templates=0.5,nq-open=0.2,webquestions=0.2,gsm8k-train=0.1,math-test=0.1,qwen-math-evals=0.1
 FLAGS="--input $CORPUS --exclude bench --exclude benchmarks/heldout-prompts-smollm2.jsonl
-  --holdout-prompts 400 --holdout-sources $HOLDOUT_SOURCES --holdout-seed 0 --source-weights $WEIGHTS --seed 4"
+  --holdout-prompts 400 --holdout-sources $HOLDOUT_SOURCES --holdout-seed 0 --source-weights $WEIGHTS --seed ${SEED:-4}
+  ${MAX_PROMPTS:+--max-prompts $MAX_PROMPTS}"
 ANSWERS="--regenerate --temperature ${ANSWER_T:-0} --max-new-tokens 384 --batch-size 2048"
 
 case "${1:-flags}" in
@@ -53,6 +57,7 @@ case "${1:-flags}" in
              echo "=== $dn $set $tree T=$t"
              ${PY:-python3} -m eyas eval --model-path ${M:-/tmp/smollm2.gguf} --speculative-draft-model-path "$dp" \
                --prompts "$prompts" --num-prompts 400 --max-new-tokens 256 --batch-size 64 --temperature $t \
+               $( [ "$t" != 0 ] && [ -n "${TOP_P:-}" ] && echo --top-p $TOP_P ) \
                --speculative-num-steps $S --speculative-eagle-topk $K --speculative-num-draft-tokens $N \
                --disable-cuda-graph --json-out $J/$dn-$set-$S-$K-$N-t$t.json 2>&1 | grep -v "it/s]"
            done

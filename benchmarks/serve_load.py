@@ -356,6 +356,8 @@ def line(level: dict) -> str:
             f"ITL p50 {ms(level['itl_s'])} p99 {ms(level['itl_s'], 'p99')} ms")
     if level.get("tau") is not None:
         text += f"  tau {level['tau']:.2f}"
+        if level["tau"] < 1.005:  # a draft that never works here (or a fault): a number not to report
+            text += " (NO DRAFT TOKEN ACCEPTED)"
     if level.get("per_category"):
         text += " (" + ", ".join(f"{g} {r['accept_length']:.2f}" for g, r in level["per_category"].items()) + ")"
     if level.get("steps_per_setting"):

@@ -75,6 +75,18 @@ def test_eval_cli_reports_tau_per_category(tmp_path, capsys):
     assert (cats["math"]["drafts"], cats["math"]["accepted_tokens"]) == (alone["drafts"], alone["accepted_tokens"])
 
 
+def test_a_draft_never_accepted_is_called_out():
+    """tau 1.000 over many steps is a draft that does not work here (stop 45's sampled trees on a GPU), not a
+    figure: eval says so, naming the checks; a short run, or any accepted token, stays quiet."""
+    from eyas.train.eval_cli import nothing_accepted
+
+    warning = nothing_accepted({"drafts": 400, "accepted_tokens": 0})
+    assert "no draft token was accepted in 400 verify steps" in warning and "eyas doctor --draft" in warning
+    assert "--temperature 0" in warning
+    assert nothing_accepted({"drafts": 400, "accepted_tokens": 1}) is None
+    assert nothing_accepted({"drafts": 5, "accepted_tokens": 0}) is None
+
+
 def test_eval_counts_a_prompt_once_when_the_data_holds_two_answers(tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"q{i % 3}"}, {"role": "assistant", "content": f"a{i}"}],
              "source": "pydoc:os", "category": ["stem/mmlu/astronomy", None, None][i % 3]} for i in range(6)]

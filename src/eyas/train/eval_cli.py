@@ -10,6 +10,7 @@ category: its first part, ``math/gsm8k`` -> ``math``; a built-in set's prompts c
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -160,6 +161,17 @@ def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = Fals
     return res
 
 
+def nothing_accepted(res: dict, steps: int = 20) -> str | None:
+    """A warning where a run of at least ``steps`` verify steps accepted no draft token: tau 1.000 is the
+    number of a draft that is not working (another target's, untrained, or a fault), never one to report."""
+    if res["drafts"] < steps or res["accepted_tokens"] > 0:
+        return None
+    return (f"warning: no draft token was accepted in {res['drafts']} verify steps (tau 1.000): this draft speeds "
+            "nothing up here. Check that it was trained for this target (eyas doctor --draft DRAFT --target "
+            "TARGET), and compare with --temperature 0: a draft accepted greedily but never when sampling "
+            "points at the sampler, worth an issue")
+
+
 def run(args) -> int:
     from ..engine.sampling import SamplingParams
     from ..pipeline import build_engine, engine_args_from
@@ -186,6 +198,8 @@ def run(args) -> int:
                 "min_p": args.min_p, "max_new_tokens": args.max_new_tokens,
                 "chat": chat})
     print(f"tau (acceptance length): {res['accept_length']:.3f}   acceptance rate: {res['accept_rate']:.3f}")
+    if warning := nothing_accepted(res):
+        print(warning, file=sys.stderr)
     print(f"accepted per position: {res['accepted_per_position']}  (over {res['drafts']} verify steps)")
     print(f"{res['output_tokens']} tokens at {res['tokens_per_s']:.1f} tok/s"
           + (f"; baseline {res['baseline_tokens_per_s']:.1f} tok/s, speedup {res['speedup']:.2f}x"

@@ -89,6 +89,7 @@ class Chooser:
                  prior_steps: int = 4, probe_every: int = 64, margin: float = 0.03, cost_decay: float = 0.05,
                  max_probe_every: int = 1024):
         self.options = list(options)
+        self.plain = next((s for s in self.options if not s.speculative), None)  # NONE, where it is an option
         self.decay, self.prior_steps, self.probe_every, self.margin = decay, prior_steps, probe_every, margin
         self.max_probe_every = max(max_probe_every, probe_every)
         self.probe_gap = probe_every  # quiet steps before the next probe (doubles while probes find nothing)
@@ -167,11 +168,10 @@ class Chooser:
                      self.tau(best, GREEDY), self.tau(best, SAMPLED), others)
             self.choice = best
         self._busy = self._busy + 1 if best.speculative and self.measured else 0
-        plain = next((s for s in self.options if not s.speculative), None)
-        if self._busy > self.probe_every and plain is not None:  # a refresh of the plain step's live cost
+        if self._busy > self.probe_every and self.plain is not None:  # a refresh of the plain step's live cost
             self._busy = 0
-            self.steps[plain] += 1
-            return plain
+            self.steps[self.plain] += 1
+            return self.plain
         self.steps[best] += 1
         return best
 

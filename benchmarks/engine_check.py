@@ -97,8 +97,8 @@ def main() -> int:
     eager = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8).generate([PROMPTS[0]], MINE)[0]
     record("sampled: the eager path (draws in torch ops) gives the graphs' tokens (draws in a kernel)",
            eager.output_ids == alone.output_ids)
-    # 8 rows of this tree are 48 distribution rows: one program a row, for the nodes with children alone (T 0.2:
-    # nearly the greedy path, which the tiny draft is trained on)
+    # 8 rows of this tree are 48 distribution rows: one program a row, where the batch-1 checks take the split
+    # (T 0.2: nearly the greedy path, which the tiny draft is trained on)
     many = [SamplingParams(max_new_tokens=args.new_tokens, temperature=0.2, seed=s, ignore_eos=True) for s in range(8)]
     rate = [sum(o.stats.accepted for o in outs) / max(1, sum(o.stats.drafts for o in outs))
             for outs in (engine.generate([PROMPTS[0]] * 8, many),

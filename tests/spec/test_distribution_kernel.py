@@ -164,27 +164,9 @@ def test_extreme_logits(config):
     check_equal(got, TORCH.distribution(logits, floats, ints, True))
 
 
-def test_one_program_a_row_leaves_the_rows_not_needed_unread():
-    """``needed``: the rows needed get the reference's thresholds; the others read nothing (z 0); the split
-    ignores it (its launches cost the same)."""
-    gen = torch.Generator().manual_seed(9)
-    logits = (torch.randn(6, 300, generator=gen) * 3).to(DEVICE)
-    floats = torch.tensor([[0.8, 0.9, 0.0]] * 6, device=DEVICE)
-    ints = torch.tensor([[0, 0], [5, 0]] * 3, device=DEVICE)
-    needed = torch.tensor([True, False, True, True, False, True], device=DEVICE)
-    want = TORCH.distribution(logits, floats, ints, True)
-    got = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, Config(1, 16, 128, 4), needed)
-    check_equal(tuple(g[needed] for g in got), tuple(w[needed] for w in want))
-    assert (got[3][~needed] == 0).all() and (got[1][~needed] == float("-inf")).all()
-    split = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, Config(2, 16, 128, 4), needed)
-    check_equal(split, want)
-    assert distribution_kernel.skips_rows(10_000, True) and not distribution_kernel.skips_rows(33, True)
-
-
 @pytest.fixture(params=["as measured", "split", "one program"])
 def table(request, monkeypatch):
-    """The dispatch's table as it is, the split at every row count, or one program a row at every row count
-    (where the sampler asks for the nodes with children alone, and the path's last leaf after the walk)."""
+    """The dispatch's table as it is, the split at every row count, or one program a row at every row count."""
     if request.param == "split":
         monkeypatch.setattr(distribution_kernel, "ROW_CONFIGS", ((1 << 62, Config(2, 64, 256, 4)),))
     if request.param == "one program":
@@ -244,7 +226,7 @@ class Unique(SpecTorchOps):
     """``TRITON.distribution`` once per distinct row (many rows share one node's logits and settings; the
     seed, which the distribution does not read, set apart)."""
 
-    def distribution(self, logits, floats, ints, filtered, needed=None):
+    def distribution(self, logits, floats, ints, filtered):
         rows = torch.cat([logits, floats, ints[:, :1].float()], dim=1)
         keys, inverse = torch.unique(rows, dim=0, return_inverse=True)
         keys, v = keys.to(DEVICE), logits.shape[1]  # on a GPU the kernel runs there, not interpreted
@@ -307,9 +289,9 @@ def compile(fn, sig, const):
     assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
 
 p, i = "*fp32", "*i64"
-sig = dict(x=p, floats=p, log_min_p=p, ints=i, needed="*u8", m_out=p, thr_out=p, z_out=p, V="i32")
-for filtered, skip, pdl in [(True, True, True), (False, False, False), (True, False, True)]:
-    compile(_distribution_kernel, sig, dict(FILTERED=filtered, SKIP=skip, BLOCK=512, R=16, PDL=pdl))
+sig = dict(x=p, floats=p, log_min_p=p, ints=i, m_out=p, thr_out=p, z_out=p, V="i32")
+for filtered, pdl in [(True, True), (False, False)]:
+    compile(_distribution_kernel, sig, dict(FILTERED=filtered, BLOCK=512, R=16, PDL=pdl))
 sig = dict(x=p, floats=p, log_min_p=p, ints=i, maxes=p, part_in=p, part_out=p, state_in=i, state_out=i, m_out=p,
            thr_out=p, V="i32", C="i32", S="i32")
 for prev, kind, r in [(NONE, TOP_K, 64), (TOP_K, TOP_K, 64), (TOP_K, TOP_P, 64), (TOP_P, TOP_P, 64), (TOP_P, Z, 64),

@@ -91,18 +91,6 @@ def test_the_kernel_walks_the_references_path(size, seed, masked):
     assert masked or (want.counts == 1).any()  # and stop at the root (masked: every kept token a child)
 
 
-def test_the_nodes_with_children():
-    """``Tree.has_children``, where the sampler computes the distribution for the walk alone (one program a
-    row): every node with a child and no other, the root included. (On a GPU a scatter of the root's False
-    and its children's True to one index kept the False: no draft token was ever accepted there.)"""
-    gen = torch.Generator().manual_seed(7)
-    for size in (2, 5, 16, 33):
-        tree = random_trees(gen, 6, size, 64)
-        want = torch.tensor([[bool(kids) for kids in tree.children(r)] for r in range(6)])
-        assert torch.equal(tree.has_children(), want) and want[:, 0].all()
-    assert not Tree.root_only(torch.zeros(3, dtype=torch.long)).has_children().any()
-
-
 def test_the_last_kept_child_takes_what_is_left():
     """Two kept tokens at each node, both its children, and ``z`` a little above their sum (rounding): at the
     largest draw the renormalised rule alone rejects both; the second must be taken, down to the leaf."""

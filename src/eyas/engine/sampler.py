@@ -78,22 +78,12 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
     b, t, v = logits.shape
     k = u.shape[-1] - 1
     greedy = floats[:, 0] <= 0  # [B]
-    # where each row costs its own work, the distribution is computed at the nodes the walk reads (those with
-    # children) and, after the walk, at the path's last node where that is a leaf (the bonus reads it)
-    # [B, T] the nodes with children, where the distribution is computed for them alone
-    inner = tree.has_children() if k > 0 and t > 1 and ops.skips_rows(b * t, filtered) else None
     x, m, thr, z = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
-                                    ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered,
-                                    needed=None if inner is None else inner.reshape(-1))
+                                    ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered)
     x, m, thr, z = x.view(b, t, v), m.view(b, t), thr.view(b, t), z.view(b, t)
     if k > 0 and t > 1:
         path = ops.walk(tree.tokens, tree.parents, tree.depth, tree.mask, x, m, thr, z, greedy, u, width)
     else:
         path = root_alone(x, m, thr, u, width)
-    if inner is not None:  # the last node's own distribution where the first call left it out
-        leaf = ~inner.gather(1, path.last[:, None])[:, 0]
-        _, mf, thrf, _ = ops.distribution(logits.gather(1, path.last[:, None, None].expand(b, 1, v))[:, 0], floats,
-                                          ints, filtered)
-        path = path._replace(m=torch.where(leaf, mf, path.m), thr=torch.where(leaf, thrf, path.thr))
     bonus = ops.bonus(x, path.last, path.m, path.thr, path.rejected, path.valid, path.u)
     return path.cols, path.counts, torch.where(greedy, path.argmax, bonus)

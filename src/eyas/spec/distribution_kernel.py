@@ -87,21 +87,16 @@ def _value(k):
 
 
 @triton.jit
-def _distribution_kernel(x, floats, log_min_p, ints, needed, m_out, thr_out, z_out, V, FILTERED: tl.constexpr,
-                         SKIP: tl.constexpr, BLOCK: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr):
+def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, V, FILTERED: tl.constexpr,
+                         BLOCK: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr):
     """``(m, thr, z)`` of row ``r`` of ``x`` [N, V] (program ``r``) under ``floats`` [N, 3] (its top_p),
-    ``log_min_p`` [N] (-inf: no min-p) and ``ints`` [N, 2] (its top_k); ``FILTERED``: top-k and top-p apply.
-    ``SKIP``: a row whose ``needed`` [N] is 0 reads nothing (every pass over no entries: m -inf, z 0)."""
+    ``log_min_p`` [N] (-inf: no min-p) and ``ints`` [N, 2] (its top_k); ``FILTERED``: top-k and top-p apply."""
     _after_previous_kernel(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = x + r * V
-    if SKIP:
-        VR = tl.where(tl.load(needed + r) != 0, V, 0)  # the entries this row's passes read
-    else:
-        VR = V
     offs = tl.arange(0, BLOCK)
     acc = tl.full([BLOCK], float("-inf"), tl.float32)
-    for start in range(0, VR, BLOCK):
+    for start in range(0, V, BLOCK):
         acc = tl.maximum(acc, tl.load(row + start + offs, mask=start + offs < V, other=float("-inf")))
     m = tl.max(acc, axis=0)
     thr = m + tl.load(log_min_p + r)  # min-p: -inf where it is off (log 0)
@@ -116,7 +111,7 @@ def _distribution_kernel(x, floats, log_min_p, ints, needed, m_out, thr_out, z_o
             c = hi - ((hi - lo) * j) // (R + 1)  # [R] in (lo, hi], descending
             v = _value(c)
             n = tl.zeros([R], tl.int32)
-            for start in range(0, VR, BLOCK):
+            for start in range(0, V, BLOCK):
                 xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
                 n += tl.sum((xs[:, None] >= v[None, :]).to(tl.int32), axis=0)  # v > -inf: padding never counts
             ok = n >= need
@@ -127,7 +122,7 @@ def _distribution_kernel(x, floats, log_min_p, ints, needed, m_out, thr_out, z_o
         lo = tl.where(top_p < 1.0, _key(thr_k).to(tl.int64), hi)
         mass = tl.zeros([BLOCK], tl.float32)
         if lo < hi:
-            for start in range(0, VR, BLOCK):
+            for start in range(0, V, BLOCK):
                 xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
                 mass += tl.where(xs >= thr_k, tl.exp(xs - m), 0.0)
         target = top_p * tl.sum(mass, axis=0)  # top_p * Z_k
@@ -135,7 +130,7 @@ def _distribution_kernel(x, floats, log_min_p, ints, needed, m_out, thr_out, z_o
             c = lo + ((hi - lo) * j) // (R + 1)  # [R] in [lo, hi), ascending
             v = _value(c)
             g = tl.zeros([R], tl.float32)
-            for start in range(0, VR, BLOCK):
+            for start in range(0, V, BLOCK):
                 xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
                 e = tl.exp(xs - m)  # 0 for padding
                 g += tl.sum(tl.where(xs[:, None] > v[None, :], e[:, None], 0.0), axis=0)  # v >= thr_k: top-k's
@@ -146,7 +141,7 @@ def _distribution_kernel(x, floats, log_min_p, ints, needed, m_out, thr_out, z_o
         thr = tl.maximum(thr, thr_k)
     thr = tl.maximum(thr, FLOAT_MIN)
     z = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, VR, BLOCK):
+    for start in range(0, V, BLOCK):
         xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
         z += tl.where(xs >= thr, tl.exp(xs - m), 0.0)
     tl.store(m_out + r, m)
@@ -285,28 +280,19 @@ def launch_config(rows: int, filtered: bool) -> Config | None:
     return next(config for most, config in (ROW_CONFIGS if filtered else UNFILTERED_CONFIGS) if rows <= most)
 
 
-def skips_rows(rows: int, filtered: bool) -> bool:
-    """Whether ``distribution`` leaves rows it is told are not needed unread at this row count: one program a
-    row does (its cost grows with the rows); the split's launches cost the same either way."""
-    config = launch_config(rows, filtered)
-    return config is not None and config.programs == 1
-
-
 def distribution(launch, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
-                 config: Config | None = None, needed: torch.Tensor | None = None):
+                 config: Config | None = None):
     """``distribution.distribution(logits [N, V], floats [N, 3], ints [N, 2], filtered)``: ``x`` by the
     reference's ``scaled``, ``(m, thr, z)`` [N] by the kernels through ``launch`` (``TritonOps._launch``) as
-    ``config`` says (default ``launch_config``'s; where that is the sort, the one-program kernel's). With
-    ``needed`` [N] bool, one program a row leaves the other rows unread (their m, thr, z meaningless)."""
+    ``config`` says (default ``launch_config``'s; where that is the sort, the one-program kernel's)."""
     x = scaled(logits, floats).contiguous()
     n, v = x.shape
     config = config or launch_config(n, filtered) or Config(1, SPLIT, BLOCK, 8)
     m, thr, z = (torch.empty(n, dtype=torch.float32, device=x.device) for _ in range(3))
     args = (x, floats.contiguous(), torch.log(floats[:, 2]), ints.contiguous())
     if n and config.programs == 1:
-        rows = x if needed is None else needed.contiguous().view(torch.uint8)
-        launch(_distribution_kernel, (n,), *args, rows, m, thr, z, v, FILTERED=filtered, SKIP=needed is not None,
-               BLOCK=config.block, R=config.candidates, num_warps=config.warps)
+        launch(_distribution_kernel, (n,), *args, m, thr, z, v, FILTERED=filtered, BLOCK=config.block,
+               R=config.candidates, num_warps=config.warps)
     elif n:
         _split(launch, args, m, thr, z, filtered, config)
     return x, m, thr, z

@@ -43,13 +43,6 @@ class Tree:
         depth, mask = ancestors(parents, max_depth)
         return cls(tokens=tokens, parents=parents, depth=depth, mask=mask)
 
-    def has_children(self) -> torch.Tensor:
-        """[B, T] bool: the nodes with at least one child. Every write is True (the root's pointer goes to a
-        junk column): a scatter of True and False to one index keeps either on a GPU."""
-        b, t = self.parents.shape
-        slot = torch.where(self.parents >= 0, self.parents, t)
-        return torch.zeros((b, t + 1), dtype=torch.bool, device=self.parents.device).scatter_(1, slot, True)[:, :t]
-
     def children(self, row: int) -> list[list[int]]:
         """Children columns of each node of one row, in column order."""
         kids: list[list[int]] = [[] for _ in range(self.size)]

@@ -50,18 +50,11 @@ class TreeOps:
         [B, lanes], the draws of one sampled step (``engine.sampler.draws``)."""
         return uniform(seed[:, None], position[:, None], consts.arange(lanes, seed.device)[None])
 
-    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
-                     needed: torch.Tensor | None = None):
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
         """Each row of ``logits`` [N, V]'s distribution under ``floats`` [N, 3], ``ints`` [N, 2]:
         ``(x [N, V], m [N], thr [N], z [N])``, ``distribution.distribution`` (the reference, a sort
-        where ``filtered``). ``needed`` [N] bool: rows the caller reads (where ``skips_rows``, the others' m,
-        thr and z may be left meaningless; the reference computes every row)."""
+        where ``filtered``)."""
         return distribution(logits, floats, ints, filtered)
-
-    def skips_rows(self, rows: int, filtered: bool) -> bool:
-        """Whether ``distribution`` over ``rows`` rows leaves the rows not ``needed`` uncomputed (a saving
-        only where each row costs its own work): never in the reference."""
-        return False
 
     def walk(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
              x: torch.Tensor, m: torch.Tensor, thr: torch.Tensor, z: torch.Tensor, greedy: torch.Tensor,

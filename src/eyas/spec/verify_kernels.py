@@ -130,16 +130,11 @@ class TritonVerifyOps(TreeOps):
         return self._or_torch(lambda: self._uniform(seed, position, lanes),
                               lambda: TreeOps.uniform(self, seed, position, lanes))
 
-    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
-                     needed: torch.Tensor | None = None):
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
         if distribution_kernel.launch_config(logits.shape[0], filtered) is None:  # measured: the sort is faster
             return TreeOps.distribution(self, logits, floats, ints, filtered)
-        return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered,
-                                                                       needed=needed),
+        return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered),
                               lambda: TreeOps.distribution(self, logits, floats, ints, filtered))
-
-    def skips_rows(self, rows: int, filtered: bool) -> bool:
-        return distribution_kernel.skips_rows(rows, filtered)
 
     def walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width: int):
         return self._or_torch(lambda: rejection_kernel.walk(self._launch, tokens, parents, x, m, thr, z, greedy, u,

@@ -31,7 +31,7 @@ def curve(target: NativeTarget, contexts: list[int], ks: list[int], reps: int, g
           kernels: KernelSettings) -> dict:
     per_slot = target.bytes_per_slot()
     plan = PoolPlan(1, max(contexts) + 2 * max(ks), (max(contexts) + 2 * max(ks)) * per_slot)
-    pool = target.new_pool(plan, [1], ks, graphs, capture_aux=True, kernels=kernels)
+    pool, runner = target.new_pool(plan, [1], ks, graphs, capture_aux=True, kernels=kernels)  # held: its graphs
     pool.hold(1)
     dev, vocab = target.device, target.info.vocab_size
     out = {}

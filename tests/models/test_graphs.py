@@ -8,8 +8,7 @@ from eyas.models.native import NativeTarget, PoolPlan
 
 
 def pool_and_runner(native, graphs: bool):
-    pool = native.new_pool(PoolPlan(4, 300, 0), [1, 2, 4], [1, 4], graphs, capture_aux=True, kernels=KernelSettings())
-    return pool, native.runners[pool]
+    return native.new_pool(PoolPlan(4, 300, 0), [1, 2, 4], [1, 4], graphs, capture_aux=True, kernels=KernelSettings())
 
 
 def forward_both(target, pools, lengths, ids):

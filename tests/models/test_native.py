@@ -271,8 +271,28 @@ def test_engine_caps_context_to_the_pool(target, monkeypatch):
     monkeypatch.setattr("eyas.engine.pools.kv_budget", lambda device, fraction=None: 2 * 300 * per_slot)
     engine = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=2)
     assert engine.max_context == 298 and "context 298" in engine.layout
-    with pytest.raises(EyasError, match="at most"):
+    assert engine.target.info.max_context > 298  # the pool set the limit, not the model: the error says which
+    with pytest.raises(EyasError, match="the KV cache holds 298 a row for 2 rows.*at most") as err:
         engine.new_sequence([5] * 299, SamplingParams())
+    assert "--max-running-requests" in err.value.fix and "--mem-fraction-static" in err.value.fix
+
+
+def test_an_engine_dropped_leaves_nothing_on_its_target(target, draft):
+    """Engines built one after another on one target (regeneration's splits, a bench's settings): a dropped
+    engine's KV pool and graphs are freed. (Its runner, keyed by the pool on the target, kept them alive:
+    on the GPU a second engine was sized from what the first left free, a few dozen tokens a row.)"""
+    import gc
+    import weakref
+
+    native = NativeTarget.from_target(target)
+    engine = Engine(native, draft, SpecConfig("EAGLE3", 4, 2, 6), max_batch=2)
+    engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
+    pool, runner = weakref.ref(engine.target_pool), weakref.ref(engine.target_runner)
+    del engine
+    gc.collect()
+    assert pool() is None and runner() is None and not native.runners
+    again = Engine(native, None, SpecConfig("NONE"), max_batch=2)
+    assert again.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))[0].output_ids
 
 
 def test_native_support_names_what_it_cannot_run():

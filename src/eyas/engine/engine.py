@@ -97,7 +97,7 @@ class Engine:
         self.ops = TORCH  # the acceptance's and draws' ops outside the graphs: the target pool's kernels, if any
         self.layout = "generic Hugging Face forward, growing KV cache"
         if self.static:
-            (self.target_pool, self.whole_steps, self.drafters, self.extenders, self.prefiller,
+            (self.target_pool, self.target_runner, self.whole_steps, self.drafters, self.extenders, self.prefiller,
              self.ops, self.max_context, self.layout) = native_pools(target, self.draft_steps, spec, config,
                                                                      self.tree_size, self.max_context)
         self.by_parts = StepByParts(target, self.draft_steps, self.drafters, self.extenders, self.ops,
@@ -112,11 +112,6 @@ class Engine:
     def launches_ahead(self) -> bool:
         """Whether ``launch(ahead=True)`` can run a step: the native path's whole steps (not rows by parts)."""
         return bool(self.whole_steps)
-
-    @property
-    def target_runner(self):
-        """The native target's forward over ``target_pool``: its ``ForwardGraphs``."""
-        return self.target.runners[self.target_pool]
 
     @property
     def context_limit(self) -> int:
@@ -161,6 +156,14 @@ class Engine:
                             "use token ids of the target's own tokenizer")
         limit = self.context_limit
         if len(prompt_ids) > limit:
+            model = self.target.info.max_context
+            if model and self.max_context < model:  # the KV pool, not the model, set the context
+                raise EyasError(
+                    f"the prompt has {len(prompt_ids)} tokens; the KV cache holds {self.max_context} a row for "
+                    f"{self.config.max_batch} rows in the memory it was given (the model takes {model}), and "
+                    f"with tree size {self.tree_size} at most {limit} fit",
+                    "lower --max-running-requests, raise --mem-fraction-static, or free GPU memory",
+                )
             raise EyasError(
                 f"the prompt has {len(prompt_ids)} tokens; with this context length ({self.max_context}) "
                 f"and tree size ({self.tree_size}) at most {limit} fit",

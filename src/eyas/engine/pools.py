@@ -16,7 +16,7 @@ import torch
 
 from ..config import SpecConfig
 from ..engine_config import EngineConfig
-from ..models.graphs import buckets
+from ..models.graphs import ForwardGraphs, buckets
 from ..models.native import kv_budget, plan_pool
 from ..models.static_cache import StaticKV
 from ..spec.drafter import StaticDrafter, StaticExtender
@@ -27,6 +27,7 @@ from .prefill import StaticPrefill
 
 class NativePools(NamedTuple):
     target_pool: StaticKV
+    target_runner: ForwardGraphs  # the target's forward over target_pool (the target finds it while held)
     whole_steps: dict[SpecConfig, StaticStep]  # the whole step per setting (whole-step graphs on)
     drafters: dict[SpecConfig, StaticDrafter]  # the tree per drafting setting
     extenders: dict[int, StaticExtender]  # the draft extend per path width
@@ -55,8 +56,8 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
     graphs = cuda_graphs and device.type == "cuda"
     rows = buckets(c.graph_rows)
     like = torch.zeros(1, dtype=target.dtype, device=device)
-    target_pool = target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs, capture_aux=spec.speculative,
-                                  kernels=c.kernels)
+    target_pool, target_runner = target.new_pool(plan, rows, spec.verify_sizes, cuda_graphs,
+                                                 capture_aux=spec.speculative, kernels=c.kernels)
     whole_steps, drafters, extenders, prefiller, pool = {}, {}, {}, None, None
     if spec.speculative:
         pool = draft_steps.attach_pool(plan, c.kernels)
@@ -75,4 +76,5 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
     layout = (f"native Llama forward, static KV cache {plan.describe()}, context {max_context}, "
               f"CUDA graphs {'on' if graphs else 'off' if device.type == 'cuda' else 'n/a (CPU)'}, "
               f"{ops.name} kernels")
-    return NativePools(target_pool, whole_steps, drafters, extenders, prefiller, ops, max_context, layout)
+    return NativePools(target_pool, target_runner, whole_steps, drafters, extenders, prefiller, ops, max_context,
+                       layout)

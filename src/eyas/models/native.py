@@ -2,13 +2,14 @@
 
 ``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicKV``
 (prefill) it runs eagerly, given a ``StaticKV`` pool it built it goes through that pool's
-``ForwardGraphs`` (held in ``runners``, by the target, not by the cache). ``DraftSteps`` runs the
+``ForwardGraphs``, which the pool's owner (the engine) holds and the target finds by the pool. ``DraftSteps`` runs the
 draft's one-layer steps and holds its pool (the draft's graphs are whole operations: ``spec/drafter.py``).
 The engine decides which path a model takes (``choose``) and sizes the pools (``plan_pool``).
 """
 
 from __future__ import annotations
 
+import gc
 import weakref
 from dataclasses import dataclass
 
@@ -45,14 +46,19 @@ def kv_budget(device: torch.device, mem_fraction_static: float | None = None) ->
     memory, or 2 GiB on the CPU; with ``mem_fraction_static`` (SGLang's ``--mem-fraction-static``) what keeps
     weights and pools together within that share of the device's memory (the machine's on the CPU)."""
     if mem_fraction_static is None:
-        return int(torch.cuda.mem_get_info(device)[0] * 0.4) if device.type == "cuda" else 2 << 30
+        return int(device_memory(device)[0] * 0.4) if device.type == "cuda" else 2 << 30
     free, total = device_memory(device)
     return static_budget(free, total, mem_fraction_static)
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes of the GPU, or of the machine's memory on the CPU."""
+    """(free, total) bytes of the GPU, or of the machine's memory on the CPU. On the GPU, memory that dead
+    objects (an engine built before, its graphs and caches) or PyTorch's cache still hold is released
+    first, so it counts as free: measured without that, a second engine in one process got a KV cache of a
+    few dozen tokens a row."""
     if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
         return torch.cuda.mem_get_info(device)
     import psutil
 
@@ -80,7 +86,9 @@ class NativeTarget(Target):
     def __init__(self, model, tokenizer=None, name: str = "target", aux_layer_ids=None):
         super().__init__(model, tokenizer, name, aux_layer_ids)
         self.native = NativeLlama(model)
-        self.runners = weakref.WeakKeyDictionary()  # each pool ``new_pool`` built (one per engine) -> its runner
+        # id of each pool ``new_pool`` built -> its runner, while the runner's owner holds it (the runner holds
+        # its pool: a map keyed by the pool itself would keep every engine's pool and graphs alive)
+        self.runners = weakref.WeakValueDictionary()
 
     @classmethod
     def from_target(cls, target: Target) -> NativeTarget:
@@ -99,9 +107,9 @@ class NativeTarget(Target):
         return cache
 
     def new_pool(self, plan: PoolPlan, rows: list[int], tokens: list[int], graphs: bool, capture_aux: bool,
-                 kernels: KernelSettings) -> StaticKV:
-        """A preallocated cache for one engine (its ``kernels``); its graph runner (buckets ``rows`` x
-        ``tokens`` x windows) is ``runners[pool]``, which ``forward`` over the pool goes through."""
+                 kernels: KernelSettings) -> tuple[StaticKV, ForwardGraphs]:
+        """A preallocated cache for one engine (its ``kernels``) and its graph runner (buckets ``rows`` x
+        ``tokens`` x windows), which ``forward`` over the pool goes through while the caller holds it."""
         n = self.native
         pool = self.static_cache(plan.rows, plan.slots, kernels)
         aux_ids = tuple(self.aux_layer_ids) if capture_aux else ()
@@ -114,13 +122,14 @@ class NativeTarget(Target):
             ids = torch.zeros((b, t), dtype=torch.long, device=self.device)
             return {"ids": ids, "pos": ids}, torch.zeros((b, 1, t, 1), dtype=self.dtype, device=self.device)
 
-        self.runners[pool] = ForwardGraphs(fn, pool, rows, tokens, window_buckets(plan.slots), graphs,
-                                         name="target", example=example)
-        return pool
+        runner = ForwardGraphs(fn, pool, rows, tokens, window_buckets(plan.slots), graphs, name="target",
+                               example=example)
+        self.runners[id(pool)] = runner
+        return pool, runner
 
     @torch.no_grad()
     def forward(self, input_ids, position_ids, mask, cache, capture=True, logits_at=None):
-        runner = None if cache is None else self.runners.get(cache)
+        runner = None if cache is None else self.runners.get(id(cache))
         if runner is not None:
             out = runner({"ids": input_ids, "pos": position_ids}, mask)
             logits, aux = out[0], (out[1] if len(out) > 1 and capture else None)

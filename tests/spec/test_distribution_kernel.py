@@ -283,10 +283,22 @@ from triton.backends.compiler import GPUTarget
 from eyas.spec.distribution_kernel import _distribution_kernel, _split_kernel, _split_sum_kernel, NONE, MAX, TOP_K, \\
     TOP_P, Z
 
+def barriers_in_loops(ptx):  # bar.sync between an inner loop's header and its branch back: a sync every read
+    lines = ptx.splitlines()
+    found = 0
+    for i, line in enumerate(lines):
+        head = lines[i:i + 4]
+        if line.startswith("$L__BB") and any("Inner Loop Header" in x for x in head):
+            label = line.split(":")[0]
+            back = [j for j, x in enumerate(lines) if j > i and "bra" in x and x.rstrip().endswith(label + ";")]
+            found += bool(back) and sum("bar.sync" in x for x in lines[i:max(back)])
+    return found
+
 def compile(fn, sig, const):
     src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 1}).asm["ptx"]
     assert not const["PDL"] or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
+    assert not barriers_in_loops(ptx), f"{fn.__name__} {const}: a block-wide sync inside a pass's loop"
 
 p, i = "*fp32", "*i64"
 sig = dict(x=p, floats=p, log_min_p=p, ints=i, m_out=p, thr_out=p, z_out=p, V="i32")

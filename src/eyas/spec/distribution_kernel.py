@@ -95,6 +95,7 @@ def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, V, F
     r = tl.program_id(0).to(tl.int64)
     row = x + r * V
     offs = tl.arange(0, BLOCK)
+    col = offs[:, None]
     acc = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, V, BLOCK):
         acc = tl.maximum(acc, tl.load(row + start + offs, mask=start + offs < V, other=float("-inf")))
@@ -110,11 +111,11 @@ def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, V, F
         while lo < hi:  # top-k: the largest key with count(x >= its value) >= k, in [lo, hi]
             c = hi - ((hi - lo) * j) // (R + 1)  # [R] in (lo, hi], descending
             v = _value(c)
-            n = tl.zeros([R], tl.int32)
-            for start in range(0, V, BLOCK):
-                xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
-                n += tl.sum((xs[:, None] >= v[None, :]).to(tl.int32), axis=0)  # v > -inf: padding never counts
-            ok = n >= need
+            n = tl.zeros([BLOCK, R], tl.int32)  # summed across the block once, after the row (no sync a read)
+            for start in range(0, V, BLOCK):  # read as a column: no layout change for the [BLOCK, R] tests
+                xs = tl.load(row + start + col, mask=start + col < V, other=float("-inf"))
+                n += (xs >= v[None, :]).to(tl.int32)  # v > -inf: padding never counts
+            ok = tl.sum(n, axis=0) >= need
             lo = tl.max(tl.where(ok, c, lo), axis=0)
             hi = tl.min(tl.where(ok, hi, c - 1), axis=0)
         thr_k = tl.where(top_k > 0, _value(lo), float("-inf"))
@@ -129,12 +130,11 @@ def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, V, F
         while lo < hi:  # top-p: the smallest key with mass(x > its value) < target, in [lo, hi]
             c = lo + ((hi - lo) * j) // (R + 1)  # [R] in [lo, hi), ascending
             v = _value(c)
-            g = tl.zeros([R], tl.float32)
+            g = tl.zeros([BLOCK, R], tl.float32)
             for start in range(0, V, BLOCK):
-                xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
-                e = tl.exp(xs - m)  # 0 for padding
-                g += tl.sum(tl.where(xs[:, None] > v[None, :], e[:, None], 0.0), axis=0)  # v >= thr_k: top-k's
-            ok = g < target
+                xs = tl.load(row + start + col, mask=start + col < V, other=float("-inf"))
+                g += tl.where(xs > v[None, :], tl.exp(xs - m), 0.0)  # v >= thr_k: top-k's; exp 0 for padding
+            ok = tl.sum(g, axis=0) < target
             hi = tl.min(tl.where(ok, c, hi), axis=0)
             lo = tl.max(tl.where(ok, lo, c + 1), axis=0)
         thr = tl.maximum(thr, tl.where(top_p < 1.0, _value(lo), float("-inf")))
@@ -171,6 +171,7 @@ def _split_kernel(x, floats, log_min_p, ints, maxes, part_in, part_out, state_in
     s = tl.program_id(1)
     row = x + r * V
     offs = s.to(tl.int64) * C + tl.arange(0, BLOCK)
+    col = offs[:, None]
     parts = tl.arange(0, S_P2)
     j = tl.arange(0, R).to(tl.int64) + 1
     mine = part_out + (r * S + s) * (R + 1)
@@ -201,20 +202,20 @@ def _split_kernel(x, floats, log_min_p, ints, maxes, part_in, part_out, state_in
         if PREV == NONE:  # every key: m is not known yet
             lo = tl.full([], NEG_INF_KEY, tl.int64)
             hi = tl.where(tl.load(ints + r * 2) > 0, POS_INF_KEY, NEG_INF_KEY).to(tl.int64)
-        mx = tl.full([BLOCK], float("-inf"), tl.float32)
+        mx = tl.full([BLOCK, 1], float("-inf"), tl.float32)
         if lo < hi:
             v = _value(hi - ((hi - lo) * j) // (R + 1))  # [R] in (lo, hi], descending: > -inf
-            n = tl.zeros([R], tl.int32)
+            n = tl.zeros([BLOCK, R], tl.int32)  # summed across the block once, after the chunk
             for start in range(0, C, BLOCK):
-                xs = _read(row, offs + start, V)
+                xs = _read(row, col + start, V)  # a column: no layout change for the [BLOCK, R] tests
                 mx = tl.maximum(mx, xs)
-                n += tl.sum((xs[:, None] >= v[None, :]).to(tl.int32), axis=0)
-            tl.store(mine + j - 1, n.to(tl.float32, bitcast=True))
+                n += (xs >= v[None, :]).to(tl.int32)
+            tl.store(mine + j - 1, tl.sum(n, axis=0).to(tl.float32, bitcast=True))
         elif PREV == NONE:
             for start in range(0, C, BLOCK):
-                mx = tl.maximum(mx, _read(row, offs + start, V))
+                mx = tl.maximum(mx, _read(row, col + start, V))
         if PREV == NONE:
-            tl.store(maxes + r * S + s, tl.max(mx, axis=0))
+            tl.store(maxes + r * S + s, tl.max(mx))
         thr_k = tl.zeros([], tl.float32)
     if KIND == TOP_P:
         top_p = tl.load(floats + r * 3 + 1)
@@ -226,15 +227,15 @@ def _split_kernel(x, floats, log_min_p, ints, maxes, part_in, part_out, state_in
             thr_k = _value(tl.load(state_in + r * 3 + 2))
         if lo < hi:
             v = _value(lo + ((hi - lo) * j) // (R + 1))  # [R] in [lo, hi), ascending: >= thr_k
-            g = tl.zeros([R], tl.float32)
-            z_k = tl.zeros([BLOCK], tl.float32)
+            g = tl.zeros([BLOCK, R], tl.float32)
+            z_k = tl.zeros([BLOCK, 1], tl.float32)
             for start in range(0, C, BLOCK):
-                xs = _read(row, offs + start, V)
+                xs = _read(row, col + start, V)
                 e = tl.exp(xs - m)  # 0 past V
-                g += tl.sum(tl.where(xs[:, None] > v[None, :], e[:, None], 0.0), axis=0)
+                g += tl.where(xs > v[None, :], e, 0.0)
                 z_k += tl.where(xs >= thr_k, e, 0.0)
-            tl.store(mine + j - 1, g)
-            tl.store(mine + R, tl.sum(z_k, axis=0))
+            tl.store(mine + j - 1, tl.sum(g, axis=0))
+            tl.store(mine + R, tl.sum(z_k))
     if KIND == TOP_K or KIND == TOP_P:
         if s == 0:
             tl.store(state_out + r * 3, lo)

@@ -91,6 +91,24 @@ def test_the_kernel_walks_the_references_path(size, seed, masked):
     assert masked or (want.counts == 1).any()  # and stop at the root (masked: every kept token a child)
 
 
+def test_the_argmax_and_kept_count_pass_equals_torch():
+    """``_argmax_kept_kernel``: the first of equal maxima (as ``torch.argmax``), a row of -inf alone (index
+    0), the count of entries at or above the threshold (-inf included where it is -inf), a width that is
+    not a multiple of the block."""
+    gen = torch.Generator().manual_seed(11)
+    rows, v = 9, 2500
+    x = torch.randint(-4, 4, (rows, v), generator=gen).float()  # many equal maxima
+    x[1] = float("-inf")
+    x[2, 2400:] = 9.0  # the maximum only past the first blocks, twice
+    x[3, ::7] = float("-inf")
+    thr = torch.tensor([2.0, float("-inf"), 9.0, float("-inf"), -3.0, 3.0, 4.0, 0.0, -5.0])
+    x, thr = x.to(DEVICE), thr.to(DEVICE)
+    argmax, kept = (torch.empty(rows, dtype=torch.long, device=DEVICE) for _ in range(2))
+    TRITON._launch(rejection_kernel._argmax_kept_kernel, (rows,), x, thr, argmax, kept, v, BLOCK=1024, num_warps=4)
+    assert torch.equal(argmax, x.argmax(-1)) and argmax[1] == 0 and argmax[2] == 2400
+    assert torch.equal(kept, (x >= thr[:, None]).sum(-1))
+
+
 def test_the_last_kept_child_takes_what_is_left():
     """Two kept tokens at each node, both its children, and ``z`` a little above their sum (rounding): at the
     largest draw the renormalised rule alone rejects both; the second must be taken, down to the leaf."""
@@ -113,7 +131,7 @@ def test_the_last_kept_child_takes_what_is_left():
 HOPPER_COMPILE = """
 import triton
 from triton.backends.compiler import GPUTarget
-from eyas.spec.rejection_kernel import _walk_kernel
+from eyas.spec.rejection_kernel import _argmax_kept_kernel, _walk_kernel
 ptrs = ["x", "m", "thr", "z"]
 sig = {**{p: "*fp32" for p in ptrs}, "kept": "*i64", "argmax": "*i64", "greedy": "*u8", "tokens": "*i64",
        "parents": "*i64", "u": "*fp32", "cols": "*i64", "counts": "*i64", "last": "*i64", "m_f": "*fp32",
@@ -125,6 +143,12 @@ for pdl in (True, False):
                                     constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ptx"]
     assert not pdl or ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
+sig = {"x": "*fp32", "thr": "*fp32", "argmax": "*i64", "kept": "*i64", "V": "i32"}
+const = dict(BLOCK=4096, PDL=True)
+src = triton.compiler.ASTSource(fn=_argmax_kept_kernel, signature={**sig, **{k: "constexpr" for k in const}},
+                                constexprs=const)
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+assert ptx.find("griddepcontrol.wait") < ptx.find("ld.global"), "a read before the wait"
 print("compiled")
 """
 

@@ -6,9 +6,11 @@ table, gathers, cumsums, the path from the ancestor mask), each a launch inside 
 one program a row walks from the root: at node ``n`` (depth ``d``) its children, in column order, are
 the lanes whose parent is ``n``; child ``i`` is taken when ``u(d, i) * (z - before) < w`` (``w`` its
 weight ``exp(x - m)`` where kept, ``before`` its earlier siblings'), the first taken one is the next
-node, and a node with none ends the path. Two torch reductions go before it: the argmax at every node
-(a greedy row's choice) and the count of kept tokens at every node (when every kept token is a child,
-the last kept child takes what is left, exactly as in the reference).
+node, and a node with none ends the path. One pass over every node's entries goes before it
+(``_argmax_kept_kernel``, in place of three torch kernels each reading them all): the argmax at every
+node (a greedy row's choice; the first of equal maxima, as ``torch.argmax``) and the count of kept
+tokens (when every kept token is a child, the last kept child takes what is left, exactly as in the
+reference).
 """
 
 from __future__ import annotations
@@ -19,6 +21,31 @@ import triton.language as tl
 
 from ..models.kernels.pdl import _after_previous_kernel
 from .rejection import Path
+
+
+@triton.jit
+def _argmax_kept_kernel(x, thr, argmax, kept, V, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Row ``r`` of ``x`` [N, V] (program ``r``): ``argmax`` [N] its first largest entry's index, ``kept`` [N]
+    its entries ``>= thr[r]``. Each lane keeps its own running best (the first, by a strict ``>``) and
+    count; the lanes are combined once, after the row."""
+    _after_previous_kernel(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    row = x + r * V
+    t = tl.load(thr + r)
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    at = tl.zeros([BLOCK], tl.int32)  # a row of -inf alone: index 0, as torch
+    n = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, V, BLOCK):
+        i = start + offs
+        xs = tl.load(row + i, mask=i < V, other=float("-inf"))
+        better = xs > best
+        best = tl.where(better, xs, best)
+        at = tl.where(better, i, at)
+        n += ((xs >= t) & (i < V)).to(tl.int32)
+    top = tl.max(best, axis=0)
+    tl.store(argmax + r, tl.min(tl.where(best == top, at, V), axis=0).to(tl.int64))
+    tl.store(kept + r, tl.sum(n, axis=0).to(tl.int64))
 
 
 @triton.jit
@@ -83,17 +110,19 @@ def _walk_kernel(x, m, thr, z, kept, argmax, greedy, tokens, parents, u, cols, c
 
 def walk(launch, tokens: torch.Tensor, parents: torch.Tensor, x: torch.Tensor, m: torch.Tensor, thr: torch.Tensor,
          z: torch.Tensor, greedy: torch.Tensor, u: torch.Tensor, width: int) -> Path:
-    """``rejection.walk`` through ``launch`` (``TritonOps._launch``): the two reductions, then the kernel."""
+    """``rejection.walk`` through ``launch`` (``TritonOps._launch``): the argmax and kept count of every node,
+    then the walk."""
     b, t, v = x.shape
     k, dev = u.shape[-1] - 1, x.device
-    argmax = x.argmax(dim=-1)  # [B, T]
-    kept = (x >= thr[..., None]).sum(-1)  # [B, T]
+    x, thr = x.contiguous(), thr.contiguous()
+    argmax, kept = (torch.empty((b, t), dtype=torch.long, device=dev) for _ in range(2))
+    launch(_argmax_kept_kernel, (b * t,), x, thr, argmax, kept, v, BLOCK=4096, num_warps=8)
     cols = torch.empty((b, width), dtype=torch.long, device=dev)
     counts, last, argmax_f = (torch.empty(b, dtype=torch.long, device=dev) for _ in range(3))
     m_f, thr_f, u_f = (torch.empty(b, dtype=torch.float32, device=dev) for _ in range(3))
     rejected = torch.empty((b, k), dtype=torch.long, device=dev)
     valid = torch.empty((b, k), dtype=torch.uint8, device=dev)
-    launch(_walk_kernel, (b,), x.contiguous(), m.contiguous(), thr.contiguous(), z.contiguous(), kept, argmax,
+    launch(_walk_kernel, (b,), x, m.contiguous(), thr, z.contiguous(), kept, argmax,
            greedy.contiguous().view(torch.uint8), tokens.contiguous(), parents.contiguous(), u.contiguous(), cols,
            counts, last, m_f, thr_f, u_f, rejected, valid, argmax_f, t, v, width, k,
            T_P2=max(2, triton.next_power_of_2(t)), W_P2=max(2, triton.next_power_of_2(width)),

@@ -1,6 +1,7 @@
 """eyas prepare on the tiny target: JSONL in, tokenized splits + vocab counts + meta out."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -122,6 +123,29 @@ def test_greedy_answers_from_the_engine_equal_hf_generate():
                            progress=False)
     assert eng == hf
     assert target.info.max_context == tiny_target().info.max_context  # the caller's target is not resized
+
+
+def test_hf_answers_split_a_batch_that_runs_out_of_memory(monkeypatch, capsys):
+    """HF ``generate`` at ``--batch-size`` past what the device holds (2048 prompts on an H100 ran out of its
+    80 GB): the batch is split in two until it fits, and the answers are those of batches that fit."""
+    from eyas.data.regenerate import generate_hf
+
+    target = tiny_target(dtype=torch.float32)
+    prompts = [[5 + i, 9, 3 + i] for i in range(7)]
+    cfg = RegenConfig(temperature=0.0, max_new_tokens=4, batch_size=8, engine="generic")
+    want = generate_hf(target, prompts, replace(cfg, batch_size=2), progress=False)
+    real, sizes = target.model.generate, []
+
+    def small_device(**kw):
+        sizes.append(len(kw["input_ids"]))
+        if sizes[-1] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.04 GiB")
+        return real(**kw)
+
+    monkeypatch.setattr(target.model, "generate", small_device)
+    assert generate_hf(target, prompts, cfg, progress=False) == want
+    assert sizes == [7, 4, 2, 2, 2, 1]  # 7 fail, 4 fail, then batches of 2 (the last has 1 left)
+    assert "7 prompts at once ran out of device memory; 4 a batch from here" in capsys.readouterr().err
 
 
 def test_sampled_answers_from_the_engine_do_not_depend_on_the_batching():

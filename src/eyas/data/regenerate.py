@@ -20,6 +20,7 @@ al. 2024), a broad, offline source of everyday requests.
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 
@@ -132,7 +133,8 @@ def generate_on_engine(target, prompts: list[list[int]], cfg: RegenConfig, progr
 
 @torch.no_grad()
 def generate_hf(target, prompts: list[list[int]], cfg: RegenConfig, progress: bool = True):
-    """Hugging Face ``generate`` on left-padded batches of ``cfg.batch_size`` prompts."""
+    """Hugging Face ``generate`` on left-padded batches of ``cfg.batch_size`` prompts; a batch that runs out
+    of device memory is split in two (and so are those after it), down to one prompt."""
     model, dev = target.model, target.device
     eos = target.eos_token_ids
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
@@ -141,8 +143,9 @@ def generate_hf(target, prompts: list[list[int]], cfg: RegenConfig, progress: bo
     cut = [False] * len(prompts)
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
     bar = tqdm(total=len(prompts), desc="regenerate", unit="prompt", disable=not progress)
-    for start in range(0, len(order), cfg.batch_size):
-        idx = order[start: start + cfg.batch_size]
+    size, start = cfg.batch_size, 0
+    while start < len(order):
+        idx = order[start: start + size]
         width = max(len(prompts[i]) for i in idx)
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         att = torch.zeros((len(idx), width), dtype=torch.long)
@@ -152,10 +155,20 @@ def generate_hf(target, prompts: list[list[int]], cfg: RegenConfig, progress: bo
             att[r, width - len(p):] = 1
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
         sample = cfg.temperature > 0
-        out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=cfg.max_new_tokens,
-                             do_sample=sample, temperature=cfg.temperature if sample else None,
-                             top_p=cfg.top_p if sample else None, top_k=0 if sample else None,
-                             pad_token_id=pad, eos_token_id=eos)
+        try:
+            out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=cfg.max_new_tokens,
+                                 do_sample=sample, temperature=cfg.temperature if sample else None,
+                                 top_p=cfg.top_p if sample else None, top_k=0 if sample else None,
+                                 pad_token_id=pad, eos_token_id=eos)
+        except torch.OutOfMemoryError:
+            if size == 1:
+                raise
+            size = (len(idx) + 1) // 2
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            tqdm.write(f"regenerate: {len(idx)} prompts at once ran out of device memory; {size} a batch from here",
+                       file=sys.stderr)
+            continue
         new = out[:, width:].cpu().tolist()
         for r, i in enumerate(idx):
             toks = new[r]
@@ -163,6 +176,7 @@ def generate_hf(target, prompts: list[list[int]], cfg: RegenConfig, progress: bo
             answers[i] = toks if end is None else toks[: end + 1]
             cut[i] = end is None
         bar.update(len(idx))
+        start += len(idx)
     bar.close()
     return answers, cut
 

@@ -26,7 +26,8 @@ ran (``steps_per_setting``, from ``eyas:spec_setting_steps_total``) and what its
 ``--in-process`` loads the same engine here (``--model-path`` and the ``--speculative-*`` flags must
 describe the servers) and runs the same prompts through its own loop (steps launched ahead, as
 ``Engine.generate``) with the clients as the batch size and the same
-temperature and top-p, so each served figure has its in-process figure beside it.
+temperature and top-p, so each served figure has its in-process figure beside it (with ``auto``, also the
+steps each setting ran in-process and what that engine's chooser believed).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from eyas.bench.online import scrape, served_model, stream_chat
 from eyas.common import server_metrics
 from eyas.common.categories import requests_tally
 from eyas.common.prompts import prompt_records
+from eyas.config import setting_name
 
 
 def percentiles(xs: list[float]) -> dict | None:
@@ -164,12 +166,23 @@ def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, te
     groups = [categories[i % len(categories)] for i in range(n)] if categories else None
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=temperature,
                             top_p=args.top_p if temperature else 1.0, ignore_eos=not args.stop_at_eos)
+    chooser = engine.chooser
+    before = dict(chooser.steps) if chooser else {}
     run = run_engine(engine, ids, params, clients, "in-process", categories=groups)
     tokens = run.output_tokens
-    return {"tokens_per_s": round(tokens / run.seconds, 2), "output_tokens": tokens, "seconds": round(run.seconds, 4),
-            "ttft_s": percentiles([r.ttft for r in run.requests if r.ttft is not None]),
-            "tpot_s": percentiles([r.tpot for r in run.requests if r.tpot is not None]),
-            "tau": run.acceptance.get("tau"), "per_category": run.per_category}
+    level = {"tokens_per_s": round(tokens / run.seconds, 2), "output_tokens": tokens, "seconds": round(run.seconds, 4),
+             "ttft_s": percentiles([r.ttft for r in run.requests if r.ttft is not None]),
+             "tpot_s": percentiles([r.tpot for r in run.requests if r.tpot is not None]),
+             "tau": run.acceptance.get("tau"), "per_category": run.per_category}
+    if chooser:  # as the served level's: the steps each setting ran, and what the chooser believed after them
+        level["steps_per_setting"] = {setting_name(s): n - before[s] for s, n in chooser.steps.items() if n > before[s]}
+        level["chooser"] = {"tau": {setting_name(s): {k: round(chooser.tau(s, k), 4) for k in ("greedy", "sampled")}
+                                    for s in chooser.options}}
+        if chooser.measured:
+            ms = {kind: {s: {str(b): round(1000 * v, 4) for b, v in t[s].items()} for s in t}
+                  for kind, t in chooser.costs.items()}
+            level["chooser"]["cost_ms"] = {setting_name(s): {kind: ms[kind][s] for kind in ms} for s in chooser.options}
+    return level
 
 
 # -- servers it starts itself ---------------------------------------------------------------------
@@ -363,7 +376,10 @@ def line(level: dict) -> str:
     if level.get("steps_per_setting"):
         text += "  steps " + " ".join(f"{k}:{n}" for k, n in level["steps_per_setting"].items())
     if "in_process" in level:
-        text += f"  in-process {level['in_process']['tokens_per_s']:.1f} tok/s ({level['served_over_in_process']:.0%})"
+        inproc = level["in_process"]
+        text += f"  in-process {inproc['tokens_per_s']:.1f} tok/s ({level['served_over_in_process']:.0%})"
+        if inproc.get("steps_per_setting"):
+            text += " steps " + " ".join(f"{k}:{n}" for k, n in inproc["steps_per_setting"].items())
     if level["errors"]:
         text += f"  ERRORS {len(level['errors'])}: {level['errors'][0]}"
     return text

@@ -106,3 +106,21 @@ def test_serve_load_reports_the_settings_auto_ran(target, draft, tmp_path):
     tau = runs[-1]["chooser"]["tau"]  # what the chooser believed: tau per setting and kind of row
     assert tau["0"] == {"greedy": 1.0, "sampled": 1.0} and set(tau) == {"0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"}
     assert "cost_ms" not in runs[-1]["chooser"]  # the CPU's costs are relative units: not exported as seconds
+
+
+def test_the_in_process_level_reports_what_auto_ran_there(target, draft):
+    """``--in-process`` beside an ``auto`` server: the engine here records the steps each of its settings ran
+    during the level, and what its chooser believed after it, as the served level does."""
+    from types import SimpleNamespace
+
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+
+    auto = Engine(target, draft, SpecConfig.auto("EAGLE3"), max_batch=4)
+    args = SimpleNamespace(requests_per_client=2, min_requests=0, max_tokens=6, top_p=1.0, stop_at_eos=False)
+    before = sum(auto.chooser.steps.values())
+    level = load_script().in_process_level(auto, [[5, 6, 7], [8, 9]], 3, args, 0.0)
+    assert level["output_tokens"] == 6 * 6 and sum(level["steps_per_setting"].values()) == \
+        sum(auto.chooser.steps.values()) - before > 0
+    assert set(level["chooser"]["tau"]) == {"0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"}
+    assert "cost_ms" not in level["chooser"]  # relative units on the CPU, as the served level's

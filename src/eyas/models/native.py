@@ -2,8 +2,9 @@
 
 ``NativeTarget`` is a ``Target`` whose forward is ``NativeLlama``'s; given a ``DynamicKV``
 (prefill) it runs eagerly, given a ``StaticKV`` pool it built it goes through that pool's
-``ForwardGraphs``, which the pool's owner (the engine) holds and the target finds by the pool. ``DraftSteps`` runs the
-draft's one-layer steps and holds its pool (the draft's graphs are whole operations: ``spec/drafter.py``).
+``ForwardGraphs``, which the pool's owner (the engine) holds and the target finds by the pool.
+``DraftSteps`` runs the draft's one-layer steps and holds its pool (the draft's graphs are whole
+operations: ``spec/drafter.py``).
 The engine decides which path a model takes (``choose``) and sizes the pools (``plan_pool``).
 """
 

@@ -23,7 +23,8 @@ def _torchrun(n: int, data, out, tokens_per_batch: int, *extra: str) -> subproce
         text = lambda b: (b or b"").decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
         raise AssertionError(f"torchrun {extra} hung for {e.timeout} s\nstdout: {text(e.stdout)[-2000:]}\n"
                              f"stderr: {text(e.stderr)[-4000:]}") from None
-    assert done.returncode == 0, done.stderr[-3000:]
+    saved = sorted(p.name for p in Path(out).glob("**/rank*-of*.pt"))  # a crash after saving is a teardown's
+    assert done.returncode == 0, f"saved: {saved}\nstdout: {done.stdout[-1500:]}\nstderr: {done.stderr[-3000:]}"
     return done
 
 

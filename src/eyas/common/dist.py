@@ -7,6 +7,7 @@ test uses).
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -70,8 +71,12 @@ class DistContext:
 
     def close(self) -> None:
         """Leave the group together: a rank that tears gloo down while another is still in a
-        collective can abort (``terminate called without an active exception``, seen once in CI)."""
+        collective can abort (``terminate called without an active exception``, seen in CI). The
+        objects of a finished run (sharded modules, their collectives' work) are collected first:
+        left to the interpreter's finalization, a gloo work that still holds tensors aborts the
+        process after everything was saved."""
         if self.active and dist.is_initialized():
+            gc.collect()
             dist.barrier()
             dist.destroy_process_group()
 

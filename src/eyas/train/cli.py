@@ -119,7 +119,9 @@ def run(args) -> int:
                   f"rank(s); draft saved to {trainer.out / 'draft'}")
     if summary.get("heldout"):
         trainer.print(f"held-out accuracy per TTT step: {summary['heldout']['acc']}")
-    trainer.ctx.close()
+    ctx = trainer.ctx
+    del trainer  # its modules and their collectives go before the process group (DistContext.close)
+    ctx.close()
     return 0
 
 

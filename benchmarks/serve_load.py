@@ -176,12 +176,13 @@ def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, te
              "tau": run.acceptance.get("tau"), "per_category": run.per_category}
     if chooser:  # as the served level's: the steps each setting ran, and what the chooser believed after them
         level["steps_per_setting"] = {setting_name(s): n - before[s] for s, n in chooser.steps.items() if n > before[s]}
-        level["chooser"] = {"tau": {setting_name(s): {k: round(chooser.tau(s, k), 4) for k in ("greedy", "sampled")}
+        kinds = list(chooser.costs)  # greedy, sampled
+        level["chooser"] = {"tau": {setting_name(s): {k: round(chooser.tau(s, k), 4) for k in kinds}
                                     for s in chooser.options}}
         if chooser.measured:
-            ms = {kind: {s: {str(b): round(1000 * v, 4) for b, v in t[s].items()} for s in t}
-                  for kind, t in chooser.costs.items()}
-            level["chooser"]["cost_ms"] = {setting_name(s): {kind: ms[kind][s] for kind in ms} for s in chooser.options}
+            level["chooser"]["cost_ms"] = {
+                setting_name(s): {k: {str(b): round(1000 * v, 4) for b, v in chooser.costs[k][s].items()}
+                                  for k in kinds} for s in chooser.options}
     return level
 
 
@@ -362,6 +363,10 @@ def in_process_engines(args, labels: list[str]) -> dict:
     return {label: v for label, v in out.items() if label in labels}
 
 
+def steps_text(level: dict) -> str:
+    return " steps " + " ".join(f"{k}:{n}" for k, n in level["steps_per_setting"].items())
+
+
 def line(level: dict) -> str:
     ms = lambda d, k="p50": "-" if not d else f"{1000 * d[k]:.2f}"
     text = (f"{level['server']:>6} c={level['clients']:<3} T={level['temperature']:<4} "
@@ -374,12 +379,12 @@ def line(level: dict) -> str:
     if level.get("per_category"):
         text += " (" + ", ".join(f"{g} {r['accept_length']:.2f}" for g, r in level["per_category"].items()) + ")"
     if level.get("steps_per_setting"):
-        text += "  steps " + " ".join(f"{k}:{n}" for k, n in level["steps_per_setting"].items())
+        text += " " + steps_text(level)
     if "in_process" in level:
         inproc = level["in_process"]
         text += f"  in-process {inproc['tokens_per_s']:.1f} tok/s ({level['served_over_in_process']:.0%})"
         if inproc.get("steps_per_setting"):
-            text += " steps " + " ".join(f"{k}:{n}" for k, n in inproc["steps_per_setting"].items())
+            text += steps_text(inproc)
     if level["errors"]:
         text += f"  ERRORS {len(level['errors'])}: {level['errors'][0]}"
     return text

@@ -161,7 +161,7 @@ def generate_hf(target, prompts: list[list[int]], cfg: RegenConfig, progress: bo
                                  top_p=cfg.top_p if sample else None, top_k=0 if sample else None,
                                  pad_token_id=pad, eos_token_id=eos)
         except torch.OutOfMemoryError:
-            if size == 1:
+            if len(idx) == 1:
                 raise
             size = (len(idx) + 1) // 2
             if dev.type == "cuda":

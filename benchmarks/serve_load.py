@@ -22,7 +22,8 @@ before and after the level and, where the prompts have categories (a built-in se
 line's ``category``), ``per_category``: tau per category from each response's usage (verify steps and
 accepted tokens summed per category, as ``eyas eval`` reports it) and, with ``auto``, the steps each setting
 ran (``steps_per_setting``, from ``eyas:spec_setting_steps_total``) and what its chooser believed after it
-(``chooser``: tau per setting and kind of row, and step cost per setting, kind of batch and rows bucket).
+(``chooser``: tau per setting and kind of row, and step cost per setting, kind of batch and rows bucket);
+for an eyas server, ``engine_thread``: its engine thread's seconds in the level by activity and its steps.
 ``--in-process`` loads the same engine here (``--model-path`` and the ``--speculative-*`` flags must
 describe the servers) and runs the same prompts through its own loop (steps launched ahead, as
 ``Engine.generate``) with the clients as the batch size and the same
@@ -109,14 +110,18 @@ async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clie
     return [r for r in results if isinstance(r, dict)], [r for r in results if isinstance(r, str)], seconds
 
 
-def auto_state(url: str) -> tuple[dict[str, float], dict]:
-    """``auto``'s state from ``/metrics`` (both empty for a fixed setting): the steps run per setting so far
+def auto_state(url: str) -> tuple[dict[str, float], dict, dict[str, float]]:
+    """The server's state from ``/metrics``: the engine thread's seconds so far by activity and its steps
+    (``eyas:engine_thread_seconds_total``, ``eyas:engine_steps_total``; another server's: empty), and
+    ``auto``'s (both empty for a fixed setting): the steps run per setting so far
     (``eyas:spec_setting_steps_total``), and what its chooser believes (its tau per setting and kind of row,
     and where timed its step cost per setting, kind of batch and rows bucket)."""
     try:
         parsed = server_metrics.parse(httpx.get(url + "/metrics", timeout=30).text)
     except (httpx.HTTPError, ValueError):
-        return {}, {}
+        return {}, {}, {}
+    thread = {labels["activity"]: v for labels, v in parsed.get("eyas:engine_thread_seconds", [])}
+    thread.update(("steps", v) for _, v in parsed.get("eyas:engine_steps", []))
     steps = {labels["setting"]: v for labels, v in parsed.get("eyas:spec_setting_steps", [])}
     view: dict = {}
     for labels, v in parsed.get("eyas:spec_expected_accept_length", []):
@@ -124,18 +129,18 @@ def auto_state(url: str) -> tuple[dict[str, float], dict]:
     for labels, v in parsed.get("eyas:spec_step_cost_seconds", []):
         costs = view.setdefault("cost_ms", {}).setdefault(labels["setting"], {}).setdefault(labels["rows"], {})
         costs[labels["bucket"]] = round(1000 * v, 4)
-    return steps, view
+    return steps, view, thread
 
 
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
                  temperature: float) -> dict:
     _, before = scrape(url)
-    steps_before, _ = auto_state(url)
+    steps_before, _, thread_before = auto_state(url)
     done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
                                              args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
                                              args.top_p))
     _, after = scrape(url)
-    steps_after, view = auto_state(url)
+    steps_after, view, thread_after = auto_state(url)
     steps = {k: int(v - steps_before.get(k, 0)) for k, v in steps_after.items()}
     tokens = sum(r["tokens"] for r in done)
     level = {"requests": len(done), "errors": errors[:5], "output_tokens": tokens, "seconds": round(seconds, 4),
@@ -144,6 +149,8 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
              "itl_s": percentiles([g for r in done for g in r["gaps"]]),
              "tpot_s": percentiles([(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]),
              "tau": None, "per_category": requests_tally((r["category"], r["steps"], r["accepted"]) for r in done)}
+    if thread_after:  # where the engine thread's time went during this level (seconds; steps: a count)
+        level["engine_thread"] = {k: round(v - thread_before.get(k, 0.0), 4) for k, v in thread_after.items()}
     if any(steps.values()):  # which settings auto ran during this level, and why
         level["steps_per_setting"] = {k: n for k, n in steps.items() if n}
         level["chooser"] = view
@@ -380,6 +387,8 @@ def line(level: dict) -> str:
         text += " (" + ", ".join(f"{g} {r['accept_length']:.2f}" for g, r in level["per_category"].items()) + ")"
     if level.get("steps_per_setting"):
         text += " " + steps_text(level)
+    if level.get("engine_thread"):
+        text += "  thread " + " ".join(f"{k}:{v:g}" for k, v in level["engine_thread"].items())
     if "in_process" in level:
         inproc = level["in_process"]
         text += f"  in-process {inproc['tokens_per_s']:.1f} tok/s ({level['served_over_in_process']:.0%})"

@@ -98,3 +98,27 @@ def test_kv_usage_counts_the_running_rows_and_falls_to_zero(inprocess, engine):
         while scrape(srv.url)["eyas:kv_cache_usage_perc"] != 0 and time.time() < end:
             time.sleep(0.05)  # the engine's turn after the last step retires the row
         assert scrape(srv.url)["eyas:kv_cache_usage_perc"] == 0
+
+
+ACTIVITIES = ("idle", "prefill", "step", "host")
+
+
+def test_the_engine_thread_accounts_for_its_time(server):
+    """``engine_thread_seconds_total``: a quiet second shows as idle by the next scrape (a wait under way counts),
+    a request's prompt as prefill and its steps as step; together never more than the wall time."""
+    def thread():
+        m = scrape(server.url)
+        return {a: m[f'eyas:engine_thread_seconds_total{{activity="{a}"}}'] for a in ACTIVITIES}
+
+    httpx.post(server.url + "/v1/completions", json={"prompt": "warm", "max_tokens": 2}, timeout=60)
+    start, before = time.perf_counter(), thread()
+    time.sleep(1.0)
+    quiet, wall = thread(), time.perf_counter() - start
+    assert 0.9 <= quiet["idle"] - before["idle"] <= wall
+    r = httpx.post(server.url + "/v1/completions", timeout=60,
+                   json={"prompt": "time", "max_tokens": 12, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200
+    after, wall = thread(), time.perf_counter() - start
+    delta = {a: after[a] - before[a] for a in after}
+    assert delta["prefill"] > 0 and delta["step"] > 0 and delta["host"] >= 0
+    assert all(after[a] >= quiet[a] for a in after) and sum(delta.values()) <= wall

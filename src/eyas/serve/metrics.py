@@ -30,7 +30,11 @@ Serving: prompt/generation token counters, ``requests_total{outcome}``, time-to-
 time-per-output-token and end-to-end latency histograms, running and queued request gauges, the
 KV cache's usage (``kv_cache_usage_perc``, a fraction as vLLM's; SGLang calls it ``token_usage``) and
 engine steps with their wall time and batch size (speculation that pays at batch 1 can lose at
-large batches: compare ``engine_step_seconds`` across ``engine_step_batch_size``).
+large batches: compare ``engine_step_seconds`` across ``engine_step_batch_size``), and where the engine
+thread's time goes (``engine_thread_seconds_total{activity}``: ``idle`` waiting for work, ``prefill``
+prompts, ``step`` launching steps and waiting for their tokens, ``host`` the rest of each turn: admitting,
+emitting, retiring rows, handing results to the event loop; a busy server's ``host`` share is the time
+its GPU may sit waiting).
 
 Every series carries ``model_name`` (the served model name) and ``engine`` ("0"), the labels vLLM
 puts on its series (SGLang's carry ``model_name`` too), so their Grafana dashboards and multi-model
@@ -44,6 +48,8 @@ is the symptom of a broken pair and must never appear where nothing was drafted.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
 
 from prometheus_client import (
@@ -67,6 +73,7 @@ except ImportError:  # older prometheus_client
 PREFIX = "eyas:"
 OUTCOMES = ("stop", "length", "abort", "rejected", "invalid", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+THREAD_ACTIVITIES = ("idle", "prefill", "step", "host")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
@@ -145,6 +152,8 @@ class ServeMetrics:
                                       "commit for every running row)", buckets=STEP_BUCKETS, registry=r)
         self.batch_size = Histogram(p + "engine_step_batch_size", "Running requests per engine step",
                                     buckets=BATCH_BUCKETS, registry=r)
+        self.thread = ThreadSeconds()
+        r.register(self.thread)
 
     def follow_chooser(self, chooser) -> None:
         """Export the adaptive chooser's state (``engine.chooser``; None: a fixed setting, nothing to export)."""
@@ -203,6 +212,56 @@ class ServeMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ThreadSeconds(Collector):
+    """The engine thread's seconds by activity (``eyas:engine_thread_seconds_total``), exact when scraped: a wait
+    for work under way counts up to the scrape."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(THREAD_ACTIVITIES, 0.0)
+        self._idle_since: float | None = None
+        self._lock = threading.Lock()  # a scrape reads what the engine thread adds: both or neither
+        self.begin()
+
+    def begin(self) -> None:
+        """A turn starts (its clock restarts when a wait for work ends)."""
+        self._turn, self._spent = time.perf_counter(), {"prefill": 0.0, "step": 0.0}
+
+    def spend(self, activity: str, run):
+        """``run()``, its seconds counted to ``activity`` ("prefill" or "step") of this turn."""
+        start = time.perf_counter()
+        try:
+            return run()
+        finally:
+            self._spent[activity] += time.perf_counter() - start
+
+    def end(self) -> None:
+        """The turn's ``spend``s, and the rest of it as host."""
+        host = max(0.0, time.perf_counter() - self._turn - sum(self._spent.values()))
+        with self._lock:
+            for activity, seconds in {**self._spent, "host": host}.items():
+                self.seconds[activity] += seconds
+
+    def idle(self, since: float | None) -> None:
+        """The thread waits for work from ``since`` (``time.perf_counter()``); None: it woke."""
+        with self._lock:
+            if since is None and self._idle_since is not None:
+                self.seconds["idle"] += time.perf_counter() - self._idle_since
+                self._turn = time.perf_counter()
+            self._idle_since = since
+
+    def collect(self):
+        with self._lock:
+            values = dict(self.seconds)
+            if self._idle_since is not None:
+                values["idle"] += time.perf_counter() - self._idle_since
+        family = CounterMetricFamily(PREFIX + "engine_thread_seconds", "Seconds of the engine thread by activity: "
+                                     "idle (waiting for work), prefill, step (launching steps and waiting for their "
+                                     "tokens), host (the rest of a turn)", labels=["activity"])
+        for activity, seconds in values.items():
+            family.add_metric([activity], seconds)
+        yield family
 
 
 class ChooserCollector(Collector):

@@ -67,6 +67,7 @@ class Scheduler:
         # prompt tokens one turn prefills (the first prompt always goes): a chunk's worth when chunking, as SGLang
         self.prefill_budget = min(max_prefill_tokens, self.chunk or max_prefill_tokens)
         self.metrics, self.log_requests, self.log_interval = metrics, log_requests, log_interval
+        self._spend = metrics.thread.spend  # spend("prefill" | "step", run): run() timed as that activity
         self.max_running, self.max_queued = max_running, max_queued
         self._outboxes: dict[object, Outbox] = {}  # event loop -> its outbox
         self._out: list[tuple[Work, object]] = []  # this turn's payloads (engine thread only)
@@ -164,10 +165,14 @@ class Scheduler:
 
     # -- the engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:
+        thread = self.metrics.thread  # where the thread's time goes (``engine_thread_seconds_total``)
         while True:
+            thread.begin()
             with self._cond:
                 while not (self._waiting or self._running or self._partial or self._stopping):
+                    thread.idle(time.perf_counter())
                     self._cond.wait()
+                    thread.idle(None)
                 if self._stopping:
                     for w in list(self._waiting) + self._running + [w for w, _ in self._partial]:
                         w.cancel()
@@ -188,6 +193,7 @@ class Scheduler:
                 self._fail_all(admit, f"internal engine error: {type(e).__name__}: {e}")
             self._flush()
             self.metrics.kv_usage.set(self.engine.kv_usage(self._batch))  # per turn: 0 once the batch is empty
+            thread.end()
 
     def _turn(self, admit: list[Work]) -> None:
         if self._ahead is not None and (admit or self._partial):
@@ -217,7 +223,7 @@ class Scheduler:
         w, part = self._partial[0]
         done = w.cancelled
         try:
-            new = None if done else self.engine.prefill_chunk(part, self.chunk)
+            new = None if done else self._spend("prefill", lambda: self.engine.prefill_chunk(part, self.chunk))
         except Exception as e:  # noqa: BLE001 - this request alone: the running batch is untouched
             new, done = None, True
             self._prefill_failed([w], e)
@@ -233,7 +239,7 @@ class Scheduler:
 
     def _prefill(self, works: list[Work]) -> None:
         try:
-            new = self.engine.prefill([w.seq for w in works])
+            new = self._spend("prefill", lambda: self.engine.prefill([w.seq for w in works]))
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: the running batch is untouched
             if len(works) > 1:  # one at a time, so only the request that cannot fit fails
                 for w in works:
@@ -295,10 +301,10 @@ class Scheduler:
         if not self.overlap:
             self._emit(lambda: self.engine.step(self._batch), time.perf_counter())
             return
-        step, self._ahead = self._ahead or self.engine.launch(self._batch), None
+        step, self._ahead = self._ahead or self._spend("step", lambda: self.engine.launch(self._batch)), None
         try:
-            if not self._ending():
-                self._ahead = self.engine.launch(self._batch, ahead=True)  # None where no whole-step graph fits
+            if not self._ending():  # None where no whole-step graph fits:
+                self._ahead = self._spend("step", lambda: self.engine.launch(self._batch, ahead=True))
         finally:  # this step's tokens are the rows' own, whatever happened to the next
             self._emit(lambda: self.engine.collect(step), step.start)
 
@@ -313,7 +319,7 @@ class Scheduler:
         """Hand over what ``run()`` (a step's tokens, per row) gave each row; the step took the time from
         ``start`` (its launch) or the last step's end, whichever is later."""
         before = [(w.seq.stats.drafts, w.seq.stats.draft_tokens, w.seq.stats.accepted) for w in self._running]
-        emitted = run()
+        emitted = self._spend("step", run)
         now = time.perf_counter()
         self.metrics.engine_step(len(self._running), now - max(start, self._collected))
         self._collected = now

@@ -2,6 +2,7 @@
 the live acceptance, and the engine stays lossless while the setting changes between steps."""
 
 import logging
+import random
 
 import pytest
 from helpers import reference_greedy
@@ -103,13 +104,13 @@ def test_probes_that_find_nothing_come_ever_more_rarely():
 
 
 def test_a_plain_step_refreshes_its_cost_while_speculation_runs():
-    """Measured costs: every ``probe_every`` speculative steps in a row one plain step runs, so the plain step's
-    cost follows the live server (its warm-up figure has no server in it); the choice stays. Relative costs (the
-    CPU) follow nothing: no refresh."""
+    """Measured costs: every ``probe_every`` speculative steps in a row three plain steps run (the middle one is
+    timed steady: between two of its own setting), so the plain step's cost follows the live server (its warm-up
+    figure has no server in it); the choice stays. Relative costs (the CPU) follow nothing: no refresh."""
     chooser = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), probe_every=8)
     chooser.set_costs(costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), measured=True)
     picks = [chooser.choose(1) for _ in range(27)]
-    assert picks.count(NONE) == 3 and picks[8] == NONE and picks[17] == NONE and chooser.choice == TREE32
+    assert [i for i, s in enumerate(picks) if s == NONE] == [8, 9, 10, 19, 20, 21] and chooser.choice == TREE32
     chooser.observe(NONE, [], seconds=1.6, rows=1)  # the refresh's own time moves the estimate
     assert chooser.cost(NONE, 1) == pytest.approx(1.0 + 0.05 * 0.6)
     relative = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), probe_every=8)
@@ -138,6 +139,27 @@ def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():
     assert chooser.cost(NONE, 32) <= 1.0 + chooser.cost_decay * 1.0 + 1e-9
 
 
+def test_one_row_at_a_time_does_not_talk_the_chooser_out_of_a_tree_that_pays():
+    """Batch 1, sampled: the tree accepts 1.43 tokens a step on average (tau 2.43) for 2.04x a plain step's cost,
+    but a step accepts 0 to 6. Weighed per step, a run of bad luck would leave the estimate low just when the tree
+    stops running, and probes one step at a time (ever rarer while they find it losing) would take thousands of
+    steps to undo it. Weighed per row, the estimate stays near the truth and the tree keeps running."""
+    rng = random.Random(0)
+    chooser = Chooser(AUTO.options, costs({1: (0.76, 9.0, 9.0, 9.0, 1.55)}))  # the H100's batch-1 T 0.7 costs
+
+    def accepted() -> int:  # each depth reached with probability 0.6: E = 0.6 + ... + 0.6^6 = 1.43
+        n = 0
+        while n < 6 and rng.random() < 0.6:
+            n += 1
+        return n
+
+    for _ in range(20000):
+        s = chooser.choose(1, sampled=1)
+        chooser.observe(s, [accepted()] if s.speculative else [], drew=[True] if s.speculative else None)
+    assert chooser.steps[TREE32] > 0.9 * 20000, chooser.steps
+    assert chooser.tau(TREE32, SAMPLED) == pytest.approx(2.43, abs=0.25)
+
+
 def test_sampled_rows_are_weighed_by_what_sampled_rows_accepted():
     """Greedy rows accept the whole tree, sampled rows nothing: a greedy batch keeps the tree, a sampled one
     runs no speculation (no greedy-era estimate to unlearn), a mixed batch weighs each kind by its rows; each
@@ -159,7 +181,7 @@ def test_sampled_rows_are_weighed_by_what_sampled_rows_accepted():
     # a batch of both kinds: each row teaches its own kind; the cost goes to the sampled table
     greedy_cost, seen = chooser.cost(CHAIN5, 4), {k: chooser.seen[k][CHAIN5] for k in (GREEDY, SAMPLED)}
     chooser.observe(CHAIN5, [4, 4, 0, 0], seconds=5.0, rows=4, drew=[False, False, True, True])
-    assert [chooser.seen[k][CHAIN5] for k in (GREEDY, SAMPLED)] == [seen[GREEDY] + 1, seen[SAMPLED] + 1]
+    assert [chooser.seen[k][CHAIN5] for k in (GREEDY, SAMPLED)] == [seen[GREEDY] + 2, seen[SAMPLED] + 2]  # rows
     assert chooser.cost(CHAIN5, 4) == greedy_cost < chooser.cost(CHAIN5, 4, sampled=2)
     chooser.observe(NONE, [], seconds=2.0, rows=4, sampled=1)  # a plain step of a mixed batch: its cost alone
     assert chooser.cost(NONE, 4) == 1.0 < chooser.cost(NONE, 4, sampled=1)
@@ -255,3 +277,23 @@ def test_the_engine_teaches_the_chooser_each_steps_cost(target, draft, reference
 
 def test_algorithm_is_kept_for_the_candidates():
     assert all(s.algorithm is Algorithm.EAGLE for s in SpecConfig.auto("EAGLE").options[1:])
+
+
+def test_only_steady_steps_teach_the_chooser_their_time(target, draft):
+    """Steps launched ahead overlap: the time between two read-backs holds the host's work on the step before and
+    its launch of the next. A step's seconds reach the chooser only where the step collected before it and the
+    one launched after it ran its own setting; the acceptance of every step does."""
+    engine = Engine(NativeTarget.from_target(target), draft, AUTO, max_batch=1)
+    seen = []
+    observe = engine.chooser.observe
+    engine.chooser.observe = lambda spec, accepted, seconds=None, *a, **k: (
+        seen.append((spec, seconds is not None)), observe(spec, accepted, seconds, *a, **k))
+    batch = engine.prefill_all([engine.new_sequence(PROMPTS[0], SamplingParams(max_new_tokens=64, ignore_eos=True))])
+    for s in (NONE, TREE32, TREE32, NONE, NONE):  # one at a time: each read back before the next launches
+        engine.step(batch, s)
+    step = engine.launch(batch, NONE)  # NONE after NONE, but TREE32 launched ahead of its read-back
+    ahead = engine.launch(batch, TREE32, ahead=True)
+    engine.collect(step)
+    engine.collect(ahead)
+    assert seen == [(NONE, False), (TREE32, False), (TREE32, True), (NONE, False), (NONE, True), (NONE, False),
+                    (TREE32, False)]

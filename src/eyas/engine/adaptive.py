@@ -15,26 +15,34 @@ the most tokens per second for the batch it has, no speculation included.
 
 P(reach i) is kept per tree shape and kind of row, from the live acceptance of that shape's own steps
 on rows of that kind (a server that turns from greedy to sampled traffic starts from what sampled rows
-accepted, not from what greedy ones did): a running mean over
-its first steps that becomes an exponential moving average (weight ``decay``) once it has ``1 / decay`` of
-them, starting from a prior worth ``prior_steps`` steps (``prior_reach``: optimistic on purpose, so that
-every shape is tried once its cost can pay, and its own figures then replace the guess). A shape that does
-not run keeps its last estimate. While no speculation runs, nothing is learnt about acceptance: every
+accepted, not from what greedy ones did). Each row a step verified is one observation: a running mean over
+the first rows that becomes an exponential moving average (weight ``decay`` a row: a step of n rows weighs
+1 - (1 - decay)^n) once it has ``1 / decay`` of them, starting from a prior worth ``prior_rows`` rows
+(``prior_reach``: optimistic on purpose, so that every shape is tried once its cost can pay, and its own
+figures then replace the guess). Counted per step instead, one row's luck at batch 1 would swing the
+estimate (a 6-deep tree accepts 0 to 6 tokens a step): a run of bad steps would leave it low just when the
+shape stops running, and a shape that does not run keeps its last estimate. A probe (a step of a shape that
+is not the choice, below) is the only news of its shape: it weighs at least ``probe_weight`` whatever its
+rows. While no speculation runs, nothing is learnt about acceptance: every
 ``probe_every`` such steps, one step runs the best speculative setting instead, so that a draft that has
 become good again is noticed (the draft is fed on every step, so its cache never falls behind). A probe
 costs a speculative step; one that finds speculation still losing doubles the gap to the next (up to
 ``max_probe_every``), one that finds it winning brings the gap back: a workload the draft cannot help
 (sampled at temperature 1, say) pays for a probe every thousand steps, not every sixty-five. The other way
-round, where costs are measured, every ``probe_every`` speculative steps in a row one plain step runs (a
-refresh): it emits a token a row like any step, and keeps the plain step's cost the live one (a server's host
-work per step weighs most on it), not the warm-up's.
+round, where costs are measured, every ``probe_every`` speculative steps in a row ``refresh_steps`` plain
+steps run (a refresh): they emit a token a row like any step, and keep the plain step's cost the live one (a
+server's host work per step weighs most on it), not the warm-up's.
 
 Warm-up times short greedy prompts on an idle engine; a served batch has longer contexts, sampled rows and
 a host that also serves HTTP. So each step's own seconds (from ``Engine.step`` to its read-back and
-bookkeeping) move its setting's cost in its rows bucket, by an exponential moving average (``cost_decay``)
+bookkeeping) move its setting's cost in its rows bucket, where the step is steady: the engine passes the
+seconds only of a step whose setting both the step before and the one launched after it ran (steps launched
+ahead overlap: the time between two read-backs holds the host's work on the step before and its launch of
+the next, so the step between two of another setting would be charged theirs; hence a refresh's three
+steps), by an exponential moving average (``cost_decay``)
 of observations each clipped to within a factor of 2 of the estimate (one step stalled by the collector
-must not swing it). A setting that stops running keeps its last cost; the probes refresh the best
-speculative one. ``model_costs`` (relative units, the CPU) are not followed.
+must not swing it). A setting that stops running keeps its last cost (a probe, one step between plain
+ones, is not steady). ``model_costs`` (relative units, the CPU) are not followed.
 
 The current choice stays until another setting promises ``margin`` (3%) more: settings whose estimates are
 nearly equal would otherwise take turns step after step.
@@ -85,23 +93,25 @@ class Chooser:
     """Picks the setting of every step from ``costs`` {setting: {rows bucket: seconds}} and the live
     acceptance (``observe``). ``options`` are the engine's (``SpecConfig.options`` of an adaptive spec)."""
 
-    def __init__(self, options: list[SpecConfig], costs: dict[SpecConfig, dict[int, float]], decay: float = 0.05,
-                 prior_steps: int = 4, probe_every: int = 64, margin: float = 0.03, cost_decay: float = 0.05,
-                 max_probe_every: int = 1024):
+    def __init__(self, options: list[SpecConfig], costs: dict[SpecConfig, dict[int, float]], decay: float = 1 / 256,
+                 prior_rows: int = 4, probe_every: int = 64, margin: float = 0.03, cost_decay: float = 0.05,
+                 max_probe_every: int = 1024, probe_weight: float = 1 / 16, refresh_steps: int = 3):
         self.options = list(options)
         self.plain = next((s for s in self.options if not s.speculative), None)  # NONE, where it is an option
-        self.decay, self.prior_steps, self.probe_every, self.margin = decay, prior_steps, probe_every, margin
+        self.decay, self.prior_rows, self.probe_every, self.margin = decay, prior_rows, probe_every, margin
+        self.probe_weight, self.refresh_steps = probe_weight, refresh_steps
         self.max_probe_every = max(max_probe_every, probe_every)
         self.probe_gap = probe_every  # quiet steps before the next probe (doubles while probes find nothing)
         self._probed = False  # the last step was a probe: the next choice says whether it found anything
         self.cost_decay = cost_decay
         self.measured = False  # costs in seconds (``set_costs(..., measured=True)``): only those follow live steps
         self.reach = {k: {s: prior_reach(s) for s in self.options if s.speculative} for k in (GREEDY, SAMPLED)}
-        self.seen = {k: dict.fromkeys(self.reach[k], 0) for k in self.reach}  # steps observed per kind and shape
+        self.seen = {k: dict.fromkeys(self.reach[k], 0) for k in self.reach}  # rows observed per kind and shape
         self.steps = {s: 0 for s in self.options}  # steps run per setting
         self.choice: SpecConfig | None = None
         self._quiet = 0  # steps in a row without speculation
-        self._busy = 0  # steps in a row with speculation (measured costs: a plain step refreshes its cost)
+        self._busy = 0  # steps in a row with speculation (measured costs: plain steps refresh their cost)
+        self._refresh = 0  # plain steps of a refresh still to run
         self.set_costs(costs)
 
     def set_costs(self, costs: dict[SpecConfig, dict[int, float]], measured: bool = False,
@@ -143,6 +153,10 @@ class Chooser:
 
     def choose(self, rows: int, sampled: int = 0) -> SpecConfig:
         """The setting of the next step over ``rows`` rows, ``sampled`` of which draw (counted in ``steps``)."""
+        if self._refresh:
+            self._refresh -= 1
+            self.steps[self.plain] += 1
+            return self.plain
         ranked = self.rates(rows, sampled)
         best = ranked[0][1]
         current = next((r for r, s in ranked if s == self.choice), 0.0)
@@ -169,7 +183,7 @@ class Chooser:
             self.choice = best
         self._busy = self._busy + 1 if best.speculative and self.measured else 0
         if self._busy > self.probe_every and self.plain is not None:  # a refresh of the plain step's live cost
-            self._busy = 0
+            self._busy, self._refresh = 0, self.refresh_steps - 1
             self.steps[self.plain] += 1
             return self.plain
         self.steps[best] += 1
@@ -177,9 +191,10 @@ class Chooser:
 
     def observe(self, spec: SpecConfig, accepted: list[int], seconds: float | None = None, rows: int = 0,
                 drew: list[bool] | None = None, sampled: int | None = None) -> None:
-        """One step of ``spec`` over ``rows`` rows that took ``seconds``: the draft tokens each live row accepted,
-        ``drew[i]`` whether the row of ``accepted[i]`` draws (None: none does), ``sampled`` the rows of the
-        batch that draw (None: those of ``drew``; any picks the sampled cost table)."""
+        """One step of ``spec`` over ``rows`` rows that took ``seconds`` (None: not a steady step, no time to
+        learn): the draft tokens each live row accepted, ``drew[i]`` whether the row of ``accepted[i]`` draws
+        (None: none does), ``sampled`` the rows of the batch that draw (None: those of ``drew``; any picks the
+        sampled cost table)."""
         drew = drew or [False] * len(accepted)
         sampled = sum(drew) if sampled is None else sampled
         bucket = self.bucket(spec, rows) if seconds is not None and self.measured else None
@@ -189,12 +204,14 @@ class Chooser:
             table[bucket] = old + self.cost_decay * (min(max(seconds, old / 2), old * 2) - old)
         if not spec.speculative:
             return
+        probe = self.probe_weight if spec != self.choice else 0.0
         for kind, mine in ((GREEDY, False), (SAMPLED, True)):
             counts = [a for a, d in zip(accepted, drew) if d == mine]
             if not counts:
                 continue
-            self.seen[kind][spec] += 1
-            weight = max(self.decay, 1.0 / (self.seen[kind][spec] + self.prior_steps))
+            n = len(counts)
+            self.seen[kind][spec] += n
+            weight = max(1 - (1 - self.decay) ** n, n / (self.seen[kind][spec] + self.prior_rows), probe)
             reach = self.reach[kind][spec]
             for i in range(len(reach)):
                 share = sum(1 for a in counts if a > i) / len(counts)

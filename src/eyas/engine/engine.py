@@ -105,6 +105,8 @@ class Engine:
         rows = buckets(config.graph_rows)
         self.chooser = Chooser(spec.options, model_costs(spec.options, rows)) if spec.adaptive else None
         self._collected = 0.0  # when the last step's tokens were collected
+        self._last_setting: SpecConfig | None = None  # the setting of the step collected last
+        self._last_setting: SpecConfig | None = None  # the setting of the step collected last
         self._uncollected: Launched | None = None  # the step launched last, until collected or kept
         self._chosen: tuple = (None, None)  # ((batch serial, steps, rows), its next step's setting)
 
@@ -356,7 +358,8 @@ class Engine:
         Waits for it to arrive; then the caches' slot count and the tokens. A row whose logits were not
         finite emits nothing and ends with an error. ``step.pending``: the asking rows' logprobs (arrived
         with the tokens). The chooser learns the step's cost from the time since its launch or the last
-        collect, whichever is later (with a step launched ahead, the device ran it meanwhile)."""
+        collect, whichever is later (with a step launched ahead, the device ran it meanwhile), where the step
+        is steady: the step collected before it and any launched after it ran its setting too (``adaptive``)."""
         with phase("finish"):
             if step is self._uncollected:
                 self._uncollected = None
@@ -383,9 +386,11 @@ class Engine:
                 emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
             now = time.perf_counter()
             if self.chooser:
-                self.chooser.observe(spec, accepted, now - max(step.start, self._collected), len(batch),
-                                     drew or None, batch.drawing)
-            self._collected = now
+                after = self._uncollected
+                steady = self._last_setting == spec and (after is None or after.spec == spec)
+                self.chooser.observe(spec, accepted, now - max(step.start, self._collected) if steady else None,
+                                     len(batch), drew or None, batch.drawing)
+            self._collected, self._last_setting = now, spec
             return emitted
 
     # -- the simple static-batch loop ---------------------------------------------------------

@@ -121,7 +121,8 @@ def test_sampled_first_tokens_follow_the_seed(target, draft):
 
 def test_prompts_arriving_together_are_prefilled_in_graph_sized_groups(target, draft, references, monkeypatch):
     """By length, each group within its bucket's rows; prompts past the longest bucket in one eager
-    prefill after them; past PREFILL_GROUPS groups, everything in one eager prefill."""
+    prefill after them; past PREFILL_GROUPS groups, everything eagerly; eager prefills take prompts of like
+    length, at most EAGER_CELLS padded tokens each."""
     spec = SpecConfig("EAGLE3", 4, 3, 8)
     engine, _ = engines(target, draft, spec)
     groups = engine.prefiller.groups
@@ -129,6 +130,13 @@ def test_prompts_arriving_together_are_prefilled_in_graph_sized_groups(target, d
     assert groups([5, 23, 2, 41, 7, 600]) == [[2, 0, 4, 1], [3, 5]]  # 600 tokens: the 1024 bucket, 2 rows
     assert groups([5, 2000, 3]) == [[2, 0], [1]]  # 2000 tokens fit no bucket
     assert groups([10] * 17) == [list(range(17))]  # five groups of 4: one eager prefill
+    assert groups([3000] * 3 + [10] * 40) == [list(range(3, 43)), [0, 1, 2]]  # not 43 rows of 3,000
+    lengths = [(i * 397) % 2000 + 20 for i in range(64)]  # a burst of chat prompts
+    cut = groups(lengths)
+    assert sorted(i for g in cut for i in g) == list(range(64)) and len(cut) > 1
+    assert all(len(g) * max(lengths[i] for i in g) <= prefill_mod.EAGER_CELLS for g in cut)
+    assert [lengths[i] for g in cut for i in g] == sorted(lengths)
+    assert groups([20000, 5]) == [[1], [0]]  # past the cells alone
     assert engine.prefill_groups([]) == [] and engine.generate([]) == []
     prompts = PROMPTS + [[9, 8, 7], [300 - i for i in range(60)]]  # six prompts: groups of 4 and 2
     refs = references + [reference_greedy(target.model, p, NEW) for p in prompts[4:]]

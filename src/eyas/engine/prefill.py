@@ -43,7 +43,8 @@ from .sampling import SamplingRows
 PREFILL_TOKENS = 1024  # the longest prompt a graph prefills
 PREFILL_ROWS = 4  # the most prompts one graph prefills
 PREFILL_CELLS = 2048  # rows x T of the largest bucket (the 1024-token bucket has 2 rows)
-PREFILL_GROUPS = 4  # prompts arriving together take up to this many graph prefills in a row; more, one eager one
+PREFILL_GROUPS = 4  # prompts arriving together take up to this many graph prefills in a row; more, eager ones
+EAGER_CELLS = 16384  # rows x longest prompt of one eager prefill (its rows are padded to the longest)
 
 
 def prefill_static(native, pool, ids: torch.Tensor, lens: torch.Tensor, aux_ids: tuple[int, ...], window: int):
@@ -59,6 +60,18 @@ def prefill_static(native, pool, ids: torch.Tensor, lens: torch.Tensor, aux_ids:
     pool.aim(window, i)
     logits, aux = native(ids, i.expand(bsz, t), mask, pool, aux_ids, last=(lens - 1).clamp(min=0))
     return (logits[:, 0],) if aux is None else (logits[:, 0], aux)
+
+
+def by_cells(order: list[int], lengths: list[int], cells: int = EAGER_CELLS) -> list[list[int]]:
+    """``order`` (indices of ``lengths``, ascending by length) cut into prefills of at most ``cells`` rows x
+    longest length each (a prompt longer than that alone)."""
+    out, group = [], []
+    for i in order:
+        if group and (len(group) + 1) * lengths[i] > cells:
+            out.append(group)
+            group = []
+        group.append(i)
+    return out + ([group] if group else [])
 
 
 class StaticPrefill:
@@ -96,9 +109,11 @@ class StaticPrefill:
     def groups(self, lengths: list[int]) -> list[list[int]]:
         """How prompts of ``lengths`` that arrive together are prefilled: lists of their indices, each
         list one prefill. Those that fit a bucket go in graph-sized groups (by length, each group within
-        its longest prompt's bucket's rows), then the rest in one eager prefill; past ``PREFILL_GROUPS``
-        groups all of them in one eager prefill (a 2 ms replay each then costs more than one batched
-        eager forward)."""
+        its longest prompt's bucket's rows), then the rest eagerly; past ``PREFILL_GROUPS`` groups all of
+        them eagerly (a 2 ms replay each then costs more than a batched eager forward). Eager prefills pad
+        their rows to the longest, so they take prompts of like length, ``EAGER_CELLS`` padded tokens at
+        most each (``by_cells``): 64 chat prompts of 20 to 2,000 tokens padded to one forward would run
+        64 x 2,000 tokens."""
         order = sorted(range(len(lengths)), key=lengths.__getitem__)
         fit = [i for i in order if lengths[i] <= self.tokens[-1]]
         groups, group = [], []
@@ -109,9 +124,8 @@ class StaticPrefill:
             group.append(i)
         groups += [group] if group else []
         if len(groups) > PREFILL_GROUPS:
-            return [list(range(len(lengths)))]
-        rest = order[len(fit):]
-        return groups + ([rest] if rest else [])
+            return by_cells(order, lengths)
+        return groups + by_cells(order[len(fit):], lengths)
 
     def graphs(self) -> list:
         return list(self.targets.values()) + [d.graph for d in self.drafts.values()]

@@ -19,6 +19,7 @@ from transformers import (
 )
 
 from eyas.config import SpecConfig, parse_schedule
+from eyas.engine.batch import in_place
 from eyas.engine.engine import Engine
 from eyas.engine.sampling import SamplingParams
 from eyas.errors import EyasError
@@ -240,13 +241,26 @@ def test_static_cache_operations_match_the_dynamic_cache():
     counts = torch.tensor([3, 1, 2])
     new = dyn.commit(lengths, src, counts)
     assert torch.equal(static.commit(lengths, src, counts), new)
-    rows = torch.tensor([2, 0])
+    rows = [2, 0]
     dyn.select_rows(rows, 13)
     static.select_rows(rows, 13)
     for layer, dl in enumerate(dyn.hf.layers):
-        for b, n in enumerate(new[rows].tolist()):
+        for b, n in enumerate(new[torch.tensor(rows)].tolist()):
             assert torch.equal(static.buf[layer, 0, b, :, :n], dl.keys[b, :, :n])
             assert torch.equal(static.buf[layer, 1, b, :, :n], dl.values[b, :, :n])
+
+
+@pytest.mark.parametrize("keep", [[0, 1, 3, 4, 5], [1, 2, 3, 4, 5], [0, 2, 5], [5], [0, 1, 2, 3, 4, 5]])
+def test_a_batch_that_loses_rows_moves_the_fewest(keep):
+    """``in_place`` keeps every row below the kept count where it is and moves the rest into the places left;
+    ``select_rows`` copies those alone, and each kept row's slots end up where the new order says."""
+    static = StaticKV(1, 6, 1, 8, 2, torch.float32, "cpu")
+    static.buf[:, :, :6] = torch.arange(6, dtype=torch.float32).view(1, 1, 6, 1, 1, 1) + 1
+    static.n = 6
+    order = in_place(keep)
+    assert sorted(order) == keep and all(order[r] == r for r in keep if r < len(keep))
+    static.select_rows(order, 8)
+    assert static.n == len(keep) and [int(static.buf[0, 0, i, 0, 0, 0]) - 1 for i in range(len(keep))] == order
 
 
 def test_static_cache_refuses_what_it_cannot_hold():

@@ -130,6 +130,19 @@ def not_finite(where: str) -> str:
             "model in another --dtype (float16 overflows where bfloat16 and float32 do not)")
 
 
+def in_place(keep: list[int]) -> list[int]:
+    """``keep`` (the rows a batch keeps, ascending) in the order that moves the fewest of them (``Engine.filter``
+    copies the moved rows' caches): a kept row stays where it is, and rows past the kept count take the places
+    of the rows that left. A batch of 64 that loses one row moves one, not all those after it."""
+    count, out = len(keep), [-1] * len(keep)
+    for r in keep:
+        if r < count:
+            out[r] = r
+    for i, r in zip([i for i, r in enumerate(out) if r < 0], [r for r in keep if r >= count]):
+        out[i] = r
+    return out
+
+
 def scrub(batch: Batch, rows: list[int]) -> None:
     """Zero ``rows`` of the batch's preallocated caches, every slot (a growing cache drops them instead): a
     later row in their place would otherwise attend over a NaN in a masked slot (0 x NaN is NaN)."""

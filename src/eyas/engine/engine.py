@@ -185,9 +185,9 @@ class Engine:
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         lengths = batch.lengths[rows]
         slots = int(lengths.max()) if keep else 0
-        batch.target_cache.select_rows(rows, slots)
+        batch.target_cache.select_rows(keep, slots)
         if batch.draft_cache is not None:
-            batch.draft_cache.select_rows(rows, slots)
+            batch.draft_cache.select_rows(keep, slots)
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         seqs = [batch.seqs[i] for i in keep]
         kept = Batch(seqs, batch.target_cache, batch.draft_cache, lengths, batch.root[rows], pick(batch.draft_logits),

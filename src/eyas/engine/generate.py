@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from .batch import Output, Sequence
+from .batch import Output, Sequence, in_place
 
 
 def run_to_end(engine, seqs: list[Sequence], overlap: bool = True, after_step=None) -> list[Output]:
@@ -31,7 +31,7 @@ def run_to_end(engine, seqs: list[Sequence], overlap: bool = True, after_step=No
         if not alive:
             break
         if len(alive) < len(batch):
-            batch = engine.filter(batch, alive)
+            batch = engine.filter(batch, in_place(alive))
         step = ahead or engine.launch(batch)
         ahead = engine.launch(batch, ahead=True) if overlap and engine.launches_ahead else None
         engine.collect(step)

@@ -63,9 +63,10 @@ class DynamicKV:
                 move_slots(t, lengths.to(t.device), src.to(t.device))
         return lengths + counts
 
-    def select_rows(self, rows: torch.Tensor, slots: int) -> None:
+    def select_rows(self, keep: list[int], slots: int) -> None:
         for layer in self._layers():
-            layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))[..., :slots, :]
+            rows = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+            layer.keys = layer.keys.index_select(0, rows)[..., :slots, :]
             layer.values = layer.values.index_select(0, rows.to(layer.values.device))[..., :slots, :]
 
     def concat_rows(self, other: DynamicKV) -> DynamicKV:

@@ -114,10 +114,14 @@ class StaticKV:
         move_slots(self.buf, lengths, src)
         return lengths + counts
 
-    def select_rows(self, rows: torch.Tensor, slots: int) -> None:
-        kept = self.buf[:, :, rows.to(self.buf.device), :, :slots]
-        self.buf[:, :, : len(rows), :, :slots] = kept
-        self.n, self.used = len(rows), slots
+    def select_rows(self, keep: list[int], slots: int) -> None:
+        """Row i becomes row ``keep[i]`` (``slots`` of it): only the rows whose place changes are copied (a
+        batch keeps its rows in place where it can, ``batch.in_place``)."""
+        moved = [(i, r) for i, r in enumerate(keep) if r != i]
+        if moved:
+            dst, src = (torch.tensor(x, device=self.buf.device) for x in zip(*moved))
+            self.buf[:, :, dst, :, :slots] = self.buf[:, :, src, :, :slots]
+        self.n, self.used = len(keep), slots
 
     def num_rows(self) -> int:
         return self.n

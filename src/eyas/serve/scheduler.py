@@ -46,6 +46,7 @@ from collections import deque
 
 import torch
 
+from ..engine.batch import in_place
 from ..engine.prefill import Prefilling
 from ..engine.stats import SpecStats
 from .metrics import ServeMetrics
@@ -350,7 +351,7 @@ class Scheduler:
             if self._ahead is None:
                 break
             self._drain()  # the step in flight was launched with the leaving rows: its tokens out first
-        works = [self._running[i] for i in gone]
+        works, keep = [self._running[i] for i in gone], in_place(keep)  # the fewest rows moved
         with self._cond:
             self._running = [self._running[i] for i in keep]
             self._batch = self.engine.filter(self._batch, keep) if keep else None

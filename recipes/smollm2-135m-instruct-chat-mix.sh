@@ -26,8 +26,11 @@
 #        50 s each; QUICK=1: the holdout at 6/8/32 alone, T 0 and 0.7; TOP_P=0.95: the T 0.7 runs with that
 #        top-p); the JSONs go to /tmp/job/judge and,
 #        as judge.tgz, to $OUT
-# The shipped draft v8 came from: NG=1 BUDGET=780 EVAL=0 EXTRA="--set optim.lr=3e-4 --set
-# data.tokens_per_batch=32768" CORPUS=... bash recipes/smollm2-135m-instruct-chat-mix.sh gpu start (init v6), then judge.
+# The shipped draft v9 came from three stages, each: SEED=S MAX_PROMPTS=12000 ANSWER_T=0.7 INIT=<the stage
+# before> NG=1 BUDGET=B EVAL=0 EXTRA="--set optim.lr=3e-4 --set data.tokens_per_batch=32768" CORPUS=... bash
+# recipes/smollm2-135m-instruct-chat-mix.sh gpu start, with S, B = 4, 420 (init v8); 5, 300; 6, 300; then
+# QUICK=1 TOP_P=0.95 ... judge (docs/train.md, "The shipped draft"). v8 was one stage from v6: greedy answers
+# (ANSWER_T=0), every prompt, SEED 4, BUDGET=780.
 # On the GPU machine the corpus is not at ../shared: copy it under .stage/ (ignored by git, 4.4 MB) and carry
 # it with the call (carry [".stage/chat-prompts"]). gpu2.sh's other variables (BUDGET, INIT, EXTRA, NG, EVAL,
 # PAIR, ...) pass through.

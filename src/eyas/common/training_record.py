@@ -6,9 +6,10 @@ Looked up, first found wins:
 2. the run folder ``eyas train`` writes around the draft: ``<run>/draft`` next to
    ``<run>/recipe.yaml`` (``data.max_length``, ``data.path``), and that data folder's ``meta.json``
    from ``eyas prepare`` (``chat.template_sha256_16``, ``chat.thinking``);
-3. the recipe named in ``config.json`` -> ``eyas.recipe`` (the shipped draft records
-   ``recipes/smollm2-135m-instruct-eagle3.yaml``), found from the working directory or a folder
-   above the draft, read the same way.
+3. the recipe named in ``config.json`` -> ``eyas.recipe`` (a path such as
+   ``recipes/smollm2-135m-instruct-eagle3.yaml``, as drafts saved before 1. was written record it;
+   the shipped draft carries 1.), found from the working directory or a folder above the draft, read
+   the same way.
 
 SGLang/SpecForge, speculators and the official release record neither; the doctor then says so.
 """

@@ -13,10 +13,13 @@ from eyas.pipeline import build_engine, engine_args_from
 from eyas.serve.cli import pasted_flags
 from eyas.serve.defaults import DEVICE_DEFAULTS, apply_choice, choose_setting
 
+SHIPPED = "smollm2-135m-instruct"  # a target eyas ships a draft for
 
-def chosen(device: str, *argv: str):
-    """(choice, engine args) for ``eyas serve ARGV`` on a device of ``device`` ("cuda" faked: no GPU needed)."""
-    args = build_parser().parse_args(["serve", "--model-path", "m", *argv])
+
+def chosen(device: str, *argv: str, target: str = "m"):
+    """(choice, engine args) for ``eyas serve --model-path TARGET ARGV`` on a device of ``device`` ("cuda" faked:
+    no GPU needed)."""
+    args = build_parser().parse_args(["serve", "--model-path", target, *argv])
     pasted_flags(args)
     engine_args = replace(engine_args_from(args), device=device)
     choice = choose_setting(args, engine_args)
@@ -28,12 +31,15 @@ def test_no_flags_take_the_device_default():
     assert (choice.setting, choice.source) == ("0", "default for cpu")
     assert e.speculative_algorithm == "NONE" and e.speculative_draft_model_path is None  # the draft is not loaded
     assert "cpu-default-smollm2.json" in choice.why and "--speculative-algorithm EAGLE3" in choice.why
-    choice, e = chosen("cuda")
+    choice, e = chosen("cuda", target=SHIPPED)
     assert (choice.setting, choice.source) == (AUTO, "default for cuda")
     assert e.speculative_batch_schedule == AUTO and e.speculative_algorithm is None  # EAGLE3 with the shipped draft
     assert "6/8/32" in choice.why
-    assert chosen("cuda:1")[0].source == "default for cuda"
-    assert chosen("mps")[0].setting == AUTO  # no measured setting: adaptive
+    assert chosen("cuda:1", target=SHIPPED)[0].source == "default for cuda"
+    assert chosen("mps", target=SHIPPED)[0].setting == AUTO  # no measured setting: adaptive
+    choice, e = chosen("cuda")  # a target no draft ships for: plain decoding, and the banner says why
+    assert (choice.setting, choice.source) == ("0", "default for cuda") and e.speculative_algorithm == "NONE"
+    assert "no draft ships" in choice.why and "--speculative-draft-model-path" in choice.why
     assert set(DEVICE_DEFAULTS) == {"cuda", "cpu"}
 
 

@@ -7,7 +7,8 @@ The rule, in order (the user's flags always win):
 2. ``--speculative-algorithm`` or ``--speculative-draft-model-path`` without a tree: adaptive speculation
    (``auto``), which may run no speculation on a step that does not pay;
 3. no speculative flag at all: ``DEVICE_DEFAULTS`` for the device in use (``cuda``, ``cpu``; any other
-   device takes ``auto``).
+   device takes ``auto``) with the draft shipped for the target; no speculation for a target none ships for
+   (the banner says so, rather than ``auto`` over no draft).
 
 The choice, with its reason, is printed in the banner and returned by ``/get_server_info``
 (``setting_source``, ``setting_reason``), so ``eyas doctor`` can tell a server that skips speculation
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..common.draft_registry import default_draft_for
 from ..config import AUTO
 
 
@@ -80,6 +82,9 @@ def choose_setting(args, engine_args) -> SettingChoice:
         return SettingChoice(AUTO, "flags", "adaptive: the flags ask for speculation but name no tree")
     device = str(e.device).split(":")[0]
     default = device_default(device)
+    if default.setting != "0" and default_draft_for(args.model_path) is None:  # auto without a draft: plain steps
+        return SettingChoice("0", f"default for {device}", "no draft ships with eyas for this target; "
+                             "--speculative-draft-model-path DRAFT speculates (adaptive)")
     how = ("--speculative-algorithm EAGLE3 speculates anyway (adaptive), a tree flag with that setting"
            if default.setting == "0" else "a tree flag or --speculative-batch-schedule overrides it")
     return SettingChoice(default.setting, f"default for {device}", f"{default.why}; {how}")

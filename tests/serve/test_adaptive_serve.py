@@ -15,14 +15,16 @@ from eyas.pipeline import EngineArgs, build_engine
 from eyas.serve.cli import pasted_flags, served_engine_args
 
 
-def served(*argv: str) -> EngineArgs:
-    args = build_parser().parse_args(["serve", "--model-path", "m", *argv])
+def served(*argv: str, target: str = "m") -> EngineArgs:
+    args = build_parser().parse_args(["serve", "--model-path", target, *argv])
     pasted_flags(args)
     return served_engine_args(args)
 
 
 def test_auto_is_the_default_unless_a_tree_or_a_schedule_is_named():
-    assert served("--device", "cuda").speculative_batch_schedule == AUTO  # no flags: the device's (test_defaults.py)
+    no_flags = served("--device", "cuda", target="smollm2-135m-instruct")  # the device's default (test_defaults.py)
+    assert no_flags.speculative_batch_schedule == AUTO
+    assert served("--device", "cuda").speculative_algorithm == "NONE"  # no draft ships for "m": plain decoding
     assert served("--speculative-draft-model-path", "d").speculative_batch_schedule == AUTO
     assert served("--speculative-num-steps", "3").speculative_batch_schedule is None
     assert served("--speculative-config", '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}'

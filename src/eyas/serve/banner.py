@@ -35,9 +35,10 @@ def training_warnings(engine) -> list[str]:
                    f"{rec.template_sha}: expect low acceptance on chat requests; pass the training template with "
                    "--chat-template")
     if rec.max_length and engine.max_context > rec.max_length:
-        out.append(f"WARNING: context length {engine.max_context} is longer than the draft's training length "
-                   f"{rec.max_length}: acceptance falls on longer sequences; --context-length {rec.max_length} "
-                   "caps it")
+        out.append(f"note: the draft was trained on sequences of at most {rec.max_length} tokens and the context "
+                   f"here is {engine.max_context}: acceptance may fall past {rec.max_length} (a draft trained with "
+                   f"data.max_length {engine.max_context} keeps it; --context-length {rec.max_length} would refuse "
+                   "longer requests instead)")
     return out
 
 

@@ -106,7 +106,6 @@ class Engine:
         self.chooser = Chooser(spec.options, model_costs(spec.options, rows)) if spec.adaptive else None
         self._collected = 0.0  # when the last step's tokens were collected
         self._last_setting: SpecConfig | None = None  # the setting of the step collected last
-        self._last_setting: SpecConfig | None = None  # the setting of the step collected last
         self._uncollected: Launched | None = None  # the step launched last, until collected or kept
         self._chosen: tuple = (None, None)  # ((batch serial, steps, rows), its next step's setting)
 

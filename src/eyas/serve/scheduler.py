@@ -304,7 +304,7 @@ class Scheduler:
             return
         step, self._ahead = self._ahead or self._spend("step", lambda: self.engine.launch(self._batch)), None
         try:
-            if not self._ending():  # None where no whole-step graph fits:
+            if not self._ending():  # the next step, launched now (None where no whole-step graph fits)
                 self._ahead = self._spend("step", lambda: self.engine.launch(self._batch, ahead=True))
         finally:  # this step's tokens are the rows' own, whatever happened to the next
             self._emit(lambda: self.engine.collect(step), step.start)

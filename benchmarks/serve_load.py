@@ -110,7 +110,7 @@ async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clie
     return [r for r in results if isinstance(r, dict)], [r for r in results if isinstance(r, str)], seconds
 
 
-def auto_state(url: str) -> tuple[dict[str, float], dict, dict[str, float]]:
+def server_state(url: str) -> tuple[dict[str, float], dict, dict[str, float]]:
     """The server's state from ``/metrics``: the engine thread's seconds so far by activity and its steps
     (``eyas:engine_thread_seconds_total``, ``eyas:engine_steps_total``; another server's: empty), and
     ``auto``'s (both empty for a fixed setting): the steps run per setting so far
@@ -135,12 +135,12 @@ def auto_state(url: str) -> tuple[dict[str, float], dict, dict[str, float]]:
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
                  temperature: float) -> dict:
     _, before = scrape(url)
-    steps_before, _, thread_before = auto_state(url)
+    steps_before, _, thread_before = server_state(url)
     done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
                                              args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
                                              args.top_p))
     _, after = scrape(url)
-    steps_after, view, thread_after = auto_state(url)
+    steps_after, view, thread_after = server_state(url)
     steps = {k: int(v - steps_before.get(k, 0)) for k, v in steps_after.items()}
     tokens = sum(r["tokens"] for r in done)
     level = {"requests": len(done), "errors": errors[:5], "output_tokens": tokens, "seconds": round(seconds, 4),

@@ -64,9 +64,9 @@ class DynamicKV:
         return lengths + counts
 
     def select_rows(self, keep: list[int], slots: int) -> None:
+        rows = torch.tensor(keep, dtype=torch.long)
         for layer in self._layers():
-            rows = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
-            layer.keys = layer.keys.index_select(0, rows)[..., :slots, :]
+            layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))[..., :slots, :]
             layer.values = layer.values.index_select(0, rows.to(layer.values.device))[..., :slots, :]
 
     def concat_rows(self, other: DynamicKV) -> DynamicKV:

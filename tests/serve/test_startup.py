@@ -37,6 +37,10 @@ def refusals(tiny, draft, other_draft):
         "context longer than the target's": (m + d + ["--context-length", "5000"], ["--context-length", "1024"]),
         "no running slots": (m + d + ["--max-running-requests", "0"], ["--max-running-requests"]),
         "switch interval of zero": (m + d + ["--switch-interval-ms", "0"], ["--switch-interval-ms", "milliseconds"]),
+        "a sampling default out of range": (m + d + ["--override-generation-config", '{"temperature": 5}'],
+                                            ["--override-generation-config", "temperature", "[0, 2]"]),
+        "no generation config in the folder named": (m + d + ["--generation-config", str(draft / "nowhere")],
+                                                     ["--generation-config", "generation_config.json"]),
     }
 
 
@@ -114,7 +118,8 @@ def test_banner_shows_what_debugging_needs(server):
                  "draft vocabulary: 320 of 320 target tokens",
                  "tree: num_steps 3, eagle_topk 2, num_draft_tokens 6",
                  "context length: 1024",
-                 "max running requests: 32"]:
+                 "max running requests: 32",
+                 "sampling defaults: OpenAI's (temperature 1, top_p 1): the target's generation_config.json sets none"]:
         assert line in out, out
     assert out.index("aux hidden states") < out.index("serving")
 

@@ -32,6 +32,7 @@ from .middleware import ApiKey, RequestLog, open_paths
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
 from .prepare import Preparer
+from .sampling_defaults import SamplingDefaults
 from .scheduler import Failed, Scheduler
 from .tokenize_route import router as tokenize_router
 
@@ -55,6 +56,7 @@ class ServeOptions:
     metrics_require_key: bool = False  # with api_key: /metrics needs the key too
     allowed_origins: list[str] = field(default_factory=lambda: ["*"])  # CORS (vLLM's default); [] turns it off
     limits: Limits = field(default_factory=Limits)
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # an OpenAI request's left-out fields
     switch_interval_ms: float | None = None  # the interpreter's thread switch interval while serving (eyas serve:
     # 0.1 ms); None: Python's
 
@@ -90,7 +92,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
                           options.overlap_schedule and getattr(engine, "launches_ahead", False))
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
-    preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests)
+    preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests, options.sampling)
     state = ServeState(engine, scheduler, metrics, options, names, StreamSlots(options.limits.max_concurrent_streams),
                        preparer)
 
@@ -181,6 +183,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
             **describe(engine),
             "warnings": training_warnings(engine),
             "served_model_name": names[0],
+            "default_sampling_params": options.sampling.as_json(),  # --generation-config's (sampling_defaults.py)
             "max_running_requests": options.max_running_requests,
             "max_queued_requests": options.max_queued_requests,
             "overlap_schedule": scheduler.overlap,  # on where the engine launches steps ahead

@@ -114,6 +114,12 @@ def add_pasted_arguments(p) -> None:
                    help="seeds everything random at startup, and so the seeds of requests that bring none "
                         "(a server restarted with it answers the same unseeded requests, sent in the same order, "
                         "the same way); default: random")
+    g.add_argument("--generation-config", "--sampling-defaults", default="auto", metavar="auto|vllm|FOLDER",
+                   help="what an OpenAI request's left-out sampling fields take: auto (default; SGLang: model) the "
+                        "model's generation_config.json, as vLLM and SGLang; vllm (SGLang: openai) OpenAI's; or a "
+                        "folder's generation_config.json")
+    g.add_argument("--override-generation-config", default=None, metavar="JSON",
+                   help="""sampling defaults over those, e.g. '{"temperature": 0.6, "top_p": 0.9}' (vLLM's flag)""")
 
 
 CHUNK_DEFAULTS = {"cpu": 512}  # else 2048: on the CPU a 2048-token chunk held the running streams 8 s
@@ -278,6 +284,7 @@ def run(args) -> int:
         raise EyasError(f"eyas serve needs {e.name}, which is not installed", "pip install 'eyas[serve]'") from None
     from ..pipeline import build_engine
     from .banner import banner_lines, overlap_line
+    from .sampling_defaults import sampling_defaults
 
     _quiet_progress_bars()
     if args.random_seed is not None:
@@ -286,6 +293,7 @@ def run(args) -> int:
     print(f"eyas serve: loading {args.model_path} ...", flush=True)
     start = time.perf_counter()
     engine_args, choice = served_choice(args)
+    sampling = sampling_defaults(args.generation_config, args.model_path, args.override_generation_config)
     engine = build_engine(engine_args)
     engine.setting_choice = choice  # the banner and /get_server_info say what runs and why
     loaded = time.perf_counter() - start
@@ -293,6 +301,7 @@ def run(args) -> int:
         set_chat_template(engine.target.tokenizer, args.chat_template)
     for line in banner_lines(engine, args.max_running_requests, args.max_queued_requests):
         print(line, flush=True)
+    print(sampling.describe(), flush=True)
     print(f"loaded in {loaded:.1f} s", flush=True)
     if not args.no_warmup:
         warmup(engine)
@@ -311,7 +320,7 @@ def run(args) -> int:
                                          max_stop_length=args.max_stop_length, max_n=args.max_n,
                                          max_concurrent_streams=args.max_concurrent_streams,
                                          request_timeout=args.request_timeout or None),
-                           switch_interval_ms=args.switch_interval_ms)
+                           switch_interval_ms=args.switch_interval_ms, sampling=sampling)
     app = create_app(engine, options)
     chunk = options.chunked_prefill_size
     print(f"prefill: a prompt over {chunk} tokens in chunks of {chunk}, the running requests stepping between them"

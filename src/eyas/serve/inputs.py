@@ -1,12 +1,12 @@
 """Turn a request body into prompt ids and sampling parameters, or a 4xx that says what was wrong.
 
-Everything a client can get wrong is caught here, before the request reaches the engine thread:
-the bytes (UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values
-(``SamplingParams`` validates itself), the prompt against the context length, and knobs eyas does
-not implement (prompt logprobs, a minimum length), which are refused rather than silently ignored;
-structured output and tools are read by ``structured.py`` and ``tools.py``.
-Penalties, ``logit_bias`` and ``min_p`` reach ``SamplingParams``, which checks OpenAI's ranges; a
-``logit_bias`` token outside the vocabulary is refused where the sequence is made (``sequences_for``).
+Everything a client can get wrong is caught here, before the request reaches the engine thread: the bytes
+(UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values (``SamplingParams``
+validates itself, OpenAI's ranges), the prompt against the context length, and knobs eyas does not implement
+(prompt logprobs, a minimum length), refused rather than silently ignored; structured output and tools are
+read by ``structured.py`` and ``tools.py``. A ``logit_bias`` token outside the vocabulary is refused where the
+sequence is made (``sequences_for``). An OpenAI request's sampling fields left out take the server's
+defaults (``sampling_defaults.py``: the model's generation config, as vLLM).
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from .protocol import (
     CompletionRequest,
     GenerateRequest,
 )
+from .sampling_defaults import OPENAI, SamplingDefaults
 from .tools import ToolPlan, template_message, template_tools
 
 log = logging.getLogger("eyas.serve")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # a request's or the served default
 OPENAI_MAX_TEMPERATURE = 2.0  # OpenAI's bound on its routes; /generate keeps SamplingParams' own (SGLang's)
 
 
@@ -44,11 +46,12 @@ class Job:
     n: int = 1
     stop: list[str] | None = None
     skip_special_tokens: bool = True
-    max_tokens_given: bool = True  # False: fill the context (chat without max_tokens)
+    max_tokens_given: bool = True  # False: fill the context (chat without max_tokens), up to max_tokens_cap
     max_tokens_param: str = "max_tokens"
     n_param: str = "n"  # how the request named n (limits.Limits.check_job names it back)
     tools: ToolPlan | None = None  # chat with tools: how calls are constrained and read back (``tools.py``)
     prompt_param: str = "prompt"  # the field that held the prompt, named when it cannot fit
+    max_tokens_cap: int | None = None  # the served default max_tokens (the model's max_new_tokens), if any
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -238,15 +241,11 @@ def _refuse_openai_only(req: ChatCompletionRequest) -> None:
 
 def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's ``logit_bias`` (token ids as JSON object keys) -> {token id: bias}."""
-    if value is None:
-        return None
-    bias = {}
-    for key, v in value.items():
-        if not key.isascii() or not key.isdigit():
-            raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {_short(key)}",
-                              param="logit_bias", code="invalid_value")
-        bias[int(key)] = v
-    return bias
+    bad = next((key for key in value or {} if not (key.isascii() and key.isdigit())), None)
+    if bad is not None:
+        raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {_short(bad)}",
+                          param="logit_bias", code="invalid_value")
+    return None if value is None else {int(key): v for key, v in value.items()}
 
 
 def _alternatives(param: str, n: int) -> int:
@@ -280,7 +279,8 @@ def _generate_logprobs(req: GenerateRequest) -> int | None:
     return _alternatives("top_logprobs_num", req.top_logprobs_num or 0)
 
 
-def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool) -> Job:
+def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool,
+               defaults: SamplingDefaults = OPENAI) -> Job:
     _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
         _refuse_openai_only(req)
@@ -301,16 +301,16 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
     if req.temperature is not None and not 0 <= req.temperature <= OPENAI_MAX_TEMPERATURE:
         raise bad_request(f"temperature must be in [0, {OPENAI_MAX_TEMPERATURE:g}] (OpenAI's range), got "
                           f"{req.temperature!r}; 0 is greedy", param="temperature", code="invalid_value")
-    default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-    params = _params(max_tokens, param, default, n, "seed",
-                     temperature=1.0 if req.temperature is None else req.temperature,
-                     top_p=1.0 if req.top_p is None else req.top_p,
-                     top_k=0 if req.top_k is None else req.top_k, min_p=req.min_p,
+    cap = defaults.max_tokens if max_tokens is None else None  # the model's max_new_tokens, within the context
+    default = None if chat or cap is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    sampled = {k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k) for k in SAMPLED}
+    params = _params(max_tokens, param, default, n, "seed", **sampled,
                      presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                     repetition_penalty=req.repetition_penalty, logit_bias=_logit_bias(req.logit_bias),
+                     logit_bias=_logit_bias(req.logit_bias),
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
-               max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt")
+               max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt",
+               max_tokens_cap=cap)
 
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
@@ -386,7 +386,7 @@ def sequences_for(engine, job: Job) -> list:
             if not given or (job.n > 1 and params.seed is not None):
                 changes = {}
                 if not given:
-                    changes["max_new_tokens"] = max(1, budget)
+                    changes["max_new_tokens"] = max(1, min(budget, job.max_tokens_cap or budget))
                 if job.n > 1 and params.seed is not None:
                     changes["seed"] = params.seed + i
                 params = dataclasses.replace(params, **changes)

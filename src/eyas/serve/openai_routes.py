@@ -69,14 +69,14 @@ def failed_error(event: Failed) -> ApiError:
 def _chat(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     req = parse_body(raw, ChatCompletionRequest, max_messages=p.max_tokens)
     check_model(req.model, p.served_names)
-    return p.prepared(req, chat_structure(openai_job(req, [chat_prompt(p.tokenizer, req, p.max_chars)], chat=True),
-                                          req))
+    job = openai_job(req, [chat_prompt(p.tokenizer, req, p.max_chars)], True, p.sampling)
+    return p.prepared(req, chat_structure(job, req))
 
 
 def _completion(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     req = parse_body(raw, CompletionRequest)
     check_model(req.model, p.served_names)
-    job = openai_job(req, text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars), chat=False)
+    job = openai_job(req, text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars), False, p.sampling)
     return p.prepared(req, completion_structure(job, req))
 
 

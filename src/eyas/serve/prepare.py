@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from ..engine.grammar import GrammarError, grammars_for
 from .api_errors import ApiError, bad_request
 from .inputs import Job
+from .sampling_defaults import OPENAI, SamplingDefaults
 
 log = logging.getLogger("eyas.serve")
 WORKERS = 2  # preparing threads: a slow body holds one; the GIL is shared, so more buys little
@@ -43,7 +44,8 @@ class Prepared:
 
 
 class Preparer:
-    def __init__(self, engine, served_names: list[str], max_prompt_tokens: int | None, log_requests: bool):
+    def __init__(self, engine, served_names: list[str], max_prompt_tokens: int | None, log_requests: bool,
+                 sampling: SamplingDefaults = OPENAI):
         tok = engine.target.tokenizer
         try:  # one copy per worker, made here (copying one while another thread uses it is not safe either)
             self.tokenizers = [copy.deepcopy(tok) for _ in range(WORKERS)]
@@ -56,6 +58,7 @@ class Preparer:
         self.max_tokens = max_prompt_tokens or engine.max_context
         self.max_chars = prompt_char_bound(tok, self.max_tokens)
         self.log_requests = log_requests
+        self.sampling = sampling  # what an OpenAI request's left-out sampling fields take (sampling_defaults.py)
         self.grammars = grammars_for(engine.target)  # structured output: compiled here, off the event loop (locked)
         self._pool = ThreadPoolExecutor(max_workers=len(self.tokenizers), thread_name_prefix="eyas-prepare",
                                         initializer=self._claim)

@@ -4,9 +4,11 @@
 # Besides: e = engine_check (the engine against HF, steps launched ahead, seeded sampling; run it first),
 # k = kernel_profile greedy / T 1.0 / T 0.7 top-p 0.95 (none, 4/4/16, 6/8/32), s = the served load (1 and 16
 # clients, T 0 and 0.7, NONE against auto) with the overlap schedule off, then on (OVERLAPS="overlap": on
-# alone; CLIENTS=1,4,16,64: more levels; INPROC=1: the engine in-process beside each level), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
+# alone; CLIENTS=1,4,16,64: more levels; INPROC=1: the engine in-process beside each level), f = what feeding the
+# draft costs the plain steps of `auto` (a server that never speculates but feeds the draft, against NONE, served at
+# 1, 16 and 64 clients, T 0 and 0.7), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
 # 129 rows) at its default launch and at more candidates a search pass (fewer passes).
-# Needs PYTHONPATH with src (and the staged wheels); see ../shared/tools/stage-smollm2.sh.
+# Needs PYTHONPATH with src (and the staged wheels): scripts/gpu-stage.sh stages them in three calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-engine}; MODEL=${MODEL:-/tmp/smollm2.gguf}; ONLY=${ONLY:-"c d a b"}
 mkdir -p "$OUT"; cd "$(dirname "$0")"
@@ -29,6 +31,10 @@ for b in $ONLY; do
          timeout ${S_TIMEOUT:-400} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
            --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients ${CLIENTS:-1,16} --temperatures 0,0.7 \
            --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule ${INPROC:+--in-process} --out "$OUT/serve-load-$o.json"; done ;;
+    f) stamp "(f) plain steps that feed the draft against NONE, served"
+       timeout ${F_TIMEOUT:-300} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path \
+         "${DRAFT:-$SHIPPED}" --speculative-algorithm EAGLE3 --speculative-batch-schedule "4096:0;4097:3,1,4" \
+         --clients 1,16,64 --temperatures 0,0.7 --top-p 0.95 --min-requests 32 --max-tokens 256 --out "$OUT/fed-none.json" ;;
     p) stamp "(p) distribution kernel configs"  # each config compiles its launches' variants first: minutes
        timeout ${P_TIMEOUT:-400} python3 kernel_profile.py --distribution ${P_ROWS:-1,33},49152 --temperature 0.7 \
          --top-p 0.95 --distribution-configs ${P_CONFIGS:-64x64x256x4 64x256x256x4} --out "$OUT/distribution-configs.json" ;;

@@ -5,7 +5,8 @@ A model's ``generation_config.json`` carries the sampling its makers recommend (
 OpenAI request (``--generation-config auto``, its default), and so does ``eyas serve``:
 
 - ``--generation-config auto`` (default): the target's own ``generation_config.json`` (a model folder, or a hub
-  model's cached copy), where it has one; a GGUF file carries none;
+  model's cached copy), where it has one; a GGUF file's llama.cpp sampling metadata
+  (general.sampling.*) is not read: --override-generation-config sets those values;
 - ``--generation-config vllm`` (or ``openai``, ``none``): OpenAI's defaults, whatever the model says;
 - ``--generation-config FOLDER``: that folder's ``generation_config.json``.
 

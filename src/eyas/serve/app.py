@@ -32,6 +32,7 @@ from .middleware import ApiKey, RequestLog, open_paths
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
 from .prepare import Preparer
+from .responses_route import router as responses_router
 from .sampling_defaults import SamplingDefaults
 from .scheduler import Failed, Scheduler
 from .tokenize_route import router as tokenize_router
@@ -118,6 +119,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     app = FastAPI(title="eyas serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.eyas = state
     app.include_router(openai_router)
+    app.include_router(responses_router)
     app.include_router(generate_router)
     app.include_router(dashboard_router)
     app.include_router(tokenize_router)
@@ -209,7 +211,7 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         msg = {404: f"no route {request.method} {request.url.path}; see /v1/models, /v1/chat/completions, "
-                    "/v1/completions, /generate, /health, /metrics, /dashboard",
+                    "/v1/completions, /v1/responses, /generate, /health, /metrics, /dashboard",
                405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))

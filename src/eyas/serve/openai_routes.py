@@ -80,12 +80,17 @@ def _completion(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's threa
     return p.prepared(req, completion_structure(job, req))
 
 
+async def prepared_run(request: Request, build) -> tuple:
+    """(the app's state, the request prepared by ``build`` on a worker thread, its job's run): each route's start."""
+    state = request.app.state.eyas
+    prep = await state.prepare(build, await request.body())
+    return state, prep, JobRun(state.scheduler, state.engine, prep.job, state.options.limits)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    state = request.app.state.eyas
-    prep = await state.prepare(_chat, await request.body())
+    state, prep, run = await prepared_run(request, _chat)
     req, job = prep.req, prep.job
-    run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     log_prompt(request, prep)
     if req.stream:
@@ -106,10 +111,8 @@ async def chat_completions(request: Request):
 
 @router.post("/v1/completions")
 async def completions(request: Request):
-    state = request.app.state.eyas
-    prep = await state.prepare(_completion, await request.body())
-    req, job = prep.req, prep.job
-    run = JobRun(state.scheduler, state.engine, job, state.options.limits)
+    state, prep, run = await prepared_run(request, _completion)
+    req = prep.req
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     log_prompt(request, prep)
     if req.stream:

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .api_errors import ApiError, bad_request
 from .inputs import chat_prompt, check_model, openai_job, parse_body
-from .openai_routes import _collect, log_prompt, log_result, spec_fields, streaming
+from .openai_routes import _collect, log_prompt, log_result, prepared_run, spec_fields, streaming
 from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, InputMessage, ResponsesRequest
 from .runner import JobRun
@@ -115,10 +115,8 @@ def _finish(response: dict, f: Finished, mid: str, u: dict) -> dict:
 
 @router.post("/v1/responses")
 async def responses(request: Request):
-    state = request.app.state.eyas
-    prep = await state.prepare(_build, await request.body())
+    state, prep, run = await prepared_run(request, _build)
     req, job = prep.req, prep.job
-    run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     sp, mid = job.params, f"msg_{uuid.uuid4().hex}"
     response = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
                 "status": "in_progress", "error": None, "incomplete_details": None, "instructions": req.instructions,

@@ -28,13 +28,11 @@ from .protocol import (
     CompletionRequest,
     GenerateRequest,
 )
-from .sampling_defaults import OPENAI, SamplingDefaults
+from .sampling_defaults import OPENAI, OPENAI_MAX_TEMPERATURE, SAMPLING_FIELDS, SamplingDefaults
 from .tools import ToolPlan, template_message, template_tools
 
 log = logging.getLogger("eyas.serve")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # a request's or the served default
-OPENAI_MAX_TEMPERATURE = 2.0  # OpenAI's bound on its routes; /generate keeps SamplingParams' own (SGLang's)
 
 
 @dataclass
@@ -219,7 +217,7 @@ def _stops(stop) -> list[str]:
     return stops
 
 
-def _refuse(param: str, value, neutral, what: str) -> None:
+def refuse(param: str, value, neutral, what: str) -> None:
     if value is not None and value != neutral and value not in ((), [], {}):
         raise bad_request(f"{param}={_short(value)} is not supported by eyas ({what}); leave it out", param=param)
 
@@ -229,14 +227,14 @@ def _refuse_openai_only(req: ChatCompletionRequest) -> None:
     if req.modalities is not None and req.modalities != ["text"]:
         raise bad_request(f"modalities={_short(req.modalities)} is not supported by eyas (text only); send "
                           '["text"] or leave it out', param="modalities")
-    _refuse("audio", req.audio, None, "text only")
-    _refuse("reasoning_effort", req.reasoning_effort, None, "this server has no reasoning-effort control; a chat "
+    refuse("audio", req.audio, None, "text only")
+    refuse("reasoning_effort", req.reasoning_effort, None, "this server has no reasoning-effort control; a chat "
             "template that reads one takes it in chat_template_kwargs")
-    _refuse("verbosity", req.verbosity, None, "no verbosity control")
+    refuse("verbosity", req.verbosity, None, "no verbosity control")
     if req.web_search_options is not None:  # even {}: it turns web search on
-        _refuse("web_search_options", req.web_search_options or "{}", None, "no web search")
-    _refuse("functions", req.functions, None, "the deprecated spelling: send the functions as 'tools'")
-    _refuse("function_call", req.function_call, None, "the deprecated spelling: send 'tool_choice'")
+        refuse("web_search_options", req.web_search_options or "{}", None, "no web search")
+    refuse("functions", req.functions, None, "the deprecated spelling: send the functions as 'tools'")
+    refuse("function_call", req.function_call, None, "the deprecated spelling: send 'tool_choice'")
 
 
 def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
@@ -281,7 +279,7 @@ def _generate_logprobs(req: GenerateRequest) -> int | None:
 
 def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool,
                defaults: SamplingDefaults = OPENAI) -> Job:
-    _refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
+    refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
         _refuse_openai_only(req)
         logprobs = _chat_logprobs(req)
@@ -289,9 +287,9 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     else:
         logprobs = None if req.logprobs is None else _alternatives("logprobs", req.logprobs)
-        _refuse("echo", req.echo, False, "the prompt is not echoed, nor are its logprobs computed")
-        _refuse("suffix", req.suffix, None, "no insertion mode")
-        _refuse("best_of", req.best_of, 1, "no best-of sampling")
+        refuse("echo", req.echo, False, "the prompt is not echoed, nor are its logprobs computed")
+        refuse("suffix", req.suffix, None, "no insertion mode")
+        refuse("best_of", req.best_of, 1, "no best-of sampling")
         max_tokens, param = req.max_tokens, "max_tokens"
     n = 1 if req.n is None else req.n
     if n < 1:  # the most is --max-n (Limits.check_job)
@@ -303,7 +301,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
                           f"{req.temperature!r}; 0 is greedy", param="temperature", code="invalid_value")
     cap = defaults.max_tokens if max_tokens is None else None  # the model's max_new_tokens, within the context
     default = None if chat or cap is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-    sampled = {k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k) for k in SAMPLED}
+    sampled = {k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k) for k in SAMPLING_FIELDS}
     params = _params(max_tokens, param, default, n, "seed", **sampled,
                      presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                      logit_bias=_logit_bias(req.logit_bias),
@@ -316,10 +314,10 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     sp = req.sampling_params
     logprobs = _generate_logprobs(req)
-    _refuse("lora_path", req.lora_path, None, "no LoRA adapters")
-    _refuse("image_data", req.image_data, None, "text only")
-    _refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
-    _refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
+    refuse("lora_path", req.lora_path, None, "no LoRA adapters")
+    refuse("image_data", req.image_data, None, "text only")
+    refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
+    refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
     if sp.n < 1:  # the most is --max-n (Limits.check_job)
         raise bad_request(f"sampling_params.n must be at least 1, got {sp.n}", param="sampling_params.n")
     param = "sampling_params.max_new_tokens"

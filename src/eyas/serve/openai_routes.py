@@ -96,7 +96,7 @@ async def chat_completions(request: Request):
     if req.stream:
         return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log, job.tools),
                          request.state.log)
-    finished = await _collect(run, request)
+    finished = await collect_finished(run, request)
     if finished is None:
         return Response(status_code=499)
     choices = [{"index": i, "message": {"role": "assistant", "content": f.text},
@@ -118,7 +118,7 @@ async def completions(request: Request):
     if req.stream:
         return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log),
                          request.state.log)
-    finished = await _collect(run, request)
+    finished = await collect_finished(run, request)
     if finished is None:
         return Response(status_code=499)
     choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "logprobs": lp.completion(f.logprobs)[0]}
@@ -187,7 +187,7 @@ def log_result(fields: dict, body_usage: dict, finished: list[Finished], streame
     fields["output"] = [f.text for f in finished if f is not None]
 
 
-async def _collect(run: JobRun, request: Request) -> list[Finished] | None:
+async def collect_finished(run: JobRun, request: Request) -> list[Finished] | None:
     """Every choice's Finished event, in index order; None when the client went away."""
     finished: list[Finished | None] = [None] * len(run.works)
     try:

@@ -27,8 +27,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .api_errors import ApiError, bad_request
-from .inputs import chat_prompt, check_model, openai_job, parse_body
-from .openai_routes import _collect, log_prompt, log_result, prepared_run, spec_fields, streaming
+from .inputs import chat_prompt, check_model, openai_job, parse_body, refuse
+from .openai_routes import collect_finished, log_failure, log_prompt, log_result, prepared_run, streaming, usage
 from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, InputMessage, ResponsesRequest
 from .runner import JobRun
@@ -39,19 +39,16 @@ router = APIRouter()
 
 
 def _refuse_unsupported(req: ResponsesRequest) -> None:
-    why = {"tools": (req.tools, "tools and tool calls: use /v1/chat/completions, which has them"),
-           "tool_choice": (req.tool_choice not in (None, "none", "auto") and req.tool_choice, "no tools"),
-           "previous_response_id": (req.previous_response_id, "no response is stored: send the conversation in input"),
-           "conversation": (req.conversation, "no conversation is stored: send it in input"),
-           "background": (req.background, "no background responses"),
-           "reasoning": (req.reasoning, "no reasoning controls"),
-           "include": (req.include, "nothing more to include"),
-           "top_logprobs": (req.top_logprobs, "no logprobs here: use /v1/chat/completions"),
-           "truncation": (req.truncation == "auto", "the input is never cut: a prompt too long is refused")}
-    for field, (value, reason) in why.items():
-        if value:
-            raise bad_request(f"{field} is not supported on /v1/responses by eyas ({reason}); leave it out",
-                              param=field, code="unsupported_parameter")
+    refuse("tools", req.tools, None, "tools and tool calls on /v1/responses: /v1/chat/completions has them")
+    refuse("tool_choice", None if req.tool_choice in ("none", "auto") else req.tool_choice, None, "no tools")
+    refuse("previous_response_id", req.previous_response_id, None, "no response is stored: send the conversation "
+           "in input")
+    refuse("conversation", req.conversation, None, "no conversation is stored: send it in input")
+    refuse("background", req.background, False, "no background responses")
+    refuse("reasoning", req.reasoning, None, "no reasoning controls")
+    refuse("include", req.include, None, "nothing more to include")
+    refuse("top_logprobs", req.top_logprobs, 0, "no logprobs on /v1/responses: /v1/chat/completions has them")
+    refuse("truncation", req.truncation, "disabled", "the input is never cut: a prompt too long is refused")
 
 
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
@@ -90,13 +87,12 @@ def _build(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     return p.prepared(req, chat_structure(job, chat))
 
 
-def _usage(state, run: JobRun, finished: list[Finished]) -> dict:
-    out = sum(len(f.output_ids) for f in finished)
-    u = {"input_tokens": run.prompt_tokens, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out,
-         "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": run.prompt_tokens + out}
-    if state.engine.spec.speculative and finished:
-        u.update(spec_fields(finished[0].stats))
-    return u
+def _ended(state, run: JobRun, f: Finished, log_fields: dict) -> dict:
+    """The request's log line written, its usage in the Responses API's names (acceptance as on the chat route)."""
+    u = usage(state, run.prompt_tokens, [f])
+    log_result(log_fields, u, [f])
+    return {"input_tokens": u.pop("prompt_tokens"), "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": u.pop("completion_tokens"), "output_tokens_details": {"reasoning_tokens": 0}, **u}
 
 
 def _message(mid: str, text: str, status: str) -> dict:
@@ -129,13 +125,10 @@ async def responses(request: Request):
     log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _events(state, run, response, mid, request.state.log), request.state.log)
-    finished = await _collect(run, request)
+    finished = await collect_finished(run, request)
     if finished is None:
         return Response(status_code=499)
-    u = _usage(state, run, finished)
-    log_result(request.state.log, {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"], **u},
-               finished)
-    return JSONResponse(_finish(response, finished[0], mid, u))
+    return JSONResponse(_finish(response, finished[0], mid, _ended(state, run, finished[0], request.state.log)))
 
 
 async def _events(state, run: JobRun, response: dict, mid: str, log_fields: dict):
@@ -150,7 +143,7 @@ async def _events(state, run: JobRun, response: dict, mid: str, log_fields: dict
     yield event("response.in_progress", response=response)
     yield event("response.output_item.added", output_index=0, item=_message(mid, "", "in_progress"))
     yield event("response.content_part.added", part=part, **at)
-    finished: Finished | None = None
+    finished, failure = None, None  # failure: (code, message, the log line's outcome)
     try:
         async for _, e in run.events():
             if isinstance(e, Delta) and e.text:
@@ -158,21 +151,19 @@ async def _events(state, run: JobRun, response: dict, mid: str, log_fields: dict
             elif isinstance(e, Finished):
                 finished = e
             elif isinstance(e, Failed):
-                log_fields.update(outcome="error", error=e.message)
-                yield event("response.failed", response={**response, "status": "failed",
-                                                         "error": {"code": "server_error", "message": e.message}})
-                return
+                failure = ("server_error", e.message, "error")
+                break
     except ApiError as e:  # --request-timeout
-        log_fields.update(outcome="timeout", error=e.message)
+        failure = ("timeout", e.message, "timeout")
+    if failure is not None:
+        code, message, outcome = failure
+        log_failure(log_fields, message, outcome)
         yield event("response.failed", response={**response, "status": "failed",
-                                                 "error": {"code": "timeout", "message": e.message}})
+                                                 "error": {"code": code, "message": message}})
         return
     if finished is None:  # cancelled under way: nothing more to say
         return
-    u = _usage(state, run, [finished])
-    log_result(log_fields, {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"], **u},
-               [finished])
-    done = _finish(response, finished, mid, u)
+    done = _finish(response, finished, mid, _ended(state, run, finished, log_fields))
     yield event("response.output_text.done", text=finished.text, logprobs=[], **at)
     yield event("response.content_part.done", part={**part, "text": finished.text}, **at)
     yield event("response.output_item.done", output_index=0, item=done["output"][0])

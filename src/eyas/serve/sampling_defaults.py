@@ -23,11 +23,14 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..engine.sampling import SamplingParams
 from ..errors import EyasError
 
 FILE = "generation_config.json"
 BUILT_IN = ("vllm", "openai", "none")  # --generation-config values that keep OpenAI's defaults (SGLang: openai)
-FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # SamplingParams' own names
+FIELDS = (*SAMPLING_FIELDS, "max_tokens")
+OPENAI_MAX_TEMPERATURE = 2.0  # OpenAI's bound on its routes; /generate keeps SamplingParams' own (SGLang's)
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,7 @@ def from_file(path: Path, label: str) -> SamplingDefaults:
                         "fix the file, or serve with --generation-config vllm (OpenAI's defaults)") from None
     if not isinstance(data, dict):
         raise EyasError(f"{path} holds no JSON object", "fix the file, or serve with --generation-config vllm")
-    values = {k: data[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-              if data.get(k) is not None}
+    values = {k: data[k] for k in SAMPLING_FIELDS if data.get(k) is not None}
     if data.get("max_new_tokens") is not None:
         values["max_tokens"] = data["max_new_tokens"]
     return with_values(values, SamplingDefaults(), str(path), label if values else f"{label} sets none")
@@ -131,26 +133,32 @@ def parse_override(text: str) -> dict:
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         raise EyasError(f"--override-generation-config names {', '.join(unknown)}, which are not sampling defaults",
-                        f"set only {', '.join(FIELDS[:-1])} or max_new_tokens")
+                        f"set only {', '.join(SAMPLING_FIELDS)} or max_new_tokens")
     return values
 
 
 def with_values(values: dict, defaults: SamplingDefaults, where: str, source: str) -> SamplingDefaults:
-    """``defaults`` with ``values`` set, each checked against the range a request's own field is held to."""
-    ranges = {"temperature": (0.0, 2.0, "in [0, 2]"), "top_p": (1e-9, 1.0, "in (0, 1]"),
-              "top_k": (-1, None, "-1 or 0 (off) or more"), "min_p": (0.0, 1.0, "in [0, 1]"),
-              "repetition_penalty": (1e-9, None, "above 0"), "max_tokens": (1, None, "at least 1")}
+    """``defaults`` with ``values`` set, held to what a request's own fields are held to: OpenAI's temperature
+    range and ``SamplingParams``' checks."""
+    fix = ("""--override-generation-config with a valid value (e.g. '{"temperature": 0.7}'), or --generation-config """
+           "vllm (OpenAI's defaults)")
     out = {}
     for name, value in values.items():
-        low, high, text = ranges[name]
         integral = name in ("top_k", "max_tokens")
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and (not integral or float(value).is_integer()) and value >= low and (high is None or value <= high))
-        if not ok:
-            raise EyasError(f"{where} sets {name} to {value!r}; it must be {text}",
-                            f"""--override-generation-config '{{"{name}": ...}}' with a valid value, or """
-                            "--generation-config vllm (OpenAI's defaults)")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (integral and not float(value).is_integer())):
+            raise EyasError(f"{where} sets {name} to {value!r}; it must be {'an integer' if integral else 'a number'}",
+                            fix)
         out[name] = int(value) if integral else float(value)
+    if not 0 <= out.get("temperature", 0.0) <= OPENAI_MAX_TEMPERATURE:
+        raise EyasError(f"{where} sets temperature to {out['temperature']:g}; it must be in [0, "
+                        f"{OPENAI_MAX_TEMPERATURE:g}] (OpenAI's range)", fix)
+    if out.get("max_tokens", 1) < 1:
+        raise EyasError(f"{where} sets max_tokens to {out['max_tokens']}; it must be at least 1", fix)
+    try:
+        SamplingParams(**{k: v for k, v in out.items() if k in SAMPLING_FIELDS})
+    except EyasError as e:
+        raise EyasError(f"{where}: {e.problem}", fix) from None
     if out.get("top_k") == -1:
         out["top_k"] = 0
     return replace(defaults, **out, source=source)

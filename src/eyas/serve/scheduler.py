@@ -3,12 +3,10 @@
 The engine is synchronous torch code and is only ever called from this one thread. Each turn:
 
     admit     move waiting requests into free slots (up to --max-running-requests, and at most
-              --max-prefill-tokens prompt tokens per turn, or --chunked-prefill-size's when less: a
-              prompt over the chunk counts one chunk): prefill them as their own batch, emit
-              their first tokens, merge into the running batch. A prompt longer than
-              --chunked-prefill-size is prefilled one chunk a turn instead (the first such prompt,
-              then the next), and joins the batch after its last chunk: the running rows keep
-              stepping between chunks
+              --max-prefill-tokens prompt tokens a turn, or a chunk's when less: a longer prompt counts
+              one chunk), prefill them as their own batch, emit their first tokens, merge into the
+              running batch. A prompt over --chunked-prefill-size is prefilled a chunk a turn (one
+              prompt at a time) and joins after its last chunk: the running rows step between chunks
     retire    drop rows that finished (stop, length, a stop string, or cancelled by the client)
     step      one speculative verify step for every running row; emit what each row produced
 
@@ -19,14 +17,12 @@ over, bookkeeping) runs while the device computes the next step. A row that ends
 nothing; any membership change (a row that ended, was cancelled or stopped, a prompt to admit or a chunk to
 prefill) first collects the step in flight.
 
-Requests come in from asyncio handlers through ``submit`` (which refuses with ``Overloaded`` past
-running + queue capacity, so the HTTP layer answers 503). The thread only steps and hands token ids
-over: what a turn produced (each row's new ids, the rows that ended) goes to the event loop in one
-post per turn (``stream.Outbox``), and detokenizing, stop strings and events happen there. A stop
-string found there sets ``Work.stopped``, and this thread ends the row before its next step.
-``Work.cancel`` takes a queued request out of the queue at once (its slot is free for the next
-``submit``); a running one is flagged, and the thread drops it between steps, so a disconnected
-client frees its slot within one step.
+Requests come in from asyncio handlers through ``submit`` (``Overloaded`` past running + queue capacity:
+the HTTP layer answers 503). The thread only steps and hands token ids over, one post a turn to the event
+loop (``stream.Outbox``: each row's new ids, the rows that ended), where detokenizing, stop strings and
+events happen. A stop string found there sets ``Work.stopped``: this thread ends the row before its next
+step. ``Work.cancel`` takes a queued request out of the queue at once (its slot free for the next
+``submit``); a running one is flagged and dropped between steps: a client that left frees its slot within a step.
 
 One request never fails another. A row the engine ends for a fault of its own (logits that are not
 finite, a failed draw: ``Sequence.error``) gets a ``Failed`` event while the batch goes on. When a

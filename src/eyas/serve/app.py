@@ -18,6 +18,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import __version__
 from ..engine.sampling import SamplingParams
@@ -215,6 +216,13 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
                405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, e: ClientDisconnect):
+        # the client left while its body was being read (a timeout, a proxy, a killed process): an abort, as when it
+        # leaves later, never a server error; nobody is left to read the answer
+        metrics.requests.labels(outcome="abort").inc()
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):

@@ -88,3 +88,16 @@ def test_openai_fields_eyas_has_not_got_are_named(client, fields, param, words):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
                                        extra_body=fields)
     assert e.value.param == param and words in e.value.message, e.value.message
+
+
+def test_every_operation_id_in_the_openapi_document_is_unique(inprocess, recwarn):
+    """OpenAPI requires it (client generators name methods by it); GET and HEAD /health once shared one."""
+    import collections
+
+    with inprocess() as srv:
+        doc = httpx.get(srv.url + "/openapi.json", timeout=60).json()
+        assert httpx.head(srv.url + "/health").status_code == 200  # load balancers probe with HEAD
+    ids = collections.Counter(op["operationId"] for ops in doc["paths"].values() for op in ops.values())
+    assert [i for i, count in ids.items() if count > 1] == []
+    assert set(doc["paths"]["/health"]) == {"get", "head"}
+    assert not [w for w in recwarn if "Duplicate Operation ID" in str(w.message)]

@@ -118,3 +118,28 @@ def test_real_server_under_load_with_cancellations_stays_flat(server):
     assert growth_mb < 64, f"resident memory grew {growth_mb:.1f} MB over two load rounds"
     log = server.stderr()
     assert "Traceback" not in log and " ERROR " not in log and "ERROR:" not in log, log[-3000:]
+
+
+def test_a_client_that_hangs_up_mid_body_is_an_abort_not_a_server_error(inprocess, caplog):
+    """A client (or proxy) that sends part of its body and leaves: counted and logged as ``abort``, no 500,
+    no traceback; the server answers the next request."""
+    import json
+    import logging
+    import socket
+
+    with inprocess() as srv, caplog.at_level(logging.INFO):
+        for path in ("/v1/chat/completions", "/v1/completions", "/generate"):
+            with socket.create_connection(("127.0.0.1", srv.port)) as s:
+                s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          'Content-Length: 100\r\n\r\n{"prompt": '.encode())
+                time.sleep(0.2)  # the route is reading the body
+        end = time.time() + 10
+        while time.time() < end and scrape(srv.url).get('eyas:requests_total{outcome="abort"}', 0) < 3:
+            time.sleep(0.05)
+        m = scrape(srv.url)
+        assert m['eyas:requests_total{outcome="abort"}'] == 3
+        assert m['eyas:requests_total{outcome="error"}'] == 0
+        assert httpx.post(srv.url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}).status_code == 200
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "eyas.serve.requests"]
+    assert [line["outcome"] for line in logged if line["path"] != "/metrics"][:3] == ["abort"] * 3
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[-2000:]

@@ -77,3 +77,24 @@ def test_structured_output_through_text_format(inprocess):
         body = r.json()
         if body["status"] == "completed":
             assert isinstance(json.loads(body["output"][0]["content"][0]["text"])["a"], int)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/a.png"}]}]},
+     "input"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}, "input"),
+    ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}, "input"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]},
+     "messages.0.content"),
+])
+def test_an_image_or_other_non_text_input_is_refused_saying_text_only(inprocess, path, body, param):
+    """What a client sends to a vision or tool-using model: a 400 that says what the field may hold and that this
+    server takes text only, never that a list of messages "should be a valid string"."""
+    with inprocess() as srv:
+        r = httpx.post(srv.url + path, json={**body, "max_tokens" if "messages" in body else "max_output_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and "text only" in err["message"], err
+        assert "should be a valid string" not in err["message"], err

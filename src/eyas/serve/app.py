@@ -18,6 +18,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import __version__
 from ..engine.sampling import SamplingParams
@@ -134,7 +135,8 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-Id"])
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
+    @app.head("/health")  # a route of its own: one route of both methods gives both one operationId
     async def health():
         running, queued = scheduler.counts()
         body = {"status": "ok" if scheduler.alive else "engine thread stopped", "running": running, "queued": queued}
@@ -215,6 +217,13 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
                405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, e: ClientDisconnect):
+        # the client left while its body was being read (a timeout, a proxy, a killed process): an abort, as when it
+        # leaves later, never a server error; nobody is left to read the answer
+        metrics.requests.labels(outcome="abort").inc()
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):

@@ -190,3 +190,38 @@ def test_greedy_streams_of_16_concurrent_clients_equal_those_served_one_at_a_tim
     together = asyncio.run(run(True))
     assert together == alone
     assert sum(reason == "stop" for _, reason in alone) >= 3 and sum(len(text) for text, _ in alone) > 100
+
+
+def test_the_stop_string_stays_with_include_stop_str_in_output(server, engine, reference):
+    tok = engine.target.tokenizer
+    want = tok.decode(reference([tok("stop here").input_ids], 40, ignore_eos=True)[0], skip_special_tokens=True)
+    stop = want[6:9]
+    body = {"prompt": "stop here", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stop": [stop]}
+    text, last = _stream_completion(server.url, {**body, "include_stop_str_in_output": True})
+    assert text == want[: want.index(stop) + len(stop)]
+    assert last["choices"][0]["stop_reason"] == stop
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+    assert r["choices"][0]["text"] == want[: want.index(stop)] and r["choices"][0]["stop_reason"] == stop
+    r = httpx.post(server.url + "/generate", timeout=120, json={
+        "text": "stop here", "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True,
+                                                 "stop": [stop], "no_stop_trim": True}}).json()
+    assert r["text"] == want[: want.index(stop) + len(stop)] and r["meta_info"]["finish_reason"]["matched"] == stop
+
+
+def test_a_stop_token_ends_the_output_counted_but_unwritten_unless_asked(server, engine, reference):
+    """vLLM's rule for ``stop_token_ids`` (and EOS): the token that ended the output is in ``completion_tokens``,
+    not in the text; ``stop_reason`` names it; ``include_stop_str_in_output`` writes it."""
+    tok = engine.target.tokenizer
+    out = reference([tok("stop here").input_ids], 40, ignore_eos=True)[0]
+    k = next(i for i in range(4, len(out)) if tok.decode(out[i:i + 1]) and out[i] not in out[:i])
+    body = {"prompt": "stop here", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stop_token_ids": [out[k]]}
+    for keep in (False, True):
+        r = httpx.post(server.url + "/v1/completions", json={**body, "include_stop_str_in_output": keep},
+                       timeout=120).json()
+        choice = r["choices"][0]
+        assert choice["text"] == tok.decode(out[:k + 1] if keep else out[:k], skip_special_tokens=True)
+        assert choice["finish_reason"] == "stop" and choice["stop_reason"] == out[k]
+        assert r["usage"]["completion_tokens"] == k + 1
+    r = httpx.post(server.url + "/v1/completions", json={**body, "max_tokens": 3, "stop_token_ids": []},
+                   timeout=120).json()
+    assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["stop_reason"] is None

@@ -8,9 +8,10 @@ token is only turned into text once the characters it completes are whole (a byt
 half of a UTF-8 character, which decodes to U+FFFD until the rest arrives) and a leading-space token
 decodes the same as it does in context; at the end, what is still held decodes as it is.
 
-Stop strings are matched on the text. The output stops *before* the stop string (OpenAI's rule),
-and the tokens kept are those up to and including the one that completed the match. While
-streaming, a tail of text that could be the start of a stop string is held back until it can't.
+Stop strings are matched on the text. The output stops *before* the stop string (OpenAI's rule), or
+after it with ``keep_stop`` (vLLM's ``include_stop_str_in_output``, SGLang's ``no_stop_trim``), and
+the tokens kept are those up to and including the one that completed the match. While streaming, a
+tail of text that could be the start of a stop string is held back until it can't.
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ def backend_decode(tokenizer, skip_special_tokens: bool):
 
 
 class Detokenizer:
-    def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True,
+                 keep_stop: bool = False):
+        self.tokenizer, self.keep_stop = tokenizer, keep_stop
         self._decode = backend_decode(tokenizer, skip_special_tokens)
         self.stop = [s for s in (stop or []) if s]
         self.skip_special = skip_special_tokens
         self.ids: list[int] = []
-        self.text = ""  # all text decoded so far (before any stop string)
+        self.text = ""  # all text decoded so far (up to the stop string, or through it with keep_stop)
         self.sent = 0  # characters of self.text already released
         self.prefix = 0  # ids before this one are text (the stream's: up to its last chunk)
         self.read = 0  # ids before this one were decoded
@@ -108,9 +110,8 @@ class Detokenizer:
             self._advance()
             hit = self._find_stop(start)
             if hit is not None:
-                index, stop = hit
-                self.text, self.matched = self.text[:index], stop
-                return Pushed(self._release(hold=0), kept, stop)
+                self._cut(*hit)
+                return Pushed(self._release(hold=0), kept, hit[1])
         return Pushed(self._release(hold=self._partial_stop_tail()), kept)
 
     def flush(self) -> str:
@@ -125,8 +126,12 @@ class Detokenizer:
             self._advance(final=True)
             hit = self._find_stop(start) if self.stop else None
             if hit is not None:
-                self.text, self.matched = self.text[:hit[0]], hit[1]
+                self._cut(*hit)
         return self._release(hold=0)
+
+    def _cut(self, index: int, stop: str) -> None:
+        """End the text at the stop string found at ``index``: before it, or after it with ``keep_stop``."""
+        self.text, self.matched = self.text[:index + (len(stop) if self.keep_stop else 0)], stop
 
     def _find_stop(self, start: int) -> tuple[int, str] | None:
         best = None

@@ -50,6 +50,7 @@ class Job:
     tools: ToolPlan | None = None  # chat with tools: how calls are constrained and read back (``tools.py``)
     prompt_param: str = "prompt"  # the field that held the prompt, named when it cannot fit
     max_tokens_cap: int | None = None  # the served default max_tokens (the model's max_new_tokens), if any
+    keep_stop: bool = False  # the stop string or token's text ends the output (vLLM's include_stop_str_in_output)
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
                max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt",
-               max_tokens_cap=cap)
+               max_tokens_cap=cap, keep_stop=req.include_stop_str_in_output)
 
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
@@ -330,7 +331,7 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n",
-               prompt_param="text" if req.text is not None else "input_ids")
+               prompt_param="text" if req.text is not None else "input_ids", keep_stop=sp.no_stop_trim)
 
 
 def _params(max_tokens, param: str, default, n: int, seed_param: str, field_prefix: str = "",

@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 from ..engine.stats import SpecStats
 from . import logprobs as lp
 from .api_errors import ApiError, error_body
-from .inputs import chat_prompt, check_model, openai_job, parse_body, text_prompts
+from .inputs import Job, chat_prompt, check_model, openai_job, parse_body, text_prompts
 from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .runner import ClientGone, JobRun
@@ -99,8 +99,8 @@ async def chat_completions(request: Request):
     finished = await collect_finished(run, request)
     if finished is None:
         return Response(status_code=499)
-    choices = [{"index": i, "message": {"role": "assistant", "content": f.text},
-                "finish_reason": f.reason, "logprobs": lp.chat(f.logprobs)} for i, f in enumerate(finished)]
+    choices = [{"index": i, "message": {"role": "assistant", "content": f.text}, "finish_reason": f.reason,
+                "stop_reason": stop_reason(f, job), "logprobs": lp.chat(f.logprobs)} for i, f in enumerate(finished)]
     if job.tools is not None:  # the calls read back from the output (tools.py)
         for c, f in zip(choices, finished):
             tool_message(c, f.text, job.tools)
@@ -121,8 +121,8 @@ async def completions(request: Request):
     finished = await collect_finished(run, request)
     if finished is None:
         return Response(status_code=499)
-    choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "logprobs": lp.completion(f.logprobs)[0]}
-               for i, f in enumerate(finished)]
+    choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "stop_reason": stop_reason(f, prep.job),
+                "logprobs": lp.completion(f.logprobs)[0]} for i, f in enumerate(finished)]
     body_usage = usage(state, run.prompt_tokens, finished)
     log_result(request.state.log, body_usage, finished)
     return JSONResponse({**head, "object": "text_completion", "choices": choices, "usage": body_usage})
@@ -250,7 +250,8 @@ async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: d
                 body = {**chunk, "choices": [piece(index, event.text, None, pending.pop(index))]}
             elif isinstance(event, Finished):
                 done.append(event)
-                body = {**chunk, "choices": [piece(index, "", event.reason, pending.pop(index, None))],
+                choice = piece(index, "", event.reason, pending.pop(index, None))
+                body = {**chunk, "choices": [{**choice, "stop_reason": stop_reason(event, run.job)}],
                         "meta_info": _meta(state, event)}
             else:  # Failed
                 log_failure(log_fields, event.message)
@@ -269,6 +270,14 @@ async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: d
     if include_usage:
         yield sse({**chunk, "choices": [], "usage": body_usage})
     yield "data: [DONE]\n\n"
+
+
+def stop_reason(f: Finished, job: Job) -> str | int | None:
+    """vLLM's ``stop_reason``: the stop string or ``stop_token_ids`` entry that ended the output; None where it
+    ended otherwise (EOS, length)."""
+    if f.reason != "stop" or not (isinstance(f.matched, str) or f.matched in job.params.stop_token_ids):
+        return None
+    return f.matched
 
 
 def _meta(state, f: Finished) -> dict:

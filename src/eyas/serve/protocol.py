@@ -103,6 +103,7 @@ class _OpenAISampling(_Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string (or stop token) that ended the output kept
 
 
 class ChatCompletionRequest(_OpenAISampling):
@@ -212,6 +213,7 @@ class GenerateSampling(_Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    no_stop_trim: bool = False  # the stop string (or stop token) that ended the output kept
     seed: int | None = None
     sampling_seed: int | None = None
     n: int = 1

@@ -27,15 +27,16 @@ class ClientGone(Exception):
 
 class JobRun:
     def __init__(self, scheduler: Scheduler, engine, job: Job, limits: Limits | None = None):
-        self.limits = limits or Limits()
+        self.job, self.limits = job, limits or Limits()
         self.limits.check_job(job, scheduler.max_running, scheduler.max_queued)
         timeout = self.limits.request_timeout
         self.deadline = time.monotonic() + timeout if timeout else None
         seqs = sequences_for(engine, job)  # 400s happen here, before anything is queued
         self.queue: asyncio.Queue = asyncio.Queue()
         outbox = scheduler.outbox(asyncio.get_running_loop())
-        stop = list(job.stop or [])
-        self.works = [Work(seq, Receiver(outbox, self.queue, k, stop, job.skip_special_tokens))
+        stop, p = list(job.stop or []), job.params
+        stop_ids = frozenset(p.stop_token_ids) | frozenset(() if p.ignore_eos else engine.target.eos_token_ids)
+        self.works = [Work(seq, Receiver(outbox, self.queue, k, stop, job.skip_special_tokens, job.keep_stop, stop_ids))
                       for k, seq in enumerate(seqs)]
         self.prompt_tokens = sum(len(p) for p in job.prompts)
         try:

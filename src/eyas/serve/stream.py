@@ -83,9 +83,12 @@ def coalesce(events: list[tuple[int, object]]) -> list[tuple[int, object]]:
 class Receiver:
     """One sequence's text side, on the event loop: tokens in, events onto the handler's queue."""
 
-    def __init__(self, outbox: Outbox, queue, index: int, stop: list[str], skip_special_tokens: bool):
+    def __init__(self, outbox: Outbox, queue, index: int, stop: list[str], skip_special_tokens: bool,
+                 keep_stop: bool = False, stop_ids: frozenset[int] = frozenset()):
         self.outbox, self.queue, self.index = outbox, queue, index
-        self.detok = Detokenizer(outbox.tokenizer, stop, skip_special_tokens)
+        self.detok = Detokenizer(outbox.tokenizer, stop, skip_special_tokens, keep_stop)
+        # the ids that end the row (its stop_token_ids, EOS): counted, their text left out unless keep_stop (vLLM)
+        self.stop_ids = frozenset() if keep_stop else stop_ids
         self.kept_ids: list[int] = []
         self.text = ""
         self.first_token_at: float | None = None
@@ -99,7 +102,10 @@ class Receiver:
             return 0
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
-        pushed = self.detok.push(tokens)
+        end = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
+        pushed = self.detok.push(tokens if end is None else tokens[:end])
+        if end is not None and pushed.matched is None:  # the row ends on this token: kept, not written
+            pushed.tokens.append(tokens[end])
         if pushed.matched is not None:
             work.stopped = True  # the engine thread ends the row before its next step
         self.kept_ids += pushed.tokens

@@ -262,3 +262,15 @@ def test_messages_that_cannot_fit_are_refused_before_they_are_rendered(inprocess
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
         assert r.json()["error"]["param"] == "messages"
         assert time.monotonic() - start < 2.5  # the render would have slept 3 s
+
+
+def test_a_default_max_tokens_that_does_not_fit_is_named_as_the_default(server):
+    """A completion's default max_tokens (16) past the context: the 400 says it was the default, not the client's."""
+    context = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+    prompt = [5] * (context - 4)
+    cases = (({}, ("its default", "set max_tokens")), ({"max_tokens": 8}, ("asks for 8", "lower max_tokens")))
+    for body, words in cases:
+        r = httpx.post(server.url + COMP, json={"prompt": prompt, **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text[:300]
+        message = r.json()["error"]["message"]
+        assert all(w in message for w in words) and ("default" in message) == (not body), message

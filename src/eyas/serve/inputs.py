@@ -22,12 +22,7 @@ from ..engine.sampling import MAX_LOGPROBS, SamplingParams
 from ..errors import EyasError
 from .api_errors import ApiError, bad_request
 from .json_body import INT64, load_object
-from .protocol import (
-    EXPECTED,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-)
+from .protocol import EXPECTED, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from .sampling_defaults import OPENAI, OPENAI_MAX_TEMPERATURE, SAMPLING_FIELDS, SamplingDefaults
 from .tools import ToolPlan, template_message, template_tools
 
@@ -51,6 +46,7 @@ class Job:
     prompt_param: str = "prompt"  # the field that held the prompt, named when it cannot fit
     max_tokens_cap: int | None = None  # the served default max_tokens (the model's max_new_tokens), if any
     keep_stop: bool = False  # the stop string or token's text ends the output (vLLM's include_stop_str_in_output)
+    max_tokens_set: bool = True  # the request set max_tokens (else a default applies: the 400s say which)
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -309,7 +305,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
                max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt",
-               max_tokens_cap=cap, keep_stop=req.include_stop_str_in_output)
+               max_tokens_cap=cap, keep_stop=req.include_stop_str_in_output, max_tokens_set=max_tokens is not None)
 
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
@@ -331,7 +327,8 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n",
-               prompt_param="text" if req.text is not None else "input_ids", keep_stop=sp.no_stop_trim)
+               prompt_param="text" if req.text is not None else "input_ids", keep_stop=sp.no_stop_trim,
+               max_tokens_set="max_new_tokens" in sp.model_fields_set)
 
 
 def _params(max_tokens, param: str, default, n: int, seed_param: str, field_prefix: str = "",
@@ -378,8 +375,9 @@ def sequences_for(engine, job: Job) -> list:
         if given and len(prompt) + asked > engine.max_context:
             raise bad_request(
                 f"this model's maximum context length is {engine.max_context} tokens; the prompt has "
-                f"{len(prompt)} and {param} asks for {asked} more ({len(prompt) + asked} in all); "
-                f"lower {param} or shorten the prompt", param=param, code="context_length_exceeded")
+                f"{len(prompt)} and {param} {'' if job.max_tokens_set else '(its default: the request left it out) '}"
+                f"asks for {asked} more ({len(prompt) + asked} in all); {'lower' if job.max_tokens_set else 'set'} "
+                f"{param} or shorten the prompt", param=param, code="context_length_exceeded")
         for i in range(job.n):
             params = job.params
             if not given or (job.n > 1 and params.seed is not None):

@@ -120,6 +120,15 @@ CASES = {
     "config.json not an object": (
         lambda p: (p.mkdir(), (p / "config.json").write_text(json.dumps([1, 2])), p)[-1],
         ["not a JSON object"]),
+    "a float field written as an integer (transformers' strict config check)": (
+        lambda p: write_sglang_fixture(p, rms_norm_eps=1),
+        ["SGLang/SpecForge", "cannot be read as a Llama config", "rms_norm_eps"]),
+    "an odd head_dim rope cannot rotate": (
+        lambda p: write_sglang_fixture(p, head_dim=7),
+        ["cannot be read as a Llama config", "head_dim"]),
+    "a dtype torch does not have": (
+        lambda p: write_sglang_fixture(p, dtype="float8"),
+        ["cannot be read as a Llama config", "float8"]),
 }
 
 

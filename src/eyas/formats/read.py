@@ -213,9 +213,9 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
                             "restore the draft's complete config.json")
     try:
         config = LlamaConfig.from_dict(data)
-    except (ValueError, TypeError, KeyError) as e:
-        raise EyasError(f"{path} looks like {looks}, but its config cannot be read as a Llama config: {e}",
-                        "restore the draft's complete config.json") from None
+    except Exception as e:  # noqa: BLE001 - transformers' strict config checks raise huggingface_hub's own types
+        raise EyasError(f"{path} looks like {looks}, but its config cannot be read as a Llama config: "
+                        f"{type(e).__name__}: {e}", "restore the draft's complete config.json") from None
     top = data.get("eagle_aux_hidden_state_layer_ids")
     sgl = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if fmt in (EYAS, SGLANG) and top is not None and sgl is not None and list(top) != from_sglang(sgl):

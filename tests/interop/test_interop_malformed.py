@@ -129,6 +129,18 @@ CASES = {
     "a dtype torch does not have": (
         lambda p: write_sglang_fixture(p, dtype="float8"),
         ["cannot be read as a Llama config", "float8"]),
+    "a tensor the draft does not have (read, not only loaded: the doctor and export see it)": (
+        lambda p: write_sglang_fixture(p, _with("midlayer.self_attn.q_proj.bias", torch.zeros(64))),
+        ["SGLang/SpecForge", "does not have: midlayer.self_attn.q_proj.bias"]),
+    "a layer tensor of the wrong shape (read, not only loaded)": (
+        lambda p: write_sglang_fixture(p, _with("midlayer.mlp.up_proj.weight", torch.zeros(100, 64))),
+        ["midlayer.mlp.up_proj.weight has shape (100, 64), its config implies (128, 64)"]),
+    "an integer (quantised) weight would be cast to float silently": (
+        lambda p: write_sglang_fixture(p, _with("fc.weight", torch.ones(64, 192, dtype=torch.int8))),
+        ["fc.weight is stored as int8", "floating-point"]),
+    "d2t stored as floats would be truncated to other ids silently": (
+        lambda p: write_sglang_fixture(p, _with("d2t", sglang_tensors()["d2t"].float() + 0.5)),
+        ["d2t is stored as bfloat16", "whole numbers"]),
 }
 
 

@@ -180,7 +180,15 @@ def read_draft(path, allow_pickle: bool = False) -> DraftFolder:
     if fmt == SPECULATORS:
         state = from_speculators_names(state)
     check_state(path, fmt, config, state)
+    check_fits(path, fmt, state, _expected(config))  # here, so the doctor and export see what loading would refuse
     return DraftFolder(path, fmt, config, state)
+
+
+def _expected(config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """The tensors of eyas's draft built from ``config``, on ``meta`` (shapes and dtypes, no memory)."""
+    with torch.device("meta"):
+        draft = Eagle3Draft(config)
+    return {k: v for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
 
 
 def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
@@ -272,8 +280,7 @@ def build_draft(folder: DraftFolder, embed_weight: torch.Tensor | None = None, d
                 "use a draft trained for this target, or the target it was trained for",
             )
         state["embed_tokens.weight"] = embed_weight.detach().cpu()
-    expected = {k: tuple(v.shape) for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
-    check_fits(folder.path, folder.format, state, expected)
+    check_fits(folder.path, folder.format, state, _expected(config))
     float_dtype = dtype or (embed_weight.dtype if embed_weight is not None else state["fc.weight"].dtype)
     draft = draft.to(float_dtype)
     draft.load_state_dict(state, strict=False)

@@ -141,7 +141,21 @@ CASES = {
     "d2t stored as floats would be truncated to other ids silently": (
         lambda p: write_sglang_fixture(p, _with("d2t", sglang_tensors()["d2t"].float() + 0.5)),
         ["d2t is stored as bfloat16", "whole numbers"]),
+    "a .pth checkpoint is named as a pickle, not reported as no weights": (
+        lambda p: _as_pickle(write_sglang_fixture(p), "model.pth"),
+        ["model.pth is a pickle checkpoint", "--allow-pickle"]),
+    "a .ckpt checkpoint is named as a pickle, not reported as no weights": (
+        lambda p: _as_pickle(write_sglang_fixture(p), "draft.ckpt"),
+        ["draft.ckpt is a pickle checkpoint", "--allow-pickle"]),
 }
+
+
+def _as_pickle(path, name):
+    from safetensors.torch import load_file
+
+    torch.save(load_file(path / "model.safetensors"), path / name)
+    (path / "model.safetensors").unlink()
+    return path
 
 
 @pytest.mark.parametrize("case", list(CASES))

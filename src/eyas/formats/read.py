@@ -87,7 +87,8 @@ def _config_dict(path: Path) -> dict:
 
 
 def _weight_files(path: Path, looks_like: str, allow_pickle: bool = False) -> list[Path]:
-    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin")) or sorted(path.glob("*.pt"))
+    files = (sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
+             or sorted(f for ext in ("pt", "pth", "ckpt") for f in path.glob(f"*.{ext}")))  # named by refuse_pickle
     if not files:
         raise EyasError(f"{path} looks like {looks_like} but holds no weights (no *.safetensors, pytorch_model.bin)",
                         "copy the draft's weight files next to its config.json")

@@ -215,3 +215,21 @@ def test_a_narrow_draft_that_ships_its_embeddings_runs_as_the_doctor_says(tmp_pa
     out = Engine(t, d, SpecConfig("EAGLE3", 3, 2, 6), draft_path="narrow").generate([[1, 2, 3, 4]], params)
     base = Engine(t, None, SpecConfig("NONE")).generate([[1, 2, 3, 4]], params)
     assert out[0].output_ids == base[0].output_ids
+
+
+@pytest.mark.parametrize("schedule, flags, named", [
+    ("1:5,1,6;8:3,1,4", ["--speculative-num-steps", "3"], "--speculative-num-steps"),
+    ("auto", ["--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"],
+     "--speculative-eagle-topk, --speculative-num-draft-tokens"),
+    ("1:5,1,6", ["--speculative-config", '{"num_speculative_tokens": 3}'], "--speculative-config"),
+])
+def test_a_tree_given_beside_a_batch_schedule_is_refused_not_ignored(schedule, flags, named):
+    """The schedule sets the tree for every batch size; the tree flags were dropped without a word."""
+    from eyas.cli import build_parser
+    from eyas.pipeline import engine_args_from
+
+    args = build_parser().parse_args(["generate", "--speculative-batch-schedule", schedule, *flags])
+    with pytest.raises(EyasError, match="would be ignored") as e:
+        engine_args_from(args)
+    assert named in str(e.value) and "--speculative-batch-schedule" in e.value.fix
+    assert engine_args_from(build_parser().parse_args(["generate", "--speculative-batch-schedule", schedule]))

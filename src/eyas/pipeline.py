@@ -211,13 +211,13 @@ def add_engine_arguments(parser) -> None:
                         "\"num_speculative_tokens\": K}' is EAGLE3 with a chain of K (K steps, topk 1, K+1 draft "
                         "tokens); a \"speculative_token_tree\" gives its depth, widest branching and node count")
     g.add_argument("--speculative-batch-schedule", default=None, metavar="SCHEDULE",
-                   help="settings per running batch size, replacing the three above: BOUND:STEPS,TOPK,TOKENS "
-                        "entries (BOUND:0 = no speculation) for batches up to BOUND, the last one also for "
-                        "larger, e.g. '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (eyas tune prints one); or 'auto': each "
-                        "step runs the candidate (no speculation, chains 3,1,4 and 5,1,6, trees 4,4,16 and "
-                        "6,8,32) with the most expected tokens/s for its batch size, from step costs measured at "
-                        "startup and the live acceptance (eyas serve's default with a draft, unless a tree "
-                        "setting is given)")
+                   help="settings per running batch size, instead of the three above (refused beside them): "
+                        "BOUND:STEPS,TOPK,TOKENS entries (BOUND:0 = no speculation) for batches up to BOUND, the "
+                        "last one also for larger, e.g. '1:6,8,48;4:4,4,16;16:3,1,4;32:0' (eyas tune prints "
+                        "one); or 'auto': each step runs the candidate (no speculation, chains 3,1,4 and 5,1,6, "
+                        "trees 4,4,16 and 6,8,32) with the most expected tokens/s for its batch size, from step "
+                        "costs measured at startup and the live acceptance (eyas serve's default with a draft, "
+                        "unless a tree setting is given)")
     g.add_argument("--device", default="auto",
                    help="auto (default: cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
@@ -253,14 +253,22 @@ def speculative_flags(ns) -> dict:
     from .speculative_config import from_vllm
 
     flags = {name: getattr(ns, name, None) for name in SPECULATIVE_FLAGS}
-    if getattr(ns, "speculative_config", None):
-        spelled = from_vllm(ns.speculative_config)
+    spelled = from_vllm(ns.speculative_config) if getattr(ns, "speculative_config", None) else {}
+    if spelled:
         both = [name for name in spelled if flags[name] is not None]
         if both:
             raise EyasError("--speculative-config and " + ", ".join("--" + n.replace("_", "-") for n in both)
                             + " set the same setting",
                             "give each setting once: in the JSON (vLLM's spelling) or as a flag (SGLang's)")
-        flags.update(spelled)
+    tree = [("--" + n.replace("_", "-")) for n in SPECULATIVE_FLAGS[2:] if flags[n] is not None]
+    tree += ["--speculative-config"] if any(n in spelled for n in SPECULATIVE_FLAGS[2:]) else []
+    schedule = getattr(ns, "speculative_batch_schedule", None)
+    if schedule and tree:  # the schedule sets the tree for every batch size: the flags would be dropped silently
+        raise EyasError(f"--speculative-batch-schedule {schedule!r} sets the tree for every batch size, so "
+                        f"{', '.join(tree)} would be ignored",
+                        "give the tree once: as --speculative-batch-schedule entries (BOUND:STEPS,TOPK,TOKENS), "
+                        "or as the tree flags without a schedule")
+    flags.update(spelled)
     defaults = EngineArgs()
     return {name: getattr(defaults, name) if value is None else value for name, value in flags.items()}
 

@@ -82,6 +82,23 @@ def test_unreadable_folders(saved, tmp_path):
     assert r.exit_code == 1 and "truncated" in row(r, "format").message
 
 
+@pytest.mark.parametrize("name,value,needle", [
+    ("midlayer.self_attn.q_proj.bias", torch.zeros(64), "does not have: midlayer.self_attn.q_proj.bias"),
+    ("midlayer.mlp.up_proj.weight", torch.zeros(100, 64), "has shape (100, 64), its config implies (128, 64)"),
+    ("fc.weight", torch.ones(64, 192, dtype=torch.int8), "fc.weight is stored as int8"),
+])
+def test_tensors_that_loading_refuses_are_not_ready(saved, tmp_path, name, value, needle):
+    """The doctor said 'ready to serve' for a folder that eyas generate/serve then refused (or, for int8,
+    cast to floats silently)."""
+    target, draft = saved
+    bad = copy(draft, tmp_path / "bad")
+    state = load_file(str(bad / "model.safetensors"))
+    state[name] = value
+    save_file(state, str(bad / "model.safetensors"))
+    r = diagnose(bad, str(target))
+    assert r.exit_code == 1 and needle in row(r, "format").message and row(r, "format").fix
+
+
 def test_draft_of_another_target(saved, tmp_path):
     target, _ = saved
     other = tiny_target(seed=1, hidden_size=32)

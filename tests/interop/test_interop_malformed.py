@@ -120,7 +120,42 @@ CASES = {
     "config.json not an object": (
         lambda p: (p.mkdir(), (p / "config.json").write_text(json.dumps([1, 2])), p)[-1],
         ["not a JSON object"]),
+    "a float field written as an integer (transformers' strict config check)": (
+        lambda p: write_sglang_fixture(p, rms_norm_eps=1),
+        ["SGLang/SpecForge", "cannot be read as a Llama config", "rms_norm_eps"]),
+    "an odd head_dim rope cannot rotate": (
+        lambda p: write_sglang_fixture(p, head_dim=7),
+        ["cannot be read as a Llama config", "head_dim"]),
+    "a dtype torch does not have": (
+        lambda p: write_sglang_fixture(p, dtype="float8"),
+        ["cannot be read as a Llama config", "float8"]),
+    "a tensor the draft does not have (read, not only loaded: the doctor and export see it)": (
+        lambda p: write_sglang_fixture(p, _with("midlayer.self_attn.q_proj.bias", torch.zeros(64))),
+        ["SGLang/SpecForge", "does not have: midlayer.self_attn.q_proj.bias"]),
+    "a layer tensor of the wrong shape (read, not only loaded)": (
+        lambda p: write_sglang_fixture(p, _with("midlayer.mlp.up_proj.weight", torch.zeros(100, 64))),
+        ["midlayer.mlp.up_proj.weight has shape (100, 64), its config implies (128, 64)"]),
+    "an integer (quantised) weight would be cast to float silently": (
+        lambda p: write_sglang_fixture(p, _with("fc.weight", torch.ones(64, 192, dtype=torch.int8))),
+        ["fc.weight is stored as int8", "floating-point"]),
+    "d2t stored as floats would be truncated to other ids silently": (
+        lambda p: write_sglang_fixture(p, _with("d2t", sglang_tensors()["d2t"].float() + 0.5)),
+        ["d2t is stored as bfloat16", "whole numbers"]),
+    "a .pth checkpoint is named as a pickle, not reported as no weights": (
+        lambda p: _as_pickle(write_sglang_fixture(p), "model.pth"),
+        ["model.pth is a pickle checkpoint", "--allow-pickle"]),
+    "a .ckpt checkpoint is named as a pickle, not reported as no weights": (
+        lambda p: _as_pickle(write_sglang_fixture(p), "draft.ckpt"),
+        ["draft.ckpt is a pickle checkpoint", "--allow-pickle"]),
 }
+
+
+def _as_pickle(path, name):
+    from safetensors.torch import load_file
+
+    torch.save(load_file(path / "model.safetensors"), path / name)
+    (path / "model.safetensors").unlink()
+    return path
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -95,6 +95,20 @@ def test_integer_data_where_floats_belong_is_refused(tmp_path):
         load_target(str(folder))
 
 
+def test_a_target_missing_a_weight_is_refused_not_filled_with_random_values(tmp_path):
+    """transformers initialises a tensor absent from the checkpoint at random and loads on: the target would
+    generate garbage (and no draft would be accepted), silently."""
+    from safetensors.torch import load_file, save_file
+
+    folder = save_tiny_model(tmp_path / "target")
+    state = load_file(str(folder / "model.safetensors"))
+    del state["model.layers.3.mlp.up_proj.weight"]
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(EyasError, match=r"lacks 1 weight.*model\.layers\.3\.mlp\.up_proj\.weight") as e:
+        load_target(str(folder))
+    assert "random" in str(e.value) and "again" in e.value.fix
+
+
 @pytest.mark.parametrize("make,why", [
     (lambda f: f.symlink_to(f.name), "is a symbolic link that loops back on itself"),
     (lambda f: f.symlink_to("elsewhere.safetensors"),

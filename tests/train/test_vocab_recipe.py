@@ -82,6 +82,9 @@ def test_bad_input_stops_early(tmp_path):
     ("draft.save_dtype=int8", "draft.save_dtype = 'int8' is invalid"),  # refused only after training
     ("train.target_dtype=fp64x", "train.target_dtype = 'fp64x' is invalid"),
     ("train.device=tpu", "train.device = 'tpu' is invalid"),
+    # eyas refuses to load a draft whose captured ids repeat: found out only after the training
+    ("draft.aux_layer_ids=[2, 2, 4]", "draft.aux_layer_ids = \\[2, 2, 4\\] is invalid"),
+    ("draft.aux_layer_ids=[]", "draft.aux_layer_ids = \\[\\] is invalid"),
 ])
 def test_recipe_wrong_types_and_ranges_are_refused(override, match):
     """A mistyped or negative value is an error naming the key, not a traceback, a 0-step run or a

@@ -125,15 +125,31 @@ def check_d2t(path: Path, fmt: str, d2t, draft_vocab: int, vocab: int) -> None:
 
 
 def check_fits(path: Path, fmt: str, state: dict, expected: dict) -> None:
-    """``state`` (completed for loading) against ``expected``, the shapes of eyas's draft built from its config."""
+    """``state`` against ``expected``, the tensors of eyas's draft built from its config (on ``meta``): no tensor
+    more, and each one present of the shape and kind (floating point or integer ids) the draft has. ``read_draft``
+    checks the tensors a folder holds; ``build_draft`` the state completed for loading."""
     looks = LOOKS_LIKE[fmt]
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         raise EyasError(f"{path} looks like {looks} but holds tensors eyas's draft does not have: "
                         f"{', '.join(shown(fmt, k) for k in unexpected)}",
                         "this is a variant of EAGLE-3 eyas cannot run (e.g. extra layers or biases)")
-    for k, shape in expected.items():
-        if tuple(state[k].shape) != shape:
+    for k, want in expected.items():
+        if k not in state:
+            continue
+        have = state[k]
+        if tuple(have.shape) != tuple(want.shape):
             raise EyasError(f"{path} looks like {looks}, but {shown(fmt, k)} has shape "
-                            f"{tuple(state[k].shape)}, its config implies {shape}",
+                            f"{tuple(have.shape)}, its config implies {tuple(want.shape)}",
                             "the weights and config.json do not belong together")
+        kind = str(have.dtype).replace("torch.", "")
+        if want.is_floating_point() and not have.is_floating_point():
+            raise EyasError(f"{path} looks like {looks}, but {shown(fmt, k)} is stored as {kind}, where a "
+                            "floating-point weight was expected: loading would cast the integers (a quantised "
+                            "export) to floats, and the draft would propose garbage, silently",
+                            "export the draft unquantised (bfloat16, float16 or float32)")
+        if not want.is_floating_point() and have.is_floating_point():
+            raise EyasError(f"{path} looks like {looks}, but {shown(fmt, k)} is stored as {kind}; it holds token "
+                            "ids or offsets, whole numbers, and floats would be truncated to other tokens",
+                            "rebuild the draft vocabulary maps (eyas train builds d2t/t2d together) or export the "
+                            "draft again")

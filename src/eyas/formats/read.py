@@ -87,7 +87,8 @@ def _config_dict(path: Path) -> dict:
 
 
 def _weight_files(path: Path, looks_like: str, allow_pickle: bool = False) -> list[Path]:
-    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin")) or sorted(path.glob("*.pt"))
+    files = (sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
+             or sorted(f for ext in ("pt", "pth", "ckpt") for f in path.glob(f"*.{ext}")))  # named by refuse_pickle
     if not files:
         raise EyasError(f"{path} looks like {looks_like} but holds no weights (no *.safetensors, pytorch_model.bin)",
                         "copy the draft's weight files next to its config.json")
@@ -180,7 +181,15 @@ def read_draft(path, allow_pickle: bool = False) -> DraftFolder:
     if fmt == SPECULATORS:
         state = from_speculators_names(state)
     check_state(path, fmt, config, state)
+    check_fits(path, fmt, state, _expected(config))  # here, so the doctor and export see what loading would refuse
     return DraftFolder(path, fmt, config, state)
+
+
+def _expected(config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """The tensors of eyas's draft built from ``config``, on ``meta`` (shapes and dtypes, no memory)."""
+    with torch.device("meta"):
+        draft = Eagle3Draft(config)
+    return {k: v for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
 
 
 def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
@@ -213,9 +222,9 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
                             "restore the draft's complete config.json")
     try:
         config = LlamaConfig.from_dict(data)
-    except (ValueError, TypeError, KeyError) as e:
-        raise EyasError(f"{path} looks like {looks}, but its config cannot be read as a Llama config: {e}",
-                        "restore the draft's complete config.json") from None
+    except Exception as e:  # noqa: BLE001 - transformers' strict config checks raise huggingface_hub's own types
+        raise EyasError(f"{path} looks like {looks}, but its config cannot be read as a Llama config: "
+                        f"{type(e).__name__}: {e}", "restore the draft's complete config.json") from None
     top = data.get("eagle_aux_hidden_state_layer_ids")
     sgl = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if fmt in (EYAS, SGLANG) and top is not None and sgl is not None and list(top) != from_sglang(sgl):
@@ -272,8 +281,7 @@ def build_draft(folder: DraftFolder, embed_weight: torch.Tensor | None = None, d
                 "use a draft trained for this target, or the target it was trained for",
             )
         state["embed_tokens.weight"] = embed_weight.detach().cpu()
-    expected = {k: tuple(v.shape) for k, v in draft.state_dict().items() if not k.startswith("rotary_emb.")}
-    check_fits(folder.path, folder.format, state, expected)
+    check_fits(folder.path, folder.format, state, _expected(config))
     float_dtype = dtype or (embed_weight.dtype if embed_weight is not None else state["fc.weight"].dtype)
     draft = draft.to(float_dtype)
     draft.load_state_dict(state, strict=False)

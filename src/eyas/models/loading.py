@@ -180,13 +180,21 @@ def load_target(
         check_safetensors(folder, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = model_class(model_type).from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
+        model, info = model_class(model_type).from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa",
+                                                              output_loading_info=True, **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
         if remote_code_refusal(e, folder):
             raise remote_code_refusal(e, folder) from None
         raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: "
                         f"{type(e).__name__}: {str(e)[:500]}",
                         "check that the folder holds a complete model (config.json, weights, tokenizer)") from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers fills them with random values and loads on: garbage out, silently
+        raise EyasError(f"the target in {source} lacks {len(missing)} weight(s) its config.json implies ("
+                        f"{', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); transformers would fill "
+                        "them with random values and the target would generate garbage",
+                        "copy the model again (a shard is missing or was cut short), or use the config.json the "
+                        "weights were saved with")
     if gguf and os.environ.get("EYAS_NO_GGUF_CACHE") is None:
         try:
             _cache_gguf(model, tokenizer, cached)

@@ -98,7 +98,7 @@ class Recipe:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     def validate(self) -> Recipe:
-        t, o = self.train, self.optim
+        t, o, ids = self.train, self.optim, self.draft.aux_layer_ids
         checks = [
             (t.mode in ("online", "offline"), "train.mode", t.mode, "online or offline"),
             (t.parallel in ("ddp", "fsdp"), "train.parallel", t.parallel, "ddp or fsdp"),
@@ -135,6 +135,9 @@ class Recipe:
             (t.autocast in ("auto", "none", "bf16"), "train.autocast", t.autocast,
              "auto (bf16 on the GPU), none or bf16"),  # any other word turned bf16 autocast on
             (_is_device(t.device), "train.device", t.device, "auto, cpu, cuda or cuda:N"),
+            (ids is None or (ids and len(set(ids)) == len(ids)), "draft.aux_layer_ids", ids,
+             "null (the default [2, N//2, N-3]) or distinct layer ids, e.g. [2, 16, 29]: a draft whose ids "
+             "repeat is refused when it is loaded, after the training"),
         ]
         checks.append((not (self.draft.init_from and self.draft.init_head_from_target), "draft.init_head_from_target",
                        self.draft.init_head_from_target,

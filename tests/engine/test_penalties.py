@@ -26,7 +26,9 @@ SETTINGS = [SamplingParams(temperature=1.0, presence_penalty=1.5),
             SamplingParams(temperature=1.2, logit_bias={3: 2.0, 5: -100.0}, min_p=0.05),
             SamplingParams(temperature=1.0, presence_penalty=-1.0, frequency_penalty=2.0, repetition_penalty=0.7),
             SamplingParams(temperature=1.0),  # no penalty, in a penalized batch
-            SamplingParams(presence_penalty=2.0, repetition_penalty=1.5)]  # greedy, on the penalised logits
+            SamplingParams(presence_penalty=2.0, repetition_penalty=1.5),  # greedy, on the penalised logits
+            # no stop token before the output has 3 tokens: the root holds them back, the nodes below it not
+            SamplingParams(temperature=1.0, min_tokens=3, stop_token_ids=[3, 6], max_new_tokens=8)]
 
 
 def reference(logits: torch.Tensor, context: list[int], params: SamplingParams) -> torch.Tensor:
@@ -39,6 +41,8 @@ def reference(logits: torch.Tensor, context: list[int], params: SamplingParams) 
         x[t] = x[t] / r if x[t] > 0 else x[t] * r
     for t in set(context):
         x[t] -= params.frequency_penalty * context.count(t) + params.presence_penalty
+    if len(context) < params.min_tokens:
+        x[params.stop_token_ids] = -torch.inf
     return x
 
 
@@ -90,6 +94,17 @@ def test_ignoring_the_drafted_ancestors_fails_the_same_test(monkeypatch):
     assert pvalue(out, walk(CHAIN, tokens, logits, params)) < 1e-6
 
 
+def test_min_tokens_counted_without_the_drafted_depth_fails_the_same_test(monkeypatch):
+    def root_only(logits, tokens, mask, *rest):  # each node as if nothing were drafted above it
+        return penalize(logits, tokens, mask & (torch.arange(mask.shape[-1]) == 0), *rest)
+
+    monkeypatch.setattr(sampler, "penalize", root_only)
+    params = SETTINGS[-1]
+    tokens, logits = shape_with_root(CHAIN)
+    out = run(CHAIN, tokens, logits, [params], 12000)
+    assert pvalue(out, walk(CHAIN, tokens, logits, params)) < 1e-6
+
+
 def test_the_device_penalties_match_the_definition_at_every_node():
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(len(TREE), V, generator=gen) * 2
@@ -98,7 +113,8 @@ def test_the_device_penalties_match_the_definition_at_every_node():
     for params in [p for p in SETTINGS if p.penalized]:
         sr = SamplingRows.build([params], [0], "cpu", [PROMPT], V)
         counts = record(sr.pen.counts, torch.tensor([OUTPUT]), torch.tensor([len(OUTPUT)]))
-        got = penalize(logits[None], tree.tokens, tree.mask, sr.pen.floats, sr.pen.bias, sr.pen.prompt, counts)[0]
+        got = penalize(logits[None], tree.tokens, tree.mask, sr.pen.floats, sr.pen.bias, sr.pen.prompt, counts,
+                       sr.pen.stops)[0]
         for node in range(len(TREE)):
             path = [tokens[j] for j in range(1, len(TREE)) if tree.mask[0, node, j]]
             torch.testing.assert_close(got[node].double(), reference(logits[node], OUTPUT + path, params))
@@ -108,7 +124,9 @@ def test_the_device_penalties_match_the_definition_at_every_node():
                                         ({"frequency_penalty": -3}, "frequency_penalty"),
                                         ({"repetition_penalty": 0}, "repetition_penalty"),
                                         ({"logit_bias": {5: 101}}, "logit_bias"),
-                                        ({"logit_bias": {-1: 1}}, "logit_bias")])
+                                        ({"logit_bias": {-1: 1}}, "logit_bias"),
+                                        ({"min_tokens": -1}, "min_tokens"),
+                                        ({"min_tokens": 200, "max_new_tokens": 100}, "min_tokens")])
 def test_penalty_settings_are_validated(bad, match):
     with pytest.raises(Exception, match=match):
         SamplingParams(temperature=1.0, **bad)

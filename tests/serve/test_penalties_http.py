@@ -65,3 +65,36 @@ def test_generate_names_the_sampling_params_field(server):
     r = httpx.post(server.url + "/generate", timeout=60,
                    json={"text": "hi", "sampling_params": {"max_new_tokens": 2, "top_p": 0}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.top_p", r.text
+
+
+def test_min_tokens_holds_back_stop_tokens_and_strings_exactly_as_plain_decoding(server, engine):
+    tok = engine.target.tokenizer
+    ids = tok("abab abab").input_ids
+    none = Engine(engine.target, None, SpecConfig(Algorithm.NONE))
+    free = none.generate([ids], SamplingParams(max_new_tokens=16, ignore_eos=True))[0].output_ids
+    k = next(i for i in range(8) if free[i] not in free[:i])
+    stop = free[k]  # the token a stop_token_ids request ends on, k + 1 tokens in
+    for route, body in (("/v1/completions", {"prompt": ids, "max_tokens": 16, "min_tokens": k + 4}),
+                        ("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 16,
+                                                                             "min_new_tokens": k + 4}})):
+        settings = body.get("sampling_params", body)
+        settings.update(temperature=0, ignore_eos=True, stop_token_ids=[stop])
+        r = httpx.post(server.url + route, timeout=60, json=body)
+        assert r.status_code == 200, r.text
+        got = r.json()["output_ids"] if route == "/generate" else tok(r.json()["choices"][0]["text"]).input_ids
+        want = none.generate([ids], SamplingParams(max_new_tokens=16, ignore_eos=True, stop_token_ids=[stop],
+                                                   min_tokens=k + 4))[0].output_ids
+        assert want[:k] == free[:k] and want[k] != stop and stop not in want[:k + 4]  # held back, not before
+        assert got[:len(want)] == want if route == "/generate" else r.json()["usage"]["completion_tokens"] == len(want)
+    early = tok.decode(free[:k + 1])[-2:]  # a stop string the output reaches within k + 1 tokens
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": ids, "max_tokens": 16, "min_tokens": 12, "temperature": 0, "ignore_eos": True, "stop": [early]})
+    assert r.json()["usage"]["completion_tokens"] >= 12, r.text  # a match before 12 tokens ends nothing
+
+
+@pytest.mark.parametrize("body", [{"min_tokens": 9, "max_tokens": 4}, {"min_tokens": -1, "max_tokens": 4},
+                                  {"min_tokens": 2, "max_tokens": 4, "response_format": {"type": "json_object"}}])
+def test_min_tokens_out_of_range_or_beside_a_grammar_is_refused(server, body, param="min_tokens"):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": "hi"}], **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

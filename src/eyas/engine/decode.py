@@ -31,12 +31,12 @@ from ..spec.drafter import draft_extend_static, draft_tree_static
 from ..spec.ops import ops_for
 from ..spec.tree import Tree
 from ..spec.verify import accepted_path, finite_rows
-from .penalties import record
+from .penalties import Penalties, record
 from .sampler import accept
 from .sampling import GREEDY, KINDS, PENALIZED
 
 STARTUP_KINDS = KINDS[:-1]  # the variants ``Engine.warm_up`` captures; PENALIZED's on first use
-PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts")  # the penalized variant's extra inputs
+PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts", "pen_stops")  # the penalized variant's extra inputs
 
 
 def kept(inputs: dict, value: torch.Tensor) -> torch.Tensor:
@@ -55,16 +55,14 @@ def variants(make) -> dict:
 
 
 def rows_example(kind: str, rows: int, device, vocab: int) -> dict:
-    """The sampling inputs of a variant (none for greedy), zeros: greedy rows, as a bucket's padding is
-    (a repetition penalty of 0 counts as off)."""
+    """The sampling inputs of a variant (none for greedy): greedy rows without penalties, as a bucket's padding
+    is (zeros; a repetition penalty of 0 counts as off)."""
     if kind == GREEDY:
         return {}
     out = {"floats": torch.zeros((rows, 3), device=device), "ints": torch.zeros((rows, 2), dtype=torch.long,
                                                                                 device=device)}
     if kind == PENALIZED:
-        out.update(zip(PEN, (torch.zeros((rows, 3), device=device), torch.zeros((rows, vocab), device=device),
-                             torch.zeros((rows, vocab), dtype=torch.bool, device=device),
-                             torch.zeros((rows, vocab), dtype=torch.int32, device=device))))
+        out.update(zip(PEN, Penalties.identity(rows, vocab, device).tensors()))
     return out
 
 
@@ -76,7 +74,7 @@ def rows_inputs(rows) -> dict:
 
 
 def pen_of(inputs: dict) -> tuple | None:
-    """The penalized variant's (floats, bias, prompt, counts) among a graph's inputs; None in the others."""
+    """The penalized variant's ``Penalties.tensors()`` among a graph's inputs; None in the others."""
     return tuple(inputs[n] for n in PEN) if PEN[0] in inputs else None
 
 

@@ -261,7 +261,7 @@ class Engine:
         """(the rows' ``SamplingRows``, ``first_of(logits)`` -> their first tokens read back, the first tokens'
         logprobs: filled by ``first_of`` where a row asks)."""
         rows = SamplingRows.build([s.params for s in seqs], [s.seed for s in seqs], self.device,
-                                  [s.prompt_ids for s in seqs], self.target.info.vocab_size)
+                                  [s.prompt_ids for s in seqs], self.target.info.vocab_size, self._eos)
         lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)
         logprobs = []
         return rows, lambda logits: read_first_tokens(seqs, rows, lens, logits, logprobs, self.ops), logprobs

@@ -61,6 +61,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> [-100, 100]
     grammar: GrammarSpec | None = None  # structured output: the output is constrained to it (``grammar.py``)
     logprobs: int | None = None  # per emitted token its log-probability and this many alternatives; None: off
+    min_tokens: int = 0  # vLLM's: no stop token (stop_token_ids, EOS) nor stop string before this many tokens
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -84,6 +85,9 @@ class SamplingParams:
                 raise EyasError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             if not -100.0 <= float(value) <= 100.0:
                 raise EyasError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise EyasError(f"min_tokens must be an integer in [0, max_new_tokens = {self.max_new_tokens}], got "
+                            f"{self.min_tokens!r}", "ask for at most as many tokens as the output may have")
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise EyasError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
                             "ask for at most 20 alternatives per token (vLLM's cap), or None for no logprobs")
@@ -99,9 +103,10 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """A penalty or a logit bias is on (the batch then keeps per-row token counts on the device)."""
+        """A penalty, a logit bias or a minimum length is on (the batch then keeps per-row token counts on the
+        device)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or any(self.logit_bias.values()))
+                    or any(self.logit_bias.values()) or self.min_tokens)
 
 
 @dataclass
@@ -119,13 +124,13 @@ class SamplingRows:
 
     @classmethod
     def build(cls, params: list[SamplingParams], seeds: list[int], device, prompts: list[list[int]] | None = None,
-              vocab: int = 0) -> SamplingRows:
-        """The rows' settings; ``prompts`` and ``vocab`` (the logits' width) are needed when a row is
-        ``penalized``."""
+              vocab: int = 0, eos=()) -> SamplingRows:
+        """The rows' settings; ``prompts``, ``vocab`` (the logits' width) and ``eos`` (the target's EOS ids) are
+        needed when a row is ``penalized``."""
         floats = [[0.0 if p.greedy else float(p.temperature), float(p.top_p), float(p.min_p)] for p in params]
         ints = [[max(p.top_k, 0), s] for p, s in zip(params, seeds)]
         kind = _kind(params)
-        pen = Penalties.build(params, prompts, vocab, device) if kind == PENALIZED else None
+        pen = Penalties.build(params, prompts, vocab, device, eos) if kind == PENALIZED else None
         return cls(torch.tensor(floats, dtype=torch.float32).reshape(-1, 3).to(device),
                    torch.tensor(ints, dtype=torch.long).reshape(-1, 2).to(device), kind, pen,
                    Asked.of([p.logprobs for p in params], device))
@@ -170,7 +175,7 @@ class SamplingRows:
         return self.pen if self.pen is not None else Penalties.identity(len(self.floats), vocab, self.floats.device)
 
     def pen_tensors(self) -> tuple[torch.Tensor, ...] | None:
-        """(floats, bias, prompt, counts) of ``pen``, as ``sampler.accept`` takes them; None without."""
+        """``pen``'s tensors (``Penalties.tensors``), as ``sampler.accept`` takes them; None without."""
         return None if self.pen is None else self.pen.tensors()
 
 

@@ -8,7 +8,8 @@ token is only turned into text once the characters it completes are whole (a byt
 half of a UTF-8 character, which decodes to U+FFFD until the rest arrives) and a leading-space token
 decodes the same as it does in context; at the end, what is still held decodes as it is.
 
-Stop strings are matched on the text. The output stops *before* the stop string (OpenAI's rule), or
+Stop strings are matched on the text (once the output has ``min_tokens``: vLLM's rule, a match ending
+earlier is not one). The output stops *before* the stop string (OpenAI's rule), or
 after it with ``keep_stop`` (vLLM's ``include_stop_str_in_output``, SGLang's ``no_stop_trim``), and
 the tokens kept are those up to and including the one that completed the match. While streaming, a
 tail of text that could be the start of a stop string is held back until it can't.
@@ -58,8 +59,9 @@ def backend_decode(tokenizer, skip_special_tokens: bool):
 
 class Detokenizer:
     def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True,
-                 keep_stop: bool = False):
+                 keep_stop: bool = False, min_tokens: int = 0):
         self.tokenizer, self.keep_stop = tokenizer, keep_stop
+        self.min_tokens = min_tokens  # no stop string ends an output of fewer tokens (vLLM's min_tokens)
         self._decode = backend_decode(tokenizer, skip_special_tokens)
         self.stop = [s for s in (stop or []) if s]
         self.skip_special = skip_special_tokens
@@ -108,7 +110,7 @@ class Detokenizer:
             self.ids.append(t)
             start = max(0, len(self.text) - max(map(len, self.stop)) + 1)
             self._advance()
-            hit = self._find_stop(start)
+            hit = self._find_stop(start) if len(self.ids) >= self.min_tokens else None
             if hit is not None:
                 self._cut(*hit)
                 return Pushed(self._release(hold=0), kept, hit[1])
@@ -124,7 +126,7 @@ class Detokenizer:
         if self.matched is None and held < len(self.ids):
             start = max(0, len(self.text) - max(map(len, self.stop), default=1) + 1)
             self._advance(final=True)
-            hit = self._find_stop(start) if self.stop else None
+            hit = self._find_stop(start) if self.stop and len(self.ids) >= self.min_tokens else None
             if hit is not None:
                 self._cut(*hit)
         return self._release(hold=0)

@@ -3,8 +3,8 @@
 Everything a client can get wrong is caught here, before the request reaches the engine thread: the bytes
 (UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values (``SamplingParams``
 validates itself, OpenAI's ranges), the prompt against the context length, and knobs eyas does not implement
-(prompt logprobs, a minimum length), refused rather than silently ignored; structured output and tools are
-read by ``structured.py`` and ``tools.py``. A ``logit_bias`` token outside the vocabulary is refused where the
+(prompt logprobs), refused rather than silently ignored; structured output and tools are read by
+``structured.py`` and ``tools.py``. A ``logit_bias`` token outside the vocabulary is refused where the
 sequence is made (``sequences_for``). An OpenAI request's sampling fields left out take the server's
 defaults (``sampling_defaults.py``: the model's generation config, as vLLM).
 """
@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from ..engine.sampling import MAX_LOGPROBS, SamplingParams
+from ..engine.sampling import SamplingParams
 from ..errors import EyasError
 from .api_errors import ApiError, bad_request
 from .json_body import INT64, load_object
+from .logprobs import alternatives, chat_logprobs, generate_logprobs
 from .protocol import EXPECTED, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from .sampling_defaults import OPENAI, OPENAI_MAX_TEMPERATURE, SAMPLING_FIELDS, SamplingDefaults
 from .tools import ToolPlan, template_message, template_tools
@@ -243,47 +244,15 @@ def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
     return None if value is None else {int(key): v for key, v in value.items()}
 
 
-def _alternatives(param: str, n: int) -> int:
-    """How many alternatives per token a logprobs field asks for, within [0, MAX_LOGPROBS]."""
-    if not 0 <= n <= MAX_LOGPROBS:
-        raise bad_request(f"{param} must be in [0, {MAX_LOGPROBS}] (the most alternatives per token eyas returns, "
-                          f"vLLM's cap), got {n}; ask for at most {MAX_LOGPROBS}", param=param, code="invalid_value")
-    return n
-
-
-def _chat_logprobs(req: ChatCompletionRequest) -> int | None:
-    """OpenAI chat's ``logprobs`` (bool) and ``top_logprobs`` (n) -> SamplingParams.logprobs."""
-    if not req.logprobs:
-        if req.top_logprobs:
-            raise bad_request("top_logprobs needs logprobs: true (OpenAI's rule); send both, or leave top_logprobs "
-                              "out", param="top_logprobs", code="invalid_value")
-        return None
-    return _alternatives("top_logprobs", req.top_logprobs or 0)
-
-
-def _generate_logprobs(req: GenerateRequest) -> int | None:
-    """SGLang's ``return_logprob`` and ``top_logprobs_num`` -> SamplingParams.logprobs (output tokens only)."""
-    if not req.return_logprob:
-        if req.top_logprobs_num:
-            raise bad_request("top_logprobs_num needs return_logprob: true; send both, or leave top_logprobs_num out",
-                              param="top_logprobs_num", code="invalid_value")
-        return None
-    if req.logprob_start_len not in (None, -1):
-        raise bad_request(f"logprob_start_len={req.logprob_start_len} asks for the prompt's logprobs, which eyas does "
-                          "not compute (only the output's); leave it out or send -1", param="logprob_start_len")
-    return _alternatives("top_logprobs_num", req.top_logprobs_num or 0)
-
-
 def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool,
                defaults: SamplingDefaults = OPENAI) -> Job:
-    refuse("min_tokens", req.min_tokens, 0, "no minimum length is implemented")
     if chat:
         _refuse_openai_only(req)
-        logprobs = _chat_logprobs(req)
+        logprobs = chat_logprobs(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     else:
-        logprobs = None if req.logprobs is None else _alternatives("logprobs", req.logprobs)
+        logprobs = None if req.logprobs is None else alternatives("logprobs", req.logprobs)
         refuse("echo", req.echo, False, "the prompt is not echoed, nor are its logprobs computed")
         refuse("suffix", req.suffix, None, "no insertion mode")
         refuse("best_of", req.best_of, 1, "no best-of sampling")
@@ -302,7 +271,8 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
     params = _params(max_tokens, param, default, n, "seed", **sampled,
                      presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                      logit_bias=_logit_bias(req.logit_bias),
-                     seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
+                     seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs,
+                     min_tokens=req.min_tokens)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
                max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt",
                max_tokens_cap=cap, keep_stop=req.include_stop_str_in_output, max_tokens_set=max_tokens is not None)
@@ -310,11 +280,10 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     sp = req.sampling_params
-    logprobs = _generate_logprobs(req)
+    logprobs = generate_logprobs(req)
     refuse("lora_path", req.lora_path, None, "no LoRA adapters")
     refuse("image_data", req.image_data, None, "text only")
     refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
-    refuse("sampling_params.min_new_tokens", sp.min_new_tokens, 0, "no minimum length is implemented")
     if sp.n < 1:  # the most is --max-n (Limits.check_job)
         raise bad_request(f"sampling_params.n must be at least 1, got {sp.n}", param="sampling_params.n")
     param = "sampling_params.max_new_tokens"
@@ -325,7 +294,8 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
                      presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
                      repetition_penalty=sp.repetition_penalty,
                      seed=sp.seed if sp.seed is not None else sp.sampling_seed,
-                     stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs)
+                     stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, logprobs=logprobs,
+                     min_tokens=sp.min_new_tokens)
     return Job(prompts, params, sp.n, _stops(sp.stop), sp.skip_special_tokens, True, param, "sampling_params.n",
                prompt_param="text" if req.text is not None else "input_ids", keep_stop=sp.no_stop_trim,
                max_tokens_set="max_new_tokens" in sp.model_fields_set)
@@ -346,9 +316,12 @@ def _params(max_tokens, param: str, default, n: int, seed_param: str, field_pref
                           param=seed_param, code="invalid_value")
     chosen = max_tokens if max_tokens is not None else default
     try:
-        params = SamplingParams(max_new_tokens=chosen or 1, **{k: v for k, v in kw.items() if v is not None})
+        # not given: a placeholder, sized to the context later (sequences_for)
+        size = chosen or max(1, kw.get("min_tokens") or 1)
+        params = SamplingParams(max_new_tokens=size, **{k: v for k, v in kw.items() if v is not None})
     except EyasError as e:
         name = e.problem.split(" ", 1)[0]
+        name = "min_new_tokens" if name == "min_tokens" and field_prefix else name  # /generate's spelling
         raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),
                           param=field_prefix + name if name in kw else None, code="invalid_value") from None
     return params
@@ -383,7 +356,11 @@ def sequences_for(engine, job: Job) -> list:
             if not given or (job.n > 1 and params.seed is not None):
                 changes = {}
                 if not given:
-                    changes["max_new_tokens"] = max(1, min(budget, job.max_tokens_cap or budget))
+                    size = changes["max_new_tokens"] = max(1, min(budget, job.max_tokens_cap or budget))
+                    if size < params.min_tokens:
+                        raise bad_request(f"min_tokens={params.min_tokens} is more than the {size} tokens the output "
+                                          "may have here (the context left, or the model's max_new_tokens)",
+                                          param="min_tokens", code="invalid_value")
                 if job.n > 1 and params.seed is not None:
                     changes["seed"] = params.seed + i
                 params = dataclasses.replace(params, **changes)

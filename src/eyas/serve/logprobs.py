@@ -16,6 +16,9 @@ those, streamed or not (a chunk carries the entries of the tokens in its delta):
   token (SGLang's shape; the text with ``return_text_in_logprobs``). Prompt logprobs are not
   computed: ``input_token_logprobs`` is empty.
 
+What a request asks for (``chat_logprobs``, ``generate_logprobs``, ``alternatives``) is checked here too:
+at most ``MAX_LOGPROBS`` alternatives a token, the output's logprobs alone.
+
 JSON has no infinity: a token filtered out by top-k, top-p or min-p (log-probability -inf) is sent as
 -9999.0, as vLLM does. ``bytes`` is the UTF-8 of the token's text, so a token that holds part of a
 character has the bytes of U+FFFD there.
@@ -24,6 +27,10 @@ character has the bytes of U+FFFD there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..engine.sampling import MAX_LOGPROBS
+from .api_errors import bad_request
+from .protocol import ChatCompletionRequest, GenerateRequest
 
 FLOOR = -9999.0  # what -inf is sent as (vLLM's)
 
@@ -101,3 +108,35 @@ def generate(items: list[Entry], top_n: int, with_text: bool) -> dict:
         meta["input_top_logprobs"] = []
         meta["output_top_logprobs"] = [[one(v, i, t) for i, t, v in e.top] for e in items]
     return meta
+
+
+# -- what a request asks for ----------------------------------------------------------------------
+def alternatives(param: str, n: int) -> int:
+    """How many alternatives per token a logprobs field asks for, within [0, MAX_LOGPROBS]."""
+    if not 0 <= n <= MAX_LOGPROBS:
+        raise bad_request(f"{param} must be in [0, {MAX_LOGPROBS}] (the most alternatives per token eyas returns, "
+                          f"vLLM's cap), got {n}; ask for at most {MAX_LOGPROBS}", param=param, code="invalid_value")
+    return n
+
+
+def chat_logprobs(req: ChatCompletionRequest) -> int | None:
+    """OpenAI chat's ``logprobs`` (bool) and ``top_logprobs`` (n) -> SamplingParams.logprobs."""
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise bad_request("top_logprobs needs logprobs: true (OpenAI's rule); send both, or leave top_logprobs "
+                              "out", param="top_logprobs", code="invalid_value")
+        return None
+    return alternatives("top_logprobs", req.top_logprobs or 0)
+
+
+def generate_logprobs(req: GenerateRequest) -> int | None:
+    """SGLang's ``return_logprob`` and ``top_logprobs_num`` -> SamplingParams.logprobs (output tokens only)."""
+    if not req.return_logprob:
+        if req.top_logprobs_num:
+            raise bad_request("top_logprobs_num needs return_logprob: true; send both, or leave top_logprobs_num out",
+                              param="top_logprobs_num", code="invalid_value")
+        return None
+    if req.logprob_start_len not in (None, -1):
+        raise bad_request(f"logprob_start_len={req.logprob_start_len} asks for the prompt's logprobs, which eyas does "
+                          "not compute (only the output's); leave it out or send -1", param="logprob_start_len")
+    return alternatives("top_logprobs_num", req.top_logprobs_num or 0)

@@ -36,8 +36,8 @@ class JobRun:
         outbox = scheduler.outbox(asyncio.get_running_loop())
         stop, p = list(job.stop or []), job.params
         stop_ids = frozenset(p.stop_token_ids) | frozenset(() if p.ignore_eos else engine.target.eos_token_ids)
-        self.works = [Work(seq, Receiver(outbox, self.queue, k, stop, job.skip_special_tokens, job.keep_stop, stop_ids))
-                      for k, seq in enumerate(seqs)]
+        self.works = [Work(seq, Receiver(outbox, self.queue, k, stop, job.skip_special_tokens, job.keep_stop, stop_ids,
+                                         p.min_tokens)) for k, seq in enumerate(seqs)]
         self.prompt_tokens = sum(len(p) for p in job.prompts)
         try:
             scheduler.submit(self.works)

@@ -84,9 +84,9 @@ class Receiver:
     """One sequence's text side, on the event loop: tokens in, events onto the handler's queue."""
 
     def __init__(self, outbox: Outbox, queue, index: int, stop: list[str], skip_special_tokens: bool,
-                 keep_stop: bool = False, stop_ids: frozenset[int] = frozenset()):
+                 keep_stop: bool = False, stop_ids: frozenset[int] = frozenset(), min_tokens: int = 0):
         self.outbox, self.queue, self.index = outbox, queue, index
-        self.detok = Detokenizer(outbox.tokenizer, stop, skip_special_tokens, keep_stop)
+        self.detok = Detokenizer(outbox.tokenizer, stop, skip_special_tokens, keep_stop, min_tokens)
         # the ids that end the row (its stop_token_ids, EOS): counted, their text left out unless keep_stop (vLLM)
         self.stop_ids = frozenset() if keep_stop else stop_ids
         self.kept_ids: list[int] = []

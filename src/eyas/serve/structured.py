@@ -23,6 +23,10 @@ from .tools import plan
 
 
 def _with(job: Job, grammar: GrammarSpec | None) -> Job:
+    if grammar is not None and job.params.min_tokens:
+        param = "min_tokens" if job.n_param == "n" else "sampling_params.min_new_tokens"
+        raise bad_request(f"{param} with structured output: the grammar decides where the output ends, and a "
+                          "minimum length would forbid the end it allows; leave one of them out", param=param)
     if grammar is not None:
         job.params = dataclasses.replace(job.params, grammar=grammar)
     return job

@@ -117,6 +117,8 @@ def test_tool_choice_required_and_named_through_the_openai_sdk(served):
                                                      temperature=0, max_tokens=80, stream=True))
         last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][-1].choices[0]
         assert last.finish_reason == "tool_calls"
+        # the role first, then nothing while the call is being written (no empty deltas), then the call
+        assert [bool(ch.choices[0].finish_reason) for ch in chunks if ch.choices] == [False, True]
         streamed = last.delta.tool_calls[0]
         assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
 

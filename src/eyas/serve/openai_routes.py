@@ -247,7 +247,11 @@ async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: d
                 pending.setdefault(index, []).extend(event.logprobs or [])
                 if not event.text:
                     continue
-                body = {**chunk, "choices": [piece(index, event.text, None, pending.pop(index))]}
+                choice = piece(index, event.text, None, pending[index])
+                if choice.get("delta") == {} and not choice["logprobs"]:
+                    continue  # text held back (a tool call being written): nothing to send yet
+                pending.pop(index)
+                body = {**chunk, "choices": [choice]}
             elif isinstance(event, Finished):
                 done.append(event)
                 choice = piece(index, "", event.reason, pending.pop(index, None))

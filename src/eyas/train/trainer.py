@@ -279,7 +279,7 @@ class Trainer:
             torch.cuda.synchronize()
 
     def evaluate(self) -> dict | None:
-        if self.heldout is None:
+        if self.heldout is None or not self.r.data.eval_rows:  # data.eval_rows 0: no held-out evaluation
             return None
         d, t = self.r.data, self.r.train
         return heldout_metrics(self.wrapped, self.heldout, self.eval_states, self.ctx, d.max_length,

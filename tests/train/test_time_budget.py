@@ -49,3 +49,12 @@ def test_a_time_budget_is_refit_when_steps_speed_up(tmp_path, monkeypatch):
 def test_a_time_budget_never_goes_past_the_recipes_steps(tmp_path, monkeypatch):
     t, _ = budgeted(tmp_path, monkeypatch, 80, lambda i: 0.1)
     assert t.fit()["steps"] == 80
+
+
+def test_a_time_budget_holds_when_steps_are_too_slow_to_reach_the_measurement(tmp_path, monkeypatch):
+    """Steps/s was first measured over steps 15-45, so a run of 10 s steps in a 200 s budget ran 46 steps,
+    460 s, before the budget had any say."""
+    t, clock = budgeted(tmp_path, monkeypatch, 2000, lambda i: 10.0)
+    summary = t.fit()
+    assert clock.now <= 210, clock.now
+    assert summary["steps"] == t.total_steps and 18 <= t.total_steps <= 21

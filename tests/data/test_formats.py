@@ -122,6 +122,19 @@ def test_non_utf8_and_cut_gzip_files_are_errors_not_tracebacks(tmp_path):
     with pytest.raises(EyasError, match="cut.jsonl.gz is a damaged gzip file after line"):
         list(read_records(cut))
 
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """Windows tools (Notepad, PowerShell's Out-File) start UTF-8 files with a BOM: such a JSONL file was
+    refused as 'not valid JSON (Unexpected UTF-8 BOM)' with the fix 'one JSON object per line', and a JSON
+    array with a BOM was read as JSON Lines."""
+    bom = "\ufeff"
+    lines = tmp_path / "bom.jsonl"
+    lines.write_text(bom + json.dumps({"prompt": "p1"}) + "\n" + json.dumps({"prompt": "p2"}) + "\n", encoding="utf-8")
+    array = tmp_path / "bom-array.json.gz"
+    array.write_bytes(gzip.compress((bom + json.dumps([{"prompt": "p1"}, {"prompt": "p2"}])).encode()))
+    for path in (lines, array):
+        assert [r["messages"][0]["content"] for r in read_records(path)] == ["p1", "p2"]
+
+
 def test_sources_are_file_stems_and_one_stem_twice_is_refused(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -336,3 +336,21 @@ def test_prepare_on_a_gpu_this_machine_lacks_is_an_error(tmp_path, capsys):
     assert main(["prepare", "--out", str(tmp_path / "out"), "--input", str(src), "--device", "cuda:99"]) == 2
     err = capsys.readouterr().err
     assert "--device cuda:99" in err and "Traceback" not in err
+
+
+def test_prompts_whose_answer_is_empty_are_counted(tmp_path, monkeypatch):
+    """A prompt the target answered with its end-of-turn token alone left no row, and nothing said so:
+    'regenerated 6 prompts', 5 rows, meta.json silent."""
+    import eyas.data.regenerate as regen_module
+
+    target = tiny_target(dtype=torch.float32)
+    eos = target.eos_token_ids[0]
+    monkeypatch.setattr(regen_module, "generate_batched",
+                        lambda t, prompts, cfg, progress=True: ([[eos]] + [[65, 66, eos]] * (len(prompts) - 1),
+                                                                [False] * len(prompts)))
+    said = []
+    cfg = PrepareConfig(inputs=[str(_jsonl(tmp_path / "in.jsonl", n=6, answers=False))], held_out=0.0, max_length=128,
+                        regenerate=True, regen=RegenConfig(max_new_tokens=8))
+    meta = prepare(target, cfg, tmp_path / "out", log=said.append)
+    assert meta["splits"]["train"]["rows"] == 5 and meta["regeneration"]["stats"]["train"]["no_answer"] == 1
+    assert any("1 of 6 prompts got no answer" in m for m in said)

@@ -34,6 +34,16 @@ def test_dedup_and_split_are_stable_and_disjoint():
     assert all(is_held_out(k, 0.2) for k in keys_h)
 
 
+def test_prompts_without_user_text_are_dropped_as_empty():
+    """Only a record with no prompt turns at all counted as empty: a blank or whitespace user turn
+    ({"prompt": "   "}), or a system turn alone, was kept, answered by --regenerate and trained on."""
+    recs = [{"messages": [{"role": "user", "content": c}]} for c in ("", "   ", "\n\t", "real question")]
+    recs.append({"messages": [{"role": "system", "content": "be brief"}, {"role": "assistant", "content": "ok"}]})
+    recs.append({"messages": [{"role": "assistant", "content": "no prompt at all"}]})
+    kept, dropped = dedup(recs)
+    assert [r["messages"][0]["content"] for r in kept] == ["real question"] and len(dropped) == 5
+
+
 def test_jsonl_errors_name_the_line(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n{broken\n")

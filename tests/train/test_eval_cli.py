@@ -154,3 +154,13 @@ def test_prompt_files_that_are_not_what_they_seem(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(pipeline, "build_engine", lambda *a, **k: pytest.fail("loaded before --json-out was checked"))
     assert main(["eval", "--prompts", "chat", "--json-out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_a_prompt_file_with_a_byte_order_mark_is_read_as_json_lines(tmp_path):
+    """A JSONL prompt file saved with a BOM (Windows tools) did not start with '{', so each line, JSON and
+    all, became the text of a prompt: tau measured on prompts nobody wrote, without a word."""
+    from eyas.train.eval_cli import _file_records
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("\ufeff" + json.dumps({"prompt": "hello", "category": "chat"}) + "\n", encoding="utf-8")
+    assert _file_records(path) == [([{"role": "user", "content": "hello"}], "chat")]

@@ -121,3 +121,14 @@ def test_a_gpu_this_machine_lacks_is_refused_before_loading(tmp_path, capsys, mo
                  "--set", "train.device=cuda:99"]) == 2
     err = capsys.readouterr().err
     assert "train.device cuda:99" in err and "Traceback" not in err
+
+
+def test_eval_rows_0_turns_the_held_out_evaluation_off(tmp_path):
+    """data.eval_rows: 0 passes the recipe's check ('0 or more held-out rows') but died at the first
+    evaluation in a ValueError traceback (the mean length of no rows is NaN)."""
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=16)
+    recipe = tiny_recipe(data, tmp_path / "run", **{"data.eval_rows": 0, "log.eval_every": 1, "train.max_steps": 2})
+    summary = Trainer(recipe, target=target).fit()
+    assert summary["steps"] == 2 and summary["heldout"] is None
+    assert '"event": "eval"' not in (tmp_path / "run" / "log.jsonl").read_text()

@@ -64,7 +64,8 @@ def resolve(spec: str) -> list[Path]:
 def _open(path: Path):
     with path.open("rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rt", encoding="utf-8") if gz else path.open(encoding="utf-8")
+    # utf-8-sig: a byte-order mark (what Windows tools write first) is read past, and absent is fine
+    return gzip.open(path, "rt", encoding="utf-8-sig") if gz else path.open(encoding="utf-8-sig")
 
 
 def read_objects(path) -> Iterator[tuple[str, object]]:

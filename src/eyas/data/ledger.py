@@ -3,7 +3,7 @@ prints at the end and writes to ``meta.json`` (``sources``).
 
     read        records the source gave
     excluded    dropped by --exclude (a benchmark prompt, a given file) or as a held-out prompt's repeat
-    duplicate   a prompt already read (case and whitespace folded), or an empty one
+    duplicate   a prompt already read (case and whitespace folded), or an empty one (no user text)
     holdout     set aside for the chat evaluation set (holdout-prompts.jsonl)
     mixed out   left out by the weights, caps or total of the mix
     kept        what goes on to the train and held-out splits (before regeneration)

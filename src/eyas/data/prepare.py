@@ -149,9 +149,13 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=No
             got = [r for p, _ in parts for r in p]
             st = RegenStats(sum(s["prompts"] for _, s in parts), sum(s["answer_tokens"] for _, s in parts),
                             sum(s["truncated"] for _, s in parts), max(s["seconds"] for _, s in parts))
-            stats[name] = {**asdict(st), "tokens_per_s": round(st.tokens_per_s, 1), "ranks": len(parts)}
+            stats[name] = {**asdict(st), "tokens_per_s": round(st.tokens_per_s, 1), "ranks": len(parts),
+                           "no_answer": len(split) - len(got)}
             log(f"regenerated {name}: {st.answer_tokens} answer tokens in {st.seconds:.1f} s "
                 f"({st.tokens_per_s:.0f} tok/s on {len(parts)} rank(s)), {st.truncated} cut at max_new_tokens")
+            if len(got) < len(split):  # an empty answer (the turn ended at once) or a prompt the server refused
+                log(f"{name}: {len(split) - len(got)} of {len(split)} prompts got no answer (empty, or refused by "
+                    "the server) and are left out")
             if cfg.keep_answers:  # the given answers too: e.g. one sampled and one greedy answer per prompt
                 got = [r for r in split if any(m["role"] == "assistant" for m in r["messages"])] + got
             if name == "train":

@@ -37,12 +37,17 @@ def rank(record: dict, salt: str) -> float:
     return _unit(f"{salt}\x1f{prompt_key(record['messages'])}")
 
 
+def has_user_text(messages: list[dict]) -> bool:
+    """Whether the prompt holds a user turn that is not blank: one without is empty, nothing to answer."""
+    return any(m["role"] == "user" and m["content"].strip() for m in prompt_messages(messages))
+
+
 def dedup(records) -> tuple[list[dict], list[dict]]:
-    """(records with a prompt not seen before, the repeats and the empty ones)."""
+    """(records with a prompt not seen before, the repeats and the empty ones: no user text)."""
     seen, kept, dropped = set(), [], []
     for r in records:
         key = prompt_key(r["messages"])
-        if not key or key in seen:
+        if key in seen or not has_user_text(r["messages"]):
             dropped.append(r)
             continue
         seen.add(key)

@@ -85,8 +85,9 @@ def _steps(run: Path) -> list[Path]:
 
 
 def save(folder, step: int, draft, optimizer, scheduler, position: tuple[int, int], recipe: dict,
-         keep: int = 2) -> Path:
-    """``draft``: a plain ``Eagle3Draft`` on the CPU (``Trainer.servable``), saved as it is (fp32)."""
+         keep: int = 2, schedule: dict | None = None) -> Path:
+    """``draft``: a plain ``Eagle3Draft`` on the CPU (``Trainer.servable``), saved as it is (fp32);
+    ``schedule``: a time-budgeted run's fitted steps and the seconds left of its budget."""
     root = Path(folder) / "checkpoints"
     path = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
@@ -97,6 +98,8 @@ def save(folder, step: int, draft, optimizer, scheduler, position: tuple[int, in
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
                    tmp / STATE)
         meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
+        if schedule:
+            meta["schedule"] = schedule
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
     if path.exists():
         shutil.rmtree(path)
@@ -130,6 +133,7 @@ class Checkpoint:
     position: tuple[int, int]
     recipe: dict | None  # the recipe it was trained with (None: not recorded)
     state: dict  # draft (its saved tensors: no embeddings since format 3), optimizer, scheduler, rng
+    schedule: dict | None = None  # a time-budgeted run's {total_steps, step_cap, budget_left_s}
 
 
 class _Unreadable(Exception):
@@ -198,7 +202,7 @@ def _read(c: Path, allow_pickle: bool) -> Checkpoint:
         step, position = int(meta["step"]), tuple(int(x) for x in meta["position"])
     except (TypeError, ValueError, KeyError):
         raise _Unreadable(f"{META if not legacy else STATE} records no valid step and data position") from None
-    return Checkpoint(c, step, position[:2], meta.get("recipe"), state)
+    return Checkpoint(c, step, position[:2], meta.get("recipe"), state, meta.get("schedule"))
 
 
 def _read_draft(c: Path) -> dict:

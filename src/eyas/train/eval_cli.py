@@ -42,7 +42,7 @@ def _file_records(path: Path) -> list[tuple[list[dict], str | None]]:
     from ..data.chat import normalize
 
     try:
-        lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
                  if line.strip()]
     except UnicodeDecodeError as e:
         raise EyasError(f"{path} is not UTF-8 text ({e.reason})",

@@ -23,7 +23,7 @@ class DataSection:
     path: str = ""  # folder written by `eyas prepare`
     max_length: int = 2048  # rows are cut to this many tokens
     tokens_per_batch: int = 16384  # per rank: rows * padded length <= this
-    eval_rows: int = 256  # held-out rows scored at each eval
+    eval_rows: int = 256  # held-out rows scored at each eval (0: no held-out evaluation)
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Recipe:
             (all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas), "two numbers in [0, 1), e.g. [0.9, 0.95]"),
             (o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "0 or positive"),
             (0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]"),
-            (self.data.eval_rows >= 0, "data.eval_rows", self.data.eval_rows, "0 or more held-out rows"),
+            (self.data.eval_rows >= 0, "data.eval_rows", self.data.eval_rows, "0 (off) or more held-out rows"),
             (self.log.every >= 1, "log.every", self.log.every, "a positive number of steps"),
             (self.log.eval_every >= 0, "log.eval_every", self.log.eval_every, "0 (off) or a positive number of steps"),
             (self.log.checkpoint_every >= 0, "log.checkpoint_every", self.log.checkpoint_every,

@@ -124,7 +124,7 @@ class Trainer:
         if self.batches_per_epoch == 0:
             raise EyasError("the training data gives no batch", "prepare more rows or lower the number of ranks")
         total = r.train.max_steps or max(1, int(self.batches_per_epoch * r.train.epochs))
-        self.total_steps = total
+        self.total_steps, self.step_cap, self.budget_s = total, total, r.train.time_budget_s
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda(total))
         self.step, self.position = 0, (0, 0)
         self.states = self._states(target)
@@ -223,8 +223,11 @@ class Trainer:
         if self.r.train.parallel == "fsdp" and self.ctx.active:
             return  # sharded optimizer state: checkpoints are DDP/single-process only (see docs/train.md)
         if self.ctx.main:
+            schedule = None if self.budget_s is None else {
+                "total_steps": self.total_steps, "step_cap": self.step_cap,
+                "budget_left_s": self.budget_s - (time.perf_counter() - self.t_start)}
             path = checkpoint.save(self.out, self.step, self.servable(), self.optimizer, self.scheduler,
-                                   self.position, self.r.to_dict(), self.r.log.keep_checkpoints)
+                                   self.position, self.r.to_dict(), self.r.log.keep_checkpoints, schedule)
             self.log.write("checkpoint", step=self.step, path=str(path))
         self.ctx.barrier()
 
@@ -240,6 +243,10 @@ class Trainer:
             self.print("warning: resuming with a changed recipe (checkpoint -> now): " + ", ".join(changes))
         checkpoint.set_rng_state(ckpt.state["rng"])
         self.step, self.position = ckpt.step, ckpt.position
+        if ckpt.schedule and (ckpt.recipe or {}).get("train", {}).get("time_budget_s") == self.r.train.time_budget_s:
+            s = ckpt.schedule  # the same budget: its fitted schedule goes on, with the seconds it had left
+            self.total_steps, self.step_cap, self.budget_s = s["total_steps"], s["step_cap"], s["budget_left_s"]
+            self.scheduler.lr_lambdas[0] = self._lr_lambda(self.total_steps)
         self.print(f"resumed at step {self.step} (epoch {self.position[0]}, batch {self.position[1]})")
 
     # -- the loop -------------------------------------------------------------------------------
@@ -279,7 +286,7 @@ class Trainer:
             torch.cuda.synchronize()
 
     def evaluate(self) -> dict | None:
-        if self.heldout is None:
+        if self.heldout is None or not self.r.data.eval_rows:  # data.eval_rows 0: no held-out evaluation
             return None
         d, t = self.r.data, self.r.train
         return heldout_metrics(self.wrapped, self.heldout, self.eval_states, self.ctx, d.max_length,
@@ -298,9 +305,8 @@ class Trainer:
         window = Window(r.train.ttt_steps, ctx.device)
         t_window = time.perf_counter()
         t_start, tokens_total = time.perf_counter(), 0
-        last_eval = None
-        budget = TimeBudget(r.train.time_budget_s, self.step, t_start) if r.train.time_budget_s else None
-        self.step_cap = self.total_steps
+        self.t_start, last_eval = t_start, None
+        budget = TimeBudget(max(self.budget_s, 1e-3), self.step, t_start) if self.budget_s is not None else None
         while self.step < self.total_steps:
             epoch, index = self.position
             batches = self._epoch(epoch)

@@ -23,6 +23,8 @@ def test_jsonl_prompt_and_messages(tmp_path):
     f.write_text(json.dumps({"prompt": "one"}) + "\n\n" + json.dumps(
         {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "two"}]}) + "\n")
     assert prompt_set(str(f)) == ["one", "two"]
+    f.write_text("\ufeff" + json.dumps({"prompt": "one"}) + "\n", encoding="utf-8")  # a BOM, as Windows tools write
+    assert prompt_set(str(f)) == ["one"]
 
 
 def test_records_carry_the_category_acceptance_is_grouped_by(tmp_path):

@@ -153,7 +153,7 @@ def read_jsonl_records(path) -> list[tuple[str, str | None]]:
     if not path.is_file():
         raise EyasError(f"prompt file {path} does not exist", "pass a JSONL file: one {\"prompt\": ...} per line")
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
         try:

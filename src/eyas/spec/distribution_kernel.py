@@ -63,10 +63,12 @@ class Config(NamedTuple):
 # (most rows, config), first match; None: the reference (a sort). Measured with ``kernel_profile.py
 # --distribution`` (vocabulary 49,152, T 0.7, top-p 0.95; docs/engine.md, *Figures*): up to 32 rows the split,
 # 64 programs a row, is fastest (0.06-0.17 ms at 1-32 rows on the H200, against the sort's 0.13-0.38 and one
-# program a row's 0.37); it runs to 40 rows so that a 32-node tree's verify (33 rows) takes it. From 66 to 400
-# rows the split at 16 programs a row led or tied on the H100 (0.22-1.12 ms against 0.38-1.32); past that one
-# program a row fills the GPU. More candidates a pass (fewer passes) cost more at every row count measured.
-ROW_CONFIGS = ((40, Config(64, 16, 256, 4)), (400, Config(16, 16, 256, 4)), (1 << 62, Config(1, SPLIT, BLOCK, 8)))
+# program a row's 0.37); it runs to 40 rows so that a 32-node tree's verify (33 rows) takes it. At 66 rows the
+# split at 16 programs a row leads (0.177 ms on the H100); from 132 rows on, one program a row reading 1,024
+# entries at a time with 16 warps does, by a third against that split and against one program at 512 x 8 warps
+# (H100: 0.21 / 0.42 / 0.83 / 1.63 / 3.24 ms at 132 / 264 / 528 / 1,056 / 2,112 rows, against 0.32 / 0.65 /
+# 1.19 / 2.46 / 4.98). More candidates a pass (fewer passes) cost more at every row count measured.
+ROW_CONFIGS = ((40, Config(64, 16, 256, 4)), (100, Config(16, 16, 256, 4)), (1 << 62, Config(1, SPLIT, 1024, 16)))
 # the same for rows without top-k and top-p (a max pass and a z pass): 0.022-0.024 ms split, 0.037 one program a row
 UNFILTERED_CONFIGS = ((40, Config(32, 1, 1024, 4)), (1 << 62, Config(1, 1, BLOCK, 4)))
 

@@ -34,10 +34,11 @@ class JobRun:
         seqs = sequences_for(engine, job)  # 400s happen here, before anything is queued
         self.queue: asyncio.Queue = asyncio.Queue()
         outbox = scheduler.outbox(asyncio.get_running_loop())
-        stop, p = list(job.stop or []), job.params
-        stop_ids = frozenset(p.stop_token_ids) | frozenset(() if p.ignore_eos else engine.target.eos_token_ids)
+        stop, params = list(job.stop or []), job.params
+        eos = () if params.ignore_eos else engine.target.eos_token_ids
+        stop_ids = frozenset(params.stop_token_ids) | frozenset(eos)  # the ids that end a row: their text is left out
         self.works = [Work(seq, Receiver(outbox, self.queue, k, stop, job.skip_special_tokens, job.keep_stop, stop_ids,
-                                         p.min_tokens)) for k, seq in enumerate(seqs)]
+                                         params.min_tokens)) for k, seq in enumerate(seqs)]
         self.prompt_tokens = sum(len(p) for p in job.prompts)
         try:
             scheduler.submit(self.works)

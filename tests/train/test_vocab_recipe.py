@@ -123,6 +123,18 @@ def test_a_gpu_this_machine_lacks_is_refused_before_loading(tmp_path, capsys, mo
     assert "train.device cuda:99" in err and "Traceback" not in err
 
 
+def test_print_recipe_checks_the_values_as_a_run_does(capsys):
+    from eyas.cli import main
+
+    assert main(["train", "--print-recipe", "--set", "train.max_steps=-1"]) == 2
+    captured = capsys.readouterr()
+    assert "recipe key train.max_steps = -1 is invalid" in captured.err and not captured.out.strip()
+    assert main(["train", "--print-recipe", "--data", "d", "--set", "train.max_steps=5"]) == 0
+    assert "max_steps: 5" in capsys.readouterr().out
+    assert main(["train", "--print-recipe"]) == 0  # the defaults, to start a recipe from: data.path may be empty
+    assert "data.path is empty" in capsys.readouterr().err
+
+
 def test_eval_rows_0_turns_the_held_out_evaluation_off(tmp_path):
     """data.eval_rows: 0 passes the recipe's check ('0 or more held-out rows') but died at the first
     evaluation in a ValueError traceback (the mean length of no rows is NaN)."""

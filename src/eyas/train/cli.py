@@ -74,10 +74,7 @@ def run(args) -> int:
         overrides.insert(0, f"output={recipe_file.parent}")  # the run continues where it is now
     recipe = load_recipe(recipe_file, overrides)
     if args.print_recipe:
-        import yaml
-
-        print(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-        return 0
+        return print_recipe(recipe)
     if args.plan:
         return print_plan(recipe, args)
     from .checkpoint import check_branch, check_new_output
@@ -122,6 +119,23 @@ def run(args) -> int:
     ctx = trainer.ctx
     del trainer  # its modules and their collectives go before the process group (DistContext.close)
     ctx.close()
+    return 0
+
+
+def print_recipe(recipe) -> int:
+    """The resolved recipe, checked as a run checks it; only data.path may still be empty, since printing
+    the defaults to start a recipe from is a use of its own."""
+    import copy
+    import sys
+
+    import yaml
+
+    checked = copy.deepcopy(recipe)
+    checked.data.path = checked.data.path or "-"
+    checked.validate()
+    print(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    if not recipe.data.path:
+        print("note: data.path is empty: a run needs --data DATA (a folder from `eyas prepare`)", file=sys.stderr)
     return 0
 
 

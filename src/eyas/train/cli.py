@@ -48,6 +48,7 @@ def run(args) -> int:
     from .recipe import load_recipe
 
     overrides = list(args.set)
+    check_shortcuts(args)
     for key, value in (("data.path", args.data), ("output", args.output), ("target", args.model_path),
                        ("log.run_name", args.run_name)):
         if value is not None:
@@ -120,6 +121,35 @@ def run(args) -> int:
     del trainer  # its modules and their collectives go before the process group (DistContext.close)
     ctx.close()
     return 0
+
+
+# the shortcut flags, each with the recipe keys it sets (a --set of one of them, or of its section, is refused)
+SHORTCUTS = {"--data": ("data", ("data.path",)), "--output": ("output", ("output",)),
+             "--model": ("model_path", ("target",)), "--run-name": ("run_name", ("log.run_name",)),
+             "--report-to": ("report_to", ("log.trackers", "log.tensorboard"))}
+
+
+def check_shortcuts(args) -> None:
+    """A shortcut and a --set of the same key: the shortcut used to win without a word."""
+    from ..errors import EyasError
+    from .recipe import parse_override
+
+    def sets(tree, key: str) -> bool:  # --set data.path=B, or --set 'data={path: B}'
+        for part in key.split("."):
+            if not isinstance(tree, dict) or part not in tree:
+                return False
+            tree = tree[part]
+        return True
+
+    for flag, (dest, keys) in SHORTCUTS.items():
+        if getattr(args, dest) is None:
+            continue
+        for text in args.set:
+            key = next((k for k in keys if sets(parse_override(text), k)), None)
+            if key is not None:
+                spelled = flag + ("/--model-path" if flag == "--model" else "")
+                raise EyasError(f"{spelled} {getattr(args, dest)} and --set {text} both set the recipe's {key}",
+                                f"keep one of them ({flag} is short for --set {keys[0]}=...)")
 
 
 def print_recipe(recipe) -> int:

@@ -7,6 +7,7 @@ the two greedy outputs match token for token.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from .common.prompts import chat_ids
@@ -45,6 +46,11 @@ def run(args) -> int:
               f"steps={s.num_steps} topk={s.eagle_topk} draft_tokens={s.num_draft_tokens}")
         print(f"aux hidden states: layers {ids}, {len(ids)} x {h} = {len(ids) * h} -> fc -> "
               f"{engine.draft.config.hidden_size}")
+        from .serve.banner import context_warning
+
+        warning = context_warning(engine)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     else:
         print("speculative: NONE (no draft)")
 

@@ -103,6 +103,14 @@ def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
 
         if remote_code_refusal(e, folder):
             raise remote_code_refusal(e, folder) from None
+        if not folder.exists():  # else transformers reads it as a hub repo id and complains about its characters
+            raise EyasError(f"--tokenizer-path {path}: no such file or folder here, nor a tokenizer in the local "
+                            "Hugging Face cache (eyas never downloads one: model hubs may be unreachable)",
+                            "pass a local folder with tokenizer.json / tokenizer_config.json, a .gguf file, or "
+                            f"{SMOLLM2!r}; check the path for typos") from None
+        if folder.is_file():
+            raise EyasError(f"--tokenizer-path {path}: is a file ({folder.name}), not a tokenizer folder",
+                            f"pass its folder: --tokenizer-path {folder.parent}") from None
         raise EyasError(f"--tokenizer-path {path}: no tokenizer could be loaded: {type(e).__name__}: {str(e)[:300]}",
                         "point at a folder with tokenizer.json / tokenizer_config.json (or a .gguf file)") from None
     if len(tokenizer) > vocab_size:

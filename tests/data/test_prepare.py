@@ -330,6 +330,23 @@ def test_training_on_a_select_only_folder_says_what_it_is(tmp_path):
     assert "without --select-only" in e.value.fix
 
 
+def test_select_only_never_overwrites_answered_data(tmp_path, capsys):
+    """--select-only over a full run's folder replaced its answered train.jsonl with bare prompts and left
+    its tokens and meta.json in place; an earlier --select-only folder is still rewritten, as a full run
+    rewrites its own."""
+    src = _jsonl(tmp_path / "in.jsonl", n=10)
+    prepare(tiny_target(dtype=torch.float32), PrepareConfig(inputs=[str(src)], held_out=0.2, max_length=64),
+            tmp_path / "full", log=lambda *a: None)
+    answered = (tmp_path / "full" / "train.jsonl").read_text()
+    assert main(["prepare", "--out", str(tmp_path / "full"), "--input", str(src), "--select-only"]) == 2
+    err = capsys.readouterr().err
+    assert "holds the output of an `eyas prepare` run with a model (meta.json" in err and "new --out" in err, err
+    assert (tmp_path / "full" / "train.jsonl").read_text() == answered
+    assert not (tmp_path / "full" / "selection.json").exists()
+    for _ in range(2):
+        assert main(["prepare", "--out", str(tmp_path / "sel"), "--input", str(src), "--select-only"]) == 0
+
+
 def test_prepare_on_a_gpu_this_machine_lacks_is_an_error(tmp_path, capsys):
     """--device cuda on a CPU-only PyTorch died in an AttributeError traceback from torch.cuda.set_device."""
     src = _jsonl(tmp_path / "in.jsonl", n=3)

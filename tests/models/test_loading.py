@@ -28,6 +28,19 @@ def test_missing_paths_say_what_was_expected(tmp_path):
         resolve(str(tmp_path / "empty"))
 
 
+def test_a_file_inside_a_model_folder_says_to_pass_the_folder(tiny_folder, tmp_path):
+    for name in ("config.json", "model.safetensors"):
+        with pytest.raises(EyasError, match=rf"is a file \({name}\), not a model folder") as e:
+            resolve(str(tiny_folder / name))
+        assert e.value.fix == f"pass its folder: {tiny_folder}"
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(EyasError, match="is a file") as e:
+        resolve(str(tmp_path / "notes.txt"))
+    assert "model folder that holds config.json" in e.value.fix
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")  # a .gguf file is a model by itself
+    assert resolve(str(tmp_path / "m.gguf")) == (tmp_path, "m.gguf")
+
+
 def test_cli_generate_runs_on_a_local_pair(tmp_path, draft):
     save_tiny_model(tmp_path / "target", dtype=torch.float64)
     draft.save_pretrained(tmp_path / "draft")

@@ -34,6 +34,27 @@ def test_a_mismatched_template_is_a_warning_a_longer_context_a_note(models, tmp_
     assert not [x for x in banner_lines(engine, 4, 8) if "WARNING" in x or x.startswith("note:")]
 
 
+def test_a_context_past_the_drafts_positions_is_warned_as_the_doctor_says(models, tmp_path, capsys):
+    from eyas.cli import main
+    from eyas.common.training_record import past_draft_positions
+
+    tiny, draft = models
+    shutil.copytree(draft, tmp_path / "draft")
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    (tmp_path / "draft" / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 512}))
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(tmp_path / "draft")))
+    problem, fix = past_draft_positions(1024, engine.draft.config)  # the doctor's words for the context row
+    assert f"WARNING: {problem}; {fix}" in banner_lines(engine, 4, 8)
+    assert "--context-length 512" in fix
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(tmp_path / "draft"),
+                                     context_length=512))
+    assert not [x for x in banner_lines(engine, 4, 8) if "max_position_embeddings" in x]
+    rc = main(["generate", "--model-path", str(tiny), "--speculative-draft-model-path", str(tmp_path / "draft"),
+               "--device", "cpu", "--prompt", "hi", "--max-new-tokens", "2", "--no-baseline"])
+    err = capsys.readouterr().err
+    assert rc == 0 and f"WARNING: {problem}; {fix}" in err, err  # a warning, not a refusal
+
+
 def test_chat_template_from_a_file_or_text(engine, tmp_path):
     tok = engine.target.tokenizer
     original = tok.chat_template

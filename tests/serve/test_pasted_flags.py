@@ -232,6 +232,22 @@ def test_tokenizer_path_replaces_the_targets_tokenizer(models, tmp_path):
         build_engine(EngineArgs(model_path=str(tiny), dtype="float64", tokenizer_path=str(tmp_path)))
 
 
+def test_a_missing_tokenizer_path_says_it_does_not_exist(tmp_path):
+    from helpers import byte_tokenizer
+
+    from eyas.pipeline import load_tokenizer
+
+    for missing in ("/nonexistent", str(tmp_path / "no" / "such")):
+        with pytest.raises(EyasError, match="no such file or folder") as e:
+            load_tokenizer(missing, 320)
+        assert "Repo id" not in str(e.value) and "hubs may be unreachable" in str(e.value), e.value
+        assert "tokenizer.json" in e.value.fix
+    byte_tokenizer().save_pretrained(tmp_path / "tok")
+    with pytest.raises(EyasError, match=r"is a file \(tokenizer_config.json\)") as e:
+        load_tokenizer(str(tmp_path / "tok" / "tokenizer_config.json"), 320)
+    assert e.value.fix == f"pass its folder: --tokenizer-path {tmp_path / 'tok'}"
+
+
 def test_random_seed_decides_what_unseeded_requests_sample(engine):
     from eyas.engine.sampling import SamplingParams
     from eyas.serve.cli import seed_everything

@@ -123,6 +123,44 @@ def test_a_gpu_this_machine_lacks_is_refused_before_loading(tmp_path, capsys, mo
     assert "train.device cuda:99" in err and "Traceback" not in err
 
 
+def test_print_recipe_checks_the_values_as_a_run_does(capsys):
+    from eyas.cli import main
+
+    assert main(["train", "--print-recipe", "--set", "train.max_steps=-1"]) == 2
+    captured = capsys.readouterr()
+    assert "recipe key train.max_steps = -1 is invalid" in captured.err and not captured.out.strip()
+    assert main(["train", "--print-recipe", "--data", "d", "--set", "train.max_steps=5"]) == 0
+    assert "max_steps: 5" in capsys.readouterr().out
+    assert main(["train", "--print-recipe"]) == 0  # the defaults, to start a recipe from: data.path may be empty
+    assert "data.path is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shortcut,override,key", [
+    (["--data", "A"], "data.path=B", "data.path"),
+    (["--data", "A"], "data={path: B}", "data.path"),
+    (["--output", "A"], "output=B", "output"),
+    (["--model", "A"], "target=B", "target"),
+    (["--model-path", "A"], "target=B", "target"),
+    (["--run-name", "A"], "log.run_name=B", "log.run_name"),
+    (["--report-to", "wandb"], "log.tensorboard=true", "log.tensorboard"),
+])
+def test_a_shortcut_and_a_set_of_the_same_key_are_refused(capsys, shortcut, override, key):
+    from eyas.cli import main
+
+    assert main(["train", "--print-recipe", *shortcut, "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert f"{shortcut[0].replace('-path', '')}" in err and f"--set {override}" in err, err
+    assert f"both set the recipe's {key}" in err and "fix: keep one of them" in err, err
+
+
+def test_a_shortcut_beside_a_set_of_other_keys_is_fine(capsys):
+    from eyas.cli import main
+
+    assert main(["train", "--print-recipe", "--data", "A", "--set", "data={max_length: 512}"]) == 0
+    out = capsys.readouterr().out
+    assert "path: A" in out and "max_length: 512" in out
+
+
 def test_eval_rows_0_turns_the_held_out_evaluation_off(tmp_path):
     """data.eval_rows: 0 passes the recipe's check ('0 or more held-out rows') but died at the first
     evaluation in a ValueError traceback (the mean length of no rows is NaN)."""

@@ -35,6 +35,17 @@ def template_sha(template: str | None) -> str:
     return hashlib.sha256((template or "").encode()).hexdigest()[:16]
 
 
+def past_draft_positions(serving: int | None, draft_config) -> tuple[str, str] | None:
+    """(problem, fix) when the serving context runs past the draft's ``max_position_embeddings``, else None:
+    what ``eyas doctor`` calls a PROBLEM and ``eyas serve`` / ``eyas generate`` warn about."""
+    draft_max = int(getattr(draft_config, "max_position_embeddings", 0) or 0)
+    if not (serving and draft_max and serving > draft_max):
+        return None
+    return (f"serving context {serving} exceeds the draft's max_position_embeddings {draft_max}: beyond it "
+            "acceptance collapses or kernels fail (SGLang #6783, vLLM #23072)",
+            f"serve with --context-length {draft_max}, or retrain the draft for longer contexts")
+
+
 def read_record(draft_path, config) -> TrainingRecord:
     meta = (getattr(config, "eyas", None) or {})
     training = meta.get("training") or {}

@@ -63,6 +63,24 @@ def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
     return records
 
 
+# what a run with a model leaves in --out (beyond the prompt files --select-only writes itself)
+ANSWERED = ("meta.json", "answers.jsonl", "train.tokens.npy", "heldout.tokens.npy")
+
+
+def refuse_answered_out(out: Path) -> None:
+    """--select-only into the output of a run with a model would replace its answered train/heldout.jsonl
+    with bare prompts and leave its tokens and meta.json describing another selection. A full run
+    rewrites every file it owns (and resumes from answers.jsonl), a select-only one only its own: so
+    an earlier --select-only folder is rewritten, an answered one is refused."""
+    found = [name for name in ANSWERED if (out / name).exists()]
+    if found:
+        raise EyasError(f"--out {out} holds the output of an `eyas prepare` run with a model ({', '.join(found)}): "
+                        "--select-only would replace its answered train.jsonl / heldout.jsonl with bare prompts "
+                        "and leave its tokens and meta.json describing another selection",
+                        "pass --select-only a new --out folder (or remove that one first, if its answers are "
+                        "no longer wanted)")
+
+
 def select_only(cfg: PrepareConfig, out, log=print) -> dict:
     """``--select-only``: the selection without a model: train.jsonl and heldout.jsonl as prompts
     (unanswered), holdout-prompts.jsonl and selection.json (the meta's selection part)."""
@@ -71,6 +89,7 @@ def select_only(cfg: PrepareConfig, out, log=print) -> dict:
         raise EyasError(f"--select-only runs without a model, but source {', '.join(needs)} needs the target to "
                         "write prompts", "drop --select-only, or those sources")
     out = Path(out)
+    refuse_answered_out(out)
     ledger = Ledger()
     train, held, chat_eval = select(collect(None, cfg, None, log), cfg, ledger, log)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from .. import formats
 from ..checks import check_algorithm, check_vocab_maps, draft_kind
 from ..common.target_facts import TargetFacts, read_target
-from ..common.training_record import read_record, template_sha
+from ..common.training_record import past_draft_positions, read_record, template_sha
 from ..config import Algorithm
 from ..errors import EyasError
 from ..formats import names as format_names
@@ -206,11 +206,9 @@ def check_embeddings_row(report: Report, folder, facts: TargetFacts) -> None:
 
 def check_context_row(report: Report, folder, facts: TargetFacts, record, context_length: int | None) -> None:
     serving = context_length or facts.max_context
-    draft_max = int(getattr(folder.config, "max_position_embeddings", 0) or 0)
-    if serving and draft_max and serving > draft_max:
-        report.add("context", PROBLEM, f"serving context {serving} exceeds the draft's max_position_embeddings "
-                   f"{draft_max}: beyond it acceptance collapses or kernels fail (SGLang #6783, vLLM #23072)",
-                   f"serve with --context-length {draft_max}, or retrain the draft for longer contexts")
+    past = past_draft_positions(serving, folder.config)
+    if past:
+        report.add("context", PROBLEM, *past)
         return
     if record.max_length is None:
         report.add("context", WARNING if folder.format != "eyas" else OK,

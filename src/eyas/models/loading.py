@@ -69,6 +69,14 @@ def resolve(path_or_name: str) -> tuple[Path, str | None]:
     p = Path(os.path.expanduser(path_or_name))
     if p.is_file() and p.suffix == ".gguf":
         return p.parent, p.name
+    if p.is_file():  # config.json or a .safetensors shard: the folder holding it is what was meant
+        model_folder = (p.parent / "config.json").is_file() or any(p.parent.glob("*.gguf"))
+        raise EyasError(
+            f"model {path_or_name!r} is a file ({p.name}), not a model folder; a model is given by its folder "
+            "(config.json + *.safetensors) or by a .gguf file",
+            f"pass its folder: {p.parent}" if model_folder
+            else "pass the Hugging Face model folder that holds config.json and the *.safetensors, or a .gguf file",
+        )
     if p.is_dir():
         if (p / "config.json").is_file() or (p / "config.json").is_symlink():  # a broken link: named when read
             return p, None

@@ -18,17 +18,29 @@ def template_sha(template: str | None) -> str:
     return hashlib.sha256((template or "").encode()).hexdigest()[:16]
 
 
+def context_warning(engine) -> str | None:
+    """The doctor's context PROBLEM, as a warning: a serving context past the draft's max_position_embeddings
+    (not refused: the draft may still work past it)."""
+    if engine.draft is None or not engine.spec.speculative or not engine.target.info.max_context:
+        return None  # an unknown target context is no known overrun
+    from ..common.training_record import past_draft_positions
+
+    past = past_draft_positions(engine.max_context, engine.draft.config)
+    return None if past is None else f"WARNING: {past[0]}; {past[1]}"
+
+
 def training_warnings(engine) -> list[str]:
     """Train/serve mismatches the draft's own record reveals (the top causes of low acceptance)."""
     if engine.draft is None or not engine.spec.speculative:
         return []
+    context = context_warning(engine)
     try:
         from ..common.training_record import read_record
 
         rec = read_record(getattr(engine.draft, "name_or_path", "."), engine.draft.config)
     except Exception:  # noqa: BLE001 - no record readable: nothing to compare
-        return []
-    out = []
+        return [context] if context else []
+    out = [context] if context else []
     have = template_sha(getattr(engine.target.tokenizer, "chat_template", None))
     if rec.template_sha and rec.template_sha != have:
         out.append(f"WARNING: this server renders chats with template sha256 {have}, the draft was trained on "

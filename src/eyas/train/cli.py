@@ -48,6 +48,7 @@ def run(args) -> int:
     from .recipe import load_recipe
 
     overrides = list(args.set)
+    check_shortcuts(args)
     for key, value in (("data.path", args.data), ("output", args.output), ("target", args.model_path),
                        ("log.run_name", args.run_name)):
         if value is not None:
@@ -74,10 +75,7 @@ def run(args) -> int:
         overrides.insert(0, f"output={recipe_file.parent}")  # the run continues where it is now
     recipe = load_recipe(recipe_file, overrides)
     if args.print_recipe:
-        import yaml
-
-        print(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-        return 0
+        return print_recipe(recipe)
     if args.plan:
         return print_plan(recipe, args)
     from .checkpoint import check_branch, check_new_output
@@ -122,6 +120,52 @@ def run(args) -> int:
     ctx = trainer.ctx
     del trainer  # its modules and their collectives go before the process group (DistContext.close)
     ctx.close()
+    return 0
+
+
+# the shortcut flags, each with the recipe keys it sets (a --set of one of them, or of its section, is refused)
+SHORTCUTS = {"--data": ("data", ("data.path",)), "--output": ("output", ("output",)),
+             "--model": ("model_path", ("target",)), "--run-name": ("run_name", ("log.run_name",)),
+             "--report-to": ("report_to", ("log.trackers", "log.tensorboard"))}
+
+
+def check_shortcuts(args) -> None:
+    """A shortcut and a --set of the same key: the shortcut used to win without a word."""
+    from ..errors import EyasError
+    from .recipe import parse_override
+
+    def sets(tree, key: str) -> bool:  # --set data.path=B, or --set 'data={path: B}'
+        for part in key.split("."):
+            if not isinstance(tree, dict) or part not in tree:
+                return False
+            tree = tree[part]
+        return True
+
+    for flag, (dest, keys) in SHORTCUTS.items():
+        if getattr(args, dest) is None:
+            continue
+        for text in args.set:
+            key = next((k for k in keys if sets(parse_override(text), k)), None)
+            if key is not None:
+                spelled = flag + ("/--model-path" if flag == "--model" else "")
+                raise EyasError(f"{spelled} {getattr(args, dest)} and --set {text} both set the recipe's {key}",
+                                f"keep one of them ({flag} is short for --set {keys[0]}=...)")
+
+
+def print_recipe(recipe) -> int:
+    """The resolved recipe, checked as a run checks it; only data.path may still be empty, since printing
+    the defaults to start a recipe from is a use of its own."""
+    import copy
+    import sys
+
+    import yaml
+
+    checked = copy.deepcopy(recipe)
+    checked.data.path = checked.data.path or "-"
+    checked.validate()
+    print(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    if not recipe.data.path:
+        print("note: data.path is empty: a run needs --data DATA (a folder from `eyas prepare`)", file=sys.stderr)
     return 0
 
 

@@ -46,7 +46,7 @@ def run(args) -> int:
               f"steps={s.num_steps} topk={s.eagle_topk} draft_tokens={s.num_draft_tokens}")
         print(f"aux hidden states: layers {ids}, {len(ids)} x {h} = {len(ids) * h} -> fc -> "
               f"{engine.draft.config.hidden_size}")
-        from .serve.banner import context_warning
+        from .common.training_record import context_warning
 
         warning = context_warning(engine)
         if warning:

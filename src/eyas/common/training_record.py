@@ -46,6 +46,15 @@ def past_draft_positions(serving: int | None, draft_config) -> tuple[str, str] |
             f"serve with --context-length {draft_max}, or retrain the draft for longer contexts")
 
 
+def context_warning(engine) -> str | None:
+    """The doctor's context PROBLEM as a warning for ``eyas serve`` and ``eyas generate``: a serving context past
+    the draft's max_position_embeddings (not refused: the draft may still work past it)."""
+    if engine.draft is None or not engine.spec.speculative or not engine.target.info.max_context:
+        return None  # an unknown target context is no known overrun
+    past = past_draft_positions(engine.max_context, engine.draft.config)
+    return None if past is None else f"WARNING: {past[0]}; {past[1]}"
+
+
 def read_record(draft_path, config) -> TrainingRecord:
     meta = (getattr(config, "eyas", None) or {})
     training = meta.get("training") or {}

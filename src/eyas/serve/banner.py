@@ -18,21 +18,12 @@ def template_sha(template: str | None) -> str:
     return hashlib.sha256((template or "").encode()).hexdigest()[:16]
 
 
-def context_warning(engine) -> str | None:
-    """The doctor's context PROBLEM, as a warning: a serving context past the draft's max_position_embeddings
-    (not refused: the draft may still work past it)."""
-    if engine.draft is None or not engine.spec.speculative or not engine.target.info.max_context:
-        return None  # an unknown target context is no known overrun
-    from ..common.training_record import past_draft_positions
-
-    past = past_draft_positions(engine.max_context, engine.draft.config)
-    return None if past is None else f"WARNING: {past[0]}; {past[1]}"
-
-
 def training_warnings(engine) -> list[str]:
     """Train/serve mismatches the draft's own record reveals (the top causes of low acceptance)."""
     if engine.draft is None or not engine.spec.speculative:
         return []
+    from ..common.training_record import context_warning
+
     context = context_warning(engine)
     try:
         from ..common.training_record import read_record

@@ -101,3 +101,19 @@ def test_every_operation_id_in_the_openapi_document_is_unique(inprocess, recwarn
     assert [i for i, count in ids.items() if count > 1] == []
     assert set(doc["paths"]["/health"]) == {"get", "head"}
     assert not [w for w in recwarn if "Duplicate Operation ID" in str(w.message)]
+
+
+def test_a_trailing_slash_is_the_same_route_not_a_redirect(inprocess):
+    """A 307 to the slash-less path loses the body with clients that do not re-POST it: the route answers."""
+    with inprocess(api_key="k") as srv, httpx.Client(base_url=srv.url, timeout=60, follow_redirects=False) as c:
+        key = {"Authorization": "Bearer k"}
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for path, body in [("/v1/chat/completions/", chat),
+                           ("/v1/completions/", {"prompt": "hi", "max_tokens": 2}),
+                           ("/v1/responses/", {"input": "hi", "max_output_tokens": 2}),
+                           ("/generate/", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})]:
+            r = c.post(path, json=body, headers=key)
+            assert r.status_code == 200, (path, r.status_code, r.text)
+            assert c.post(path, json=body).status_code == 401  # the key is still needed
+        assert c.get("/v1/models/", headers=key).json()["data"][0]["id"] == "tiny"
+        assert c.get("/health/").status_code == 200  # open, as /health is

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from serve_helpers import scrape
 
 LONG = {"prompt": "long", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}  # never finishes here
@@ -143,3 +144,25 @@ def test_a_client_that_hangs_up_mid_body_is_an_abort_not_a_server_error(inproces
     logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "eyas.serve.requests"]
     assert [line["outcome"] for line in logged if line["path"] != "/metrics"][:3] == ["abort"] * 3
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[-2000:]
+
+
+def test_the_503_reports_the_numbers_admission_compared():
+    """A request taken for admission is neither running nor queued for a moment (the engine thread has popped it,
+    the batch does not hold it yet), but submit counts it: the 503 must say in-flight of capacity, not
+    "(0 running, 1 queued)" at a capacity of 2."""
+    from eyas.serve.api_errors import overloaded
+    from eyas.serve.metrics import ServeMetrics
+    from eyas.serve.scheduler import Overloaded, Scheduler, Work
+
+    s = Scheduler(None, ServeMetrics(0, 0, speculative=False), max_running=1, max_queued=1)
+    s.submit([Work(None, None), Work(None, None)])
+    s._waiting.popleft()  # being admitted
+    with pytest.raises(Overloaded) as e:
+        s.submit([Work(None, None)])
+    msg = overloaded(e.value).message
+    assert "2 sequences in flight (running, being prefilled or queued) of the 2 it holds" in msg, msg
+    assert "1 --max-running-requests + 1 --max-queued-requests" in msg and "needs 1 more" in msg, msg
+    s._stopping_admissions = True  # shutting down (abort_all): said so, not "at capacity"
+    with pytest.raises(Overloaded) as e:
+        s.submit([Work(None, None)])
+    assert "shutting down" in overloaded(e.value).message

@@ -89,6 +89,47 @@ def test_limits_answer_4xx_naming_the_flag(inprocess):
         assert r.status_code == 200  # within every limit
 
 
+def test_a_compressed_body_is_decoded_within_the_limit_or_refused_by_its_coding(inprocess):
+    """gzip and deflate bodies are served as if sent plain; --max-request-bytes holds for the decoded body (a zip
+    bomb is a 413, not inflated); any other Content-Encoding is a 415 naming it, never "not valid UTF-8"."""
+    import gzip
+    import zlib
+
+    from eyas.serve.limits import Limits
+
+    body = {"messages": MSG, "max_tokens": 3, "temperature": 0}
+    raw = json.dumps(body).encode()
+    gz = gzip.compress(raw)
+    with inprocess(limits=Limits(max_request_bytes=2000)) as srv:
+        def post(data, coding, **kw):
+            return httpx.post(srv.url + CHAT, content=data, timeout=60, **kw,
+                              headers={"content-type": "application/json", "content-encoding": coding})
+
+        want = httpx.post(srv.url + CHAT, json=body, timeout=60).json()["choices"][0]["message"]
+        for coding, data in [("gzip", gz), ("deflate", zlib.compress(raw)), ("GZip", gz),
+                             ("gzip", iter([gz[:10], gz[10:]]))]:  # chunked: no Content-Length
+            r = post(data, coding)
+            assert r.status_code == 200, (coding, r.text)
+            assert r.json()["choices"][0]["message"] == want
+        bomb = gzip.compress(json.dumps({"messages": [{"role": "user", "content": " " * 10**6}]}).encode())
+        assert len(bomb) < 2000
+        r = post(bomb, "gzip")
+        assert r.status_code == 413 and "once decoded" in r.json()["error"]["message"], r.text
+        for data in (b"not gzip at all", gz[:-12], gz + b"junk"):
+            r = post(data, "gzip")
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_encoding", r.text
+            assert "UTF-8" not in r.json()["error"]["message"]
+        for coding in ("br", "zstd", "gzip, gzip"):
+            r = post(b"\x8b\x00compressed", coding)
+            err = r.json()["error"]
+            assert r.status_code == 415 and err["param"] == "Content-Encoding", r.text
+            assert coding in err["message"] and "uncompressed" in err["message"]
+            assert r.headers["accept-encoding"] == "gzip, deflate"
+        r = httpx.post(srv.url + CHAT, content=gz, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 400 and "'Content-Encoding: gzip'" in r.json()["error"]["message"]  # header left out
+        assert httpx.post(srv.url + CHAT, json=body, timeout=60).status_code == 200  # nothing else was touched
+
+
 def test_stream_limit_answers_429(inprocess):
     from eyas.serve.limits import Limits
 

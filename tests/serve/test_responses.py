@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import httpx
 import pytest
 
@@ -66,8 +69,6 @@ def test_what_it_cannot_do_is_refused_by_name(inprocess, field, value):
 
 
 def test_structured_output_through_text_format(inprocess):
-    import json
-
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     with inprocess() as srv:
         r = httpx.post(srv.url + "/v1/responses", json={
@@ -98,3 +99,38 @@ def test_an_image_or_other_non_text_input_is_refused_saying_text_only(inprocess,
         err = r.json()["error"]
         assert err["param"] == param and "text only" in err["message"], err
         assert "should be a valid string" not in err["message"], err
+
+
+def test_a_response_cancelled_at_shutdown_is_incomplete_not_completed(inprocess):
+    """Cancelled under way (shutdown past its grace: the chat route's finish_reason "abort"), a response is
+    "incomplete" with reason "abort", streamed or not: never "completed" with half a text."""
+    import threading
+
+    body = {"input": "tell me a long story", "max_output_tokens": 400, "temperature": 0}
+    with inprocess(step_delay=0.05) as srv:
+        scheduler = srv.app.state.eyas.scheduler
+        long = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": body["input"]}], "max_tokens": 30, "temperature": 0})
+        assert long.json()["choices"][0]["finish_reason"] == "length", long.text  # greedy: no early EOS
+        plain: dict = {}
+        waiter = threading.Thread(target=lambda: plain.update(
+            httpx.post(srv.url + "/v1/responses", json=body, timeout=60).json()))
+        waiter.start()
+        kinds, last = [], None
+        with httpx.stream("POST", srv.url + "/v1/responses", json={**body, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    kinds.append(line[7:])
+                    if kinds[-1] == "response.output_text.delta" and kinds.count(kinds[-1]) == 2:
+                        end = time.time() + 30
+                        while scheduler.counts()[0] < 2 and time.time() < end:  # the other one runs too
+                            time.sleep(0.01)
+                        scheduler.abort_all()
+                elif line.startswith("data: "):
+                    last = json.loads(line[6:])
+        waiter.join(60)
+        assert kinds[-1] == "response.incomplete", kinds
+        for response in (last["response"], plain):
+            assert response["status"] == "incomplete", response
+            assert response["incomplete_details"] == {"reason": "abort"}
+            assert response["output"][0]["status"] == "incomplete"

@@ -55,10 +55,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(HTTPStatus.BAD_REQUEST, message, param, code)
 
 
-def overloaded(running: int, queued: int, retry_after: int = 1) -> ApiError:
-    return ApiError(
-        HTTPStatus.SERVICE_UNAVAILABLE,
-        f"the server is at capacity ({running} running, {queued} queued); retry after {retry_after} s, "
-        "or start it with a larger --max-running-requests / --max-queued-requests",
-        code="server_overloaded", headers={"Retry-After": str(retry_after)},
-    )
+def overloaded(e, retry_after: int = 1) -> ApiError:
+    """The 503 for ``work.Overloaded``: the numbers the admission check compared."""
+    if e.stopping:
+        message = f"the server is shutting down and admits no new requests; retry after {retry_after} s"
+    else:
+        message = (f"the server is at capacity: {e.inflight} sequences in flight (running, being prefilled or queued) "
+                   f"of the {e.running + e.queued} it holds ({e.running} --max-running-requests + {e.queued} "
+                   f"--max-queued-requests), and this request needs {e.asked} more; retry after {retry_after} s, "
+                   "or start the server with a larger --max-running-requests / --max-queued-requests")
+    return ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, code="server_overloaded",
+                    headers={"Retry-After": str(retry_after)})

@@ -29,7 +29,7 @@ from .generate_route import router as generate_router
 from .inputs import check_model
 from .limits import BodySizeLimit, Limits, StreamSlots
 from .metrics import ServeMetrics
-from .middleware import ApiKey, RequestLog, open_paths
+from .middleware import ApiKey, RequestLog, TrailingSlash, open_paths
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
 from .prepare import Preparer
@@ -134,6 +134,7 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     if options.allowed_origins:  # outside the key check: a browser's preflight carries no credentials
         app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-Id"])
+    app.add_middleware(TrailingSlash)  # outermost: every layer sees the path the route does
 
     @app.get("/health")
     @app.head("/health")  # a route of its own: one route of both methods gives both one operationId

@@ -25,7 +25,8 @@ def load_object(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+        hint = " (it starts as gzip data does: say so with 'Content-Encoding: gzip')" if raw[:2] == b"\x1f\x8b" else ""
+        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}){hint}; "
                           "send UTF-8 encoded JSON", code="invalid_encoding") from None
     try:
         data = json.loads(text)

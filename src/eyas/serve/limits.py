@@ -1,6 +1,7 @@
 """Request limits: each refusal is a 4xx that names the limit and the flag that changes it.
 
-    --max-request-bytes     request body size (413), checked while the body arrives
+    --max-request-bytes     request body size (413), checked while the body arrives, and once decoded
+                            (Content-Encoding gzip or deflate; any other coding: 415)
     --max-prompt-tokens     prompt tokens per prompt (400; the context length caps it anyway)
     --max-stop-strings      stop strings per request (400)
     --max-stop-length       characters per stop string (400)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from dataclasses import dataclass
 
 from .api_errors import ApiError, bad_request
@@ -102,9 +104,17 @@ class StreamTicket:
             self._slots._release()
 
 
+# Content-Encoding of a request body -> zlib's wbits: gzip; deflate is zlib's format (gzip read too)
+DECODED = {b"gzip": 31, b"x-gzip": 31, b"deflate": 47}
+
+
 class BodySizeLimit:
     """ASGI middleware: 413 for a body past ``max_bytes``, by its Content-Length or, for a chunked
-    body, counted as it arrives (read up to the limit here, then replayed to the app)."""
+    body, counted as it arrives (read up to the limit here, then replayed to the app).
+
+    A gzip or deflate body (``Content-Encoding``) is decoded here, at most ``max_bytes`` of output (a body
+    that decodes to more is a 413, however small it came: no zip bomb is inflated), and replayed as plain
+    bytes; any other coding is a 415 naming it (uvicorn hands the app the bytes as they came)."""
 
     def __init__(self, app, max_bytes: int):
         self.app = app
@@ -113,11 +123,16 @@ class BodySizeLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        coding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if coding != b"identity" and coding not in DECODED:
+            return await _answer(send, unsupported_coding(coding))
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit():
             if int(declared) > self.max_bytes:
-                return await self._refuse(send)
-            return await self.app(scope, receive, send)
+                return await _answer(send, self._too_large())
+            if coding == b"identity":
+                return await self.app(scope, receive, send)
         chunks, seen = [], 0
         while True:
             message = await receive()
@@ -126,24 +141,61 @@ class BodySizeLimit:
             chunks.append(message.get("body", b""))
             seen += len(chunks[-1])
             if seen > self.max_bytes:
-                return await self._refuse(send)
+                return await _answer(send, self._too_large())
             if not message.get("more_body", False):
                 break
+        body = b"".join(chunks)
+        if coding != b"identity" and body:
+            try:
+                body = self._decode(body, coding)
+            except ApiError as e:
+                return await _answer(send, e)
+            kept = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
+            scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
         replayed = False
 
         async def replay():
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send):
-        e = ApiError(413, f"the request body is larger than {self.max_bytes} bytes (--max-request-bytes)",
-                     code="request_too_large")
-        body = json.dumps(e.body()).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+    def _decode(self, body: bytes, coding: bytes) -> bytes:
+        name = coding.decode("latin-1")
+        d = zlib.decompressobj(DECODED[coding])
+        try:
+            out = d.decompress(body, self.max_bytes + 1)  # the output is capped, whatever the ratio
+        except zlib.error as e:
+            raise bad_request(f"the request body is not valid {name} data ({e}); send it compressed as its "
+                              "Content-Encoding says, or uncompressed without that header",
+                              code="invalid_encoding") from None
+        if len(out) > self.max_bytes:
+            raise self._too_large(f" once decoded (Content-Encoding: {name})")
+        if not d.eof or d.unused_data:
+            raise bad_request(f"the request body is not one complete {name} stream ("
+                              f"{'it ends early' if not d.eof else 'bytes follow its end'}); send the whole "
+                              "compressed body, or send it uncompressed without Content-Encoding",
+                              code="invalid_encoding")
+        return out
+
+    def _too_large(self, how: str = "") -> ApiError:
+        return ApiError(413, f"the request body is larger than {self.max_bytes} bytes{how} (--max-request-bytes)",
+                        code="request_too_large")
+
+
+def unsupported_coding(coding: bytes) -> ApiError:
+    return ApiError(415, f"Content-Encoding {coding.decode('latin-1')!r} is not supported for request bodies; "
+                         "send the body uncompressed (no Content-Encoding header), or compressed with gzip or deflate",
+                    param="Content-Encoding", code="unsupported_content_encoding",
+                    headers={"Accept-Encoding": "gzip, deflate"})  # RFC 7694: the codings a 415 accepts
+
+
+async def _answer(send, e: ApiError) -> None:
+    body = json.dumps(e.body()).encode()
+    await send({"type": "http.response.start", "status": e.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *((k.lower().encode(), v.encode()) for k, v in e.headers.items())]})
+    await send({"type": "http.response.body", "body": body})

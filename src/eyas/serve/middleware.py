@@ -1,5 +1,5 @@
 """Plain ASGI middleware (no BaseHTTPMiddleware, which can end a slow reader's stream early):
-the API key check, and request ids with one structured log line per request."""
+trailing slashes, the API key check, and request ids with one structured log line per request."""
 
 from __future__ import annotations
 
@@ -31,6 +31,22 @@ ALWAYS_OPEN = frozenset({"/health", "/dashboard"})  # probes; a static page that
 def open_paths(metrics_require_key: bool) -> frozenset[str]:
     """The paths that answer without the API key; every other path, route or not, needs it."""
     return ALWAYS_OPEN if metrics_require_key else ALWAYS_OPEN | {"/metrics"}
+
+
+class TrailingSlash:
+    """``POST /v1/chat/completions/`` is ``POST /v1/chat/completions``: a trailing slash is dropped before routing.
+
+    Starlette would answer 307 to the slash-less path, and a client that POSTs does not always follow a 307 with
+    its body. Outermost, so the API key check and the log see the path the route does."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+        await self.app(scope, receive, send)
 
 
 class ApiKey:

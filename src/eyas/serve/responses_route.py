@@ -5,7 +5,8 @@ or a list of messages (``{"role", "content"}``, ``"type": "message"`` optional, 
 ``input_text`` / ``output_text`` parts), ``max_output_tokens`` its max_tokens, ``text.format`` its
 ``response_format``. It then runs as ``/v1/chat/completions`` does (the sampling defaults, the limits, structured
 output, acceptance in ``usage``). The answer is a ``response`` with one ``message`` output item of ``output_text``,
-``status`` "completed", or "incomplete" with ``incomplete_details.reason`` "max_output_tokens"; streamed, the
+``status`` "completed", or "incomplete" with ``incomplete_details.reason`` "max_output_tokens" (or "abort": cancelled
+at shutdown, the chat route's finish_reason); streamed, the
 Responses events in order, each named in its ``event:`` line and numbered (``sequence_number``):
 ``response.created``, ``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``,
 ``response.output_text.delta`` per piece of text, ``response.output_text.done``, ``response.content_part.done``,
@@ -102,11 +103,16 @@ def _message(mid: str, text: str, status: str) -> dict:
     return {"type": "message", "id": mid, "status": status, "role": "assistant", "content": content}
 
 
+# why a response ended short, by the chat route's finish_reason: cut by max_output_tokens, or cancelled under way
+# (the server shutting down: the chat route's "abort")
+_INCOMPLETE = {"length": "max_output_tokens", "abort": "abort"}
+
+
 def _finish(response: dict, f: Finished, mid: str, u: dict) -> dict:
-    complete = f.reason != "length"
-    return {**response, "status": "completed" if complete else "incomplete",
-            "incomplete_details": None if complete else {"reason": "max_output_tokens"},
-            "output": [_message(mid, f.text, "completed" if complete else "incomplete")], "usage": u}
+    reason = _INCOMPLETE.get(f.reason)
+    status = "completed" if reason is None else "incomplete"
+    return {**response, "status": status, "incomplete_details": None if reason is None else {"reason": reason},
+            "output": [_message(mid, f.text, status)], "usage": u}
 
 
 @router.post("/v1/responses")

@@ -43,7 +43,7 @@ class JobRun:
         try:
             scheduler.submit(self.works)
         except Overloaded as e:
-            raise overloaded(e.running, e.queued) from None
+            raise overloaded(e) from None
 
     def cancel(self) -> None:
         for w in self.works:

@@ -110,11 +110,11 @@ class Scheduler:
     def submit(self, works: list[Work]) -> None:
         """Queue all of ``works`` or none: raises ``Overloaded`` past running + queue capacity."""
         with self._cond:
-            if self._stopping or self._stopping_admissions:
-                raise Overloaded(len(self._running), len(self._waiting))
-            # _inflight also counts requests between the queue and the batch (being prefilled)
-            if self._inflight + len(works) > self.max_running + self.max_queued:
-                raise Overloaded(len(self._running), len(self._waiting))
+            # _inflight also counts requests between the queue and the batch (being prefilled): the error says
+            # that count, not running and queued, which can add up to less
+            stopping = self._stopping or self._stopping_admissions
+            if stopping or self._inflight + len(works) > self.max_running + self.max_queued:
+                raise Overloaded(self._inflight, len(works), self.max_running, self.max_queued, stopping)
             self._inflight += len(works)
             for w in works:
                 w.on_cancel = self._withdraw

@@ -33,6 +33,9 @@ class Work:
 
 
 class Overloaded(Exception):
-    def __init__(self, running: int, queued: int):
-        super().__init__(f"{running} running, {queued} queued")
-        self.running, self.queued = running, queued
+    """No room for ``asked`` more sequences: ``inflight`` (running, being prefilled or queued: what ``submit``
+    counts) of ``running + queued`` (the two flags' capacities); ``stopping``: the server is shutting down."""
+
+    def __init__(self, inflight: int, asked: int, running: int, queued: int, stopping: bool = False):
+        super().__init__("shutting down" if stopping else f"{inflight} + {asked} sequences > {running} + {queued}")
+        self.inflight, self.asked, self.running, self.queued, self.stopping = inflight, asked, running, queued, stopping

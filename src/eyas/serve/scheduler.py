@@ -110,8 +110,7 @@ class Scheduler:
     def submit(self, works: list[Work]) -> None:
         """Queue all of ``works`` or none: raises ``Overloaded`` past running + queue capacity."""
         with self._cond:
-            # _inflight also counts requests between the queue and the batch (being prefilled): the error says
-            # that count, not running and queued, which can add up to less
+            # _inflight also counts those between the queue and the batch (prefilling): the error says that count
             stopping = self._stopping or self._stopping_admissions
             if stopping or self._inflight + len(works) > self.max_running + self.max_queued:
                 raise Overloaded(self._inflight, len(works), self.max_running, self.max_queued, stopping)
@@ -135,8 +134,7 @@ class Scheduler:
         w.done = True
         w.receiver.outbox.post([(w, Ended("abort", SpecStats()))])
 
-    def counts(self) -> tuple[int, int]:
-        """(running, queued): a prompt being prefilled in chunks runs."""
+    def counts(self) -> tuple[int, int]:  # (running, queued): a prompt being prefilled in chunks runs
         with self._cond:
             return len(self._running) + len(self._partial), len(self._waiting)
 

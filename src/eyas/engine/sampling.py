@@ -86,8 +86,9 @@ class SamplingParams:
             if not -100.0 <= float(value) <= 100.0:
                 raise EyasError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
-            raise EyasError(f"min_tokens must be an integer in [0, max_new_tokens = {self.max_new_tokens}], got "
-                            f"{self.min_tokens!r}", "ask for at most as many tokens as the output may have")
+            raise EyasError(f"min_tokens must be an integer from 0 to the output's maximum length "
+                            f"({self.max_new_tokens}), got {self.min_tokens!r}",
+                            "lower min_tokens, or raise the maximum (max_tokens; /generate: max_new_tokens)")
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise EyasError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
                             "ask for at most 20 alternatives per token (vLLM's cap), or None for no logprobs")

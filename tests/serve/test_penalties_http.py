@@ -98,3 +98,9 @@ def test_min_tokens_out_of_range_or_beside_a_grammar_is_refused(server, body):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
                    json={"messages": [{"role": "user", "content": "hi"}], **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
+
+
+def test_generate_names_min_new_tokens_in_its_refusal(server):
+    r = httpx.post(server.url + "/generate", timeout=60,
+                   json={"text": "hi", "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 9}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.min_new_tokens", r.text

@@ -63,7 +63,7 @@ class Sequence:
         if self.finished:
             return []
         p = self.params
-        stops = set(p.stop_token_ids) | (frozenset() if p.ignore_eos else eos)
+        stops = p.stop_ids(eos)
         out = []
         for t in tokens:
             out.append(t)

@@ -55,7 +55,7 @@ class Penalties:
             if float(p.repetition_penalty) != 1.0:
                 prompt[r, torch.tensor(ids, dtype=torch.long)] = True
             if p.min_tokens:
-                stops[r, [t for t in {*p.stop_token_ids, *(() if p.ignore_eos else eos)} if t < vocab]] = True
+                stops[r, [t for t in p.stop_ids(eos) if t < vocab]] = True
         counts = torch.zeros((b, vocab), dtype=torch.int32)
         return cls(floats.to(device), bias.to(device), prompt.to(device), counts.to(device), stops.to(device))
 

@@ -102,6 +102,10 @@ class SamplingParams:
         """Top-k or top-p is on (its threshold needs a sort of the vocabulary)."""
         return not self.greedy and (self.top_k > 0 or float(self.top_p) < 1.0)
 
+    def stop_ids(self, eos) -> frozenset[int]:
+        """The tokens that end this row: its ``stop_token_ids``, and the target's ``eos`` unless ``ignore_eos``."""
+        return frozenset(self.stop_token_ids) | frozenset(() if self.ignore_eos else eos)
+
     @property
     def penalized(self) -> bool:
         """A penalty, a logit bias or a minimum length is on (the batch then keeps per-row token counts on the

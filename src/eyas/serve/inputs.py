@@ -29,6 +29,7 @@ from .tools import ToolPlan, template_message, template_tools
 
 log = logging.getLogger("eyas.serve")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+GENERATE_NAMES = {"min_tokens": "min_new_tokens"}  # SamplingParams' names that SGLang's sampling_params spell otherwise
 
 
 @dataclass
@@ -317,13 +318,13 @@ def _params(max_tokens, param: str, default, n: int, seed_param: str, field_pref
     chosen = max_tokens if max_tokens is not None else default
     try:
         # not given: a placeholder, sized to the context later (sequences_for)
-        size = chosen or max(1, kw.get("min_tokens") or 1)
+        size = chosen or max(1, kw.get("min_tokens") or 0)
         params = SamplingParams(max_new_tokens=size, **{k: v for k, v in kw.items() if v is not None})
     except EyasError as e:
         name = e.problem.split(" ", 1)[0]
-        name = "min_new_tokens" if name == "min_tokens" and field_prefix else name  # /generate's spelling
+        field = GENERATE_NAMES.get(name, name) if field_prefix else name  # the request's spelling of the field
         raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),
-                          param=field_prefix + name if name in kw else None, code="invalid_value") from None
+                          param=field_prefix + field if name in kw else None, code="invalid_value") from None
     return params
 
 

@@ -35,8 +35,7 @@ class JobRun:
         self.queue: asyncio.Queue = asyncio.Queue()
         outbox = scheduler.outbox(asyncio.get_running_loop())
         stop, params = list(job.stop or []), job.params
-        eos = () if params.ignore_eos else engine.target.eos_token_ids
-        stop_ids = frozenset(params.stop_token_ids) | frozenset(eos)  # the ids that end a row: their text is left out
+        stop_ids = params.stop_ids(engine.target.eos_token_ids)  # the ids that end a row: their text is left out
         self.works = [Work(seq, Receiver(outbox, self.queue, k, stop, job.skip_special_tokens, job.keep_stop, stop_ids,
                                          params.min_tokens)) for k, seq in enumerate(seqs)]
         self.prompt_tokens = sum(len(p) for p in job.prompts)

@@ -102,3 +102,10 @@ def test_a_schedule_defers_only_where_it_runs_plain_steps(target, draft):
     assert [s.feed_width for s in scheduled.whole_steps.values()] == [0, 8]
     every = Engine(NativeTarget.from_target(target), draft, AUTO, max_batch=4, draft_feed_interval=1)
     assert not any(s.defers for s in every.whole_steps.values())
+
+
+def test_an_interval_below_one_is_refused_with_the_fix(target):
+    from eyas.errors import EyasError
+
+    with pytest.raises(EyasError, match="(?s)at least 1, got 0.*pass 1 to feed the draft on every plain step"):
+        Engine(NativeTarget.from_target(target), max_batch=2, draft_feed_interval=0)

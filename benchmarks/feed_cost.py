@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument("--intervals", default="1,8")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--mem-fraction-static", type=float, default=0.15)
+    ap.add_argument("--mem-fraction-static", type=float, default=None,
+                    help="the first engine's (the others take 40%% of what is then free, as a bare serve does)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]

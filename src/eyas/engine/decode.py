@@ -160,9 +160,7 @@ class StaticStep:
         lengths = kept(inputs, host[:, width + 1])
         used = lengths.max().view(1)  # the caches' next prefix: ``Engine.collect`` crops them to the longest row
         out = {"lengths": lengths, "root": kept(inputs, host[:, width + 2]), "tprefix": used}
-        if self.defers:
-            out.update((name, kept(inputs, value)) for name, value in zip(FEED, outputs[1:4]))
-        elif self.draft is not None:
+        if self.draft is not None and not self.defers:  # a deferring step's feed is written in its inputs
             out.update(hidden0=kept(inputs, outputs[-1]), dprefix=used)
         if self.spec.speculative:
             out["logits0"] = kept(inputs, outputs[1])

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models import consts
+
 
 @dataclass
 class Feed:
@@ -53,13 +55,16 @@ class Feed:
 
 def append(tokens: torch.Tensor, aux: torch.Tensor, n: torch.Tensor, token: torch.Tensor, token_aux: torch.Tensor,
            take: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A feed's tensors with row b's ``token`` [B] and ``token_aux`` [B, A] written at column ``n[b]`` and
-    ``n`` raised where ``take`` [B] (bool) holds: inside a plain step's graph, so no shape depends on ``n``.
-    The engine feeds the draft before a row's feed is full; the column is clamped all the same."""
-    col = n.clamp(max=tokens.shape[1] - 1)[:, None]
-    tokens = tokens.scatter(1, col, token[:, None])
-    aux = aux.scatter(1, col[:, :, None].expand(-1, 1, aux.shape[2]), token_aux[:, None].to(aux.dtype))
-    return tokens, aux, n + take.long()
+    """Write row b's ``token`` [B] and ``token_aux`` [B, A] into the feed's tensors at column ``n[b]``, in place,
+    and raise ``n`` where ``take`` [B] (bool) holds; returns the three tensors. Inside a plain step's graph
+    they are its own input buffers, so what the step leaves is already where the next step reads it (no
+    copy of the feed a step). The engine feeds the draft before a row's feed is full; the column is clamped
+    all the same."""
+    rows, col = consts.arange(len(n), n.device), n.clamp(max=tokens.shape[1] - 1)
+    tokens[rows, col] = token
+    aux[rows, col] = token_aux.to(aux.dtype)
+    n += take.long()
+    return tokens, aux, n
 
 
 def feed_draft(batch, extenders: dict, extend, in_flight: int = 0, ahead: bool = False) -> bool:

@@ -11,6 +11,9 @@ few seconds (the tests' own helpers):
   equal to HF ``generate``'s greedy continuation;
 - overlapped: each step launched before the last one is read back (the server's overlap schedule), the
   same greedy outputs, and the same seeded sampled ones as steps taken one at a time;
+- deferred draft feed: plain steps beside drafting ones (``engine/feed.py``), steps launched ahead, rows
+  joining and leaving: greedy tokens equal HF's, and the draft accepts what a draft fed every step accepts
+  (sampled rows: as many tokens, within 10%: a block fed at once may round otherwise than token by token);
 - sampled: a seeded request gives the same tokens alone, among greedy and sampled neighbours at any
   row, when it joins a running batch (the device sampler and tree verifier inside the graphs) and
   eagerly (its draws in torch ops, not the kernel), and another seed gives other tokens.
@@ -30,6 +33,10 @@ from common import ROOT, write
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "engine")]
 
 from helpers import reference_greedy, tiny_target, train_draft  # noqa: E402
+from test_deferred_feed import LATE  # noqa: E402
+from test_deferred_feed import PROMPTS as FEED_PROMPTS  # noqa: E402
+from test_deferred_feed import engine as feeding_engine  # noqa: E402
+from test_deferred_feed import run as feed_run  # noqa: E402  the CPU test's loop: plain and drafting steps in turn
 from test_overlap import overlapped  # noqa: E402  the CPU test's loop with steps launched ahead
 from test_seeded_rows import MINE, OTHERS, PROMPT, joined_late  # noqa: E402  the CPU test's request and batch
 
@@ -82,6 +89,20 @@ def main() -> int:
         bad = [i for i, (o, w) in enumerate(zip(outs, want)) if o != w]
         record(f"greedy {setting_name(spec)} graphs, steps launched ahead", not bad and ahead > 0,
                f"rows differing from HF: {bad}; steps launched ahead: {ahead}")
+    for sampled in (False, True):
+        extra = dict(temperature=0.8, top_p=0.9, seed=5) if sampled else {}
+        rows = [SamplingParams(max_new_tokens=n, ignore_eos=True, **extra) for n in (30, 44, 12, 38)]
+        every = feed_run(feeding_engine(target, draft, 1), rows)
+        got, accepted, fed = feed_run(feeding_engine(target, draft, 4), rows, ahead=True)
+        ratio = sum(accepted) / max(1, sum(every[1]))
+        if sampled:
+            ok, label = 0.9 <= ratio <= 1.1, "sampled"
+        else:
+            refs = [reference_greedy(target.model, p, 44) for p in (*FEED_PROMPTS, LATE)]
+            ok, label = got == [r[:len(g)] for r, g in zip(refs, got)] and got == every[0] and ratio == 1, "greedy"
+        record(f"deferred draft feed {label}, steps launched ahead", ok and fed > 0,
+               f"draft tokens accepted {sum(accepted)} (fed every step: {sum(every[1])}); feeds given: {fed}; "
+               f"tokens equal to a feed every step: {got == every[0]}")
     spec = SPECS[2]
     engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8, cuda_graphs=True)
     alone = engine.generate([PROMPTS[0]], MINE)[0]

@@ -6,7 +6,7 @@
 # clients, T 0 and 0.7, NONE against auto) with the overlap schedule off, then on (OVERLAPS="overlap": on
 # alone; CLIENTS=1,4,16,64: more levels; INPROC=1: the engine in-process beside each level), f = what feeding the
 # draft costs the plain steps of `auto` (a server that never speculates but feeds the draft, against NONE, served at
-# 1, 16 and 64 clients or F_CLIENTS, T 0 and 0.7), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
+# 1, 16 and 64 clients or F_CLIENTS, T 0 and 0.7; once per draft feed interval, F_INTERVALS, "8 1"), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
 # 129 rows) at its default launch and at more candidates a search pass (fewer passes).
 # Needs PYTHONPATH with src (and the staged wheels): scripts/gpu-stage.sh stages them in three calls.
 set -uo pipefail
@@ -32,9 +32,11 @@ for b in $ONLY; do
            --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients ${CLIENTS:-1,16} --temperatures 0,0.7 \
            --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule ${INPROC:+--in-process} --out "$OUT/serve-load-$o.json"; done ;;
     f) stamp "(f) plain steps that feed the draft against NONE, served"
-       timeout ${F_TIMEOUT:-300} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path \
-         "${DRAFT:-$SHIPPED}" --speculative-algorithm EAGLE3 --speculative-batch-schedule "4096:0;4097:3,1,4" \
-         --clients ${F_CLIENTS:-1,16,64} --temperatures 0,0.7 --top-p 0.95 --min-requests 32 --max-tokens 256 --out "$OUT/fed-none.json" ;;
+       for i in ${F_INTERVALS:-8 1}; do
+         timeout ${F_TIMEOUT:-300} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path \
+           "${DRAFT:-$SHIPPED}" --speculative-algorithm EAGLE3 --speculative-batch-schedule "4096:0;4097:3,1,4" \
+           --draft-feed-interval $i --clients ${F_CLIENTS:-1,16,64} --temperatures 0,0.7 --top-p 0.95 \
+           --min-requests 32 --requests-per-client ${F_RPC:-4} --max-tokens 256 --out "$OUT/fed-none-i$i.json"; done ;;
     p) stamp "(p) distribution kernel configs"  # each config compiles its launches' variants first: minutes
        timeout ${P_TIMEOUT:-400} python3 kernel_profile.py --distribution ${P_ROWS:-1,33},49152 --temperature 0.7 \
          --top-p 0.95 --distribution-configs ${P_CONFIGS:-64x64x256x4 64x256x256x4} --out "$OUT/distribution-configs.json" ;;

@@ -242,7 +242,8 @@ def engine_flags(args) -> list[str]:
 def spec_flags(args) -> list[str]:
     out = []
     for name in ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-                 "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_batch_schedule"):
+                 "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_batch_schedule",
+                 "draft_feed_interval"):
         value = getattr(args, name)
         if value is not None:
             out += ["--" + name.replace("_", "-"), str(value)]
@@ -265,7 +266,8 @@ def parse_args(argv=None):
     p.add_argument("--model-path", help="start the servers from this target (and --speculative-* flags)")
     for name in ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-batch-schedule"):
         p.add_argument(name, default=None)
-    for name in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"):
+    for name in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+                 "--draft-feed-interval"):
         p.add_argument(name, type=int, default=None)
     p.add_argument("--no-baseline", action="store_true", help="start no NONE server beside the speculative one")
     p.add_argument("--device", default="auto")

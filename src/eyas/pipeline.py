@@ -43,11 +43,13 @@ class EngineArgs:
     max_batch: int = 64  # rows the native path's preallocated KV cache holds
     cuda_graph_max_bs: int | None = None  # largest batch with CUDA graphs (default: max_batch)
     mem_fraction_static: float | None = None  # SGLang's: weights + KV pools within this share of memory
+    draft_feed_interval: int = 8  # plain steps beside speculation: the draft is fed their tokens this many at once
     tokenizer_path: str | None = None  # a tokenizer other than the target's own
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_batch=self.max_batch, cuda_graphs=self.cuda_graphs,
-                            graph_max_batch=self.cuda_graph_max_bs, mem_fraction_static=self.mem_fraction_static)
+                            graph_max_batch=self.cuda_graph_max_bs, mem_fraction_static=self.mem_fraction_static,
+                            draft_feed_interval=self.draft_feed_interval)
 
 
 def draft_fc_width(cfg) -> tuple[int | None, int]:
@@ -249,6 +251,9 @@ def add_engine_arguments(parser) -> None:
     g.add_argument("--cuda-graph-max-bs", type=int, default=None,
                    help="native path: largest batch size with CUDA graphs, captured at startup; larger batches "
                         "run eagerly (default: the max batch)")
+    g.add_argument("--draft-feed-interval", type=int, default=8,
+                   help="with a schedule or auto: plain steps keep their tokens for the draft, which takes them "
+                        "this many steps at once (1: fed on every step; default 8)")
 
 
 SPECULATIVE_FLAGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
@@ -296,5 +301,6 @@ def engine_args_from(ns) -> EngineArgs:
         max_batch=getattr(ns, "max_running_requests", None) or 64,
         cuda_graph_max_bs=getattr(ns, "cuda_graph_max_bs", None),
         mem_fraction_static=getattr(ns, "mem_fraction_static", None),
+        draft_feed_interval=getattr(ns, "draft_feed_interval", 8),
         tokenizer_path=getattr(ns, "tokenizer_path", None),
     )

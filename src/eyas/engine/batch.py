@@ -1,6 +1,6 @@
 """What the engine works on: a ``Sequence`` (one request: its prompt, its output so far, why it ended), a
-``Batch`` of them on the device (their caches, lengths and the draft's last output), and ``Output``, what
-``Engine.generate`` returns for each prompt.
+``Batch`` of them on the device (their caches, lengths and the draft's last output), a step of it in flight
+(``Launched``), and ``Output``, what ``Engine.generate`` returns for each prompt.
 
 A sequence takes its tokens through ``Sequence.emit``, which stops at the request's stop tokens, its
 grammar's end, its token budget or the engine's context. A fault confined to one row ends that row alone
@@ -17,8 +17,10 @@ from functools import cached_property
 
 import torch
 
+from ..config import SpecConfig
+from .feed import Feed
 from .grammar import RowGrammar
-from .logprobs import TokenLogprob
+from .logprobs import Pending, TokenLogprob
 from .sampling import SamplingParams, SamplingRows
 from .stats import SpecStats
 
@@ -107,6 +109,9 @@ class Batch:
     # (``BatchGraph``'s carry) takes nothing from them. Membership changes make a new batch, a new serial.
     serial: int = field(default_factory=lambda: next(_batches))
     steps: int = 0  # steps launched (``Engine.launch``)
+    feed: Feed | None = None  # what plain steps kept for the draft (``feed.py``), None before any did
+    deferred: int = 0  # plain steps since the draft was last fed: no row's feed holds more
+    feeds: int = 0  # times the draft took the feed: the feed's tensors changed outside a step graph
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -118,7 +123,7 @@ class Batch:
 
     def state(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """(what the batch holds now, what it holds after the next step): a step graph's ``state``."""
-        return (self.serial, self.steps), (self.serial, self.steps + 1)
+        return (self.serial, self.steps, self.feeds), (self.serial, self.steps + 1, self.feeds)
 
 
 @dataclass
@@ -156,3 +161,26 @@ def scrub(batch: Batch, rows: list[int]) -> None:
     for cache in (batch.target_cache, batch.draft_cache):
         if cache is not None:
             cache.scrub(rows)
+
+
+@dataclass
+class Launched:
+    """A step on the device (``Engine.launch``), its tokens on their way to the host (``Engine.collect``)."""
+
+    batch: Batch
+    spec: SpecConfig
+    host: torch.Tensor  # [B, width + 4]: on the device until ``keep`` copies it out
+    pending: Pending | None  # the asking rows' logprobs
+    start: float  # when it was launched
+    arrived: object = None  # after ``keep`` on a GPU: the CUDA event marking the copy's arrival in pinned memory
+
+    def keep(self) -> None:
+        """Copy the tokens out before the next step is launched ahead: a whole step's outputs are its graph's
+        buffers, which that step overwrites. On a GPU the copy goes into pinned memory, queued behind this
+        step and before the next, so ``collect`` waits for this step alone."""
+        if self.host.is_cuda:
+            pinned = torch.empty(self.host.shape, dtype=self.host.dtype, pin_memory=True)
+            self.host, self.arrived = pinned.copy_(self.host, non_blocking=True), torch.cuda.Event()
+            self.arrived.record()
+        else:
+            self.host = self.host.clone()

@@ -7,7 +7,8 @@ Llama-3.1-8B step (``benchmarks/decode_8b.py``). The whole step is a function of
 row's length and last token, the draft's last output, and the slots the new keys go to), so it is
 captured whole (``step_static``, ``StaticStep``): a step is a few input copies (none when the same
 batch steps again: the carry), one replay and the read-back. Plain decoding is the same function with
-a tree of the root alone: the draft, if there is one, is still fed (an adaptive spec's plain steps).
+a tree of the root alone: the draft, if there is one, is still fed (an adaptive spec's plain steps), or its
+feed is kept for later (``feed.py``: one extend every few plain steps).
 
 Each setting is captured in four variants, by what the batch's rows need (``SamplingRows.kind``):
 ``greedy`` (the argmax, ``accept_greedy_batch``: no cost for greedy batches), ``sampled`` (rejection
@@ -31,12 +32,14 @@ from ..spec.drafter import draft_extend_static, draft_tree_static
 from ..spec.ops import ops_for
 from ..spec.tree import Tree
 from ..spec.verify import accepted_path, finite_rows
+from .feed import Feed, append
 from .penalties import Penalties, record
 from .sampler import accept
 from .sampling import GREEDY, KINDS, PENALIZED
 
 STARTUP_KINDS = KINDS[:-1]  # the variants ``Engine.warm_up`` captures; PENALIZED's on first use
 PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts", "pen_stops")  # the penalized variant's extra inputs
+FEED = ("feed_tokens", "feed_aux", "feed_n")  # a deferring plain step's extra inputs (``Feed``'s fields)
 
 
 def kept(inputs: dict, value: torch.Tensor) -> torch.Tensor:
@@ -84,18 +87,20 @@ def vocab_of(native) -> int:
 
 def step_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: SpecConfig, lengths, root, logits0,
                 hidden0, live, tprefix: torch.Tensor, dprefix: torch.Tensor | None, window: int, kind: str = GREEDY,
-                floats=None, ints=None, pen=None):
+                floats=None, ints=None, pen=None, feed: tuple | None = None):
     """One step on the static caches with only tensors varying between calls, so it is one graph per
     (kind, rows, window): draft a tree (``spec``'s settings; the root alone when it drafts nothing) from the
     draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it with the target (its
     keys at slots ``tprefix..``), accept (greedily, or by rejection sampling under the rows' settings
     ``floats``/``ints``: ``sampler.accept``), commit the accepted path, and, with a ``draft``, feed it to the
-    draft (keys at ``dprefix..``). Returns (``host`` [B, width + 4]: the emitted tokens padded to the path
-    width, their count, the new length, the next root, whether the target's logits over the row's tree were
-    finite (``finite_rows``: 0 ends that row alone); with a draft, its logits [B, draft_vocab] (not for a
-    ``spec`` that drafts nothing) and hidden state [B, H] after the last kept token; with ``pen``, the
-    penalized variant's, then the rows' token counts with the emitted tokens added). Rows with ``live`` 0 (a
-    bucket's padding, or the zeros a graph is warmed up with) keep their keys where they were written."""
+    draft (keys at ``dprefix..``), or, given a ``feed`` (``Feed``'s tensors: a plain step that defers the
+    draft's feed, ``feed.py``), append its token to the feed instead. Returns (``host`` [B, width + 4]: the
+    emitted tokens padded to the path width, their count, the new length, the next root, whether the target's
+    logits over the row's tree were finite (``finite_rows``: 0 ends that row alone); with a draft, its logits
+    [B, draft_vocab] (not for a ``spec`` that drafts nothing) and hidden state [B, H] after the last kept
+    token, or with a ``feed`` its three tensors after the append; with ``pen``, the penalized variant's, then
+    the rows' token counts with the emitted tokens added). Rows with ``live`` 0 (a bucket's padding, or the
+    zeros a graph is warmed up with) keep their keys where they were written."""
     dev = root.device
     if spec.speculative:
         tree = draft_tree_static(draft, dpool, lengths, root, logits0, hidden0, spec, dprefix, window)
@@ -113,7 +118,9 @@ def step_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: Spe
     host = torch.cat([new, counts[:, None], new_lengths[:, None], bonus[:, None], finite_rows(logits).long()[:, None]],
                      dim=1)
     out = (host,)
-    if draft is not None:
+    if feed is not None:  # the token at each row's old length: the position whose aux states the draft needs
+        out = (host, *append(*feed, new[:, 0], path_aux[:, 0], kept & (counts > 0)))
+    elif draft is not None:
         # Without speculation (an adaptive spec's plain steps) the draft is fed but its logits are left out: the
         # next speculative step computes them from the hidden state (``Engine.step``), so a plain step costs less.
         logits1, hidden1 = draft_extend_static(draft, dpool, lengths, new, path_aux, torch.where(kept, counts, 0),
@@ -124,11 +131,16 @@ def step_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: Spe
 
 class StaticStep:
     """``step_static`` for one setting, as one graph replay per (kind, rows, window): ``graphs[kind]``.
-    ``draft`` and ``dpool`` are None for an engine without a draft (its one setting drafts nothing)."""
+    ``draft`` and ``dpool`` are None for an engine without a draft (its one setting drafts nothing). With a
+    draft, a setting that drafts nothing and ``feed_width`` > 0 defers the draft's feed (``defers``): each step
+    appends to the batch's ``Feed`` of that width, which the engine feeds to the draft later."""
 
-    def __init__(self, native, tpool, aux_ids, draft, dpool, spec: SpecConfig, rows: list[int], enabled: bool):
+    def __init__(self, native, tpool, aux_ids, draft, dpool, spec: SpecConfig, rows: list[int], enabled: bool,
+                 feed_width: int = 0):
         self.native, self.tpool, self.aux_ids = native, tpool, aux_ids
         self.draft, self.dpool, self.spec = draft, dpool, spec
+        self.feed_width = feed_width if draft is not None and not spec.speculative else 0
+        self.defers = self.feed_width > 0
         self.steps = 0  # steps run whole (the rest ran by parts)
         self._live = None
         # the most slots past a prefix any part writes: the tree's levels or the verified tree (the extend's
@@ -148,7 +160,9 @@ class StaticStep:
         lengths = kept(inputs, host[:, width + 1])
         used = lengths.max().view(1)  # the caches' next prefix: ``Engine.collect`` crops them to the longest row
         out = {"lengths": lengths, "root": kept(inputs, host[:, width + 2]), "tprefix": used}
-        if self.draft is not None:
+        if self.defers:
+            out.update((name, kept(inputs, value)) for name, value in zip(FEED, outputs[1:4]))
+        elif self.draft is not None:
             out.update(hidden0=kept(inputs, outputs[-1]), dprefix=used)
         if self.spec.speculative:
             out["logits0"] = kept(inputs, outputs[1])
@@ -158,12 +172,13 @@ class StaticStep:
         return step_static(self.native, self.tpool, self.aux_ids, self.draft, self.dpool, self.spec,
                            inputs["lengths"], inputs["root"], inputs.get("logits0"), inputs.get("hidden0"),
                            inputs["live"], inputs["tprefix"], inputs.get("dprefix"), window, kind,
-                           inputs.get("floats"), inputs.get("ints"), pen_of(inputs))
+                           inputs.get("floats"), inputs.get("ints"), pen_of(inputs),
+                           tuple(inputs[n] for n in FEED) if self.defers else None)
 
     def _drafts(self, logits0, hidden0) -> dict:
         """The draft's last output among the inputs: none without a draft, no logits for a setting that drafts
-        nothing (after plain steps they are None, ``Engine.step``)."""
-        if self.draft is None:
+        nothing (after plain steps they are None, ``Engine.step``); none for a step that defers the feed."""
+        if self.draft is None or self.defers:
             return {}
         return {"logits0": logits0, "hidden0": hidden0} if self.spec.speculative else {"hidden0": hidden0}
 
@@ -172,7 +187,9 @@ class StaticStep:
         ids = torch.zeros(rows, dtype=torch.long, device=dev)
         fixed = {"tprefix": 0}
         drafts = {}
-        if self.draft is not None:
+        if self.defers:
+            drafts = dict(zip(FEED, vars(self.new_feed(rows)).values()))
+        elif self.draft is not None:
             w = self.draft.fc.weight
             drafts = self._drafts(torch.zeros((rows, self.draft.draft_vocab_size), dtype=w.dtype, device=dev),
                                   torch.zeros((rows, self.draft.config.hidden_size), dtype=w.dtype, device=dev))
@@ -180,16 +197,24 @@ class StaticStep:
         return ({"lengths": ids, "root": ids, **drafts, "live": ids,
                  **rows_example(kind, rows, dev, vocab_of(self.native))}, fixed)
 
+    def new_feed(self, rows: int) -> Feed:
+        """An empty ``Feed`` for a batch of ``rows`` that this step defers for."""
+        w = self.draft.fc.weight
+        return Feed.empty(rows, self.feed_width, w.shape[1], w.dtype, w.device)
+
     @torch.inference_mode()
-    def __call__(self, lengths, root, logits0, hidden0, rows, state: tuple | None = None, ahead: bool = False):
-        """(host [B, width + 4], draft logits, draft hidden) as ``step_static`` returns them for a batch
+    def __call__(self, lengths, root, logits0, hidden0, rows, state: tuple | None = None, ahead: bool = False,
+                 feed: Feed | None = None):
+        """(host [B, width + 4], draft logits, draft hidden, feed) as ``step_static`` returns them for a batch
         of sampling settings ``rows`` (``SamplingRows``, whose penalty counts it updates), or None past the
         last bucket (run the step by parts). The logits are None for a setting that drafts nothing, both
-        without a draft. ``state``: ``BatchGraph``'s (the inputs' token, the next one). ``ahead``: the step
-        before is not read back, so the caches' slot counts on the host are one step old: the prefix is the
-        longest row's length, read on the device, and the window leaves room for one more step's tokens."""
+        without a draft or where the step ``defers`` the feed; ``feed``: the batch's ``Feed`` where it defers
+        (the one returned then holds this step's token too), else None. ``state``: ``BatchGraph``'s (the
+        inputs' token, the next one). ``ahead``: the step before is not read back, so the caches' slot counts on
+        the host are one step old: the prefix is the longest row's length, read on the device, and the window
+        leaves room for one more step's tokens."""
         fixed = {"tprefix": self.tpool.used}
-        if self.dpool is not None:
+        if self.dpool is not None and not self.defers:
             fixed["dprefix"] = self.dpool.used
         need = max(fixed.values()) + self.span
         if ahead:
@@ -199,11 +224,15 @@ class StaticStep:
         if self._live is None or len(self._live) != len(root):
             self._live = torch.ones_like(root)
         inputs = {"lengths": lengths, "root": root, **self._drafts(logits0, hidden0), "live": self._live,
-                  **rows_inputs(rows)}
+                  **rows_inputs(rows), **(dict(zip(FEED, vars(feed).values())) if self.defers else {})}
         out = self.graphs[rows.kind](inputs, fixed, need, state)
         if out is None:
             return None
         self.steps += 1
         if rows.pen is not None:
             rows.pen.counts, out = out[-1], out[:-1]
-        return out if self.spec.speculative else (out[0], None, out[-1] if self.draft is not None else None)
+        if self.defers:
+            return out[0], None, None, Feed(*out[1:4])
+        if self.spec.speculative:
+            return (*out, None)
+        return out[0], None, out[-1] if self.draft is not None else None, None

@@ -16,12 +16,15 @@ A fault confined to one row ends that row alone (``finish_reason`` "error", ``Se
 batch goes on: logits that are not finite (``finite_rows``, read back with the step's tokens, no extra wait on the
 device). Such a row emits nothing more, and ``filter`` zeroes its slots in the preallocated caches
 (``batch.scrub``).
+
+Where plain steps run beside speculative ones (a schedule, ``auto``), a plain whole step does not feed the draft
+itself: it keeps the feed (``feed.py``), and ``feed_draft`` gives the draft all of it at once, before the next
+step that drafts or runs by parts, or when the feed is full.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -34,8 +37,9 @@ from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget
 from ..spec.ops import TORCH
 from .adaptive import Chooser, model_costs
-from .batch import Batch, Output, Sequence, not_finite, scrub
+from .batch import Batch, Launched, Output, Sequence, not_finite, scrub
 from .by_parts import StepByParts
+from .feed import Feed, feed_draft
 from .generate import run_to_end
 from .grammar import RowGrammar, constrained, grammars_for
 from .logprobs import Pending
@@ -46,29 +50,6 @@ from .sampling import SamplingParams, SamplingRows
 from .warmup import graph_runners, warm_up
 
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-@dataclass
-class Launched:
-    """A step on the device (``Engine.launch``), its tokens on their way to the host (``Engine.collect``)."""
-
-    batch: Batch
-    spec: SpecConfig
-    host: torch.Tensor  # [B, width + 4]: on the device until ``keep`` copies it out
-    pending: Pending | None  # the asking rows' logprobs
-    start: float  # when it was launched
-    arrived: object = None  # after ``keep`` on a GPU: the CUDA event marking the copy's arrival in pinned memory
-
-    def keep(self) -> None:
-        """Copy the tokens out before the next step is launched ahead: a whole step's outputs are its graph's
-        buffers, which that step overwrites. On a GPU the copy goes into pinned memory, queued behind this
-        step and before the next, so ``collect`` waits for this step alone."""
-        if self.host.is_cuda:
-            pinned = torch.empty(self.host.shape, dtype=self.host.dtype, pin_memory=True)
-            self.host, self.arrived = pinned.copy_(self.host, non_blocking=True), torch.cuda.Event()
-            self.arrived.record()
-        else:
-            self.host = self.host.clone()
 
 
 class Engine:
@@ -190,7 +171,8 @@ class Engine:
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         seqs = [batch.seqs[i] for i in keep]
         kept = Batch(seqs, batch.target_cache, batch.draft_cache, lengths, batch.root[rows], pick(batch.draft_logits),
-                     pick(batch.draft_hidden), batch.rows.select(rows, [s.params for s in seqs]))
+                     pick(batch.draft_hidden), batch.rows.select(rows, [s.params for s in seqs]),
+                     feed=batch.feed and batch.feed.select(rows), deferred=batch.deferred)
         if self.prefiller and batch.target_cache is self.prefiller.target_cache:
             self.prefiller.lend(kept)  # still the prefill's caches: lent to the kept rows now
         return kept
@@ -208,6 +190,7 @@ class Engine:
             None if a.draft_cache is None else a.draft_cache.concat_rows(b.draft_cache),
             torch.cat([a.lengths, b.lengths]), torch.cat([a.root, b.root]),
             cat(a.draft_logits, b.draft_logits), cat(a.draft_hidden, b.draft_hidden), a.rows.concat(b.rows),
+            feed=Feed.concat(a.feed, len(a), b.feed, len(b)), deferred=max(a.deferred, b.deferred),
         )
 
     def kv_usage(self, batch: Batch | None) -> float:
@@ -313,19 +296,31 @@ class Engine:
                 return None
             self._own(batch)
             spec = setting or self._choose(batch)
+            runner = self.whole_steps.get(spec) if graphs else None  # the whole step in one replay, where one fits
+            defers = runner is not None and runner.defers
+            if batch.deferred and (not defers or batch.deferred >= runner.feed_width):
+                if not feed_draft(batch, self.extenders, self.by_parts.draft_extend, self.tree_size + 1, ahead):
+                    return None
             if spec.speculative and batch.draft_logits is None:  # the steps before drafted nothing
                 batch.draft_logits = self.draft_steps.net.logits(batch.draft_hidden, batch.draft_cache)
-            if graphs and spec in self.whole_steps:  # the whole step in one graph replay, where one fits
+            if runner is not None:
                 if ahead and self._uncollected is not None:
                     self._uncollected.keep()
                     self._uncollected = None
-                out = self.whole_steps[spec](batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden,
-                                             rows, batch.state(), ahead)
+                if defers and batch.feed is None:
+                    batch.feed = runner.new_feed(len(batch))
+                out = runner(batch.lengths, batch.root, batch.draft_logits, batch.draft_hidden, rows, batch.state(),
+                             ahead, batch.feed if defers else None)
                 if out is not None:
-                    host, batch.draft_logits, batch.draft_hidden = out
+                    if defers:
+                        host, batch.feed, batch.deferred = out[0], out[3], batch.deferred + 1
+                    else:
+                        host, batch.draft_logits, batch.draft_hidden = out[:3]
                     return self._launched(batch, spec, host, None, start)
             if ahead:
                 return None
+            if batch.deferred:  # the step by parts feeds the draft itself: it takes the deferred feed first
+                feed_draft(batch, self.extenders, self.by_parts.draft_extend)
             host, pending = self.by_parts(batch, spec, logprobs=not whole)
             return self._launched(batch, spec, host, pending, start)
 

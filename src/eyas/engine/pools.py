@@ -37,6 +37,13 @@ class NativePools(NamedTuple):
     layout: str  # one line for the banner
 
 
+def feed_widths(spec: SpecConfig, config: EngineConfig) -> list[int]:
+    """The width of the draft's deferred feed (``feed.py``), where plain whole steps defer it: a spec that
+    drafts and also runs plain steps, whole-step graphs, an interval past 1; else none."""
+    plain = spec.speculative and any(not s.speculative for s in spec.options)
+    return [config.draft_feed_interval] if plain and config.whole_step_graphs and config.draft_feed_interval > 1 else []
+
+
 def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tree_size: int,
                  max_context: int) -> NativePools:
     """The caches and runners for ``target`` (a ``NativeTarget``) and, when ``spec`` drafts, the draft's
@@ -62,11 +69,12 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
     if spec.speculative:
         pool = draft_steps.attach_pool(plan, c.kernels)
         drafters = {s: StaticDrafter(draft_steps.net, pool, s, rows, cuda_graphs) for s in drafting}
-        widths = sorted({s.path_width for s in spec.options})
+        widths = sorted({s.path_width for s in spec.options} | set(feed_widths(spec, c)))
         extenders = {w: StaticExtender(draft_steps.net, pool, w, rows, cuda_graphs) for w in widths}
     if c.whole_step_graphs:
         aux, draft = (tuple(target.aux_layer_ids), draft_steps.net) if spec.speculative else ((), None)
-        whole_steps = {s: StaticStep(target.native, target_pool, aux, draft, pool, s, rows, cuda_graphs)
+        feed = max(feed_widths(spec, c), default=0)
+        whole_steps = {s: StaticStep(target.native, target_pool, aux, draft, pool, s, rows, cuda_graphs, feed)
                        for s in spec.options}
     if cuda_graphs and c.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
         aux = tuple(target.aux_layer_ids) if spec.speculative else ()

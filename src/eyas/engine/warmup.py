@@ -21,7 +21,8 @@ SAMPLED_COSTS = SamplingParams(temperature=0.7, top_p=0.95)  # the sampled rows 
 def graph_runners(engine) -> list:
     """The native path's graph runners: target forward, the whole step (one per setting,
     each in its greedy, sampled and filtered variants), and, when steps run by parts,
-    one tree drafter per setting and one draft extend per path width."""
+    one tree drafter per setting and one draft extend per path width (with whole steps, the one that
+    takes a deferred feed)."""
     if not engine.static:
         return []
     # The drafters and extenders beside whole-step graphs are captured when first used (steps by parts),
@@ -29,6 +30,8 @@ def graph_runners(engine) -> list:
     # window buckets).
     extra = ([d.graph for d in engine.drafters.values()] + [e.graph for e in engine.extenders.values()]
              if not engine.config.whole_step_graphs else [])
+    # where plain whole steps defer the draft's feed (``feed.py``), the extend that takes it runs among them
+    extra += [engine.extenders[w.feed_width].graph for w in engine.whole_steps.values() if w.defers]
     # the penalized variants are captured on first use
     whole = [g for w in engine.whole_steps.values() for kind, g in w.graphs.items() if kind in STARTUP_KINDS]
     prefill = engine.prefiller.graphs() if engine.prefiller else []

@@ -240,11 +240,14 @@ class StaticExtender:
         return {"base": ids[:, 0], "tokens": ids, "aux": aux, "counts": ids[:, 0]}, {"prefix": 0}
 
     @torch.inference_mode()
-    def __call__(self, base, tokens, aux, counts):
-        """(logits [B, draft_vocab], hidden [B, H]), or None past the last bucket (run the eager path)."""
-        prefix = self.pool.used
+    def __call__(self, base, tokens, aux, counts, prefix: torch.Tensor | None = None, ahead: int = 0):
+        """(logits [B, draft_vocab], hidden [B, H]), or None past the last bucket (run the eager path).
+        ``prefix``: where the block's keys go, a 1-element tensor on the device, for a call made while a step
+        is in flight (its rows up to ``ahead`` slots past the pool's count on the host); the pool's count
+        then stays. Without it, the pool's count, advanced past the block."""
+        used = self.pool.used
         out = self.graph({"base": base, "tokens": tokens, "aux": aux, "counts": counts},
-                         {"prefix": prefix}, prefix + self.width)
-        if out is not None:
+                         {"prefix": used if prefix is None else prefix}, used + ahead + self.width)
+        if out is not None and prefix is None:
             self.pool.advance(self.width)
         return out

@@ -39,7 +39,7 @@ CASES = [
     ("token id out of range", COMP, {"prompt": [1, 2, 99999]}, 400, "token ids"),
     ("too many top_logprobs", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400,
      "top_logprobs must be in [0, 20]"),
-    ("prompt logprobs not implemented", COMP, {"prompt": "a", "logprobs": 1, "echo": True}, 400, "echo"),
+    ("zero max_tokens without echo", COMP, {"prompt": "a", "max_tokens": 0}, 400, "echo"),
     ("penalty out of range", COMP, {"prompt": "a", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("n too large", COMP, {"prompt": "a", "n": 1000}, 400, "n must be"),
     ("empty stop string", COMP, {"prompt": "a", "stop": [""]}, 400, "stop"),

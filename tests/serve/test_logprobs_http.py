@@ -165,10 +165,10 @@ def test_rows_with_and_without_logprobs_side_by_side_give_their_solo_outputs(ser
     ("/v1/chat/completions", {"messages": MSG, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
     ("/v1/completions", {"prompt": "a", "logprobs": 21}, "logprobs"),
-    ("/v1/completions", {"prompt": "a", "logprobs": 2, "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "a", "prompt_logprobs": 21}, "prompt_logprobs"),
     ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 25}, "top_logprobs_num"),
     ("/generate", {"text": "a", "top_logprobs_num": 2}, "top_logprobs_num"),
-    ("/generate", {"text": "a", "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+    ("/generate", {"text": "a", "return_logprob": True, "logprob_start_len": -5}, "logprob_start_len"),
 ])
 def test_out_of_range_logprobs_fields_are_refused_by_name(server, path, body, param):
     r = httpx.post(server.url + path, json=body, timeout=60)

@@ -40,12 +40,16 @@ class Sequence:
     error: str | None = None  # with "error": what went wrong for this row (the others go on)
     grammar: RowGrammar | None = None  # with ``params.grammar``: its matcher over the output (``grammar.py``)
     logprobs: list[TokenLogprob] | None = None  # with params.logprobs: one per output token (``logprobs.py``)
+    # with params.prompt_logprobs: one per prompt token, None for the first (nothing predicts it), filled by prefill
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def __post_init__(self):
         if self.seed is None:
             self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
         if self.params.logprobs is not None and self.logprobs is None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
 
     @property
     def finished(self) -> bool:
@@ -65,6 +69,9 @@ class Sequence:
         if self.finished:
             return []
         p = self.params
+        if len(self.output_ids) >= p.max_new_tokens:  # max_new_tokens 0: the prompt alone, its first token unsaid
+            self.finish_reason = "length"
+            return []
         stops = p.stop_ids(eos)
         out = []
         for t in tokens:

@@ -45,7 +45,7 @@ from .grammar import RowGrammar, constrained, grammars_for
 from .logprobs import Pending
 from .phases import phase
 from .pools import native_pools
-from .prefill import Prefilling, prefill_chunk, prefill_eagerly, read_first_tokens
+from .prefill import Prefilling, prefill_chunk, prefill_eagerly, read_first_tokens, stacked
 from .sampling import SamplingParams, SamplingRows
 from .warmup import graph_runners, warm_up
 
@@ -204,12 +204,12 @@ class Engine:
     def prefill_groups(self, seqs: list[Sequence]) -> list[list[int]]:
         """Indices of ``seqs`` (prompts that arrive together) in the groups to prefill one after the
         other, each then merged: graph-sized groups on the native path (``StaticPrefill.groups``), else
-        all of them at once."""
-        if not seqs:
-            return []
-        if self.prefiller is None:
-            return [list(range(len(seqs)))]
-        return self.prefiller.groups([len(s.prompt_ids) for s in seqs])
+        all of them at once; a prompt that asks for its logprobs alone, last (``prefill``)."""
+        rest = [i for i, s in enumerate(seqs) if s.prompt_logprobs is None]
+        alone = [[i] for i, s in enumerate(seqs) if s.prompt_logprobs is not None]
+        if not rest or self.prefiller is None:
+            return ([rest] if rest else []) + alone
+        return [[rest[i] for i in g] for g in self.prefiller.groups([len(seqs[i].prompt_ids) for i in rest])] + alone
 
     def prefill_all(self, seqs: list[Sequence]) -> Batch:
         """``prefill`` of prompts that arrive together, group by group (``prefill_groups``), as one batch."""
@@ -220,7 +220,9 @@ class Engine:
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> Batch:
-        """Run the prompts, emit each row's first token, and prime the draft."""
+        """Run the prompts, emit each row's first token, and prime the draft (with prompt logprobs: ``stacked``)."""
+        if any(s.prompt_logprobs is not None for s in seqs):
+            return stacked([self.prefill_chunk(Prefilling(s), len(s.prompt_ids)) for s in seqs])
         # Prompts come in every length. cuDNN's attention builds an execution plan for each new shape
         # it meets; the other SDPA kernels need none, so prefill leaves cuDNN out.
         with sdpa_kernel(PREFILL_ATTENTION), phase("prefill"):

@@ -16,6 +16,11 @@ computes at that position. So the logprobs equal the ones ``Algorithm.NONE`` rep
 tokens (up to float rounding). Penalties along the path count the drafted tokens before each node,
 as the verifier does (``penalize`` on the path as a chain).
 
+A prompt's logprobs (``SamplingParams.prompt_logprobs`` = N, ``prompt_logprobs``) are of the raw model's
+distribution instead: the plain ``log_softmax`` of the target's logits at each prompt position, before
+penalties, bias and temperature (what vLLM returns for ``prompt_logprobs`` by default). They come from the
+prefill's logits at every position of the prompt (``prefill.prefill_chunk``), taken a piece at a time.
+
 Cost: nothing for a batch where no row asks (``SamplingRows.logprobs`` is None; the engine does not
 call this). Otherwise only the asking rows' path logits are gathered, with one top-k on the device,
 and the results are copied to the host asynchronously (``to("cpu", non_blocking=True)``: pinned
@@ -33,29 +38,34 @@ from ..spec.ops import TORCH
 from .penalties import penalize
 from .sampling import FILTERED, PENALIZED, SamplingRows
 
+PROMPT_SLICE = 128  # prompt positions whose log-softmax over the vocabulary is taken at once (``prompt_logprobs``)
+
 
 class TokenLogprob(NamedTuple):
-    """One emitted token's: its log-probability, and the most likely tokens ``(id, logprob)``, most likely first."""
+    """One token's: its log-probability, the most likely tokens ``(id, logprob)``, most likely first, and its
+    rank (1: the most likely; the count of tokens at least as likely as it, itself included)."""
 
     logprob: float
     top: list[tuple[int, float]]
+    rank: int = 1
 
 
 class Pending:
     """Logprobs on their way to the host: valid once the step's readback has waited on the device."""
 
-    def __init__(self, rows: SamplingRows, packed: torch.Tensor):
-        self.wants, self.top, self.packed = rows.logprobs.wants, rows.logprobs.top, packed
+    def __init__(self, wants: list[int | None], top: int, packed: torch.Tensor):
+        # wants: per row of the batch, the alternatives it asks for (None: it does not ask); top: the most of them
+        self.wants, self.top, self.packed = wants, top, packed
 
     def unpack(self, counts: list[int]) -> list[list[TokenLogprob] | None]:
         """Per row of the batch: the entries of its first ``counts[b]`` emitted tokens (None where it did not ask)."""
-        data, n = self.packed.tolist(), self.top  # [A, W, 1 + 2N]: logprob, N top logprobs, N top ids
+        data, n = self.packed.tolist(), self.top  # [A, W, 2 + 2N]: logprob, rank, N top logprobs, N top ids
         out, k = [], 0
         for want, count in zip(self.wants, counts):
             if want is None:
                 out.append(None)
                 continue
-            out.append([TokenLogprob(v[0], [(int(v[1 + n + i]), v[1 + i]) for i in range(want)])
+            out.append([TokenLogprob(v[0], [(int(v[2 + n + i]), v[2 + i]) for i in range(want)], int(v[1]))
                         for v in data[k][:count]])
             k += 1
         return out
@@ -89,10 +99,31 @@ def path_logprobs(logits: torch.Tensor, path: torch.Tensor, cols: torch.Tensor, 
         chain = torch.ones((w, w), dtype=torch.bool, device=x.device).tril().expand(len(r), w, w)
         x = penalize(x, path[r], chain, *(t[r] for t in rows.pen.tensors()))
     lp = log_probs(x, rows.floats[r], rows.ints[r], rows.kind in (FILTERED, PENALIZED), ops)
-    chosen = lp.gather(2, emitted[r][..., None])
-    top = lp.topk(asked.top, dim=-1)
-    packed = torch.cat([chosen.double(), top.values.double(), top.indices.double()], dim=-1)  # ids < 2**53: exact
-    return Pending(rows, packed.to("cpu", non_blocking=True))
+    return Pending(asked.wants, asked.top, packed(lp, emitted[r], asked.top).to("cpu", non_blocking=True))
+
+
+def packed(lp: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:
+    """[A, W, 2 + 2N] float64 (``Pending``'s layout): each token of ``tokens`` [A, W] under its log-probabilities
+    ``lp`` [A, W, V]: its logprob, its rank, the ``top`` N largest logprobs and their ids (ids < 2**53: exact)."""
+    chosen = lp.gather(2, tokens[..., None])
+    rank = (lp >= chosen).sum(dim=-1, keepdim=True)
+    best = lp.topk(top, dim=-1)
+    return torch.cat([chosen.double(), rank.double(), best.values.double(), best.indices.double()], dim=-1)
+
+
+def prompt_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int, ops=TORCH) -> Pending:
+    """The raw model's logprobs of ``tokens`` [W] (a piece of a prompt, each the token after a position) under
+    ``logits`` [W, V] (the target's at those positions) and the ``top`` N most likely tokens: the plain
+    ``log_softmax``, before penalties, bias and temperature (vLLM's ``prompt_logprobs``). Taken
+    ``PROMPT_SLICE`` positions at a time, so a long piece never holds more than that many float32 rows of the
+    vocabulary at once; on its way to the host as ``path_logprobs``' are."""
+    floats = torch.tensor([[0.0, 1.0, 0.0]], device=logits.device)  # temperature 0: the plain log-softmax
+    ints = torch.zeros((1, 2), dtype=torch.long, device=logits.device)
+    parts = []
+    for s in range(0, logits.shape[0], PROMPT_SLICE):
+        lp = log_probs(logits[None, s : s + PROMPT_SLICE], floats, ints, False, ops)  # [1, slice, V]
+        parts.append(packed(lp, tokens[None, s : s + PROMPT_SLICE], top))
+    return Pending([top], top, torch.cat(parts, dim=1).to("cpu", non_blocking=True))
 
 
 def first_logprobs(logits: torch.Tensor, firsts: torch.Tensor, rows: SamplingRows, ops=TORCH) -> Pending:

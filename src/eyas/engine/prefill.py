@@ -35,7 +35,7 @@ from ..spec.ops import TORCH, ops_for
 from ..spec.verify import finite_rows
 from .batch import Batch, Sequence, not_finite
 from .grammar import constrain, constrained
-from .logprobs import first_logprobs
+from .logprobs import Pending, first_logprobs, prompt_logprobs
 from .penalties import record
 from .sampler import first_tokens
 from .sampling import SamplingRows
@@ -45,6 +45,7 @@ PREFILL_ROWS = 4  # the most prompts one graph prefills
 PREFILL_CELLS = 2048  # rows x T of the largest bucket (the 1024-token bucket has 2 rows)
 PREFILL_GROUPS = 4  # prompts arriving together take up to this many graph prefills in a row; more, eager ones
 EAGER_CELLS = 16384  # rows x longest prompt of one eager prefill (its rows are padded to the longest)
+PROMPT_LOGPROBS_TOKENS = 512  # the longest piece of a prompt whose logprobs are asked for, its logits all kept
 
 
 def prefill_static(native, pool, ids: torch.Tensor, lens: torch.Tensor, aux_ids: tuple[int, ...], window: int):
@@ -215,14 +216,30 @@ class Prefilling:
     cache: object = field(default_factory=kv_cache.new_cache)
     draft_cache: object = field(default_factory=kv_cache.new_cache)
     done: int = 0  # prompt tokens in the caches
+    pending: list[Pending] = field(default_factory=list)  # with prompt logprobs: each piece's, not yet unpacked
 
 
 def prefill_chunk(target, part: Prefilling, chunk: int, first_of, extend=None) -> tuple[Batch, list[int]] | None:
     """The next ``chunk`` tokens of ``part``'s prompt through ``target`` on top of the ones before them, and the
     same tokens shifted by one through the draft (``extend``, as ``prefill_eagerly``'s). None until the prompt's
     last chunk; then ``prefill_eagerly``'s (batch, first token) for the one row: ``first_of`` picks the first
-    token from the logits at the prompt's last token, which ends the draft's input."""
-    prompt, dev = part.seq.prompt_ids, target.device
+    token from the logits at the prompt's last token, which ends the draft's input.
+
+    A row that asks for its prompt's logprobs (``Sequence.prompt_logprobs``) keeps the logits at every position
+    and runs its chunk in pieces of at most ``PROMPT_LOGPROBS_TOKENS``, each piece's logits reduced to the
+    prompt tokens' logprobs and top N at once (``logprobs.prompt_logprobs``): never a [prompt, vocab] tensor.
+    They reach ``Sequence.prompt_logprobs`` with the first token's readback."""
+    if part.seq.prompt_logprobs is not None:
+        end = min(part.done + chunk, len(part.seq.prompt_ids))
+        while end - part.done > PROMPT_LOGPROBS_TOKENS:
+            _piece(target, part, PROMPT_LOGPROBS_TOKENS, first_of, extend)
+        chunk = end - part.done
+    return _piece(target, part, chunk, first_of, extend)
+
+
+def _piece(target, part: Prefilling, chunk: int, first_of, extend) -> tuple[Batch, list[int]] | None:
+    seq, dev = part.seq, target.device
+    prompt, asks = seq.prompt_ids, seq.prompt_logprobs is not None
     start, end = part.done, min(part.done + chunk, len(prompt))
     width, last = end - start, end == len(prompt)
     base = torch.full((1,), start, dtype=torch.long, device=dev)
@@ -230,10 +247,18 @@ def prefill_chunk(target, part: Prefilling, chunk: int, first_of, extend=None) -
     mask = kv_cache.attention_mask(base, start, visible, target.dtype)  # [1, 1, width, start + width]
     ids = torch.tensor([prompt[start:end]], device=dev)
     logits, aux = target.forward(ids, base[:, None] + torch.arange(width, device=dev), mask, part.cache,
-                                 capture=extend is not None, logits_at=torch.tensor([width - 1], device=dev))
+                                 capture=extend is not None,
+                                 logits_at=None if asks else torch.tensor([width - 1], device=dev))
     part.done = end
-    firsts = first_of(logits[:, 0]) if last else None
-    batch = Batch([part.seq], part.cache, None, torch.tensor([end], device=dev), None) if last else None
+    if asks and start + 1 < len(prompt):  # position i predicts prompt token i + 1 (the last, the first output token)
+        after = torch.tensor(prompt[start + 1 : end + 1], device=dev)
+        part.pending.append(prompt_logprobs(logits[0, : len(after)], after, seq.params.prompt_logprobs))
+    firsts = first_of(logits[:, -1]) if last else None
+    if last and asks:  # the first tokens' readback waited on the device: the pieces' logprobs are on the host
+        for p in part.pending:
+            seq.prompt_logprobs += p.unpack([p.packed.shape[1]])[0]
+        part.pending.clear()
+    batch = Batch([seq], part.cache, None, torch.tensor([end], device=dev), None) if last else None
     if extend is not None:
         shifted = prompt[start + 1 : end] + (firsts if last else prompt[end : end + 1])
         out = extend(part.draft_cache, base, torch.tensor([shifted], device=dev), aux, base.new_full((1,), width))
@@ -243,6 +268,27 @@ def prefill_chunk(target, part: Prefilling, chunk: int, first_of, extend=None) -
         return None
     batch.root = torch.tensor(firsts, device=dev)
     return batch, firsts
+
+
+def stacked(batches: list[Batch]) -> Batch:
+    """Batches of one row each on growing caches of their own (``prefill_chunk``'s, their rows' settings set) as
+    one batch, rows in order: ``Engine.prefill`` where a row asks for its prompt's logprobs, which runs every
+    prompt alone, in pieces with the logits at every position (``prefill_chunk``), never from the graphs."""
+    if len(batches) == 1:
+        return batches[0]
+    first = batches[0]
+
+    def cat(name):
+        return None if getattr(first, name) is None else torch.cat([getattr(b, name) for b in batches])
+
+    caches = [first.target_cache, first.draft_cache]
+    for b in batches[1:]:
+        caches = [None if c is None else c.concat_rows(o) for c, o in zip(caches, (b.target_cache, b.draft_cache))]
+    rows = first.rows
+    for b in batches[1:]:
+        rows = rows.concat(b.rows)
+    return Batch([s for b in batches for s in b.seqs], caches[0], caches[1], cat("lengths"), cat("root"),
+                 cat("draft_logits"), cat("draft_hidden"), rows)
 
 
 def read_first_tokens(seqs: list[Sequence], rows: SamplingRows, lens: torch.Tensor, logits: torch.Tensor,

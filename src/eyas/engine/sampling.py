@@ -47,7 +47,7 @@ MAX_LOGPROBS = 20  # the most alternatives a token's logprobs may list (vLLM's d
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 128
+    max_new_tokens: int = 128  # 0: the prompt alone, no token emitted (for its ``prompt_logprobs``)
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k filter
@@ -62,10 +62,13 @@ class SamplingParams:
     grammar: GrammarSpec | None = None  # structured output: the output is constrained to it (``grammar.py``)
     logprobs: int | None = None  # per emitted token its log-probability and this many alternatives; None: off
     min_tokens: int = 0  # vLLM's: no stop token (stop_token_ids, EOS) nor stop string before this many tokens
+    # per prompt token (the first has none) its raw log-probability and this many alternatives; None: off
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise EyasError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise EyasError(f"max_new_tokens must be an integer >= 0 (0: the prompt alone), got "
+                            f"{self.max_new_tokens!r}")
         if not 0.0 <= float(self.temperature) <= 100.0:
             raise EyasError(f"temperature must be in [0, 100], got {self.temperature!r}", "use 0 for greedy")
         if not 0.0 < float(self.top_p) <= 1.0:
@@ -89,9 +92,11 @@ class SamplingParams:
             raise EyasError(f"min_tokens must be an integer from 0 to the output's maximum length "
                             f"({self.max_new_tokens}), got {self.min_tokens!r}",
                             "lower min_tokens, or raise the maximum (max_tokens; /generate: max_new_tokens)")
-        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise EyasError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
-                            "ask for at most 20 alternatives per token (vLLM's cap), or None for no logprobs")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not (isinstance(n, int) and 0 <= n <= MAX_LOGPROBS):
+                raise EyasError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {n!r}",
+                                f"ask for at most {MAX_LOGPROBS} alternatives per token (vLLM's cap), or None for none")
 
     @property
     def greedy(self) -> bool:

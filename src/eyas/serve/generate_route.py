@@ -7,7 +7,8 @@ of id lists (or ``n > 1``) returns a list. Response: ``{"text", "output_ids", "m
 ``e2e_latency``, ``ttft`` and, when speculating, ``spec_verify_ct``, ``spec_accept_length``,
 ``spec_accept_rate``, ``spec_draft_token_num``, ``spec_accept_token_num``,
 ``spec_accepted_per_position``; with ``return_logprob``, SGLang's ``output_token_logprobs`` (and
-``output_top_logprobs`` with ``top_logprobs_num``: ``logprobs.generate``). A stream sends the
+``output_top_logprobs`` with ``top_logprobs_num``: ``logprobs.generate``), and with ``logprob_start_len`` >= 0
+the prompt's from that position in ``input_token_logprobs`` (``input_top_logprobs``). A stream sends the
 cumulative object per update (as SGLang does), with an ``index`` for batches, then ``data: [DONE]``.
 """
 
@@ -46,7 +47,8 @@ async def generate(request: Request):
     rids = _rids(req.rid, len(job.prompts) * job.n)
     run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
-    shape = (req.top_logprobs_num or 0, bool(req.return_text_in_logprobs)) if req.return_logprob else None
+    shape = (req.top_logprobs_num or 0, bool(req.return_text_in_logprobs), max(0, req.logprob_start_len or 0)) \
+        if req.return_logprob else None
     log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _stream(state, run, rids, batched, shape, request.state.log), request.state.log)
@@ -57,7 +59,7 @@ async def generate(request: Request):
                 request.state.log["error"] = event.message
                 raise failed_error(event)
             if isinstance(event, Finished):
-                results[index] = _result(state, rids[index], event, shape)
+                results[index] = _result(state, rids[index], event, shape, run.works[index])
     except ClientGone:
         return Response(status_code=499)
     fields = request.state.log
@@ -88,8 +90,14 @@ def _finish_reason(f: Finished) -> dict:
     return {"type": "abort", "message": "cancelled"}
 
 
-def _result(state, rid: str, f: Finished, shape: tuple[int, bool] | None) -> dict:
-    """The response of one output; ``shape`` (top_logprobs_num, return_text_in_logprobs) with return_logprob."""
+def _logprobs(shape: tuple[int, bool, int], entries: list, work) -> dict:
+    """``meta_info``'s logprob fields: ``shape`` (top_logprobs_num, return_text_in_logprobs, logprob_start_len)."""
+    prompt = lp.prompt_entries(work.receiver.outbox.texts, work.seq)
+    return lp.generate(entries, shape[0], shape[1], None if prompt is None else prompt[shape[2]:])
+
+
+def _result(state, rid: str, f: Finished, shape: tuple[int, bool, int] | None, work) -> dict:
+    """The response of one output; ``shape`` with return_logprob (``_logprobs``)."""
     meta = {
         "id": rid,
         "prompt_tokens": f.prompt_tokens,
@@ -101,7 +109,7 @@ def _result(state, rid: str, f: Finished, shape: tuple[int, bool] | None) -> dic
     if state.engine.spec.speculative:
         meta.update(spec_fields(f.stats))
     if shape is not None:
-        meta.update(lp.generate(f.logprobs or [], *shape))
+        meta.update(_logprobs(shape, f.logprobs or [], work))
     return {"text": f.text, "output_ids": list(f.output_ids), "meta_info": meta}
 
 
@@ -132,9 +140,9 @@ async def _stream(state, run: JobRun, rids: list[str], batched: bool, shape, log
                         "meta_info": {"id": rids[index], "prompt_tokens": len(run.works[index].seq.prompt_ids),
                                       "completion_tokens": len(ids[index]), "finish_reason": None}}
                 if shape is not None:
-                    body["meta_info"].update(lp.generate(entries[index], *shape))
+                    body["meta_info"].update(_logprobs(shape, entries[index], run.works[index]))
             elif isinstance(event, Finished):
-                body = _result(state, rids[index], event, shape)
+                body = _result(state, rids[index], event, shape, run.works[index])
             elif isinstance(event, Failed):
                 log_failure(log_fields, event.message)
                 yield sse({"error": {"message": event.message, "type": "server_error", "code": "engine_error"}})

@@ -3,7 +3,7 @@
 Everything a client can get wrong is caught here, before the request reaches the engine thread: the bytes
 (UTF-8, JSON, an object), the shape and types (``protocol``), the model name, values (``SamplingParams``
 validates itself, OpenAI's ranges), the prompt against the context length, and knobs eyas does not implement
-(prompt logprobs), refused rather than silently ignored; structured output and tools are read by
+(``suffix``, ``best_of``), refused rather than silently ignored; structured output and tools are read by
 ``structured.py`` and ``tools.py``. A ``logit_bias`` token outside the vocabulary is refused where the
 sequence is made (``sequences_for``). An OpenAI request's sampling fields left out take the server's
 defaults (``sampling_defaults.py``: the model's generation config, as vLLM).
@@ -22,7 +22,7 @@ from ..engine.sampling import SamplingParams
 from ..errors import EyasError
 from .api_errors import ApiError, bad_request
 from .json_body import INT64, load_object
-from .logprobs import alternatives, chat_logprobs, generate_logprobs
+from .logprobs import chat_logprobs, completion_logprobs, generate_logprobs
 from .protocol import EXPECTED, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from .sampling_defaults import OPENAI, OPENAI_MAX_TEMPERATURE, SAMPLING_FIELDS, SamplingDefaults
 from .tools import ToolPlan, template_message, template_tools
@@ -49,6 +49,7 @@ class Job:
     max_tokens_cap: int | None = None  # the served default max_tokens (the model's max_new_tokens), if any
     keep_stop: bool = False  # the stop string or token's text ends the output (vLLM's include_stop_str_in_output)
     max_tokens_set: bool = True  # the request set max_tokens (else a default applies: the 400s say which)
+    echo: list[str] | None = None  # completions' echo: each prompt's text, put before its choices' output
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -200,6 +201,13 @@ def text_prompts(tokenizer, value, param: str, max_chars: int | None = None) -> 
     return prompts
 
 
+def echo_texts(tokenizer, value, prompts: list[list[int]]) -> list[str]:
+    """Each prompt's text for ``echo``: as sent, or its token ids decoded (as vLLM)."""
+    if isinstance(value, str) or value and isinstance(value[0], int):
+        value = [value]
+    return [p if isinstance(p, str) else tokenizer.decode(ids) for p, ids in zip(value, prompts)]
+
+
 def generate_prompts(tokenizer, req: GenerateRequest, max_chars: int | None = None) -> list[list[int]]:
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("send exactly one of 'text' or 'input_ids'", param="text")
@@ -249,12 +257,13 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
                defaults: SamplingDefaults = OPENAI) -> Job:
     if chat:
         _refuse_openai_only(req)
-        logprobs = chat_logprobs(req)
+        logprobs, prompt_logprobs, zero = chat_logprobs(req), None, ""  # chat always generates
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     else:
-        logprobs = None if req.logprobs is None else alternatives("logprobs", req.logprobs)
-        refuse("echo", req.echo, False, "the prompt is not echoed, nor are its logprobs computed")
+        logprobs, prompt_logprobs = completion_logprobs(req)
+        zero = (None if req.echo or req.prompt_logprobs is not None else
+                " (or 0, nothing generated, to score the prompt: with echo or prompt_logprobs)")
         refuse("suffix", req.suffix, None, "no insertion mode")
         refuse("best_of", req.best_of, 1, "no best-of sampling")
         max_tokens, param = req.max_tokens, "max_tokens"
@@ -269,11 +278,11 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
     cap = defaults.max_tokens if max_tokens is None else None  # the model's max_new_tokens, within the context
     default = None if chat or cap is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     sampled = {k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k) for k in SAMPLING_FIELDS}
-    params = _params(max_tokens, param, default, n, "seed", **sampled,
+    params = _params(max_tokens, param, default, n, "seed", zero=zero, **sampled,
                      presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
                      logit_bias=_logit_bias(req.logit_bias),
                      seed=req.seed, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, logprobs=logprobs,
-                     min_tokens=req.min_tokens)
+                     min_tokens=req.min_tokens, prompt_logprobs=prompt_logprobs)
     return Job(prompts, params, n, _stops(req.stop), req.skip_special_tokens,
                max_tokens is not None or default is not None, param, prompt_param="messages" if chat else "prompt",
                max_tokens_cap=cap, keep_stop=req.include_stop_str_in_output, max_tokens_set=max_tokens is not None)
@@ -281,7 +290,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     sp = req.sampling_params
-    logprobs = generate_logprobs(req)
+    logprobs, prompt_logprobs = generate_logprobs(req)
     refuse("lora_path", req.lora_path, None, "no LoRA adapters")
     refuse("image_data", req.image_data, None, "text only")
     refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")
@@ -290,7 +299,9 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     param = "sampling_params.max_new_tokens"
     params = _params(sp.max_new_tokens, param, None, sp.n,
                      "sampling_params.seed" if sp.seed is not None else "sampling_params.sampling_seed",
-                     field_prefix="sampling_params.",
+                     field_prefix="sampling_params.", prompt_logprobs=prompt_logprobs,
+                     zero=None if prompt_logprobs is not None else (" (or 0, nothing generated, to score the prompt: "
+                                                                    "with return_logprob and logprob_start_len >= 0)"),
                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
                      presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
                      repetition_penalty=sp.repetition_penalty,
@@ -303,13 +314,15 @@ def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
 
 
 def _params(max_tokens, param: str, default, n: int, seed_param: str, field_prefix: str = "",
-            **kw) -> SamplingParams:
-    """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later).
+            zero: str | None = "", **kw) -> SamplingParams:
+    """SamplingParams; max_new_tokens is a placeholder 1 when neither is given (sized later). ``zero``: None where
+    0 tokens may be asked for (the prompt scored, nothing generated), else how a request could ("": it cannot).
 
     A value ``SamplingParams`` refuses is a 400 whose ``param`` names the request's field (its message
     starts with that field's name), as OpenAI's errors do: clients read ``error.param``."""
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"{param} must be at least 1, got {max_tokens}", param=param)
+    least = 0 if zero is None else 1
+    if max_tokens is not None and max_tokens < least:
+        raise bad_request(f"{param} must be at least {least}{zero or ''}, got {max_tokens}", param=param)
     seed = kw.get("seed")
     if seed is not None and seed + n - 1 > INT64[1]:  # choice i samples with seed + i (sequences_for)
         raise bad_request(f"{seed_param}={seed} leaves no room for n={n} choices: choice i uses seed + i, which must "
@@ -318,7 +331,7 @@ def _params(max_tokens, param: str, default, n: int, seed_param: str, field_pref
     chosen = max_tokens if max_tokens is not None else default
     try:
         # not given: a placeholder, sized to the context later (sequences_for)
-        size = chosen or max(1, kw.get("min_tokens") or 0)
+        size = chosen if chosen is not None else max(1, kw.get("min_tokens") or 0)
         params = SamplingParams(max_new_tokens=size, **{k: v for k, v in kw.items() if v is not None})
     except EyasError as e:
         name = e.problem.split(" ", 1)[0]

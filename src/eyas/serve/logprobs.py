@@ -13,11 +13,16 @@ those, streamed or not (a chunk carries the entries of the tokens in its delta):
   each token's offset in the output, counted by the token texts;
 - ``/generate`` (``return_logprob``, ``top_logprobs_num``): ``output_token_logprobs`` as
   ``[logprob, token_id, text or null]`` per token and ``output_top_logprobs`` a list of those per
-  token (SGLang's shape; the text with ``return_text_in_logprobs``). Prompt logprobs are not
-  computed: ``input_token_logprobs`` is empty.
+  token (SGLang's shape; the text with ``return_text_in_logprobs``); with ``logprob_start_len`` >= 0,
+  ``input_token_logprobs`` and ``input_top_logprobs`` the same for the prompt from that position.
 
-What a request asks for (``chat_logprobs``, ``generate_logprobs``, ``alternatives``) is checked here too:
-at most ``MAX_LOGPROBS`` alternatives a token, the output's logprobs alone.
+The prompt's logprobs (the engine's ``Sequence.prompt_logprobs``, of the raw model) become ``Entry``s too
+(``prompt_entries``), the first token's logprob None: completions' ``echo`` puts them before the output's, and
+``prompt_logprobs`` (vLLM's field) returns them in vLLM's shape (``vllm_prompt``): per prompt token null (the
+first) or ``{token_id: {logprob, rank, decoded_token}}`` of the token and the top N.
+
+What a request asks for (``chat_logprobs``, ``completion_logprobs``, ``generate_logprobs``, ``alternatives``)
+is checked here too: at most ``MAX_LOGPROBS`` alternatives a token.
 
 JSON has no infinity: a token filtered out by top-k, top-p or min-p (log-probability -inf) is sent as
 -9999.0, as vLLM does. ``bytes`` is the UTF-8 of the token's text, so a token that holds part of a
@@ -30,19 +35,21 @@ from dataclasses import dataclass
 
 from ..engine.sampling import MAX_LOGPROBS
 from .api_errors import bad_request
-from .protocol import ChatCompletionRequest, GenerateRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 FLOOR = -9999.0  # what -inf is sent as (vLLM's)
 
 
 @dataclass
 class Entry:
-    """One emitted token's logprobs, with texts: its id, text and logprob, and the top ``(id, text, logprob)``."""
+    """One token's logprobs, with texts: its id, text and logprob (None: a prompt's first token, which nothing
+    predicts), the top ``(id, text, logprob)`` and its rank in its distribution."""
 
     token_id: int
     text: str
-    logprob: float
+    logprob: float | None
     top: list[tuple[int, str, float]]
+    rank: int | None = None
 
 
 class TokenTexts:
@@ -61,7 +68,17 @@ class TokenTexts:
 
 def entries(texts: TokenTexts, tokens: list[int], raw: list) -> list[Entry]:
     """``Entry``s of ``tokens`` from the engine's ``TokenLogprob``s ``raw`` (one per token)."""
-    return [Entry(t, texts(t), r.logprob, [(i, texts(i), v) for i, v in r.top]) for t, r in zip(tokens, raw)]
+    return [Entry(t, texts(t), r.logprob, [(i, texts(i), v) for i, v in r.top], r.rank) for t, r in zip(tokens, raw)]
+
+
+def prompt_entries(texts: TokenTexts, seq) -> list[Entry] | None:
+    """The ``Entry``s of a sequence's prompt tokens (None where it did not ask for them); read on the event
+    loop once the row has posted anything, after its prefill wrote them."""
+    raw = seq.prompt_logprobs
+    if raw is None:
+        return None
+    first, rest = seq.prompt_ids[:1], seq.prompt_ids[1:len(raw)]
+    return [Entry(t, texts(t), None, []) for t in first] + entries(texts, rest, raw[1:])
 
 
 def _value(logprob: float) -> float:
@@ -88,24 +105,47 @@ def completion(items: list[Entry] | None, offset: int = 0) -> tuple[dict | None,
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in items:
         out["tokens"].append(e.text)
-        out["token_logprobs"].append(_value(e.logprob))
-        top: dict[str, float] = {}
-        for _, t, v in [*e.top, (e.token_id, e.text, e.logprob)]:
-            top.setdefault(t, _value(v))  # two tokens of one text: the more likely one's
-        out["top_logprobs"].append(top)
+        if e.logprob is None:  # an echoed prompt's first token: nothing predicts it (OpenAI's and vLLM's null)
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+        else:
+            out["token_logprobs"].append(_value(e.logprob))
+            top: dict[str, float] = {}
+            for _, t, v in [*e.top, (e.token_id, e.text, e.logprob)]:
+                top.setdefault(t, _value(v))  # two tokens of one text: the more likely one's
+            out["top_logprobs"].append(top)
         out["text_offset"].append(offset)
         offset += len(e.text)
     return out, offset
 
 
-def generate(items: list[Entry], top_n: int, with_text: bool) -> dict:
-    """SGLang's logprob fields of ``meta_info``: ``output_top_logprobs`` when ``top_n`` > 0."""
-    def one(logprob, token_id, text):
-        return [_value(logprob), token_id, text if with_text else None]
+def vllm_prompt(items: list[Entry]) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token None (the first) or ``{token_id: {logprob, rank,
+    decoded_token}}``, the token's own entry first, then the top N (the token among them: one entry)."""
+    out: list[dict | None] = []
+    for e in items:
+        if e.logprob is None:
+            out.append(None)
+            continue
+        d = {str(e.token_id): {"logprob": _value(e.logprob), "rank": e.rank, "decoded_token": e.text}}
+        for rank, (i, t, v) in enumerate(e.top, 1):
+            d[str(i)] = {"logprob": _value(v), "rank": rank, "decoded_token": t}
+        out.append(d)
+    return out
 
-    meta = {"input_token_logprobs": [], "output_token_logprobs": [one(e.logprob, e.token_id, e.text) for e in items]}
+
+def generate(items: list[Entry], top_n: int, with_text: bool, prompt: list[Entry] | None = None) -> dict:
+    """SGLang's logprob fields of ``meta_info``: ``output_top_logprobs`` when ``top_n`` > 0; ``prompt``: the
+    prompt's entries from ``logprob_start_len`` on (the first token's logprob null), else none."""
+    def one(logprob, token_id, text):
+        return [None if logprob is None else _value(logprob), token_id, text if with_text else None]
+
+    prompt = prompt or []
+    meta = {"input_token_logprobs": [one(e.logprob, e.token_id, e.text) for e in prompt],
+            "output_token_logprobs": [one(e.logprob, e.token_id, e.text) for e in items]}
     if top_n:
-        meta["input_top_logprobs"] = []
+        meta["input_top_logprobs"] = [None if e.logprob is None else [one(v, i, t) for i, t, v in e.top]
+                                      for e in prompt]
         meta["output_top_logprobs"] = [[one(v, i, t) for i, t, v in e.top] for e in items]
     return meta
 
@@ -129,14 +169,30 @@ def chat_logprobs(req: ChatCompletionRequest) -> int | None:
     return alternatives("top_logprobs", req.top_logprobs or 0)
 
 
-def generate_logprobs(req: GenerateRequest) -> int | None:
-    """SGLang's ``return_logprob`` and ``top_logprobs_num`` -> SamplingParams.logprobs (output tokens only)."""
+def completion_logprobs(req: CompletionRequest) -> tuple[int | None, int | None]:
+    """Completions' ``logprobs`` (n), ``echo`` and vLLM's ``prompt_logprobs`` (n) -> (SamplingParams.logprobs,
+    .prompt_logprobs): ``echo`` with ``logprobs`` asks for the prompt's too, the same n (as vLLM)."""
+    logprobs = None if req.logprobs is None else alternatives("logprobs", req.logprobs)
+    if req.prompt_logprobs is None:
+        return logprobs, logprobs if req.echo else None
+    if req.stream:  # a chunk has no field for them (vLLM refuses them too)
+        raise bad_request("prompt_logprobs are not available with stream=true (a streamed chunk has no field for "
+                          "them); send stream=false, or echo=true with logprobs for the prompt's in the stream",
+                          param="prompt_logprobs")
+    return logprobs, alternatives("prompt_logprobs", req.prompt_logprobs)
+
+
+def generate_logprobs(req: GenerateRequest) -> tuple[int | None, int | None]:
+    """SGLang's ``return_logprob``, ``top_logprobs_num`` and ``logprob_start_len`` -> (SamplingParams.logprobs,
+    .prompt_logprobs): the prompt's when ``logprob_start_len`` >= 0 (-1, or none: the output's alone)."""
     if not req.return_logprob:
         if req.top_logprobs_num:
             raise bad_request("top_logprobs_num needs return_logprob: true; send both, or leave top_logprobs_num out",
                               param="top_logprobs_num", code="invalid_value")
-        return None
-    if req.logprob_start_len not in (None, -1):
-        raise bad_request(f"logprob_start_len={req.logprob_start_len} asks for the prompt's logprobs, which eyas does "
-                          "not compute (only the output's); leave it out or send -1", param="logprob_start_len")
-    return alternatives("top_logprobs_num", req.top_logprobs_num or 0)
+        return None, None
+    start = -1 if req.logprob_start_len is None else req.logprob_start_len
+    if start < -1:
+        raise bad_request(f"logprob_start_len must be -1 (the output's logprobs alone) or a prompt position >= 0, got "
+                          f"{start}", param="logprob_start_len", code="invalid_value")
+    n = alternatives("top_logprobs_num", req.top_logprobs_num or 0)
+    return n, n if start >= 0 else None

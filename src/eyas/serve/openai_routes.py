@@ -7,7 +7,9 @@ Each response carries its own acceptance in ``usage`` (SGLang's ``meta_info`` na
 (``stream_options.include_usage``) and, per choice, in ``meta_info`` on its last chunk.
 Logprobs (chat's ``logprobs``/``top_logprobs``, completions' ``logprobs``) are shaped by ``logprobs.py``;
 a streamed chunk carries those of the tokens its delta holds (of tokens whose text was held back, in the
-next chunk with text, or the last one).
+next chunk with text, or the last one). Completions' ``echo`` puts each prompt's text (and with ``logprobs``
+its tokens' logprobs, the first null) before its choices' output, streamed in the choice's first chunk;
+vLLM's ``prompt_logprobs`` come back in ``choices[i].prompt_logprobs``, vLLM's shape.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from starlette.background import BackgroundTask
 from ..engine.stats import SpecStats
 from . import logprobs as lp
 from .api_errors import ApiError, error_body
-from .inputs import Job, chat_prompt, check_model, openai_job, parse_body, text_prompts
+from .inputs import Job, chat_prompt, check_model, echo_texts, openai_job, parse_body, text_prompts
 from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .runner import ClientGone, JobRun
@@ -76,7 +78,10 @@ def _chat(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
 def _completion(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     req = parse_body(raw, CompletionRequest)
     check_model(req.model, p.served_names)
-    job = openai_job(req, text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars), False, p.sampling)
+    prompts = text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars)
+    job = openai_job(req, prompts, False, p.sampling)
+    if req.echo:
+        job.echo = echo_texts(p.tokenizer, req.prompt, prompts)
     return p.prepared(req, completion_structure(job, req))
 
 
@@ -116,13 +121,19 @@ async def completions(request: Request):
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
     log_prompt(request, prep)
     if req.stream:
-        return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log),
-                         request.state.log)
+        return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log,
+                                                        req.logprobs is not None), request.state.log)
     finished = await collect_finished(run, request)
     if finished is None:
         return Response(status_code=499)
-    choices = [{"index": i, "text": f.text, "finish_reason": f.reason, "stop_reason": stop_reason(f, prep.job),
-                "logprobs": lp.completion(f.logprobs)[0]} for i, f in enumerate(finished)]
+    choices = []
+    for i, f in enumerate(finished):
+        echo, items, prompt = _echoed(run, i, f.logprobs, req.logprobs is not None)
+        choice = {"index": i, "text": echo + f.text, "finish_reason": f.reason, "stop_reason": stop_reason(f, prep.job),
+                  "logprobs": lp.completion(items)[0]}
+        if prompt is not None:
+            choice["prompt_logprobs"] = lp.vllm_prompt(prompt)
+        choices.append(choice)
     body_usage = usage(state, run.prompt_tokens, finished)
     log_result(request.state.log, body_usage, finished)
     return JSONResponse({**head, "object": "text_completion", "choices": choices, "usage": body_usage})
@@ -220,11 +231,24 @@ async def _chat_stream(state, run: JobRun, head: dict, options, log_fields: dict
         yield line
 
 
-async def _completion_stream(state, run: JobRun, head: dict, options, log_fields: dict):
+def _echoed(run: JobRun, index: int, items: list | None, logprobs: bool) -> tuple[str, list | None, list | None]:
+    """(choice ``index``'s echoed prompt text, or "" without echo; its logprob entries, the prompt's first where
+    echoed with logprobs; the prompt's entries where its logprobs were computed, else None)."""
+    work = run.works[index]
+    prompt = lp.prompt_entries(work.receiver.outbox.texts, work.seq)
+    if run.job.echo is None:
+        return "", items, prompt
+    return run.job.echo[index // run.job.n], (prompt or []) + (items or []) if logprobs else items, prompt
+
+
+async def _completion_stream(state, run: JobRun, head: dict, options, log_fields: dict, asked: bool):
     chunk = {**head, "object": "text_completion"}
     offsets: dict[int, int] = {}  # per choice: where its next token's text starts (text_offset)
 
     def piece(index, text, reason, items):
+        if index not in offsets:  # the choice's first chunk: the echoed prompt first
+            echo, items, _ = _echoed(run, index, items, asked)
+            text = echo + text
         logprobs, offsets[index] = lp.completion(items, offsets.get(index, 0))
         return {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
 

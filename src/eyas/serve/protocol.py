@@ -134,7 +134,8 @@ class ChatCompletionRequest(_OpenAISampling):
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool = False  # the prompt before the output (text, and with logprobs the prompt's logprobs first)
+    prompt_logprobs: int | None = None  # vLLM's: per prompt token its logprob and the top N (not streamed)
     response_format: ResponseFormat | None = None  # vLLM's extension: structured output on completions too
     suffix: str | None = None
     best_of: int | None = None
@@ -234,7 +235,7 @@ class GenerateRequest(_Strict):
     rid: str | list[str] | None = None
     return_logprob: bool = False  # the output's logprobs in meta_info (serve/logprobs.py)
     model: str | None = None
-    logprob_start_len: int | None = None  # -1 (or none): the output's alone; prompt logprobs are refused
+    logprob_start_len: int | None = None  # -1 (or none): the output's alone; k >= 0: the prompt's from position k
     top_logprobs_num: int | None = None  # with return_logprob: alternatives per token, at most 20
     return_text_in_logprobs: bool | None = None
     # sent by SGLang clients (bench_serving, ...); neutral values only (inputs.py refuses the rest)

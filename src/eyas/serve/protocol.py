@@ -75,6 +75,18 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one of json (a schema, or one as a JSON string), regex, choice,
+    grammar (EBNF) and json_object (``structured.py``)."""
+
+    json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None  # refused when set: xgrammar's JSON whitespace is fixed
+
+
 class _OpenAISampling(_Strict):
     model: str | None = None
     max_tokens: int | None = None
@@ -104,6 +116,17 @@ class _OpenAISampling(_Strict):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False  # vLLM's: the stop string (or stop token) that ended the output kept
+    # vLLM's and SGLang's structured output spellings (structured.py): one constraint per request, all told
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None  # refused when set (as whitespace_pattern above)
+    guided_decoding_backend: str | None = None  # accepted and ignored: xgrammar compiles every grammar here
+    regex: str | None = None  # SGLang's
+    ebnf: str | None = None
+    json_schema: str | None = None  # SGLang's: a schema as a JSON string
 
 
 class ChatCompletionRequest(_OpenAISampling):

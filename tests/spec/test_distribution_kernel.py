@@ -164,6 +164,29 @@ def test_extreme_logits(config):
     check_equal(got, TORCH.distribution(logits, floats, ints, True))
 
 
+def test_one_program_reads_the_walks_argmax_and_kept_count_on_the_way():
+    """``side``: the first of equal maxima (as ``torch.argmax``; a row of -inf alone: 0) and the count of entries
+    ``>= thr``, as the walk's own pass (``rejection_kernel._argmax_kept_kernel``) finds them; the split reads
+    neither (None), nor does the reference."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(len(ROWS), 300, generator=gen)
+    logits[MASKED, 100:] = -INF
+    logits[TIED, :] = torch.randn(300, generator=gen).round()  # many ties, the largest among them
+    logits = torch.cat([logits, torch.full((1, 300), -INF)]).to(DEVICE)
+    floats = torch.tensor([[t or 1.0, p, mp] for t, p, mp, _ in ROWS] + [[1.0, 1.0, 0.0]], device=DEVICE)
+    ints = torch.tensor([[k, 0] for *_, k in ROWS] + [[0, 0]], device=DEVICE)
+    for config in (ONE, Config(1, 16, 128, 4)):
+        x, m, thr, z, argmax, kept = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True,
+                                                                      config, side=True)
+        assert torch.equal(argmax, x.argmax(dim=-1)) and argmax[-1] == 0
+        assert torch.equal(kept, (x >= thr[:, None]).sum(dim=-1))
+        want = TORCH.distribution(logits[:-1], floats[:-1], ints[:-1], True)  # (a row of -inf: z is NaN there)
+        check_equal((x[:-1], m[:-1], thr[:-1], z[:-1]), want)
+    split = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, Config(4, 16, 32, 4),
+                                             side=True)
+    assert split[4:] == (None, None) and TORCH.distribution(logits, floats, ints, True, side=True)[4:] == (None, None)
+
+
 @pytest.fixture(params=["as measured", "split", "one program"])
 def table(request, monkeypatch):
     """The dispatch's table as it is, the split at every row count, or one program a row at every row count."""
@@ -226,13 +249,13 @@ class Unique(SpecTorchOps):
     """``TRITON.distribution`` once per distinct row (many rows share one node's logits and settings; the
     seed, which the distribution does not read, set apart)."""
 
-    def distribution(self, logits, floats, ints, filtered):
+    def distribution(self, logits, floats, ints, filtered, side=False):
         rows = torch.cat([logits, floats, ints[:, :1].float()], dim=1)
         keys, inverse = torch.unique(rows, dim=0, return_inverse=True)
         keys, v = keys.to(DEVICE), logits.shape[1]  # on a GPU the kernel runs there, not interpreted
         top_k = keys[:, v + 3:].long()
-        out = TRITON.distribution(keys[:, :v], keys[:, v:v + 3], torch.cat([top_k, top_k * 0], 1), filtered)
-        return tuple(o.to(logits.device)[inverse] for o in out)
+        out = TRITON.distribution(keys[:, :v], keys[:, v:v + 3], torch.cat([top_k, top_k * 0], 1), filtered, side)
+        return tuple(None if o is None else o.to(logits.device)[inverse] for o in out)
 
 
 SETTINGS = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.0, top_p=0.8),
@@ -301,9 +324,9 @@ def compile(fn, sig, const):
     assert not barriers_in_loops(ptx), f"{fn.__name__} {const}: a block-wide sync inside a pass's loop"
 
 p, i = "*fp32", "*i64"
-sig = dict(x=p, floats=p, log_min_p=p, ints=i, m_out=p, thr_out=p, z_out=p, V="i32")
-for filtered, pdl in [(True, True), (False, False)]:
-    compile(_distribution_kernel, sig, dict(FILTERED=filtered, BLOCK=512, R=16, PDL=pdl))
+sig = dict(x=p, floats=p, log_min_p=p, ints=i, m_out=p, thr_out=p, z_out=p, argmax_out=i, kept_out=i, V="i32")
+for filtered, pdl, side in [(True, True, True), (True, True, False), (False, False, True)]:
+    compile(_distribution_kernel, sig, dict(FILTERED=filtered, SIDE=side, BLOCK=512, R=16, PDL=pdl))
 sig = dict(x=p, floats=p, log_min_p=p, ints=i, maxes=p, part_in=p, part_out=p, state_in=i, state_out=i, m_out=p,
            thr_out=p, V="i32", C="i32", S="i32")
 for prev, kind, r in [(NONE, TOP_K, 64), (TOP_K, TOP_K, 64), (TOP_K, TOP_P, 64), (TOP_P, TOP_P, 64), (TOP_P, Z, 64),

@@ -78,11 +78,13 @@ def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tens
     b, t, v = logits.shape
     k = u.shape[-1] - 1
     greedy = floats[:, 0] <= 0  # [B]
-    x, m, thr, z = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
-                                    ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered)
+    walks = k > 0 and t > 1  # the walk's per-node argmax and kept count, where the distribution reads them
+    x, m, thr, z, *side = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
+                                           ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered, side=walks)
     x, m, thr, z = x.view(b, t, v), m.view(b, t), thr.view(b, t), z.view(b, t)
-    if k > 0 and t > 1:
-        path = ops.walk(tree.tokens, tree.parents, tree.depth, tree.mask, x, m, thr, z, greedy, u, width)
+    if walks:
+        side = None if side[0] is None else tuple(s.view(b, t) for s in side)
+        path = ops.walk(tree.tokens, tree.parents, tree.depth, tree.mask, x, m, thr, z, greedy, u, width, side)
     else:
         path = root_alone(x, m, thr, u, width)
     bonus = ops.bonus(x, path.last, path.m, path.thr, path.rejected, path.valid, path.u)

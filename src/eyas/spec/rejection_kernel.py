@@ -6,7 +6,8 @@ table, gathers, cumsums, the path from the ancestor mask), each a launch inside 
 one program a row walks from the root: at node ``n`` (depth ``d``) its children, in column order, are
 the lanes whose parent is ``n``; child ``i`` is taken when ``u(d, i) * (z - before) < w`` (``w`` its
 weight ``exp(x - m)`` where kept, ``before`` its earlier siblings'), the first taken one is the next
-node, and a node with none ends the path. One pass over every node's entries goes before it
+node, and a node with none ends the path. The distribution's one-program kernel reads what the walk needs
+of every node's entries on its way (``side``); elsewhere one pass over them goes before it
 (``_argmax_kept_kernel``, in place of three torch kernels each reading them all): the argmax at every
 node (a greedy row's choice; the first of equal maxima, as ``torch.argmax``) and the count of kept
 tokens (when every kept token is a child, the last kept child takes what is left, exactly as in the
@@ -109,14 +110,17 @@ def _walk_kernel(x, m, thr, z, kept, argmax, greedy, tokens, parents, u, cols, c
 
 
 def walk(launch, tokens: torch.Tensor, parents: torch.Tensor, x: torch.Tensor, m: torch.Tensor, thr: torch.Tensor,
-         z: torch.Tensor, greedy: torch.Tensor, u: torch.Tensor, width: int) -> Path:
-    """``rejection.walk`` through ``launch`` (``TritonOps._launch``): the argmax and kept count of every node,
-    then the walk."""
+         z: torch.Tensor, greedy: torch.Tensor, u: torch.Tensor, width: int, side: tuple | None = None) -> Path:
+    """``rejection.walk`` through ``launch`` (``TritonOps._launch``): the argmax and kept count of every node
+    (``side`` [B, T] each, where the distribution's kernel read them already), then the walk."""
     b, t, v = x.shape
     k, dev = u.shape[-1] - 1, x.device
     x, thr = x.contiguous(), thr.contiguous()
-    argmax, kept = (torch.empty((b, t), dtype=torch.long, device=dev) for _ in range(2))
-    launch(_argmax_kept_kernel, (b * t,), x, thr, argmax, kept, v, BLOCK=4096, num_warps=8)
+    if side is not None and side[0] is not None:
+        argmax, kept = side
+    else:
+        argmax, kept = (torch.empty((b, t), dtype=torch.long, device=dev) for _ in range(2))
+        launch(_argmax_kept_kernel, (b * t,), x, thr, argmax, kept, v, BLOCK=4096, num_warps=8)
     cols = torch.empty((b, width), dtype=torch.long, device=dev)
     counts, last, argmax_f = (torch.empty(b, dtype=torch.long, device=dev) for _ in range(3))
     m_f, thr_f, u_f = (torch.empty(b, dtype=torch.float32, device=dev) for _ in range(3))

@@ -50,18 +50,22 @@ class TreeOps:
         [B, lanes], the draws of one sampled step (``engine.sampler.draws``)."""
         return uniform(seed[:, None], position[:, None], consts.arange(lanes, seed.device)[None])
 
-    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
+                     side: bool = False):
         """Each row of ``logits`` [N, V]'s distribution under ``floats`` [N, 3], ``ints`` [N, 2]:
         ``(x [N, V], m [N], thr [N], z [N])``, ``distribution.distribution`` (the reference, a sort
-        where ``filtered``)."""
-        return distribution(logits, floats, ints, filtered)
+        where ``filtered``); ``side``: and each row's argmax and kept count for ``walk`` where the op reads
+        them on the way (a kernel), else None and None (``walk`` then finds them)."""
+        out = distribution(logits, floats, ints, filtered)
+        return (*out, None, None) if side else out
 
     def walk(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
              x: torch.Tensor, m: torch.Tensor, thr: torch.Tensor, z: torch.Tensor, greedy: torch.Tensor,
-             u: torch.Tensor, width: int) -> rejection.Path:
+             u: torch.Tensor, width: int, side: tuple | None = None) -> rejection.Path:
         """``rejection.walk``: each row's accepted path through its tree ([B, T] ``tokens``, ``parents``,
         ``depth``, [B, T, T] ``mask``) under the distribution ``(x [B, T, V], m, thr, z [B, T])``, the
-        step's uniforms ``u`` [B, width, K + 1]; ``greedy`` [B] rows follow the argmax."""
+        step's uniforms ``u`` [B, width, K + 1]; ``greedy`` [B] rows follow the argmax. ``side``: the
+        distribution's (argmax, kept) [B, T] where it gave them (the kernels' walk takes them; here unused)."""
         return rejection.walk(tokens, parents, depth, mask, x, m, thr, z, greedy, u, width)
 
     def bonus(self, x: torch.Tensor, f: torch.Tensor, m: torch.Tensor, thr: torch.Tensor,

@@ -130,15 +130,17 @@ class TritonVerifyOps(TreeOps):
         return self._or_torch(lambda: self._uniform(seed, position, lanes),
                               lambda: TreeOps.uniform(self, seed, position, lanes))
 
-    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
+                     side: bool = False):
         if distribution_kernel.launch_config(logits.shape[0], filtered) is None:  # measured: the sort is faster
-            return TreeOps.distribution(self, logits, floats, ints, filtered)
-        return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered),
-                              lambda: TreeOps.distribution(self, logits, floats, ints, filtered))
+            return TreeOps.distribution(self, logits, floats, ints, filtered, side)
+        return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered,
+                                                                       side=side),
+                              lambda: TreeOps.distribution(self, logits, floats, ints, filtered, side))
 
-    def walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width: int):
+    def walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width: int, side: tuple | None = None):
         return self._or_torch(lambda: rejection_kernel.walk(self._launch, tokens, parents, x, m, thr, z, greedy, u,
-                                                            width),
+                                                            width, side),
                               lambda: TreeOps.walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width))
 
     def bonus(self, x, f, m, thr, rejected, valid, u):

@@ -16,12 +16,12 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import zlib
 from dataclasses import dataclass
 
 from .api_errors import ApiError, bad_request
+from .middleware import send_json
 
 
 @dataclass
@@ -194,8 +194,4 @@ def unsupported_coding(coding: bytes) -> ApiError:
 
 
 async def _answer(send, e: ApiError) -> None:
-    body = json.dumps(e.body()).encode()
-    await send({"type": "http.response.start", "status": e.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *((k.lower().encode(), v.encode()) for k, v in e.headers.items())]})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, e.status, e.body(), [(k.lower().encode(), v.encode()) for k, v in e.headers.items()])

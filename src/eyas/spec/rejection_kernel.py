@@ -116,7 +116,7 @@ def walk(launch, tokens: torch.Tensor, parents: torch.Tensor, x: torch.Tensor, m
     b, t, v = x.shape
     k, dev = u.shape[-1] - 1, x.device
     x, thr = x.contiguous(), thr.contiguous()
-    if side is not None and side[0] is not None:
+    if side is not None:
         argmax, kept = side
     else:
         argmax, kept = (torch.empty((b, t), dtype=torch.long, device=dev) for _ in range(2))

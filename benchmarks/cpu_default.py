@@ -33,9 +33,9 @@ except ImportError:  # before the move to eyas.common
     from eyas.bench.prompts import prompt_set
 from eyas.config import Algorithm, SpecConfig, setting_name
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models import kv_cache
 from eyas.pipeline import EngineArgs, build_engine
+from eyas.sample.sampling import SamplingParams
 
 SETTINGS = ["0", "3,1,4", "5,1,6", "4,4,16", "6,8,32", "auto"]
 

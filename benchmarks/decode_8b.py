@@ -35,10 +35,10 @@ from common import (
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.kernel_choice import CHOICES
 from eyas.models.kernel_settings import KernelSettings
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 # row: (CUDA graphs, the kernels' mode (as EYAS_KERNELS names it), one-row projections as _linear_kernel, dependent
 # launch, the plain step as one graph). "graphs-torch-ops": graphs without the Triton kernels, the kernels' effect

@@ -42,8 +42,8 @@ from test_seeded_rows import MINE, OTHERS, PROMPT, joined_late  # noqa: E402  th
 
 from eyas.config import SpecConfig, setting_name  # noqa: E402
 from eyas.engine.engine import Engine  # noqa: E402
-from eyas.engine.sampling import SamplingParams  # noqa: E402
 from eyas.models.native import NativeTarget  # noqa: E402
+from eyas.sample.sampling import SamplingParams  # noqa: E402
 
 PROMPTS = [PROMPT, [7] * 9, [200, 13], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
 SPECS = [SpecConfig("NONE"), SpecConfig("EAGLE3", 5, 1, 6), SpecConfig("EAGLE3", 4, 2, 6)]

@@ -23,8 +23,8 @@ from common import chat_prompts, write
 
 from eyas.config import Algorithm, SpecConfig, parse_schedule
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.pipeline import EngineArgs, build_engine
+from eyas.sample.sampling import SamplingParams
 
 SCHEDULE = "4096:0;4097:3,1,4"
 

@@ -58,7 +58,7 @@ from torch.profiler import ProfilerActivity, profile
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.phases import NAMES, PREFIX
-from eyas.engine.sampling import SamplingParams
+from eyas.sample.sampling import SamplingParams
 
 
 def analyse(trace: dict, steps: int) -> dict:

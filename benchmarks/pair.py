@@ -37,11 +37,11 @@ from common import chat_prompts, load_pair, sync, write
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models import kv_cache
 from eyas.models.kernel_choice import CHOICES
 from eyas.models.kernel_settings import KernelSettings
 from eyas.models.target import Target
+from eyas.sample.sampling import SamplingParams
 
 SAMPLING = {"temperature": 0.0, "top_p": 1.0}  # --temperature / --top-p
 

@@ -166,7 +166,7 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
 def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, temperature: float,
                      categories: list[str | None] | None = None) -> dict:
     from eyas.bench.offline import run_engine
-    from eyas.engine.sampling import SamplingParams
+    from eyas.sample.sampling import SamplingParams
 
     n = clients * per_client(args, clients)
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(n)]

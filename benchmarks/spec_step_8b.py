@@ -31,12 +31,12 @@ from common import llama31_8b_config, qwen3_8b_config, random_model, sync, write
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.draft import Eagle3Draft
 from eyas.models.kernel_choice import CHOICES
 from eyas.models.kernel_settings import KernelSettings
 from eyas.models.native import NativeTarget
 from eyas.models.target import Target
+from eyas.sample.sampling import SamplingParams
 
 SHAPES = {"llama-3.1-8b": llama31_8b_config, "qwen3-8b": qwen3_8b_config}
 

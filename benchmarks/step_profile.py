@@ -29,7 +29,7 @@ from common import chat_prompts, load_pair, sync, write
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.phases import timed_by
-from eyas.engine.sampling import SamplingParams
+from eyas.sample.sampling import SamplingParams
 
 
 class Synced:

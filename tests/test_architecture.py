@@ -1,4 +1,4 @@
-"""The import structure issue 28 asks for: config -> models -> spec -> engine -> serve, the apps side by side.
+"""The import structure issue 28 asks for: config -> models -> spec -> sample -> engine -> serve, the apps side by side.
 
 Read with grimp (the import graph of every ``import`` statement in ``src/eyas``, those inside functions
 and under ``TYPE_CHECKING`` too), so a lazy import cannot hide a dependency. Each test names the import
@@ -22,8 +22,9 @@ ALLOWED_APP_IMPORTS = {
 ABOVE_ENGINE = (*APPS, "eyas.formats", "eyas.common", "eyas.pipeline", "eyas.cli", "eyas.demo", "eyas.export",
                 "eyas.generate")
 # The layers under the apps, lowest first: the transformer block, speculative decoding's tree, drafting and
-# verification, the engine. Each may import those before it, never one after.
-LAYERS = ("eyas.models", "eyas.spec", "eyas.engine")
+# verification, what turns logits into tokens (sampling settings, penalties, grammar masks, logprobs), the engine.
+# Each may import those before it, never one after.
+LAYERS = ("eyas.models", "eyas.spec", "eyas.sample", "eyas.engine")
 
 
 @pytest.fixture(scope="module")

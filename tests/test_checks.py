@@ -147,7 +147,7 @@ def test_build_engine_accepts_the_right_pair(folders):
 def test_a_chain_shorter_than_its_steps_drafts_only_what_it_verifies(folders, caplog):
     """5 steps, topk 1, 3 draft tokens: the step verifies the chain's first 2 drafted tokens, so the engine
     drafts 2 steps (the same tokens, SGLang's flags kept) and says so."""
-    from eyas.engine.sampling import SamplingParams
+    from eyas.sample.sampling import SamplingParams
 
     flags = dict(model_path=str(folders / "target"), speculative_draft_model_path=str(folders / "draft"),
                  speculative_eagle_topk=1, speculative_num_draft_tokens=3)
@@ -204,7 +204,7 @@ def test_a_narrow_draft_that_ships_its_embeddings_runs_as_the_doctor_says(tmp_pa
     from transformers import LlamaConfig
 
     from eyas import formats
-    from eyas.engine.sampling import SamplingParams
+    from eyas.sample.sampling import SamplingParams
 
     t = tiny_target(dtype=torch.float32)
     cfg = Eagle3Draft.config_for_target(t).to_dict()

@@ -11,8 +11,8 @@ import sys
 import time
 
 from .common.prompts import chat_ids
-from .engine.sampling import SamplingParams
 from .pipeline import add_engine_arguments, build_engine, engine_args_from
+from .sample.sampling import SamplingParams
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 

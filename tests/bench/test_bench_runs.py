@@ -13,7 +13,7 @@ from eyas.bench.plots import write_plots
 from eyas.bench.results import BenchResult, Level, Request, table
 from eyas.cli import main
 from eyas.common.prompts import prompt_set
-from eyas.engine.sampling import SamplingParams
+from eyas.sample.sampling import SamplingParams
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -10,9 +10,9 @@ from helpers import reference_greedy
 from eyas.config import AUTO_CANDIDATES, Algorithm, SpecConfig, format_schedule, parse_schedule
 from eyas.engine.adaptive import GREEDY, SAMPLED, Chooser, measure_step_costs, prior_reach
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.errors import EyasError
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 AUTO = SpecConfig.auto("EAGLE3")
 NONE, CHAIN3, CHAIN5, TREE16, TREE32 = AUTO.options

@@ -9,8 +9,8 @@ from helpers import reference_greedy
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.prefill import Prefilling
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 PROMPT = list(range(30, 67))  # 37 tokens: chunks of 8, 8, 8, 8, 5
 NEW = 20

@@ -12,8 +12,8 @@ from helpers import reference_greedy
 from eyas.config import SpecConfig, parse_schedule
 from eyas.engine.engine import Engine
 from eyas.engine.feed import feed_draft
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 PROMPTS = ([72, 101, 108, 108], [7] * 9, [200, 13], [5, 6, 7, 8, 9, 10, 11])
 LATE = [31, 41, 59, 26, 53]  # joins the batch while a feed is pending, just before a drafting step

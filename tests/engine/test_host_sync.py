@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import eyas
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 aten = torch.ops.aten
 READS = (aten.item, aten._local_scalar_dense, aten.is_nonzero, aten.equal,

@@ -5,9 +5,9 @@ from helpers import reference_greedy
 
 from eyas.config import SpecConfig, parse_schedule
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.engine.stats import SpecStats
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 PROMPTS = [
     [72, 101, 108, 108, 111],

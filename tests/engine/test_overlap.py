@@ -9,8 +9,8 @@ import pytest
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 PROMPTS = ([72, 101, 108, 108], [7] * 9, [200, 13], [5, 6, 7, 8, 9, 10, 11])
 SPECS = [SpecConfig("NONE"), SpecConfig("EAGLE3", 3, 1, 4), SpecConfig("EAGLE3", 3, 2, 6)]

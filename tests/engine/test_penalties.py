@@ -12,9 +12,9 @@ import torch
 from distributions import CHAIN, TREE, batch_tree, emitted, pvalue, step_distribution, tree_and_logits
 
 from eyas.engine import sampler
-from eyas.engine.penalties import penalize, record
 from eyas.engine.sampler import accept
-from eyas.engine.sampling import PENALIZED, SamplingParams, SamplingRows, probs
+from eyas.sample.penalties import penalize, record
+from eyas.sample.sampling import PENALIZED, SamplingParams, SamplingRows, probs
 from eyas.spec.tree import Tree
 
 V = 8

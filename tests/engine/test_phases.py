@@ -10,8 +10,8 @@ from torch.profiler import ProfilerActivity, profile
 from eyas.config import SpecConfig
 from eyas.engine import phases
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 
 def ranges(prof) -> set[str]:

@@ -12,8 +12,8 @@ from helpers import reference_greedy
 from eyas.config import SpecConfig
 from eyas.engine import prefill as prefill_mod
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 PROMPTS = [[72, 101, 108, 108, 111], [7] * 23, [200, 13], list(range(30, 71))]
 NEW = 24

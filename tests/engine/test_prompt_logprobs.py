@@ -13,8 +13,8 @@ from eyas.config import SpecConfig
 from eyas.engine import prefill
 from eyas.engine.engine import Engine
 from eyas.engine.prefill import Prefilling
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 PROMPT = [(7 * i) % 250 + 3 for i in range(45)]
 TOP = 4

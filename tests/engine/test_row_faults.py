@@ -10,9 +10,9 @@ import torch
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
 from eyas.models.static_cache import StaticKV
+from eyas.sample.sampling import SamplingParams
 
 PROMPTS = [[72, 101, 108], [7] * 9, [200, 13, 5, 5]]
 NEW = 12

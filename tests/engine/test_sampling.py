@@ -11,9 +11,9 @@ from scipy.stats import chisquare
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams, probs
 from eyas.engine.stats import SpecStats
 from eyas.models.target import Target
+from eyas.sample.sampling import SamplingParams, probs
 
 V = 16
 PROMPT = [3, 1, 4, 1, 5]

@@ -6,7 +6,7 @@ import torch
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import GREEDY_BELOW, SamplingParams, probs
+from eyas.sample.sampling import GREEDY_BELOW, SamplingParams, probs
 
 
 @pytest.mark.parametrize("temperature", [6e-39, 5e-324, 1e-30, 9.9e-6])

@@ -10,8 +10,8 @@ import pytest
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.models.native import NativeTarget
+from eyas.sample.sampling import SamplingParams
 
 SPEC = SpecConfig("EAGLE3", 4, 2, 6)
 PROMPT = [72, 101, 108, 108, 111]

@@ -10,9 +10,9 @@ from interop_helpers import DRAFT_VOCAB, WRITERS, sglang_tensors
 from eyas import formats
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.formats import names as format_names
 from eyas.models.draft import Eagle3Draft
+from eyas.sample.sampling import SamplingParams
 
 PROMPTS = [[72, 101, 108, 108, 111], [256, 87, 104, 97, 116, 32]]
 NEW = 10

@@ -8,11 +8,11 @@ from transformers import LlamaModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.errors import EyasError
 from eyas.layers import check_aux_layers, default_aux_layers, from_sglang, to_sglang
 from eyas.models import kv_cache
 from eyas.models.target import Target, find_decoder_layers
+from eyas.sample.sampling import SamplingParams
 from eyas.train.ttt import target_states
 
 

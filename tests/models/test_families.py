@@ -31,10 +31,10 @@ from eyas.common.target_facts import read_target
 from eyas.config import SpecConfig
 from eyas.doctor.static import diagnose
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams, probs
 from eyas.engine.stats import SpecStats
 from eyas.models.loading import load_target
 from eyas.models.target import Target
+from eyas.sample.sampling import SamplingParams, probs
 from eyas.train.ttt import target_states
 
 FAMILIES = ["deepseek_v3", "kimi_k25", "qwen3_moe", "mixtral"]

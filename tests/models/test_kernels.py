@@ -20,7 +20,6 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.engine_config import EngineConfig
 from eyas.errors import EyasError
 from eyas.models import kv_cache
@@ -28,6 +27,7 @@ from eyas.models.kernel_settings import KernelSettings
 from eyas.models.llama import RopeTable
 from eyas.models.native import NativeTarget
 from eyas.models.static_cache import StaticKV
+from eyas.sample.sampling import SamplingParams
 from eyas.spec.ops import TORCH, kernel_ops, ops_for
 
 kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")

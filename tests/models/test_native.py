@@ -21,13 +21,13 @@ from transformers import (
 from eyas.config import SpecConfig, parse_schedule
 from eyas.engine.batch import in_place
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
 from eyas.errors import EyasError
 from eyas.models import kv_cache
 from eyas.models.llama import NativeLlama, native_support
 from eyas.models.native import NativeTarget, choose, plan_pool
 from eyas.models.static_cache import StaticKV
 from eyas.models.target import Target
+from eyas.sample.sampling import SamplingParams
 
 SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)

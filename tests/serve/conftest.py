@@ -88,7 +88,7 @@ def reference(engine):
     """greedy(prompt_ids, n) -> the target's own non-speculative greedy ids (the core engine, NONE)."""
     from eyas.config import Algorithm, SpecConfig
     from eyas.engine.engine import Engine
-    from eyas.engine.sampling import SamplingParams
+    from eyas.sample.sampling import SamplingParams
 
     plain = Engine(engine.target, None, SpecConfig(Algorithm.NONE))
 

@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding in the engine (``engine/grammar.py``) on the tiny float64 pair.
+"""Grammar-constrained decoding in the engine (``sample/grammar.py``) on the tiny float64 pair.
 
 Under speculation the grammar's mask goes on the target's logits at every node of the verified tree,
 so the constrained output must be exactly plain decoding's (NONE) under the same grammar, for a tree
@@ -16,8 +16,8 @@ import torch
 
 from eyas.config import Algorithm, SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.grammar import GrammarError, GrammarSpec, RowGrammar, grammars_for
-from eyas.engine.sampling import SamplingParams
+from eyas.sample.grammar import GrammarError, GrammarSpec, RowGrammar, grammars_for
+from eyas.sample.sampling import SamplingParams
 
 REGEX = "(ab|cd)+x[0-9]{3}"
 SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}, "ok": {"type": "boolean"}},

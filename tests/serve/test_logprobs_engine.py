@@ -1,4 +1,4 @@
-"""The engine's logprobs (``engine/logprobs.py``) against the target's own forward: speculative (tree and
+"""The engine's logprobs (``sample/logprobs.py``) against the target's own forward: speculative (tree and
 chain) equal plain decoding's for the same greedy output, and the HF model's ``log_softmax`` at those
 positions; sampled ones equal the processed distribution's; a row that asks beside one that does not
 leaves both outputs as they are alone."""
@@ -13,9 +13,9 @@ import torch
 
 from eyas.config import Algorithm, SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.penalties import Penalties, penalize
-from eyas.engine.sampling import SamplingParams, probs
 from eyas.models.target import Target
+from eyas.sample.penalties import Penalties, penalize
+from eyas.sample.sampling import SamplingParams, probs
 
 PROMPTS = ["The quick brown fox", "abab abab ab", "hello there, how"]
 TOL = 1e-4  # float32 log-softmax of float64 logits

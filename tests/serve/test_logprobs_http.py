@@ -14,7 +14,7 @@ import torch
 
 from eyas.config import Algorithm, SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams, probs
+from eyas.sample.sampling import SamplingParams, probs
 
 openai = pytest.importorskip("openai")
 TOL = 1e-4

@@ -249,7 +249,7 @@ def test_a_missing_tokenizer_path_says_it_does_not_exist(tmp_path):
 
 
 def test_random_seed_decides_what_unseeded_requests_sample(engine):
-    from eyas.engine.sampling import SamplingParams
+    from eyas.sample.sampling import SamplingParams
     from eyas.serve.cli import seed_everything
 
     def sampled(seed):

@@ -8,7 +8,7 @@ import pytest
 
 from eyas.config import Algorithm, SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
+from eyas.sample.sampling import SamplingParams
 
 PENALTIES = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.3}
 

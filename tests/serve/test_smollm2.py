@@ -18,9 +18,9 @@ def test_smollm2_server_banner_and_lossless_streamed_chat(tmp_path):
     from eyas.common.prompts import chat_ids
     from eyas.config import Algorithm, SpecConfig
     from eyas.engine.engine import Engine
-    from eyas.engine.sampling import SamplingParams
     from eyas.models.draft import Eagle3Draft
     from eyas.models.loading import SMOLLM2, load_target
+    from eyas.sample.sampling import SamplingParams
 
     target = load_target(SMOLLM2)
     Eagle3Draft.for_target(target).save_pretrained(tmp_path / "draft")

@@ -13,8 +13,8 @@ from helpers import byte_tokenizer
 from serve_helpers import InProcessServer
 
 from eyas.engine.batch import Sequence
-from eyas.engine.sampling import SamplingParams
 from eyas.engine.stats import SpecStats
+from eyas.sample.sampling import SamplingParams
 from eyas.serve.metrics import ServeMetrics
 from eyas.serve.scheduler import Work
 from eyas.serve.stream import Delta, Ended, Failed, Finished, Outbox, Receiver

@@ -18,7 +18,7 @@ import torch
 from scipy.stats import chisquare
 
 from eyas.engine import sampler
-from eyas.engine.sampling import SamplingParams, SamplingRows
+from eyas.sample.sampling import SamplingParams, SamplingRows
 from eyas.spec.ops import TORCH
 from eyas.spec.tree import Tree
 

@@ -13,7 +13,7 @@ from distributions import CHAIN, TREE, batch_tree, emitted, pvalue, step_distrib
 from scipy.stats import chisquare
 
 from eyas.engine.sampler import accept_rows, draws
-from eyas.engine.sampling import SamplingParams, SamplingRows, probs
+from eyas.sample.sampling import SamplingParams, SamplingRows, probs
 from eyas.spec import rejection, tree_ops
 from eyas.spec.rng import uniform
 from eyas.spec.tree import Tree

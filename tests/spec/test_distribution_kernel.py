@@ -15,8 +15,9 @@ import pytest
 import torch
 from distributions import TREE, batch_tree, emitted, pvalue, step_distribution, tree_and_logits
 
-from eyas.engine import logprobs, sampler
-from eyas.engine.sampling import SamplingParams, SamplingRows, probs
+from eyas.engine import sampler
+from eyas.sample import logprobs
+from eyas.sample.sampling import SamplingParams, SamplingRows, probs
 from eyas.spec.ops import TORCH, SpecTorchOps
 from eyas.spec.tree import Tree
 

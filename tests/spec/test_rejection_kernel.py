@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from eyas.engine import sampler
-from eyas.engine.sampling import SamplingParams, SamplingRows
+from eyas.sample.sampling import SamplingParams, SamplingRows
 from eyas.spec.ops import TORCH
 from eyas.spec.tree import Tree
 

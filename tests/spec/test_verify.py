@@ -5,7 +5,7 @@ import torch
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.sampling import SamplingParams
+from eyas.sample.sampling import SamplingParams
 from eyas.spec.drafter import draft_tree
 from eyas.spec.tree import Tree
 from eyas.spec.verify import accept_greedy, accept_greedy_batch

@@ -12,10 +12,10 @@ from train_fixtures import make_data, tiny_recipe
 
 from eyas import formats
 from eyas.cli import main
-from eyas.engine.sampling import SamplingParams
 from eyas.formats import names as format_names
 from eyas.models.loading import load_target
 from eyas.pipeline import EngineArgs, build_engine
+from eyas.sample.sampling import SamplingParams
 from eyas.train.trainer import Trainer
 
 SETS = {"train.max_steps": 60, "log.checkpoint_every": 30, "log.keep_checkpoints": 3}

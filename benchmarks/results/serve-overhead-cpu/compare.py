@@ -18,7 +18,7 @@ import serve_load as sl
 
 from eyas.bench.offline import run_engine, warm_up
 from eyas.common.prompts import chat_ids, prompt_set
-from eyas.engine.sampling import SamplingParams
+from eyas.sample.sampling import SamplingParams
 from eyas.pipeline import EngineArgs, build_engine
 
 before, after, model, out = sys.argv[1:5]

@@ -143,8 +143,8 @@ def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:
 
 def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
     from ..common.prompts import chat_ids
-    from ..engine.sampling import SamplingParams
     from ..pipeline import baseline_engine, build_engine
+    from ..sample.sampling import SamplingParams
     from .offline import run_engine, warm_up
 
     print("loading ...", file=sys.stderr, flush=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 from ..engine.generate import run_to_end
-from ..engine.sampling import SamplingParams
 from ..engine.stats import SpecStats
+from ..sample.sampling import SamplingParams
 from .results import Request, Run
 
 

@@ -43,8 +43,8 @@ def measure(engine, prompts: list[list[int]], new_tokens: int, batch: int) -> di
     prompt crossing an attention-window bucket mid-run would otherwise put captures inside the
     timing). Every batch size sees the same prompts, so acceptance is compared like for like: one
     prompt alone at batch 1 says little about a draft's acceptance on the rest."""
-    from ..engine.sampling import SamplingParams
     from ..engine.stats import SpecStats
+    from ..sample.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]

@@ -100,7 +100,7 @@ def generate_on_engine(target, prompts: list[list[int]], cfg: RegenConfig, progr
     ``prompt_seed(cfg.seed, i)``: the engine's draws are a function of a row's seed and positions alone
     (``spec/rng.py``), never of the batch size or the prompts beside it."""
     from ..engine.engine import Engine
-    from ..engine.sampling import SamplingParams
+    from ..sample.sampling import SamplingParams
 
     if not prompts:
         return [], []

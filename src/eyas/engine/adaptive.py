@@ -59,7 +59,7 @@ from dataclasses import replace
 import torch
 
 from ..config import SpecConfig, setting_name
-from .sampling import SamplingParams
+from ..sample.sampling import SamplingParams
 
 log = logging.getLogger("eyas.engine")
 

@@ -18,10 +18,10 @@ from functools import cached_property
 import torch
 
 from ..config import SpecConfig
+from ..sample.grammar import RowGrammar
+from ..sample.logprobs import Pending, TokenLogprob
+from ..sample.sampling import SamplingParams, SamplingRows
 from .feed import Feed
-from .grammar import RowGrammar
-from .logprobs import Pending, TokenLogprob
-from .sampling import SamplingParams, SamplingRows
 from .stats import SpecStats
 
 _ids = itertools.count()

@@ -23,13 +23,13 @@ import torch
 
 from ..config import SpecConfig
 from ..models import kv_cache
+from ..sample.grammar import constrain, constrained
+from ..sample.logprobs import Pending, path_logprobs
+from ..sample.penalties import record
 from ..spec.drafter import draft_extend_static, draft_tree
 from ..spec.tree import Tree
 from ..spec.verify import accepted_path, finite_rows
 from .batch import Batch
-from .grammar import constrain, constrained
-from .logprobs import Pending, path_logprobs
-from .penalties import record
 from .phases import phase
 from .sampler import accept
 

@@ -28,14 +28,14 @@ import torch
 from ..config import SpecConfig
 from ..models import consts
 from ..models.graphs import BatchGraph, share_pool, window_buckets
+from ..sample.penalties import Penalties, record
+from ..sample.sampling import GREEDY, KINDS, PENALIZED
 from ..spec.drafter import draft_extend_static, draft_tree_static
 from ..spec.ops import ops_for
 from ..spec.tree import Tree
 from ..spec.verify import accepted_path, finite_rows
 from .feed import Feed, append
-from .penalties import Penalties, record
 from .sampler import accept
-from .sampling import GREEDY, KINDS, PENALIZED
 
 STARTUP_KINDS = KINDS[:-1]  # the variants ``Engine.warm_up`` captures; PENALIZED's on first use
 PEN = ("pen_floats", "pen_bias", "pen_prompt", "pen_counts", "pen_stops")  # the penalized variant's extra inputs

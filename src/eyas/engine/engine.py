@@ -35,18 +35,18 @@ from ..engine_config import EngineConfig
 from ..errors import EyasError
 from ..models.graphs import buckets
 from ..models.native import DraftSteps, NativeTarget
+from ..sample.grammar import RowGrammar, constrained, grammars_for
+from ..sample.logprobs import Pending
+from ..sample.sampling import SamplingParams, SamplingRows
 from ..spec.ops import TORCH
 from .adaptive import Chooser, model_costs
 from .batch import Batch, Launched, Output, Sequence, not_finite, scrub
 from .by_parts import StepByParts
 from .feed import Feed, feed_draft
 from .generate import run_to_end
-from .grammar import RowGrammar, constrained, grammars_for
-from .logprobs import Pending
 from .phases import phase
 from .pools import native_pools
 from .prefill import Prefilling, prefill_chunk, prefill_eagerly, read_first_tokens, stacked
-from .sampling import SamplingParams, SamplingRows
 from .warmup import graph_runners, warm_up
 
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

@@ -30,15 +30,15 @@ import torch
 from ..models import consts, kv_cache
 from ..models.graphs import BatchGraph, buckets, share_pool
 from ..models.kernel_settings import KernelSettings
+from ..sample.grammar import constrain, constrained
+from ..sample.logprobs import Pending, first_logprobs, prompt_logprobs
+from ..sample.penalties import record
+from ..sample.sampling import SamplingRows
 from ..spec.drafter import StaticExtender
 from ..spec.ops import TORCH, ops_for
 from ..spec.verify import finite_rows
 from .batch import Batch, Sequence, not_finite
-from .grammar import constrain, constrained
-from .logprobs import Pending, first_logprobs, prompt_logprobs
-from .penalties import record
 from .sampler import first_tokens
-from .sampling import SamplingRows
 
 PREFILL_TOKENS = 1024  # the longest prompt a graph prefills
 PREFILL_ROWS = 4  # the most prompts one graph prefills

@@ -26,12 +26,12 @@ from __future__ import annotations
 import torch
 
 from ..models import consts
+from ..sample.penalties import penalize
+from ..sample.sampling import FILTERED, GREEDY, PENALIZED
 from ..spec.ops import TORCH
 from ..spec.rejection import root_alone
 from ..spec.tree import Tree
 from ..spec.verify import accept_greedy_batch
-from .penalties import penalize
-from .sampling import FILTERED, GREEDY, PENALIZED
 
 
 def draws(seed: torch.Tensor, lengths: torch.Tensor, width: int, k: int, ops=TORCH) -> torch.Tensor:

@@ -11,9 +11,9 @@ import time
 
 import torch
 
+from ..sample.sampling import SamplingParams
 from .adaptive import measure_step_costs
 from .decode import STARTUP_KINDS
-from .sampling import SamplingParams
 
 SAMPLED_COSTS = SamplingParams(temperature=0.7, top_p=0.95)  # the sampled rows whose step costs warm-up times
 

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import __version__
-from ..engine.sampling import SamplingParams
+from ..sample.sampling import SamplingParams
 from .api_errors import ApiError, error_body, error_type
 from .banner import describe, info_labels, training_warnings
 from .dashboard import router as dashboard_router

@@ -391,7 +391,7 @@ def graceful_server(uvicorn, config, scheduler, grace: float):
 
 def warmup(engine) -> None:
     """One short generation, so a broken device or kernel fails here and not on the first request."""
-    from ..engine.sampling import SamplingParams
+    from ..sample.sampling import SamplingParams
 
     start = time.perf_counter()
     prompt = engine.target.tokenizer("warm-up", add_special_tokens=False).input_ids or [0]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from ..engine.sampling import SamplingParams
 from ..errors import EyasError
+from ..sample.sampling import SamplingParams
 from .api_errors import ApiError, bad_request
 from .json_body import INT64, load_object
 from .logprobs import chat_logprobs, completion_logprobs, generate_logprobs

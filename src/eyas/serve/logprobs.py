@@ -1,7 +1,7 @@
 """Logprobs in the shapes clients read: OpenAI chat's and completions', and SGLang's ``meta_info``.
 
 The engine gives each emitted token's log-probability and its top N ``(id, logprob)``
-(``engine/logprobs.py``). The receiver (``stream.py``) turns them into ``Entry``s, each token's text
+(``sample/logprobs.py``). The receiver (``stream.py``) turns them into ``Entry``s, each token's text
 decoded alone with special tokens shown (``TokenTexts``, cached per event loop), and the routes shape
 those, streamed or not (a chunk carries the entries of the tokens in its delta):
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.sampling import MAX_LOGPROBS
+from ..sample.sampling import MAX_LOGPROBS
 from .api_errors import bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 

@@ -27,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..engine.grammar import GrammarError, grammars_for
+from ..sample.grammar import GrammarError, grammars_for
 from .api_errors import ApiError, bad_request
 from .inputs import Job
 from .sampling_defaults import OPENAI, SamplingDefaults

@@ -23,8 +23,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..engine.sampling import SamplingParams
 from ..errors import EyasError
+from ..sample.sampling import SamplingParams
 
 FILE = "generation_config.json"
 BUILT_IN = ("vllm", "openai", "none")  # --generation-config values that keep OpenAI's defaults (SGLang: openai)

@@ -13,7 +13,7 @@ fields -> the job's grammar.
 Every spelling goes through ``grammar_spec`` (kind, source, param) -> ``GrammarSpec``; a choice list is an
 EBNF alternation of its strings as JSON-escaped literals (xgrammar's EBNF reads JSON's escapes).
 
-The grammar itself is compiled by ``Preparer.prepared`` on the preparing thread (``engine/grammar.py``);
+The grammar itself is compiled by ``Preparer.prepared`` on the preparing thread (``sample/grammar.py``);
 a schema xgrammar refuses is a 400 naming the field.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ..engine.grammar import GrammarSpec
+from ..sample.grammar import GrammarSpec
 from .api_errors import bad_request
 from .inputs import Job
 from .tools import plan

@@ -24,7 +24,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..engine.grammar import GrammarSpec
+from ..sample.grammar import GrammarSpec
 from .api_errors import bad_request
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -1,6 +1,6 @@
 """The target's sampling distribution in threshold form: the torch reference (``distribution``).
 
-``engine.sampling`` defines the settings (temperature, top-k, top-p, min-p) and documents the
+``sample.sampling`` defines the settings (temperature, top-k, top-p, min-p) and documents the
 definition; it lives here, one layer down, so that the tree's ops (``tree_ops.TreeOps.distribution``
 and its kernel, ``distribution_kernel``) can call it: ``spec`` never imports ``engine``.
 """

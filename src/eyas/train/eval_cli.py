@@ -173,8 +173,8 @@ def nothing_accepted(res: dict, steps: int = 20) -> str | None:
 
 
 def run(args) -> int:
-    from ..engine.sampling import SamplingParams
     from ..pipeline import build_engine, engine_args_from
+    from ..sample.sampling import SamplingParams
 
     for flag, value in (("--num-prompts", args.num_prompts), ("--batch-size", args.batch_size),
                         ("--max-new-tokens", args.max_new_tokens)):

@@ -191,7 +191,7 @@ class SamplingRows:
 
 @dataclass
 class Asked:
-    """The rows of a batch that ask for logprobs (``engine/logprobs.py``), kept with ``SamplingRows``."""
+    """The rows of a batch that ask for logprobs (``sample/logprobs.py``), kept with ``SamplingRows``."""
 
     wants: list[int | None]  # per row of the batch: the alternatives it asks for (0..MAX_LOGPROBS), None: none
     rows: torch.Tensor  # [A] long, on the device: the rows that ask

@@ -22,7 +22,8 @@ before and after the level and, where the prompts have categories (a built-in se
 line's ``category``), ``per_category``: tau per category from each response's usage (verify steps and
 accepted tokens summed per category, as ``eyas eval`` reports it) and, with ``auto``, the steps each setting
 ran (``steps_per_setting``, from ``eyas:spec_setting_steps_total``) and what its chooser believed after it
-(``chooser``: tau per setting and kind of row, and step cost per setting, kind of batch and rows bucket);
+(``chooser``: tau per setting and kind of row, step cost per setting, kind of batch and rows bucket, and
+``observed_ms``: the level's live steps that moved those costs, [count, mean ms as measured]);
 for an eyas server, ``engine_thread``: its engine thread's seconds in the level by activity and its steps.
 ``--in-process`` loads the same engine here (``--model-path`` and the ``--speculative-*`` flags must
 describe the servers) and runs the same prompts through its own loop (steps launched ahead, as
@@ -129,13 +130,31 @@ def server_state(url: str) -> tuple[dict[str, float], dict, dict[str, float]]:
     for labels, v in parsed.get("eyas:spec_step_cost_seconds", []):
         costs = view.setdefault("cost_ms", {}).setdefault(labels["setting"], {}).setdefault(labels["rows"], {})
         costs[labels["bucket"]] = round(1000 * v, 4)
+    for name, at in (("eyas:spec_step_observations", 0), ("eyas:spec_step_observed_seconds", 1)):
+        for labels, v in parsed.get(name, []):
+            tally = view.setdefault("observed", {}).setdefault(labels["setting"], {}).setdefault(labels["rows"], {})
+            tally.setdefault(labels["bucket"], [0.0, 0.0])[at] = v
     return steps, view, thread
+
+
+def observed_during(before: dict, after: dict) -> dict:
+    """{setting: {kind: {bucket: [steps, mean ms]}}}: the live steps that moved the chooser's cost estimates between
+    two ``server_state`` views, and their mean seconds as measured (before the estimate's clip and average)."""
+    out: dict = {}
+    for setting, kinds in after.get("observed", {}).items():
+        for kind, buckets in kinds.items():
+            for bucket, (n, seconds) in buckets.items():
+                n0, s0 = before.get("observed", {}).get(setting, {}).get(kind, {}).get(bucket, (0.0, 0.0))
+                if n > n0:
+                    mean_ms = round(1000 * (seconds - s0) / (n - n0), 4)
+                    out.setdefault(setting, {}).setdefault(kind, {})[bucket] = [int(n - n0), mean_ms]
+    return out
 
 
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
                  temperature: float) -> dict:
     _, before = scrape(url)
-    steps_before, _, thread_before = server_state(url)
+    steps_before, view_before, thread_before = server_state(url)
     done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
                                              args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
                                              args.top_p))
@@ -153,7 +172,8 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
         level["engine_thread"] = {k: round(v - thread_before.get(k, 0.0), 4) for k, v in thread_after.items()}
     if any(steps.values()):  # which settings auto ran during this level, and why
         level["steps_per_setting"] = {k: n for k, n in steps.items() if n}
-        level["chooser"] = view
+        level["chooser"] = {**{k: v for k, v in view.items() if k != "observed"},
+                            "observed_ms": observed_during(view_before, view)}
     if after is not None and after.has_spec_metrics:
         acc = server_metrics.acceptance(before, after)
         if acc is not None and acc.tau is not None:

@@ -127,3 +127,13 @@ def test_the_in_process_level_reports_what_auto_ran_there(target, draft):
         sum(auto.chooser.steps.values()) - before > 0
     assert set(level["chooser"]["tau"]) == {"0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"}
     assert "cost_ms" not in level["chooser"]  # relative units on the CPU, as the served level's
+
+
+def test_observed_during_is_each_levels_own_steps_and_their_mean():
+    """What a level's live steps measured: the difference of the chooser's tallies before and after it."""
+    before = {"observed": {"0": {"sampled": {"64": [10.0, 0.015]}}}}
+    after = {"observed": {"0": {"sampled": {"64": [14.0, 0.027]}},
+                          "3,1,4": {"sampled": {"64": [5.0, 0.0165]}, "greedy": {"8": [2.0, 0.002]}}}}
+    assert load_script().observed_during(before, after) == {
+        "0": {"sampled": {"64": [4, 3.0]}}, "3,1,4": {"sampled": {"64": [5, 3.3]}, "greedy": {"8": [2, 1.0]}}}
+    assert load_script().observed_during(after, after) == {}

@@ -137,6 +137,9 @@ def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():
         assert chooser.cost(TREE32, 1) == 1.0  # another bucket: untouched
     chooser.observe(NONE, [], seconds=100.0, rows=32)  # one stalled step moves it at most 2x times the decay
     assert chooser.cost(NONE, 32) <= 1.0 + chooser.cost_decay * 1.0 + 1e-9
+    n, seconds = chooser.observed[GREEDY][(NONE, 32)]  # what the steps measured, before the clip: the tally
+    assert seconds == pytest.approx(1.0 * (n - 1) + 100.0)
+    assert (TREE32, 1) not in chooser.observed[GREEDY] and chooser.observed[SAMPLED] == {}
 
 
 def test_one_row_at_a_time_does_not_talk_the_chooser_out_of_a_tree_that_pays():

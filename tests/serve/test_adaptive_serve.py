@@ -93,7 +93,7 @@ def test_the_step_costs_the_chooser_weighs_are_exported_where_timed():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from eyas.config import SpecConfig
+    from eyas.config import SpecConfig, setting_name
     from eyas.engine.adaptive import Chooser, model_costs
     from eyas.serve.metrics import ChooserCollector
 
@@ -115,3 +115,15 @@ def test_the_step_costs_the_chooser_weighs_are_exported_where_timed():
     got = samples()
     assert len(got) == len(options) * 2 * 2
     assert got[("6,8,32", "greedy", "8")] == pytest.approx(0.010) and got[("0", "sampled", "1")] == pytest.approx(0.003)
+    tree = next(s for s in options if s.speculative)
+    for seconds in (0.02, 0.04):  # live steps of 8 rows, some sampled: the raw tally beside the estimate
+        chooser.observe(tree, [1] * 8, seconds=seconds, rows=8, drew=[True] * 8)
+    registry = CollectorRegistry()
+    registry.register(ChooserCollector(chooser))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    name = setting_name(tree)
+    [count] = [s.value for s in families["eyas:spec_step_observations"].samples if s.name.endswith("_total")]
+    [total] = [s.value for s in families["eyas:spec_step_observed_seconds"].samples if s.name.endswith("_total")]
+    [labels] = [s.labels for s in families["eyas:spec_step_observations"].samples if s.name.endswith("_total")]
+    assert (count, total) == (2.0, pytest.approx(0.06))
+    assert labels == {"setting": name, "rows": "sampled", "bucket": "8"}

@@ -47,7 +47,9 @@ ones, is not steady). ``model_costs`` (relative units, the CPU) are not followed
 The current choice stays until another setting promises ``margin`` (3%) more: settings whose estimates are
 nearly equal would otherwise take turns step after step.
 
-The choice and its figures: ``choice``, ``steps`` per setting, and one log line when the choice changes.
+The choice and its figures: ``choice``, ``steps`` per setting, ``observed`` (each setting's live steps that moved
+a cost: their count and their seconds as measured, before the clip: the estimate beside what it follows), and
+one log line when the choice changes.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class Chooser:
         self.reach = {k: {s: prior_reach(s) for s in self.options if s.speculative} for k in (GREEDY, SAMPLED)}
         self.seen = {k: dict.fromkeys(self.reach[k], 0) for k in self.reach}  # rows observed per kind and shape
         self.steps = {s: 0 for s in self.options}  # steps run per setting
+        # what live steps measured, before the clip and the average: {kind: {(setting, bucket): [steps, seconds]}}
+        self.observed: dict[str, dict[tuple[SpecConfig, int], list[float]]] = {GREEDY: {}, SAMPLED: {}}
         self.choice: SpecConfig | None = None
         self._quiet = 0  # steps in a row without speculation
         self._busy = 0  # steps in a row with speculation (measured costs: plain steps refresh their cost)
@@ -199,7 +203,10 @@ class Chooser:
         sampled = sum(drew) if sampled is None else sampled
         bucket = self.bucket(spec, rows) if seconds is not None and self.measured else None
         if bucket is not None:  # past the largest bucket the cost is scaled, not kept: nothing to move
-            table = self.costs[SAMPLED if sampled else GREEDY][spec]
+            kind = SAMPLED if sampled else GREEDY
+            tally = self.observed[kind].setdefault((spec, bucket), [0, 0.0])
+            tally[0], tally[1] = tally[0] + 1, tally[1] + seconds
+            table = self.costs[kind][spec]
             old = table[bucket]
             table[bucket] = old + self.cost_decay * (min(max(seconds, old / 2), old * 2) - old)
         if not spec.speculative:

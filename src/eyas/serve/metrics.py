@@ -20,6 +20,10 @@ Adaptive speculation (``--speculative-batch-schedule auto``), read from the engi
                                               sampled rows (its reason, with the step costs)
     eyas:spec_step_cost_seconds{setting,rows,bucket}  its step cost estimate per setting, kind of batch and rows
                                               bucket (only where timed: a GPU; the CPU's are relative units)
+    eyas:spec_step_observed_seconds_total{setting,rows,bucket}  the live steps that moved that estimate: their
+    eyas:spec_step_observations_total{setting,rows,bucket}      seconds as measured (before the estimate's clip
+                                              and average) and their count; rate(sum) / rate(count) is what the
+                                              estimate follows
 
 PromQL for the lifetime figures (exactly what the gauges hold while the window covers everything):
 
@@ -287,6 +291,18 @@ class ChooserCollector(Collector):
                                  "seconds per setting, kind of batch (every row greedy, or some row sampled) and rows "
                                  "bucket: timed at warm-up, then followed by the steps that run",
                                  labels=["setting", "rows", "bucket"])
+        seen = CounterMetricFamily(PREFIX + "spec_step_observed_seconds", "Seconds of the live steps that moved "
+                                   "adaptive speculation's step cost estimate, as measured (before its clip and "
+                                   "average), per setting, kind of batch and rows bucket",
+                                   labels=["setting", "rows", "bucket"])
+        count = CounterMetricFamily(PREFIX + "spec_step_observations", "Live steps that moved adaptive "
+                                    "speculation's step cost estimate, per setting, kind of batch and rows bucket",
+                                    labels=["setting", "rows", "bucket"])
+        for kind, tallies in c.observed.items():
+            for (spec, bucket), (n, seconds) in list(tallies.items()):  # a copy: the engine thread adds keys
+                labels = [setting_name(spec), kind, str(bucket)]
+                count.add_metric(labels, float(n))
+                seen.add_metric(labels, seconds)
         for spec in c.options:
             name = setting_name(spec)
             active.add_metric([name], 1.0 if spec == c.choice else 0.0)
@@ -296,4 +312,4 @@ class ChooserCollector(Collector):
                 if c.measured:  # model_costs (no timing: the CPU) are relative units, not seconds
                     for bucket, seconds in c.costs[kind][spec].items():
                         cost.add_metric([name, kind, str(bucket)], seconds)
-        yield from (active, steps, tau, cost)
+        yield from (active, steps, tau, cost, seen, count)

@@ -73,3 +73,21 @@ def test_a_second_server_in_the_same_process_has_its_own_labels():
     assert generated(a) == [({"model_name": "a", "engine": "0"}, 5.0)]
     assert generated(b) == [({"model_name": "b", "engine": "0"}, 0.0)]
     assert b"spec_accept_length" not in b.exposition()  # NONE: no acceptance series, labelled or not
+
+
+def test_what_was_built_after_warm_up_is_exported_by_kind(monkeypatch):
+    """``eyas:engine_first_use_total`` / ``_seconds_total`` read the process's first-use watch when scraped."""
+    from eyas.models.first_use import FirstUse
+    from eyas.serve import metrics
+
+    watch = FirstUse()
+    monkeypatch.setattr(metrics, "FIRST_USE", watch)
+    m = ServeMetrics(num_steps=3, num_draft_tokens=4)
+    s = samples(m)
+    assert s["eyas:engine_first_use_total[kernel]"] == 0 and s["eyas:engine_first_use_seconds_total[graph]"] == 0
+    watch.armed = True
+    watch.record("kernel", "_distribution_kernel", 1.5)
+    watch.record("kernel", "_walk_kernel", 0.5)
+    s = samples(m)
+    assert s["eyas:engine_first_use_total[kernel]"] == 2 and s["eyas:engine_first_use_seconds_total[kernel]"] == 2.0
+    assert s["eyas:engine_first_use_total[graph]"] == 0

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from ..models.first_use import FIRST_USE
 from ..sample.sampling import SamplingParams
 from .adaptive import measure_step_costs
 from .decode import STARTUP_KINDS
@@ -68,6 +69,8 @@ def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
         sampled = measure_step_costs(engine, params=SAMPLED_COSTS)
         engine.chooser.set_costs(measure_step_costs(engine), measured=True, sampled=sampled)
     seconds = time.perf_counter() - start
+    if cuda:  # from here on, a kernel compiled or a graph captured kept a request waiting: logged and counted
+        FIRST_USE.arm()
     if not cuda:
         return f"graph buckets: {len(work)} warmed up eagerly in {seconds:.1f} s (no CUDA graphs on the CPU)"
     torch.cuda.synchronize(engine.device)

@@ -22,12 +22,14 @@ CPU tests check the graph path's logic against the plain eager path.
 from __future__ import annotations
 
 import logging
+import time
 from bisect import bisect_left
 from dataclasses import dataclass
 
 import torch
 
 from . import consts
+from .first_use import FIRST_USE
 from .static_cache import StaticKV
 
 log = logging.getLogger("eyas.graphs")
@@ -287,8 +289,10 @@ class BatchGraph:
         # H200: a bucket built mid-sequence changed every row's tokens). Without CUDA the same runs stand for
         # the warm-ups, so the CPU tests see what they write.
         if self.capture:
+            start = time.perf_counter()
             g.graph, g.outputs, self.pool = capture_or_not(self, lambda: self._fn(g.inputs, window), dev, reset)
             log.debug("captured %s graph rows=%d window=%d", self.name, rows, window)
+            FIRST_USE.record("graph", f"[{self.name}, rows {rows}, window {window}]", time.perf_counter() - start)
         else:
             for _ in range(WARM_UPS):
                 reset()

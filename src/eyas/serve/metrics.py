@@ -38,7 +38,9 @@ large batches: compare ``engine_step_seconds`` across ``engine_step_batch_size``
 thread's time goes (``engine_thread_seconds_total{activity}``: ``idle`` waiting for work, ``prefill``
 prompts, ``step`` launching steps and waiting for their tokens, ``host`` the rest of each turn: admitting,
 emitting, retiring rows, handing results to the event loop; a busy server's ``host`` share is the time
-its GPU may sit waiting).
+its GPU may sit waiting), and what was built after warm-up while requests waited
+(``engine_first_use_total{kind}`` and ``engine_first_use_seconds_total{kind}``: Triton kernel variants compiled,
+``kind="kernel"``, and CUDA graphs captured, ``kind="graph"``; each is logged too).
 
 Every series carries ``model_name`` (the served model name) and ``engine`` ("0"), the labels vLLM
 puts on its series (SGLang's carry ``model_name`` too), so their Grafana dashboards and multi-model
@@ -66,6 +68,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from ..models.first_use import FIRST_USE
 
 try:  # the *_created series only add noise to a grep for acceptance
     from prometheus_client import disable_created_metrics
@@ -158,6 +162,7 @@ class ServeMetrics:
                                     buckets=BATCH_BUCKETS, registry=r)
         self.thread = ThreadSeconds()
         r.register(self.thread)
+        r.register(FirstUseCollector())
 
     def follow_chooser(self, chooser) -> None:
         """Export the adaptive chooser's state (``engine.chooser``; None: a fixed setting, nothing to export)."""
@@ -266,6 +271,22 @@ class ThreadSeconds(Collector):
         for activity, seconds in values.items():
             family.add_metric([activity], seconds)
         yield family
+
+
+class FirstUseCollector(Collector):
+    """What the engine built on first use after warm-up (``models/first_use.py``): Triton kernel variants compiled
+    and CUDA graphs captured while requests waited, and the seconds they took."""
+
+    def collect(self):
+        count = CounterMetricFamily(PREFIX + "engine_first_use", "Triton kernel variants compiled (kind=kernel) and "
+                                    "CUDA graphs captured (kind=graph) after warm-up, while requests waited",
+                                    labels=["kind"])
+        seconds = CounterMetricFamily(PREFIX + "engine_first_use_seconds", "Seconds spent compiling kernels and "
+                                      "capturing graphs after warm-up", labels=["kind"])
+        for kind, (n, s) in list(FIRST_USE.events.items()):
+            count.add_metric([kind], float(n))
+            seconds.add_metric([kind], s)
+        yield from (count, seconds)
 
 
 class ChooserCollector(Collector):

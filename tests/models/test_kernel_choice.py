@@ -199,3 +199,20 @@ def test_the_product_and_the_add_apart_are_timed_beside_addmm(tmp_path, monkeypa
     monkeypatch.setattr(kernels, "CHOICES", one)
     kernels.TritonOps().linear_add(res[:1], x[:1], w)
     assert one.picks == {}  # one row: the built-in choice, nothing timed
+
+
+def test_a_choice_timed_after_warm_up_is_a_first_use(tmp_path, monkeypatch):
+    """A shape first met while serving is timed then, the requests waiting: ``models/first_use.py`` counts it;
+    one read from the file (or timed during warm-up, before ``arm``) is not."""
+    from eyas.models import kernel_choice
+    from eyas.models.first_use import FirstUse
+
+    watch = FirstUse()
+    monkeypatch.setattr(kernel_choice, "FIRST_USE", watch)
+    c = choices(tmp_path, FakeTimer({"rows:16": 9.0, "cublas": 5.0}))
+    c.pick(shape_key(16, 960, 576, torch.bfloat16, "linear"), candidates("rows:16", "cublas"), GPU)  # warm-up
+    watch.armed = True
+    c.pick(shape_key(16, 960, 576, torch.bfloat16, "linear"), candidates("rows:16", "cublas"), GPU)  # remembered
+    assert watch.events["kernel"][0] == 0
+    c.pick(shape_key(64, 960, 576, torch.bfloat16, "linear"), candidates("rows:16", "cublas"), GPU)  # timed now
+    assert watch.events["kernel"][0] == 1

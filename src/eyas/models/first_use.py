@@ -6,7 +6,8 @@ so each is logged, with what was built and how long it took, and counted (``FIRS
 server exports as ``eyas:engine_first_use_total`` and ``eyas:engine_first_use_seconds_total``): a warm-up that
 misses a variant shows itself the first time a request needs it.
 
-Kernels are seen through Triton's compile hooks (``triton.knobs.runtime``: ``jit_cache_hook`` before a variant
+Kernels are the projections' kernel choices timed on first use of a shape (``models/kernel_choice.py``), and
+Triton's compiles, seen through its hooks (``triton.knobs.runtime``: ``jit_cache_hook`` before a variant
 missing from the process's cache is compiled or loaded from Triton's disk cache, ``jit_post_compile_hook``
 after); any hook already installed still runs. Graphs are reported by the graph runners
 (``models/graphs.py``). ``FIRST_USE.arm()`` starts recording; warm-up calls it when it is done, on a GPU only

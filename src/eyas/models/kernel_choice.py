@@ -24,11 +24,14 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from .first_use import FIRST_USE
 
 log = logging.getLogger("eyas.kernels")
 
@@ -103,7 +106,7 @@ class KernelChoices:
                 return self.picks[key]
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 return default  # no timing inside a capture; not remembered, so a later eager call decides
-            times = {}
+            times, start = {}, time.perf_counter()
             for name, fn in candidates.items():
                 try:
                     times[name] = self.timer(fn)
@@ -112,6 +115,7 @@ class KernelChoices:
             choice = min(times, key=times.get) if times else default
             self.picks[key], self.timings[key] = choice, {n: round(t, 2) for n, t in times.items()}
             log.info("%s: %s (%s)", key, choice, ", ".join(f"{n} {t:.1f} us" for n, t in times.items()))
+            FIRST_USE.record("kernel", f"choice for {key} (its candidates timed)", time.perf_counter() - start)
             self._save()
             return choice
 

@@ -11,8 +11,9 @@ sleeps ``--prefill-ms`` and gives each new row its first token. With the overlap
 ``--no-overlap-schedule``, as ``eyas serve``) a step is launched onto a queue that frees ``--step-ms``
 after the step before it ends, and collecting it sleeps until then, as a GPU's stream would. Nothing
 runs on a device, so any machine measures how much a served step costs beyond the device's own time:
-the inter-token latency over ``--step-ms`` and the tokens per second against ``clients x 1000 / step-ms``. The load is
-``serve_load.py``'s (closed-loop streaming chat clients, ``ignore_eos``), in the same process as the
+the inter-token latency over ``--step-ms`` and the tokens per second against ``clients x k x 1000 / step-ms``
+(``--tokens-per-step`` k: each step hands every row k tokens, as a speculative step that accepted k - 1 does).
+The load is ``serve_load.py``'s (closed-loop streaming chat clients, ``ignore_eos``), in the same process as the
 client, so on a small machine the two share its cores: compare runs of one machine only.
 """
 
@@ -43,11 +44,15 @@ def serve(args) -> None:
     vocab = engine.target.info.vocab_size
     tokens = list(range(vocab // 2, vocab // 2 + min(100, vocab // 4)))  # ordinary tokens, mid-vocabulary
 
-    def emit(seqs) -> list[list[int]]:
+    def emit(seqs, k: int = 1) -> list[list[int]]:
+        """``k`` tokens a row, as a speculative step that accepted ``k - 1`` draft tokens hands them over."""
         out = []
         for i, s in enumerate(seqs):
-            n = len(s.prompt_ids) + len(s.output_ids) + 1
-            out.append(s.emit([tokens[(n + i) % len(tokens)]], engine._eos, n, engine.context_limit))
+            n = len(s.prompt_ids) + len(s.output_ids) + k
+            if k > 1:  # the engine's per-row bookkeeping of a verify step (``Engine.collect``)
+                s.stats.record(args.tokens_per_step, k - 1)
+            out.append(s.emit([tokens[(n + i + j) % len(tokens)] for j in range(k)], engine._eos, n,
+                              engine.context_limit))
         return out
 
     def prefill(seqs):
@@ -57,7 +62,7 @@ def serve(args) -> None:
 
     def step(batch, setting=None):
         time.sleep(args.step_ms / 1e3)
-        return emit(batch.seqs)
+        return emit(batch.seqs, args.tokens_per_step)
 
     device = {"free": 0.0}  # when the device's queue runs dry: steps launched ahead queue behind each other
 
@@ -68,7 +73,7 @@ def serve(args) -> None:
 
     def collect(step):
         time.sleep(max(0.0, step.done - time.perf_counter()))
-        return emit(step.batch.seqs)
+        return emit(step.batch.seqs, args.tokens_per_step)
 
     engine.prefill, engine.step, engine.launch, engine.collect = prefill, step, launch, collect
     engine.merge = lambda a, b: b if a is None or not len(a) else Batch(a.seqs + b.seqs, None, None, None, None)
@@ -86,7 +91,7 @@ def measure(args) -> dict:
     port = serve_load.free_port()
     cmd = [sys.executable, __file__, "--serve", "--port", str(port), "--model-path", args.model_path,
            "--step-ms", str(args.step_ms), "--prefill-ms", str(args.prefill_ms),
-           "--max-running-requests", str(args.max_running_requests),
+           "--max-running-requests", str(args.max_running_requests), "--tokens-per-step", str(args.tokens_per_step),
            "--switch-interval-ms", str(args.switch_interval_ms)]
     cmd += ["--overlap-schedule" if args.overlap_schedule else "--no-overlap-schedule"]
     log = Path(args.log)
@@ -101,7 +106,7 @@ def measure(args) -> dict:
         levels = []
         for c in (int(x) for x in args.clients.split(",")):
             level = {"clients": c, **serve_load.served_level(url, model, prompts, c, args, 0.0)}
-            level["ideal_tokens_per_s"] = round(c * 1000 / args.step_ms, 1)
+            level["ideal_tokens_per_s"] = round(c * args.tokens_per_step * 1000 / args.step_ms, 1)
             ms = lambda d: "-" if not d else f"{1000 * d['p50']:.3f}"  # noqa: E731 - no gaps: one chunk a request
             print(f"c={c:<3} {level['tokens_per_s']:>9.1f} tok/s of {level['ideal_tokens_per_s']:.0f}  ITL p50 "
                   f"{ms(level['itl_s'])} ms (step {args.step_ms} ms)  TTFT p50 {ms(level['ttft_s'])} ms", flush=True)
@@ -118,6 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model-path", default="smollm2-135m-instruct", help="the tokenizer and chat template's target")
     ap.add_argument("--step-ms", type=float, default=0.5, help="a step's device time (default 0.5)")
     ap.add_argument("--prefill-ms", type=float, default=2.0, help="a prefill's device time (default 2)")
+    ap.add_argument("--tokens-per-step", type=int, default=1,
+                    help="tokens a row each step emits (default 1; k > 1: a speculative step's host side, k - 1 "
+                         "draft tokens accepted)")
     ap.add_argument("--switch-interval-ms", type=float, default=0.1, help="as eyas serve's (default 0.1)")
     ap.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=True,
                     help="the overlap schedule (on, as eyas serve's default): a step's sleep runs while the host "

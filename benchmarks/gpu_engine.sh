@@ -30,13 +30,15 @@ for b in $ONLY; do
        for o in ${OVERLAPS:-no-overlap overlap}; do
          timeout ${S_TIMEOUT:-400} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path "${DRAFT:-$SHIPPED}" \
            --speculative-algorithm EAGLE3 --speculative-batch-schedule auto --clients ${CLIENTS:-1,16} --temperatures 0,0.7 \
-           --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule ${INPROC:+--in-process} --out "$OUT/serve-load-$o.json"; done ;;
+           --top-p 0.95 --min-requests 32 --max-tokens 256 --$o-schedule ${INPROC:+--in-process} --logs "$OUT/logs-$o" \
+           --out "$OUT/serve-load-$o.json"; done ;;
     f) stamp "(f) plain steps that feed the draft against NONE, served"
        for i in ${F_INTERVALS:-8 1}; do
          timeout ${F_TIMEOUT:-300} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path \
            "${DRAFT:-$SHIPPED}" --speculative-algorithm EAGLE3 --speculative-batch-schedule "4096:0;4097:3,1,4" \
            --draft-feed-interval $i --clients ${F_CLIENTS:-1,16,64} --temperatures 0,0.7 --top-p 0.95 \
-           --min-requests 32 --requests-per-client ${F_RPC:-4} --max-tokens 256 --out "$OUT/fed-none-i$i.json"; done ;;
+           --min-requests 32 --requests-per-client ${F_RPC:-4} --max-tokens 256 --logs "$OUT/logs-fed-i$i" \
+           --out "$OUT/fed-none-i$i.json"; done ;;
     p) stamp "(p) distribution kernel configs"  # each config compiles its launches' variants first: minutes
        timeout ${P_TIMEOUT:-400} python3 kernel_profile.py --distribution ${P_ROWS:-1,33},49152 --temperature 0.7 \
          --top-p 0.95 --distribution-configs ${P_CONFIGS:-64x64x256x4 64x256x256x4} --out "$OUT/distribution-configs.json" ;;

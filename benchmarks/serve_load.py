@@ -311,6 +311,9 @@ def parse_args(argv=None):
     p.add_argument("--in-process", action="store_true", help="also the engine in this process, same prompts")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", default=None, help="JSON file (default: print only)")
+    p.add_argument("--logs", default=None, metavar="DIR",
+                   help="keep the servers' logs here (main.log, NONE.log: the banner, what adaptive speculation "
+                        "chose and why, what was built after warm-up); default: a temporary folder, removed")
     args = p.parse_args(argv)
     if not 0.0 < args.top_p <= 1.0:
         p.error(f"--top-p must be in (0, 1], got {args.top_p}: e.g. --top-p 0.95, or 1 for no filter")
@@ -333,7 +336,9 @@ def main(argv=None) -> int:
             if args.baseline_url:
                 targets.append(("NONE", args.baseline_url.rstrip("/")))
         else:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve-load-")))
+            work = (Path(args.logs) if args.logs
+                    else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve-load-"))))
+            work.mkdir(parents=True, exist_ok=True)
             wanted = [("main", engine_flags(args) + spec_flags(args))]
             if not args.no_baseline and args.speculative_algorithm != "NONE":
                 wanted.append(("NONE", engine_flags(args) + ["--speculative-algorithm", "NONE"]))

@@ -137,3 +137,17 @@ def test_observed_during_is_each_levels_own_steps_and_their_mean():
     assert load_script().observed_during(before, after) == {
         "0": {"sampled": {"64": [4, 3.0]}}, "3,1,4": {"sampled": {"64": [5, 3.3]}, "greedy": {"8": [2, 1.0]}}}
     assert load_script().observed_during(after, after) == {}
+
+
+def test_serve_load_starts_its_own_server_and_keeps_its_log_where_asked(folders, tmp_path):
+    """Without --url it starts ``eyas serve`` from the flags; --logs keeps the server's log (its banner, what was
+    chosen and built) for after the run."""
+    out, logs = tmp_path / "load.json", tmp_path / "logs"
+    code = load_script().main(["--model-path", folders[0], "--speculative-algorithm", "NONE", "--device", "cpu",
+                               "--dtype", "float32", "--clients", "1", "--temperatures", "0", "--requests-per-client",
+                               "1", "--max-tokens", "3", "--max-running-requests", "2", "--prompts", "chat",
+                               "--logs", str(logs), "--out", str(out)])
+    assert code == 0
+    [run] = json.loads(out.read_text())["runs"]
+    assert run["errors"] == [] and run["output_tokens"] == 3
+    assert "serving" in (logs / "main.log").read_text()

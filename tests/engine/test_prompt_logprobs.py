@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from eyas.config import SpecConfig
+from eyas.engine import engine as engine_module
 from eyas.engine import prefill
 from eyas.engine.engine import Engine
 from eyas.engine.prefill import Prefilling
@@ -121,3 +122,38 @@ def test_asking_rows_prefilled_beside_others_leave_every_output_as_alone(target,
     for i, (p, sp) in enumerate(zip(prompts, params)):
         alone = engine.generate([p], sp)[0].output_ids
         assert together[i].output_ids == alone == mixed.seqs[i].output_ids, i
+
+
+def test_prompts_asking_for_logprobs_are_grouped_shortest_first_within_the_cells(monkeypatch):
+    monkeypatch.setattr(prefill, "PROMPT_LOGPROBS_CELLS", 1024)
+    monkeypatch.setattr(prefill, "PROMPT_LOGPROBS_TOKENS", 512)
+    assert prefill.logprob_groups([5, 600, 10, 300, 3]) == [[4, 0, 2], [3], [1]]  # 4 x 300 > 1024; 600: pieces
+    assert prefill.logprob_groups([256] * 5) == [[0, 1, 2, 3], [4]]
+    assert prefill.logprob_groups([]) == []
+
+
+@pytest.mark.parametrize("path", ["generic", "native"])
+@pytest.mark.parametrize("spec", ["plain", "tree"])
+def test_prompts_asking_for_logprobs_run_together_and_get_each_its_own(target, draft, path, spec, monkeypatch):
+    """An evaluation harness's batch: several prompts, each asking for its logprobs (one of a single token, one
+    with no alternatives), prefilled as one group in one forward; each gets the raw log-softmax of its own
+    prompt and continues as it would alone."""
+    engine = engine_for(target, draft, path, spec)
+    prompts = [PROMPT[:12], PROMPT[3:40], PROMPT[:1], PROMPT[20:27]]
+    params = [greedy(n=5, prompt_logprobs=TOP), greedy(n=5, prompt_logprobs=2), greedy(n=5, prompt_logprobs=3),
+              greedy(n=0, prompt_logprobs=0)]
+    seqs = [engine.new_sequence(p, sp) for p, sp in zip(prompts, params)]
+    assert engine.prefill_groups(seqs) == [[2, 3, 0, 1]] and not prefill.in_pieces(seqs)
+    calls, real = [], prefill.prefill_chunk
+    monkeypatch.setattr(engine_module, "prefill_chunk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    batch = engine.prefill(seqs)
+    assert calls == []  # one eager forward, not a prompt at a time
+    for p, sp, s in zip(prompts, params, batch.seqs):
+        if len(p) == 1:
+            assert s.prompt_logprobs == [None]
+        else:
+            assert_raw(target, p, s.prompt_logprobs, top=sp.prompt_logprobs)
+    while not all(s.finished for s in batch.seqs):
+        engine.step(batch)
+    for p, sp, s in zip(prompts, params, batch.seqs):
+        assert s.output_ids == engine.generate([p], dataclasses.replace(sp, prompt_logprobs=None))[0].output_ids

@@ -46,7 +46,7 @@ from .feed import Feed, feed_draft
 from .generate import run_to_end
 from .phases import phase
 from .pools import native_pools
-from .prefill import Prefilling, prefill_chunk, prefill_eagerly, read_first_tokens, stacked
+from .prefill import Prefilling, in_pieces, logprob_groups, prefill_chunk, prefill_eagerly, read_first_tokens, stacked
 from .warmup import graph_runners, warm_up
 
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -206,10 +206,11 @@ class Engine:
         other, each then merged: graph-sized groups on the native path (``StaticPrefill.groups``), else
         all of them at once; a prompt that asks for its logprobs alone, last (``prefill``)."""
         rest = [i for i, s in enumerate(seqs) if s.prompt_logprobs is None]
-        alone = [[i] for i, s in enumerate(seqs) if s.prompt_logprobs is not None]
+        asks = [i for i, s in enumerate(seqs) if s.prompt_logprobs is not None]
+        asking = [[asks[i] for i in g] for g in logprob_groups([len(seqs[i].prompt_ids) for i in asks])]
         if not rest or self.prefiller is None:
-            return ([rest] if rest else []) + alone
-        return [[rest[i] for i in g] for g in self.prefiller.groups([len(seqs[i].prompt_ids) for i in rest])] + alone
+            return ([rest] if rest else []) + asking
+        return [[rest[i] for i in g] for g in self.prefiller.groups([len(seqs[i].prompt_ids) for i in rest])] + asking
 
     def prefill_all(self, seqs: list[Sequence]) -> Batch:
         """``prefill`` of prompts that arrive together, group by group (``prefill_groups``), as one batch."""
@@ -220,8 +221,9 @@ class Engine:
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> Batch:
-        """Run the prompts, emit each row's first token, and prime the draft (with prompt logprobs: ``stacked``)."""
-        if any(s.prompt_logprobs is not None for s in seqs):
+        """Run the prompts, emit each row's first token, and prime the draft. Prompts that ask for their logprobs
+        run together eagerly where they make one of ``logprob_groups``' groups, else each alone in pieces."""
+        if in_pieces(seqs):
             return stacked([self.prefill_chunk(Prefilling(s), len(s.prompt_ids)) for s in seqs])
         # Prompts come in every length. cuDNN's attention builds an execution plan for each new shape
         # it meets; the other SDPA kernels need none, so prefill leaves cuDNN out.
@@ -264,7 +266,7 @@ class Engine:
     def _prefill(self, seqs: list[Sequence]) -> Batch:
         rows, first_of, logprobs = self._first_tokens(seqs)
         p = self.prefiller
-        out = p([s.prompt_ids for s in seqs], first_of) if p else None
+        out = p([s.prompt_ids for s in seqs], first_of) if p and seqs[0].prompt_logprobs is None else None
         if out is not None:
             firsts, draft_logits, draft_hidden = out
             lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device)

@@ -46,6 +46,7 @@ PREFILL_CELLS = 2048  # rows x T of the largest bucket (the 1024-token bucket ha
 PREFILL_GROUPS = 4  # prompts arriving together take up to this many graph prefills in a row; more, eager ones
 EAGER_CELLS = 16384  # rows x longest prompt of one eager prefill (its rows are padded to the longest)
 PROMPT_LOGPROBS_TOKENS = 512  # the longest piece of a prompt whose logprobs are asked for, its logits all kept
+PROMPT_LOGPROBS_CELLS = 1024  # rows x longest prompt of prompts asking for logprobs prefilled together, all logits kept
 
 
 def prefill_static(native, pool, ids: torch.Tensor, lens: torch.Tensor, aux_ids: tuple[int, ...], window: int):
@@ -178,11 +179,36 @@ class StaticPrefill:
         return firsts, logits, hidden
 
 
+def logprob_groups(lengths: list[int]) -> list[list[int]]:
+    """Indices of prompts that ask for their logprobs, in groups prefilled together (``prefill_eagerly``, every
+    position's logits kept): shortest first, each group's rows x longest prompt within ``PROMPT_LOGPROBS_CELLS``;
+    a prompt longer than ``PROMPT_LOGPROBS_TOKENS`` alone (``prefill_chunk`` takes it in pieces)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):  # a group's last prompt is its longest
+        n = lengths[i]
+        last = groups[-1] if groups and n <= PROMPT_LOGPROBS_TOKENS else None
+        if last is not None and (len(last) + 1) * n <= PROMPT_LOGPROBS_CELLS:
+            last.append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def in_pieces(seqs: list[Sequence]) -> bool:
+    """Whether ``seqs`` are prefilled each alone, in pieces (``prefill_chunk``, then ``stacked``): some ask for their
+    prompts' logprobs and the prompts are not one group of ``logprob_groups``."""
+    asking = [len(s.prompt_ids) for s in seqs if s.prompt_logprobs is not None]
+    return bool(asking) and (len(asking) < len(seqs) or len(logprob_groups(asking)) > 1
+                             or max(asking) > PROMPT_LOGPROBS_TOKENS)
+
+
 def prefill_eagerly(target, seqs: list[Sequence], first_of, extend=None) -> tuple[Batch, list[int]]:
     """The prompts of ``seqs`` right-padded through ``target`` on a growing cache: the batch and each row's
     first token (``first_of(logits [B, vocab])`` picks them). ``extend``: the draft extend
     (``StepByParts.draft_extend``) that feeds the prompts, shifted by one with the first token last, to the
-    draft on a cache of its own; None without a draft."""
+    draft on a cache of its own; None without a draft. Where the rows ask for their prompts' logprobs
+    (``logprob_groups``' groups: all or none of them), every position's logits are kept and reduced to them
+    (``logprobs.prompt_logprobs``), read back with the first tokens."""
     dev = target.device
     lens = torch.tensor([len(s.prompt_ids) for s in seqs], device=dev)
     width = int(lens.max())
@@ -193,11 +219,19 @@ def prefill_eagerly(target, seqs: list[Sequence], first_of, extend=None) -> tupl
     visible = causal(lens, width)
     mask = kv_cache.attention_mask(torch.zeros_like(lens), 0, visible, target.dtype)
     last = lens - 1
-    keep = torch.unique(last)
+    asks = seqs[0].prompt_logprobs is not None
+    keep = torch.arange(width, device=dev) if asks else torch.unique(last)
     cache = kv_cache.new_cache()
-    logits, aux = target.forward(ids, positions, mask, cache, capture=extend is not None, logits_at=keep)
+    logits, aux = target.forward(ids, positions, mask, cache, capture=extend is not None,
+                                 logits_at=None if asks else keep)
+    pending = [prompt_logprobs(logits[i, : len(s.prompt_ids) - 1], ids[i, 1 : len(s.prompt_ids)],
+                               s.params.prompt_logprobs) if asks and len(s.prompt_ids) > 1 else None
+               for i, s in enumerate(seqs)]
     logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
     firsts = first_of(logits)
+    for s, p in zip(seqs, pending):  # the first tokens' readback waited on the device: these are on the host
+        if p is not None:
+            s.prompt_logprobs += p.unpack([p.packed.shape[1]])[0]
     first = torch.tensor(firsts, device=dev)
     batch = Batch(seqs, cache, None, lens.clone(), first)
     if extend is not None:

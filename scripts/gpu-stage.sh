@@ -7,6 +7,7 @@
 #   bash scripts/gpu-stage.sh take N    # on the device, call N: keeps part N (and, in call 1, installs the wheels)
 #   bash scripts/gpu-stage.sh unpack    # on the device, last call: joins the parts into /tmp/smollm2.gguf, checks
 #                                       # its sha256; then: export PYTHONPATH=/tmp/site:$PWD/src
+#                                       # (py-spy, staged with the wheels: /tmp/site/bin/py-spy record -p PID ...)
 #
 # A device call carries at most 64 MiB, counted in the files' disk blocks, tracked tree included (about 34 MiB
 # with the shipped draft), so the parts take what is left less a margin (MARGIN_KB, 320): three calls today;
@@ -20,6 +21,10 @@ case "${1:-}" in
   plan)
     cd "$(git rev-parse --show-toplevel)"
     [ -f .stage/part_aa ] || [ -d .stage/gguf ] || bash ../shared/tools/stage-smollm2.sh
+    # py-spy (a sampling profiler, one static binary in its wheel): where a served step's host time goes
+    ls .stage/whl/py_spy-*.whl >/dev/null 2>&1 || python3 -m pip download -q py-spy==0.4.3 --no-deps \
+      --only-binary :all: --platform manylinux2014_x86_64 --python-version 3.12 -d .stage/whl \
+      || echo "py-spy not staged (no PyPI here?): the device gets no profiler" >&2
     mkdir -p .stage/gguf
     if [ -f .stage/part_aa ]; then  # stage-smollm2.sh's raw parts: compressed once
       cat .stage/part_a? | xz -9 -T2 > .stage/gguf.xz && rm .stage/part_a?

@@ -91,3 +91,35 @@ def test_what_was_built_after_warm_up_is_exported_by_kind(monkeypatch):
     s = samples(m)
     assert s["eyas:engine_first_use_total[kernel]"] == 2 and s["eyas:engine_first_use_seconds_total[kernel]"] == 2.0
     assert s["eyas:engine_first_use_total[graph]"] == 0
+
+
+def test_the_accept_length_histogram_reads_as_prometheus_clients_own():
+    """The per-step histogram kept as counts per accepted value exposes, through the text format and its parser,
+    exactly what ``prometheus_client.Histogram`` with the same buckets would, past the top bucket too; and the
+    per-position counters count the rows that reached each depth."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    rng = random.Random(0)
+    m = ServeMetrics(num_steps=6, num_draft_tokens=4)
+    registry = CollectorRegistry()
+    reference = Histogram("eyas:spec_accept_length_per_step", "x", buckets=[1.0, 2.0, 3.0, 4.0], registry=registry)
+    reached = [0] * 6
+    for _ in range(50):
+        rows = [(rng.choice([0, 1]), 3, rng.randint(0, 6)) for _ in range(rng.randint(1, 9))]
+        m.record_step(rows)
+        for drafts, _, accepted in rows:
+            if drafts:
+                reference.observe(1 + accepted)
+                for i in range(accepted):
+                    reached[i] += 1
+    ours = {k: v for k, v in samples(m).items() if k.startswith("eyas:spec_accept_length_per_step")}
+    theirs = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            if not s.name.endswith("_created"):
+                theirs[s.name + "".join(f"[{v}]" for v in s.labels.values())] = s.value
+    assert ours == theirs and ours["eyas:spec_accept_length_per_step_bucket[+Inf]"] > ours[
+        "eyas:spec_accept_length_per_step_bucket[4.0]"]  # some steps accepted more than the top bucket holds
+    assert [samples(m)[f"eyas:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] for i in range(6)] == reached

@@ -204,7 +204,7 @@ class Engine:
     def prefill_groups(self, seqs: list[Sequence]) -> list[list[int]]:
         """Indices of ``seqs`` (prompts that arrive together) in the groups to prefill one after the
         other, each then merged: graph-sized groups on the native path (``StaticPrefill.groups``), else
-        all of them at once; a prompt that asks for its logprobs alone, last (``prefill``)."""
+        all of them at once; prompts that ask for their logprobs in groups of their own, last (``logprob_groups``)."""
         rest = [i for i, s in enumerate(seqs) if s.prompt_logprobs is None]
         asks = [i for i, s in enumerate(seqs) if s.prompt_logprobs is not None]
         asking = [[asks[i] for i in g] for g in logprob_groups([len(seqs[i].prompt_ids) for i in asks])]

@@ -61,3 +61,20 @@ def test_a_graph_built_on_first_use_after_arm_is_counted(target, monkeypatch):
     watch.armed = True
     runner.warm((2, 1, 256))
     assert watch.events["graph"][0] == 1
+
+
+@torch.inference_mode()
+def test_a_warm_up_is_never_a_first_use_even_after_another_engine_armed_the_watch(target, monkeypatch):
+    """Engines built one after another in one process (benchmarks, checks): the second one's warm-up stops the
+    watch the first one armed, so its captures are not counted as served; on the CPU it stays stopped."""
+    from eyas.config import SpecConfig
+    from eyas.engine import warmup
+    from eyas.engine.engine import Engine
+
+    watch = FirstUse()
+    watch.armed = True  # as a first engine's warm-up left it on a GPU
+    monkeypatch.setattr(warmup, "FIRST_USE", watch)
+    monkeypatch.setattr(graphs_module, "FIRST_USE", watch)
+    engine = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=2, cuda_graphs=True)
+    engine.warm_up(progress=False, on_cpu=True)
+    assert not watch.armed and watch.events["graph"] == [0, 0.0]

@@ -53,6 +53,7 @@ def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
         return "CUDA graphs: n/a on the CPU, nothing captured"
     from tqdm.auto import tqdm
 
+    FIRST_USE.armed = False  # another engine of this process served before: its watch waits for this warm-up
     work = [(r, key) for r in runners for key in r.plan()]
     if cuda:  # capture empties the allocator's cache; do it first, so the delta below is the graphs' own
         gc.collect()

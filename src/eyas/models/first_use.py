@@ -10,8 +10,9 @@ Kernels are the projections' kernel choices timed on first use of a shape (``mod
 Triton's compiles, seen through its hooks (``triton.knobs.runtime``: ``jit_cache_hook`` before a variant
 missing from the process's cache is compiled or loaded from Triton's disk cache, ``jit_post_compile_hook``
 after); any hook already installed still runs. Graphs are reported by the graph runners
-(``models/graphs.py``). ``FIRST_USE.arm()`` starts recording; warm-up calls it when it is done, on a GPU only
-(the CPU compiles nothing: Triton runs interpreted there, and nothing is captured).
+(``models/graphs.py``). ``FIRST_USE.arm()`` starts recording; warm-up stops it while it runs (another engine of
+the process may have armed it) and calls it when it is done, on a GPU only (the CPU compiles nothing: Triton
+runs interpreted there, and nothing is captured).
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ thread's time goes (``engine_thread_seconds_total{activity}``: ``idle`` waiting 
 prompts, ``step`` launching steps and waiting for their tokens, ``host`` the rest of each turn: admitting,
 emitting, retiring rows, handing results to the event loop; a busy server's ``host`` share is the time
 its GPU may sit waiting), and what was built after warm-up while requests waited
-(``engine_first_use_total{kind}`` and ``engine_first_use_seconds_total{kind}``: Triton kernel variants compiled,
-``kind="kernel"``, and CUDA graphs captured, ``kind="graph"``; each is logged too).
+(``engine_first_use_total{kind}`` and ``engine_first_use_seconds_total{kind}``: Triton kernel variants compiled
+and projection shapes whose kernels were timed, ``kind="kernel"``, and CUDA graphs captured, ``kind="graph"``;
+each is logged too).
 
 Every series carries ``model_name`` (the served model name) and ``engine`` ("0"), the labels vLLM
 puts on its series (SGLang's carry ``model_name`` too), so their Grafana dashboards and multi-model
@@ -301,13 +302,13 @@ class AcceptLengths(Collector):
 
 
 class FirstUseCollector(Collector):
-    """What the engine built on first use after warm-up (``models/first_use.py``): Triton kernel variants compiled
-    and CUDA graphs captured while requests waited, and the seconds they took."""
+    """What the engine built on first use after warm-up (``models/first_use.py``): Triton kernel variants compiled,
+    projection shapes timed and CUDA graphs captured while requests waited, and the seconds they took."""
 
     def collect(self):
-        count = CounterMetricFamily(PREFIX + "engine_first_use", "Triton kernel variants compiled (kind=kernel) and "
-                                    "CUDA graphs captured (kind=graph) after warm-up, while requests waited",
-                                    labels=["kind"])
+        count = CounterMetricFamily(PREFIX + "engine_first_use", "Triton kernel variants compiled and projection "
+                                    "shapes timed (kind=kernel), CUDA graphs captured (kind=graph), after warm-up, "
+                                    "while requests waited", labels=["kind"])
         seconds = CounterMetricFamily(PREFIX + "engine_first_use_seconds", "Seconds spent compiling kernels and "
                                       "capturing graphs after warm-up", labels=["kind"])
         for kind, (n, s) in list(FIRST_USE.events.items()):

@@ -306,8 +306,9 @@ def _piece(target, part: Prefilling, chunk: int, first_of, extend) -> tuple[Batc
 
 def stacked(batches: list[Batch]) -> Batch:
     """Batches of one row each on growing caches of their own (``prefill_chunk``'s, their rows' settings set) as
-    one batch, rows in order: ``Engine.prefill`` where a row asks for its prompt's logprobs, which runs every
-    prompt alone, in pieces with the logits at every position (``prefill_chunk``), never from the graphs."""
+    one batch, rows in order: ``Engine.prefill`` where rows ask for their prompts' logprobs and are not one group
+    (``in_pieces``), which runs every prompt alone, in pieces with the logits at every position
+    (``prefill_chunk``), never from the graphs."""
     if len(batches) == 1:
         return batches[0]
     first = batches[0]

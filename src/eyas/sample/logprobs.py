@@ -19,7 +19,8 @@ as the verifier does (``penalize`` on the path as a chain).
 A prompt's logprobs (``SamplingParams.prompt_logprobs`` = N, ``prompt_logprobs``) are of the raw model's
 distribution instead: the plain ``log_softmax`` of the target's logits at each prompt position, before
 penalties, bias and temperature (what vLLM returns for ``prompt_logprobs`` by default). They come from the
-prefill's logits at every position of the prompt (``prefill.prefill_chunk``), taken a piece at a time.
+prefill's logits at every position of the prompt (``prefill.prefill_eagerly`` for a group of short prompts,
+``prefill.prefill_chunk`` a piece at a time for a long one).
 
 Cost: nothing for a batch where no row asks (``SamplingRows.logprobs`` is None; the engine does not
 call this). Otherwise only the asking rows' path logits are gathered, with one top-k on the device,

@@ -220,18 +220,17 @@ def prefill_eagerly(target, seqs: list[Sequence], first_of, extend=None) -> tupl
     mask = kv_cache.attention_mask(torch.zeros_like(lens), 0, visible, target.dtype)
     last = lens - 1
     asks = seqs[0].prompt_logprobs is not None
-    keep = torch.arange(width, device=dev) if asks else torch.unique(last)
+    keep = None if asks else torch.unique(last)  # the logits kept: at every position where the rows ask
     cache = kv_cache.new_cache()
-    logits, aux = target.forward(ids, positions, mask, cache, capture=extend is not None,
-                                 logits_at=None if asks else keep)
+    logits, aux = target.forward(ids, positions, mask, cache, capture=extend is not None, logits_at=keep)
     pending = [prompt_logprobs(logits[i, : len(s.prompt_ids) - 1], ids[i, 1 : len(s.prompt_ids)],
                                s.params.prompt_logprobs) if asks and len(s.prompt_ids) > 1 else None
                for i, s in enumerate(seqs)]
-    logits = logits[torch.arange(len(seqs), device=dev), torch.searchsorted(keep, last)]  # [B, V]
+    logits = logits[torch.arange(len(seqs), device=dev), last if asks else torch.searchsorted(keep, last)]  # [B, V]
     firsts = first_of(logits)
     for s, p in zip(seqs, pending):  # the first tokens' readback waited on the device: these are on the host
         if p is not None:
-            s.prompt_logprobs += p.unpack([p.packed.shape[1]])[0]
+            s.prompt_logprobs += p.row()
     first = torch.tensor(firsts, device=dev)
     batch = Batch(seqs, cache, None, lens.clone(), first)
     if extend is not None:
@@ -290,7 +289,7 @@ def _piece(target, part: Prefilling, chunk: int, first_of, extend) -> tuple[Batc
     firsts = first_of(logits[:, -1]) if last else None
     if last and asks:  # the first tokens' readback waited on the device: the pieces' logprobs are on the host
         for p in part.pending:
-            seq.prompt_logprobs += p.unpack([p.packed.shape[1]])[0]
+            seq.prompt_logprobs += p.row()
         part.pending.clear()
     batch = Batch([seq], part.cache, None, torch.tensor([end], device=dev), None) if last else None
     if extend is not None:

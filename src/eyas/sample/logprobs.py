@@ -71,6 +71,10 @@ class Pending:
             k += 1
         return out
 
+    def row(self) -> list[TokenLogprob]:
+        """Every entry of a one-row ``Pending``: a piece of a prompt's (``prompt_logprobs``)."""
+        return self.unpack([self.packed.shape[1]])[0]
+
 
 def log_probs(x: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool, ops=TORCH) -> torch.Tensor:
     """[A, W, V] float32 log-probabilities of the logits ``x`` [A, W, V] (penalised already) under each row's

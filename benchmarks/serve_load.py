@@ -38,6 +38,8 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -220,21 +222,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(flags: list[str], log_path: Path, stack: ExitStack) -> tuple[str, subprocess.Popen]:
+def start_server(flags: list[str], log_path: Path, stack: ExitStack, py_spy: str | None = None
+                 ) -> tuple[str, subprocess.Popen]:
+    """``eyas serve`` on a free loopback port, stopped when ``stack`` closes. ``py_spy``: run under that py-spy
+    binary, which records the server's Python stacks, every thread, idle included, for its whole life (collapsed
+    stacks beside ``log_path``, ``.stacks.txt``; a child, as attaching needs rights a container may not grant)."""
     port = free_port()
     log = stack.enter_context(open(log_path, "w"))  # noqa: SIM115 - closed by the stack
-    proc = subprocess.Popen([sys.executable, "-m", "eyas.serve", *flags, "--port", str(port), "--log-interval", "0"],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    command = [sys.executable, "-m", "eyas.serve", *flags, "--port", str(port), "--log-interval", "0"]
+    if py_spy:
+        command = [py_spy, "record", "--rate", "200", "--idle", "--threads", "--nonblocking", "--format", "raw",
+                   "--output", str(log_path.with_suffix(".stacks.txt")), "--", *command]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
     def stop():
-        proc.terminate()
+        server = child_of(proc.pid) if py_spy else proc.pid  # py-spy writes its stacks once the server ends
+        if server is not None:
+            os.kill(server, signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
 
     stack.callback(stop)
     return f"http://127.0.0.1:{port}", proc
+
+
+def child_of(pid: int) -> int | None:
+    """The first child process of ``pid`` (py-spy's: the server), from /proc."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
 
 
 def wait_ready(url: str, proc, log_path: Path, timeout: float = 900.0) -> None:
@@ -314,11 +334,17 @@ def parse_args(argv=None):
     p.add_argument("--logs", default=None, metavar="DIR",
                    help="keep the servers' logs here (main.log, NONE.log: the banner, what adaptive speculation "
                         "chose and why, what was built after warm-up); default: a temporary folder, removed")
+    p.add_argument("--py-spy", default=None, metavar="BIN",
+                   help="run the servers it starts under this py-spy binary: each one's Python stacks, every "
+                        "thread, idle included, over its whole life, as <name>.stacks.txt in --logs "
+                        "(benchmarks/stacks.py reads them)")
     args = p.parse_args(argv)
     if not 0.0 < args.top_p <= 1.0:
         p.error(f"--top-p must be in (0, 1], got {args.top_p}: e.g. --top-p 0.95, or 1 for no filter")
     if not args.url and not args.model_path:
         p.error("give --url (and --baseline-url) for running servers, or --model-path to start them")
+    if args.py_spy and not (args.model_path and args.logs and not args.url):
+        p.error("--py-spy records the servers this starts: give --model-path (no --url) and --logs DIR")
     if args.in_process and not args.model_path:
         p.error("--in-process loads the engine here: give --model-path and the servers' --speculative-* flags")
     return args
@@ -342,7 +368,7 @@ def main(argv=None) -> int:
             wanted = [("main", engine_flags(args) + spec_flags(args))]
             if not args.no_baseline and args.speculative_algorithm != "NONE":
                 wanted.append(("NONE", engine_flags(args) + ["--speculative-algorithm", "NONE"]))
-            started = [(name, *start_server(flags, work / f"{name}.log", stack), work / f"{name}.log")
+            started = [(name, *start_server(flags, work / f"{name}.log", stack, args.py_spy), work / f"{name}.log")
                        for name, flags in wanted]
             for _name, url, proc, log_path in started:
                 wait_ready(url, proc, log_path)

@@ -149,6 +149,28 @@ def test_every_launch_configuration_the_table_names(config, filtered):
     check_equal(got, TORCH.distribution(logits, floats, ints, filtered))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 5, 41])
+@pytest.mark.parametrize("filtered", [True, False])
+def test_the_splits_pointers_are_aligned_at_any_row_count(rows, filtered):
+    """Triton compiles a kernel once per pattern of 16-byte-aligned pointers: a scratch buffer at an offset that
+    is aligned for some row counts only made a served prefill of an odd count of prompts compile (seconds)."""
+    pointers = []
+
+    def launch(kernel, grid, *args, **kw):
+        pointers.extend(a.data_ptr() for a in args if isinstance(a, torch.Tensor))
+
+    logits, floats, ints = (t.repeat(rows, 1)[:rows] for t in case(3000))
+    distribution_kernel.distribution(launch, logits, floats, ints, filtered, Config(64, 16, 256, 4))
+    assert pointers and all(p % 16 == 0 for p in pointers)
+
+
+def test_the_warm_up_rows_meet_every_launch_configuration():
+    """``config_rows``: a row count for each configuration of both tables, which warm-up draws first tokens at."""
+    rows = distribution_kernel.config_rows()
+    for filtered, table in ((True, distribution_kernel.ROW_CONFIGS), (False, distribution_kernel.UNFILTERED_CONFIGS)):
+        assert {distribution_kernel.launch_config(n, filtered) for n in rows} >= {c for _, c in table}
+
+
 @pytest.mark.parametrize("config", [ONE, Config(4, 256, 2, 1), Config(2, 256, 4, 1)], ids=str)
 def test_extreme_logits(config):
     """Signs, zeros (both), the largest floats: the search's key order is float32's. The split: chunks of
@@ -345,3 +367,28 @@ def test_kernel_compiles_for_hopper():
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     run = subprocess.run([sys.executable, "-c", HOPPER_COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
+
+
+def test_warm_up_draws_first_tokens_at_every_launch_configuration(target, monkeypatch):
+    """A prefill's group of prompts is any count, not a graph's bucket: warm-up draws first tokens, sampled and
+    filtered, at a count of each launch configuration up to the batch, so none of their kernels compiles while a
+    request waits (on a fresh GPU: seconds, in the served 64-client runs before this)."""
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+    from eyas.engine.warmup import warm_first_tokens
+    from eyas.models.native import NativeTarget
+
+    seen = set()
+
+    class Recording(SpecTorchOps):
+        def distribution(self, logits, floats, ints, filtered, side=False):
+            seen.add((logits.shape[0], filtered))
+            return super().distribution(logits, floats, ints, filtered, side)
+
+    engine = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=64)
+    warm_first_tokens(engine)
+    assert not seen  # the torch ops compile nothing
+    engine.ops = Recording()
+    warm_first_tokens(engine)
+    wanted = [n for n in distribution_kernel.config_rows() if n <= 64]
+    assert seen == {(n, f) for n in wanted for f in (True, False)} and 41 in wanted

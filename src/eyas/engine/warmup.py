@@ -12,11 +12,14 @@ import time
 import torch
 
 from ..models.first_use import FIRST_USE
-from ..sample.sampling import SamplingParams
+from ..sample.sampling import SamplingParams, SamplingRows
+from ..spec.ops import TORCH
 from .adaptive import measure_step_costs
 from .decode import STARTUP_KINDS
+from .sampler import first_tokens
 
 SAMPLED_COSTS = SamplingParams(temperature=0.7, top_p=0.95)  # the sampled rows whose step costs warm-up times
+DRAWS = (SamplingParams(temperature=0.7), SAMPLED_COSTS)  # first tokens' kinds of draw: sampled, filtered
 
 
 def graph_runners(engine) -> list:
@@ -37,6 +40,23 @@ def graph_runners(engine) -> list:
     whole = [g for w in engine.whole_steps.values() for kind, g in w.graphs.items() if kind in STARTUP_KINDS]
     prefill = engine.prefiller.graphs() if engine.prefiller else []
     return [engine.target_runner] + whole + extra + prefill
+
+
+def warm_first_tokens(engine) -> None:
+    """Draw first tokens as a prefill does (sampled, and filtered by top-p) for groups of prompts of each size
+    that meets another launch configuration of the distribution's kernels (``config_rows``): their kernels
+    compile now. A prefill's group is any count of prompts, not a graph's bucket."""
+    if engine.ops is TORCH:  # no kernels to compile
+        return
+    from ..spec.distribution_kernel import config_rows  # Triton's: imported where its kernels run
+
+    vocab, device = engine.target.info.vocab_size, engine.device
+    for n in [n for n in config_rows() if n <= engine.config.max_batch]:
+        logits = torch.zeros((n, vocab), dtype=engine.target.dtype, device=device)
+        lengths = torch.full((n,), 8, dtype=torch.long, device=device)
+        for params in DRAWS:
+            rows = SamplingRows.build([params] * n, list(range(n)), device)
+            first_tokens(logits, rows.kind, rows.floats, rows.ints, lengths, None, engine.ops)
 
 
 @torch.inference_mode()
@@ -65,6 +85,7 @@ def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
         bar.unit = f"[{runner.name}, rows {key[0]}, window {key[-1]}]"
         runner.warm(key)
     bar.close()
+    warm_first_tokens(engine)
     engine._reset_pools()
     if cuda and engine.chooser:
         sampled = measure_step_costs(engine, params=SAMPLED_COSTS)

@@ -297,6 +297,12 @@ def launch_config(rows: int, filtered: bool) -> Config | None:
     return next(config for most, config in (ROW_CONFIGS if filtered else UNFILTERED_CONFIGS) if rows <= most)
 
 
+def config_rows() -> list[int]:
+    """A row count for each launch configuration (``ROW_CONFIGS``, ``UNFILTERED_CONFIGS``): what a warm-up draws
+    at, so that each configuration's kernels compile then, not while a request waits."""
+    return sorted({1} | {most + 1 for table in (ROW_CONFIGS, UNFILTERED_CONFIGS) for most, _ in table[:-1]})
+
+
 def distribution(launch, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
                  config: Config | None = None, side: bool = False):
     """``distribution.distribution(logits [N, V], floats [N, 3], ints [N, 2], filtered)``: ``x`` by the
@@ -325,8 +331,10 @@ def _split(launch, args, m, thr, z, filtered: bool, config: Config) -> None:
     n, v = args[0].shape
     chunk = triton.cdiv(triton.cdiv(v, config.programs), config.block) * config.block
     s, r = triton.cdiv(v, chunk), config.candidates if filtered else 1
-    part = torch.empty((2, n, s, r + 1), dtype=torch.float32, device=m.device)  # a launch's in, the next's out
-    state = torch.empty((2, n, 3), dtype=torch.int64, device=m.device)
+    # a launch's in, the next's out: each its own allocation, not two halves of one, whose second half's address
+    # is 16-byte aligned for some row counts only, and Triton compiles a variant for each (a request waited on it)
+    part = [torch.empty((n, s, r + 1), dtype=torch.float32, device=m.device) for _ in range(2)]
+    state = [torch.empty((n, 3), dtype=torch.int64, device=m.device) for _ in range(2)]
     maxes = torch.empty((n, s), dtype=torch.float32, device=m.device)
     kinds = [TOP_K.value] * passes(r) + [TOP_P.value] * passes(r) + [Z.value] if filtered else [MAX.value, Z.value]
     s_p2 = triton.next_power_of_2(s)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -220,9 +221,11 @@ class Chooser:
             self.seen[kind][spec] += n
             weight = max(1 - (1 - self.decay) ** n, n / (self.seen[kind][spec] + self.prior_rows), probe)
             reach = self.reach[kind][spec]
+            beyond = n  # rows that accepted more than i draft tokens
+            at = Counter(counts)
             for i in range(len(reach)):
-                share = sum(1 for a in counts if a > i) / len(counts)
-                reach[i] += weight * (share - reach[i])
+                beyond -= at[i]
+                reach[i] += weight * (beyond / n - reach[i])
 
 
 @torch.inference_mode()

@@ -174,33 +174,13 @@ class Launched:
     start: float  # when it was launched
     arrived: object = None  # after ``keep`` on a GPU: the CUDA event marking the copy's arrival in pinned memory
 
-    def keep(self, copies: HostCopies) -> None:
+    def keep(self) -> None:
         """Copy the tokens out before the next step is launched ahead: a whole step's outputs are its graph's
-        buffers, which that step overwrites. On a GPU the copy goes into pinned memory (``copies``), queued
-        behind this step and before the next, so ``collect`` waits for this step alone."""
+        buffers, which that step overwrites. On a GPU the copy goes into pinned memory, queued behind this
+        step and before the next, so ``collect`` waits for this step alone."""
         if self.host.is_cuda:
-            pinned, self.arrived = copies.take(self.host)
-            self.host = pinned.copy_(self.host, non_blocking=True)
+            pinned = torch.empty(self.host.shape, dtype=self.host.dtype, pin_memory=True)
+            self.host, self.arrived = pinned.copy_(self.host, non_blocking=True), torch.cuda.Event()
             self.arrived.record()
         else:
             self.host = self.host.clone()
-
-
-class HostCopies:
-    """Where ``Launched.keep`` copies steps' tokens on a GPU: two pinned buffers, each with its event, taken in
-    turn and grown to the largest step seen. A step is kept only once the step kept before it is collected, so
-    the two never clash. (A pinned allocation and a new event each step cost the engine thread more than the
-    copy, and the engine thread's time is the served step's when the event loop is busy.)"""
-
-    def __init__(self):
-        self._slots: list[tuple[torch.Tensor, torch.cuda.Event] | None] = [None, None]
-        self._turn = 0
-
-    def take(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
-        """(a pinned tensor of ``like``'s shape and dtype, the event to record once the copy into it is queued)."""
-        self._turn ^= 1
-        slot = self._slots[self._turn]
-        if slot is None or slot[0].numel() < like.numel() or slot[0].dtype != like.dtype:
-            slot = self._slots[self._turn] = (torch.empty(like.numel(), dtype=like.dtype, pin_memory=True),
-                                              torch.cuda.Event())
-        return slot[0][:like.numel()].view(like.shape), slot[1]

@@ -40,7 +40,7 @@ from ..sample.logprobs import Pending
 from ..sample.sampling import SamplingParams, SamplingRows
 from ..spec.ops import TORCH
 from .adaptive import Chooser, model_costs
-from .batch import Batch, HostCopies, Launched, Output, Sequence, not_finite, scrub
+from .batch import Batch, Launched, Output, Sequence, not_finite, scrub
 from .by_parts import StepByParts
 from .feed import Feed, feed_draft
 from .generate import run_to_end
@@ -89,7 +89,6 @@ class Engine:
         self._last_setting: SpecConfig | None = None  # the setting of the step collected last
         self._uncollected: Launched | None = None  # the step launched last, until collected or kept
         self._chosen: tuple = (None, None)  # ((batch serial, steps, rows), its next step's setting)
-        self._copies = HostCopies()  # where a step launched ahead of a collect keeps the one before
 
     @property
     def launches_ahead(self) -> bool:
@@ -308,7 +307,7 @@ class Engine:
                 batch.draft_logits = self.draft_steps.net.logits(batch.draft_hidden, batch.draft_cache)
             if runner is not None:
                 if ahead and self._uncollected is not None:
-                    self._uncollected.keep(self._copies)
+                    self._uncollected.keep()
                     self._uncollected = None
                 if defers and batch.feed is None:
                     batch.feed = runner.new_feed(len(batch))

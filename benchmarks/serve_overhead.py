@@ -12,7 +12,8 @@ sleeps ``--prefill-ms`` and gives each new row its first token. With the overlap
 after the step before it ends, and collecting it sleeps until then, as a GPU's stream would. Nothing
 runs on a device, so any machine measures how much a served step costs beyond the device's own time:
 the inter-token latency over ``--step-ms`` and the tokens per second against ``clients x k x 1000 / step-ms``
-(``--tokens-per-step`` k: each step hands every row k tokens, as a speculative step that accepted k - 1 does).
+(``--tokens-per-step`` k: each step hands every row k tokens, as a speculative step that accepted k - 1 does;
+``--spread``: 1 to 2k - 1 of them, so rows end apart and the batch changes often, ``--membership-wait-steps``).
 The load is ``serve_load.py``'s (closed-loop streaming chat clients, ``ignore_eos``), in the same process as the
 client, so on a small machine the two share its cores: compare runs of one machine only.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import subprocess
 import sys
 import time
@@ -44,14 +46,18 @@ def serve(args) -> None:
     vocab = engine.target.info.vocab_size
     tokens = list(range(vocab // 2, vocab // 2 + min(100, vocab // 4)))  # ordinary tokens, mid-vocabulary
 
+    spread = random.Random(0)
+
     def emit(seqs, k: int = 1) -> list[list[int]]:
-        """``k`` tokens a row, as a speculative step that accepted ``k - 1`` draft tokens hands them over."""
+        """``k`` tokens a row, as a speculative step that accepted ``k - 1`` draft tokens hands them over (with
+        ``--spread``, 1 to 2k - 1 of them, k on average: rows then end at different steps, as a tree's do)."""
         out = []
         for i, s in enumerate(seqs):
-            n = len(s.prompt_ids) + len(s.output_ids) + k
+            got = spread.randint(1, 2 * k - 1) if args.spread and k > 1 else k
+            n = len(s.prompt_ids) + len(s.output_ids) + got
             if k > 1:  # the engine's per-row bookkeeping of a verify step (``Engine.collect``)
-                s.stats.record(args.tokens_per_step, k - 1)
-            out.append(s.emit([tokens[(n + i + j) % len(tokens)] for j in range(k)], engine._eos, n,
+                s.stats.record(args.tokens_per_step, got - 1)
+            out.append(s.emit([tokens[(n + i + j) % len(tokens)] for j in range(got)], engine._eos, n,
                               engine.context_limit))
         return out
 
@@ -81,7 +87,8 @@ def serve(args) -> None:
     engine.prefill_groups = lambda seqs: [list(range(len(seqs)))] if seqs else []
     app = create_app(engine, ServeOptions(model_path=args.model_path, switch_interval_ms=args.switch_interval_ms,
                                           max_running_requests=args.max_running_requests,
-                                          overlap_schedule=args.overlap_schedule))
+                                          overlap_schedule=args.overlap_schedule,
+                                          membership_wait_steps=args.membership_wait_steps))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
@@ -94,6 +101,7 @@ def measure(args) -> dict:
            "--max-running-requests", str(args.max_running_requests), "--tokens-per-step", str(args.tokens_per_step),
            "--switch-interval-ms", str(args.switch_interval_ms)]
     cmd += ["--overlap-schedule" if args.overlap_schedule else "--no-overlap-schedule"]
+    cmd += ["--membership-wait-steps", str(args.membership_wait_steps)] + (["--spread"] if args.spread else [])
     log = Path(args.log)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -126,6 +134,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens-per-step", type=int, default=1,
                     help="tokens a row each step emits (default 1; k > 1: a speculative step's host side, k - 1 "
                          "draft tokens accepted)")
+    ap.add_argument("--spread", action="store_true",
+                    help="with --tokens-per-step k > 1, each row each step gets 1 to 2k - 1 tokens (k on average), "
+                         "so rows end at different steps, as a speculating server's do")
+    ap.add_argument("--membership-wait-steps", type=int, default=8, help="as eyas serve's (default 8)")
     ap.add_argument("--switch-interval-ms", type=float, default=0.1, help="as eyas serve's (default 0.1)")
     ap.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=True,
                     help="the overlap schedule (on, as eyas serve's default): a step's sleep runs while the host "

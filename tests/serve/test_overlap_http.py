@@ -69,6 +69,42 @@ def test_sixteen_clients_get_the_targets_greedy_answers(overlapped, native, refe
     assert after["eyas:num_requests_running"] == 0
 
 
+def test_rows_that_end_apart_leave_the_batch_together(native, reference, monkeypatch):
+    """Sixteen clients whose rows end at different steps: with ``membership_wait_steps`` a row that ended stays in
+    the batch (done for its client) until others join it, so the batch changes fewer times than without, and
+    every answer is the target's own either way (a quarter of the batch at a time here: 16 rows are few)."""
+    from eyas.serve import membership
+    from eyas.serve.app import ServeOptions, create_app
+
+    monkeypatch.setattr(membership, "SHARE", 4)
+
+    tok = native.target.tokenizer
+    ids = [tok(f"member {i}: " + "ab" * (i % 3)).input_ids for i in range(16)]
+    lengths = [6 + (11 * i) % 37 for i in range(16)]
+    want = reference(ids, lengths, ignore_eos=True)
+    filters, filter_ = [], native.filter
+    monkeypatch.setattr(native, "filter", lambda batch, keep: filters.append(len(keep)) or filter_(batch, keep))
+    changes = {}
+    for wait in (0, 8):
+        filters.clear()
+        app = create_app(native, ServeOptions(served_model_name="tiny", log_interval=0, membership_wait_steps=wait))
+        assert app.state.eyas.scheduler.membership.wait_steps == wait
+
+        def call(i: int) -> list[int]:
+            params = {"max_new_tokens": lengths[i], "temperature": 0, "ignore_eos": True}
+            r = httpx.post(srv.url + "/generate", json={"input_ids": ids[i], "sampling_params": params}, timeout=300)
+            assert r.status_code == 200, r.text
+            return r.json()["output_ids"]
+
+        with InProcessServer(app) as srv, ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(call, range(16)))
+            assert wait_idle(srv.url) == {"status": "ok", "running": 0, "queued": 0}
+            assert scrape(srv.url)["eyas:num_requests_running"] == 0
+        assert got == want
+        changes[wait] = len(filters)
+    assert changes[8] < changes[0], changes
+
+
 @pytest.fixture(scope="module")
 def native_auto(models):
     """The native engine with ``--speculative-batch-schedule auto`` and a cost table under which the setting

@@ -52,6 +52,7 @@ class ServeOptions:
     max_prefill_tokens: int = 16384  # prompt tokens prefilled together in one engine turn
     chunked_prefill_size: int = 2048  # a longer prompt is prefilled this many tokens a turn; -1: whole
     overlap_schedule: bool = True  # launch the next step before this one's tokens are read back (scheduler.py)
+    membership_wait_steps: int = 8  # the most steps a batch change waits for others (membership.py); 0: none
     log_requests: bool = False  # one log line per finished request, with its acceptance
     extra_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None  # when set, every route but /health (and /metrics) needs "Authorization: Bearer KEY"
@@ -91,7 +92,8 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     scheduler = Scheduler(engine, metrics, options.max_running_requests, options.max_queued_requests,
                           options.log_interval, options.max_prefill_tokens, options.log_requests,
                           options.chunked_prefill_size,
-                          options.overlap_schedule and getattr(engine, "launches_ahead", False))
+                          options.overlap_schedule and getattr(engine, "launches_ahead", False),
+                          options.membership_wait_steps)
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
     preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests, options.sampling)

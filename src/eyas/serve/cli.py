@@ -56,6 +56,10 @@ def add_serve_arguments(p) -> None:
                    help="launch each decode step before the last one's tokens are read back, so the server's own "
                         "work runs while the GPU computes (the native path's whole steps; on by default, "
                         "--no-overlap-schedule: each step read back before the next is launched)")
+    g.add_argument("--membership-wait-steps", type=int, default=8,
+                   help="with the overlap schedule, the most steps a finished row stays in the batch (done for its "
+                        "client) and a new request waits to join it, so that the batch changes for several rows "
+                        "at once: each change stops the overlap for a turn (default 8; 0: each change at once)")
     g.add_argument("--max-prefill-tokens", type=int, default=16384,
                    help="prompt tokens prefilled together in one engine turn; more waiting prompts join the "
                         "next turn (default 16384)")
@@ -234,6 +238,9 @@ def check_server_flags(args) -> None:
     if args.switch_interval_ms is not None and not 0 < args.switch_interval_ms <= 1000:
         raise EyasError(f"--switch-interval-ms must be in (0, 1000], got {args.switch_interval_ms}",
                         "give milliseconds, e.g. 0.5; leave it out for Python's 5 ms")
+    if args.membership_wait_steps < 0:
+        raise EyasError(f"--membership-wait-steps must be 0 (each change at once) or more, got "
+                        f"{args.membership_wait_steps}")
     if args.request_timeout < 0:
         raise EyasError(f"--request-timeout must be 0 (none) or more seconds, got {args.request_timeout}")
 
@@ -311,6 +318,7 @@ def run(args) -> int:
                            max_prefill_tokens=args.max_prefill_tokens, log_requests=args.log_requests,
                            chunked_prefill_size=args.chunked_prefill_size or chunk_default(engine.device),
                            overlap_schedule=args.overlap_schedule is not False,
+                           membership_wait_steps=args.membership_wait_steps,
                            log_interval=args.log_interval,
                            api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
                            metrics_require_key=args.metrics_require_key, allowed_origins=args.allowed_origins,

@@ -15,7 +15,8 @@ steps ahead) the next step is launched before this one's tokens are read back (`
 a whole-step graph, whose inputs are already on the device), so the host's share of a turn (emitting, handing
 over, bookkeeping) runs while the device computes the next step. A row that ends is stepped once more for
 nothing; any membership change (a row that ended, was cancelled or stopped, a prompt to admit or a chunk to
-prefill) first collects the step in flight.
+prefill) first collects the step in flight, so changes wait, within bounds, to come several at once
+(``membership.py``: a finished row is done for its client at once but leaves the batch later).
 
 Requests come in from asyncio handlers through ``submit`` (``Overloaded`` past running + queue capacity:
 the HTTP layer answers 503). The thread only steps and hands token ids over, one post a turn to the event
@@ -45,6 +46,7 @@ import torch
 from ..engine.batch import in_place
 from ..engine.prefill import Prefilling
 from ..engine.stats import SpecStats
+from .membership import Membership
 from .metrics import ServeMetrics
 from .stream import Delta, Ended, Failed, Finished, Outbox
 from .work import Overloaded, Work
@@ -56,8 +58,10 @@ log = logging.getLogger("eyas.serve")
 class Scheduler:
     def __init__(self, engine, metrics: ServeMetrics, max_running: int = 32, max_queued: int = 256,
                  log_interval: float = 10.0, max_prefill_tokens: int = 16384, log_requests: bool = False,
-                 chunked_prefill_size: int | None = None, overlap: bool = False):
+                 chunked_prefill_size: int | None = None, overlap: bool = False, membership_wait_steps: int = 8):
         self.engine, self.overlap = engine, overlap
+        self.membership = Membership(membership_wait_steps if overlap else 0, getattr(engine, "context_limit", 1 << 62),
+                                     getattr(engine, "tree_size", 0) + 1)
         self._ahead = None  # the step launched and not yet collected (``Engine.launch``)
         self._collected = 0.0  # when the last step's tokens were collected
         self.chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
@@ -116,7 +120,7 @@ class Scheduler:
                 raise Overloaded(self._inflight, len(works), self.max_running, self.max_queued, stopping)
             self._inflight += len(works)
             for w in works:
-                w.on_cancel = self._withdraw
+                w.on_cancel, w.waited_from = self._withdraw, self.steps
             self._waiting.extend(works)
             self.metrics.queued.set(len(self._waiting))
             self._cond.notify()
@@ -136,7 +140,7 @@ class Scheduler:
 
     def counts(self) -> tuple[int, int]:  # (running, queued): a prompt being prefilled in chunks runs
         with self._cond:
-            return len(self._running) + len(self._partial), len(self._waiting)
+            return sum(not w.done for w in self._running) + len(self._partial), len(self._waiting)
 
     def abort_all(self) -> int:
         """Cancel every queued and running request (shutdown past its grace period); refuse new ones."""
@@ -171,8 +175,9 @@ class Scheduler:
                 if self._stopping:
                     for w in list(self._waiting) + self._running + [w for w, _ in self._partial]:
                         w.cancel()
-                admit, tokens = [], 0
-                while self._waiting and len(self._running) + len(self._partial) + len(admit) < self.max_running:
+                admit, tokens, change = [], 0, self._due()  # a change waits for company (membership.py)
+                room = self.max_running - len(self._running) - len(self._partial)
+                while change and self._waiting and len(admit) < room:
                     n = min(len(self._waiting[0].seq.prompt_ids), self.chunk or 1 << 62)
                     if admit and tokens + n > self.prefill_budget:
                         break  # the rest joins next turn: one wave of prompts must not stall decoding
@@ -182,7 +187,7 @@ class Scheduler:
                 if self._stopping and not (self._waiting or self._running or self._partial or admit):
                     return
             try:
-                self._turn(admit)
+                self._turn(admit, change)
             except Exception as e:
                 log.exception("engine step failed; failing %d running requests", len(self._running) + len(admit))
                 self._fail_all(admit, f"internal engine error: {type(e).__name__}: {e}")
@@ -190,7 +195,7 @@ class Scheduler:
             self.metrics.kv_usage.set(self.engine.kv_usage(self._batch))  # per turn: 0 once the batch is empty
             thread.end()
 
-    def _turn(self, admit: list[Work]) -> None:
+    def _turn(self, admit: list[Work], change: bool = True) -> None:
         if self._ahead is not None and (admit or self._partial):
             self._drain()  # the batch grows (and shrinks: _retire) only as its last step left it
         live = [w for w in admit if not w.cancelled]
@@ -206,7 +211,7 @@ class Scheduler:
             self._prefill([live[i] for i in group])
         joined = live + self._prefill_chunk()
         self._flush()  # first tokens out before the step
-        self._retire()
+        self._retire(change)
         if self._running:
             self._step(joined)
         self._maybe_log()
@@ -260,7 +265,7 @@ class Scheduler:
         with self._cond:
             self._batch = self.engine.merge(self._batch, new)
             self._running.extend(works)
-        self.metrics.running.set(len(self._running))
+        self._set_running()
         for w in works:
             self._deliver(w, list(w.seq.output_ids))
 
@@ -303,8 +308,14 @@ class Scheduler:
         finally:  # this step's tokens are the rows' own, whatever happened to the next
             self._emit(lambda: self.engine.collect(step), step.start)
 
-    def _ending(self) -> bool:  # a running row ended, was cancelled or stopped: the batch is about to change
-        return any(w.seq.finished or w.stopped or w.cancelled for w in self._running)
+    def _ending(self) -> bool:  # the batch is about to change (a step in flight would be collected first)
+        return self._due(in_flight=True)
+
+    def _due(self, in_flight: bool | None = None) -> bool:
+        """Whether the batch's rows change this turn (``membership.py``)."""
+        free = self.max_running - len(self._running) - len(self._partial)
+        return self.membership.due(self._running, self._waiting, free, self.steps,
+                                   self._ahead is not None if in_flight is None else in_flight)
 
     def _drain(self) -> None:  # the step launched ahead, collected
         step, self._ahead = self._ahead, None
@@ -331,7 +342,10 @@ class Scheduler:
             self._log_tokens += len(tokens)
             self._out.append((w, tokens))
 
-    def _retire(self) -> None:
+    def _retire(self, change: bool = True) -> None:
+        """Rows that ended leave the batch where ``change`` or the rule says so (``membership.py``); else they
+        are done for their clients now and stay in the batch until it does."""
+        change = change or self._due()
         while True:
             keep, gone = [], []
             for i, w in enumerate(self._running):
@@ -342,6 +356,12 @@ class Scheduler:
                 (gone if w.seq.finished else keep).append(i)
             if not gone:
                 return
+            if not change:
+                for w in (self._running[i] for i in gone if not self._running[i].done):
+                    w.waited_from = self.steps
+                    self._finish(w, w.seq.finish_reason)
+                self._set_running()
+                return
             if self._ahead is None:
                 break
             self._drain()  # the step in flight was launched with the leaving rows: its tokens out first
@@ -349,9 +369,13 @@ class Scheduler:
         with self._cond:
             self._running = [self._running[i] for i in keep]
             self._batch = self.engine.filter(self._batch, keep) if keep else None
-        self.metrics.running.set(len(self._running))
+        self._set_running()
         for w in works:
-            self._finish(w, w.seq.finish_reason)
+            if not w.done:  # one that stayed in the batch after it ended is done already
+                self._finish(w, w.seq.finish_reason)
+
+    def _set_running(self) -> None:  # the requests still running: not the rows that ended and wait to leave
+        self.metrics.running.set(sum(not w.done for w in self._running))
 
     def _finish(self, w: Work, reason: str) -> None:
         if reason == "error":  # the engine ended this row alone (Sequence.fail)

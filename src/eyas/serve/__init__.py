@@ -5,7 +5,8 @@ Layout (data flows top to bottom; only ``app`` and the route modules import Fast
     cli.py          flags (SGLang's names), strict startup: validate, print, then bind the port
     banner.py       the startup summary a person debugging acceptance needs to read
     scheduler.py    the one engine thread: continuous batching, admission (503), cancellation
-    detokenize.py   incremental detokenizing and stop strings, run on the engine thread
+    membership.py   when the batch's rows change: several at once, within --membership-wait-steps
+    detokenize.py   incremental detokenizing and stop strings, run on the event loop
     metrics.py      prometheus_client metrics under the ``eyas:`` prefix
     protocol.py     request models (OpenAI and SGLang shapes), strict types
     inputs.py       request -> prompt ids + SamplingParams, every check that gives a 4xx

@@ -55,6 +55,7 @@ is the symptom of a broken pair and must never appear where nothing was drafted.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -72,6 +73,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ..models.first_use import FIRST_USE
+
+log = logging.getLogger("eyas.serve")
 
 try:  # the *_created series only add noise to a grep for acceptance
     from prometheus_client import disable_created_metrics
@@ -215,6 +218,26 @@ class ServeMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class DecodeLog:
+    """SGLang's line while busy, every ``interval`` seconds (the first busy turn at once; 0: never): "decode:
+    running N, queued M, accept len L, accept rate R, gen throughput T tok/s" (``tokens`` handed out since)."""
+
+    def __init__(self, metrics: ServeMetrics, interval: float):
+        self.metrics, self.interval = metrics, interval
+        self.tokens, self._at, self._last = 0, 0.0, time.monotonic()
+
+    def turn(self, running: int, queued: int) -> None:
+        now = time.monotonic()
+        if now < self._at or self.interval <= 0:
+            return
+        m = self.metrics
+        spec = f", accept len {m.window_accept_length:.2f}, accept rate {m.window_accept_rate:.3f}" \
+            if m.speculative else ""
+        log.info("decode: running %d, queued %d%s, gen throughput %.1f tok/s", running, queued, spec,
+                 self.tokens / max(now - self._last, 1e-9))
+        self._at, self._last, self.tokens = now + self.interval, now, 0
 
 
 class ThreadSeconds(Collector):

@@ -47,7 +47,7 @@ from ..engine.batch import in_place
 from ..engine.prefill import Prefilling
 from ..engine.stats import SpecStats
 from .membership import Membership
-from .metrics import ServeMetrics
+from .metrics import DecodeLog, ServeMetrics
 from .stream import Delta, Ended, Failed, Finished, Outbox
 from .work import Overloaded, Work
 
@@ -67,7 +67,8 @@ class Scheduler:
         self.chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else None
         # prompt tokens one turn prefills (the first prompt always goes): a chunk's worth when chunking, as SGLang
         self.prefill_budget = min(max_prefill_tokens, self.chunk or max_prefill_tokens)
-        self.metrics, self.log_requests, self.log_interval = metrics, log_requests, log_interval
+        self.metrics, self.log_requests = metrics, log_requests
+        self._decode_log = DecodeLog(metrics, log_interval)  # "decode: running N, queued M, ..." while busy
         self._spend = metrics.thread.spend  # spend("prefill" | "step", run): run() timed as that activity
         self.max_running, self.max_queued = max_running, max_queued
         self._outboxes: dict[object, Outbox] = {}  # event loop -> its outbox
@@ -81,8 +82,6 @@ class Scheduler:
         self._inflight = 0  # submitted and not yet finished
         self._thread: threading.Thread | None = None
         self.steps = 0
-        self._log_at = 0.0  # the first busy turn logs at once, then every log_interval seconds
-        self._last_log, self._log_tokens = time.monotonic(), 0
 
     # -- called from the event loop ------------------------------------------------------------
     def start(self) -> None:
@@ -176,7 +175,8 @@ class Scheduler:
                     for w in list(self._waiting) + self._running + [w for w, _ in self._partial]:
                         w.cancel()
                 admit, tokens, change = [], 0, self._due()  # a change waits for company (membership.py)
-                room = self.max_running - len(self._running) - len(self._partial)
+                leaving = sum(self.membership.ended(w) for w in self._running) if change else 0  # before joining
+                room = self.max_running - len(self._running) - len(self._partial) + leaving
                 while change and self._waiting and len(admit) < room:
                     n = min(len(self._waiting[0].seq.prompt_ids), self.chunk or 1 << 62)
                     if admit and tokens + n > self.prefill_budget:
@@ -198,6 +198,7 @@ class Scheduler:
     def _turn(self, admit: list[Work], change: bool = True) -> None:
         if self._ahead is not None and (admit or self._partial):
             self._drain()  # the batch grows (and shrinks: _retire) only as its last step left it
+        self._retire(change)  # rows that ended leave first: the admitted ones take their slots
         live = [w for w in admit if not w.cancelled]
         for w in admit:
             if w.cancelled:
@@ -211,10 +212,11 @@ class Scheduler:
             self._prefill([live[i] for i in group])
         joined = live + self._prefill_chunk()
         self._flush()  # first tokens out before the step
-        self._retire(change)
+        if joined:
+            self._retire(change)  # a new row that its first token ended
         if self._running:
             self._step(joined)
-        self._maybe_log()
+        self._decode_log.turn(len(self._running), len(self._waiting))
 
     def _prefill_chunk(self) -> list[Work]:
         """The next chunk of the first long prompt; the request, once its last chunk joined the batch."""
@@ -303,13 +305,10 @@ class Scheduler:
             return
         step, self._ahead = self._ahead or self._spend("step", lambda: self.engine.launch(self._batch)), None
         try:
-            if not self._ending():  # the next step, launched now (None where no whole-step graph fits)
+            if not self._due(in_flight=True):  # the next step, launched now (None where no whole-step graph fits)
                 self._ahead = self._spend("step", lambda: self.engine.launch(self._batch, ahead=True))
         finally:  # this step's tokens are the rows' own, whatever happened to the next
             self._emit(lambda: self.engine.collect(step), step.start)
-
-    def _ending(self) -> bool:  # the batch is about to change (a step in flight would be collected first)
-        return self._due(in_flight=True)
 
     def _due(self, in_flight: bool | None = None) -> bool:
         """Whether the batch's rows change this turn (``membership.py``)."""
@@ -339,7 +338,7 @@ class Scheduler:
 
     def _deliver(self, w: Work, tokens: list[int]) -> None:
         if tokens:
-            self._log_tokens += len(tokens)
+            self._decode_log.tokens += len(tokens)
             self._out.append((w, tokens))
 
     def _retire(self, change: bool = True) -> None:
@@ -410,15 +409,3 @@ class Scheduler:
             w.done = True
             self.metrics.requests.labels(outcome="error").inc()
             self._out.append((w, Failed(message)))
-
-    def _maybe_log(self) -> None:
-        now = time.monotonic()
-        if now < self._log_at or self.log_interval <= 0:
-            return
-        m = self.metrics
-        elapsed = max(now - self._last_log, 1e-9)
-        spec = f", accept len {m.window_accept_length:.2f}, accept rate {m.window_accept_rate:.3f}" \
-            if m.speculative else ""
-        log.info("decode: running %d, queued %d%s, gen throughput %.1f tok/s",
-                 len(self._running), len(self._waiting), spec, self._log_tokens / elapsed)
-        self._log_at, self._last_log, self._log_tokens = now + self.log_interval, now, 0

@@ -37,6 +37,7 @@ def refusals(tiny, draft, other_draft):
         "context longer than the target's": (m + d + ["--context-length", "5000"], ["--context-length", "1024"]),
         "no running slots": (m + d + ["--max-running-requests", "0"], ["--max-running-requests"]),
         "switch interval of zero": (m + d + ["--switch-interval-ms", "0"], ["--switch-interval-ms", "milliseconds"]),
+        "a negative membership wait": (m + d + ["--membership-wait-steps", "-1"], ["--membership-wait-steps", "0"]),
         "a sampling default out of range": (m + d + ["--override-generation-config", '{"temperature": 5}'],
                                             ["--override-generation-config", "temperature", "[0, 2]"]),
         "no generation config in the folder named": (m + d + ["--generation-config", str(draft / "nowhere")],

@@ -7,7 +7,9 @@
 # alone; CLIENTS=1,4,16,64: more levels; INPROC=1: the engine in-process beside each level), f = what feeding the
 # draft costs the plain steps of `auto` (a server that never speculates but feeds the draft, against NONE, served at
 # 1, 16 and 64 clients or F_CLIENTS, T 0 and 0.7; once per draft feed interval, F_INTERVALS, "8 1"), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
-# 129 rows) at its default launch and at more candidates a search pass (fewer passes).
+# 129 rows) at its default launch and at more candidates a search pass (fewer passes), m = rows that end leaving the
+# batch at once (--membership-wait-steps 0) against waiting for others (8), auto and NONE servers, 16 and 64 clients
+# (M_CLIENTS), T 0.7 (M_TEMPS), alternated twice.
 # Needs PYTHONPATH with src (and the staged wheels): scripts/gpu-stage.sh stages them in three calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-engine}; MODEL=${MODEL:-/tmp/smollm2.gguf}; ONLY=${ONLY:-"c d a b"}
@@ -39,6 +41,13 @@ for b in $ONLY; do
            --draft-feed-interval $i --clients ${F_CLIENTS:-1,16,64} --temperatures 0,0.7 --top-p 0.95 \
            --min-requests 32 --requests-per-client ${F_RPC:-4} --max-tokens 256 --logs "$OUT/logs-fed-i$i" \
            --out "$OUT/fed-none-i$i.json"; done ;;
+    m) stamp "(m) batch changes at once (--membership-wait-steps 0) against waiting (8), auto and NONE, alternated"
+       for rep in 1 2; do for w in 0 8; do
+         timeout ${M_TIMEOUT:-280} python3 serve_load.py --model-path "$MODEL" --speculative-draft-model-path \
+           "${DRAFT:-$SHIPPED}" --speculative-algorithm EAGLE3 --speculative-batch-schedule auto \
+           --serve-flags "--membership-wait-steps $w" --clients ${M_CLIENTS:-16,64} --temperatures ${M_TEMPS:-0.7} \
+           --top-p 0.95 --requests-per-client 4 --min-requests 64 --max-tokens 256 --logs "$OUT/logs-m$w-$rep" \
+           --out "$OUT/membership-w$w-rep$rep.json"; done; done ;;
     p) stamp "(p) distribution kernel configs"  # each config compiles its launches' variants first: minutes
        timeout ${P_TIMEOUT:-400} python3 kernel_profile.py --distribution ${P_ROWS:-1,33},49152 --temperature 0.7 \
          --top-p 0.95 --distribution-configs ${P_CONFIGS:-64x64x256x4 64x256x256x4} --out "$OUT/distribution-configs.json" ;;

@@ -39,6 +39,7 @@ import asyncio
 import itertools
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -276,6 +277,7 @@ def engine_flags(args) -> list[str]:
     flags = ["--model-path", args.model_path, "--device", args.device, "--dtype", args.dtype,
              "--max-running-requests", str(args.max_running_requests)]
     flags += [] if args.overlap_schedule else ["--no-overlap-schedule"]
+    flags += shlex.split(args.serve_flags) if args.serve_flags else []
     return flags + (["--disable-cuda-graph"] if args.disable_cuda_graph else [])
 
 
@@ -310,6 +312,9 @@ def parse_args(argv=None):
                  "--draft-feed-interval"):
         p.add_argument(name, type=int, default=None)
     p.add_argument("--no-baseline", action="store_true", help="start no NONE server beside the speculative one")
+    p.add_argument("--serve-flags", default=None, metavar="'FLAGS'",
+                   help="more eyas serve flags for both servers it starts, one string (e.g. "
+                        "'--membership-wait-steps 0'), so that one command A/Bs a serving setting")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--disable-cuda-graph", action="store_true")

@@ -105,6 +105,44 @@ def test_rows_that_end_apart_leave_the_batch_together(native, reference, monkeyp
     assert changes[8] < changes[0], changes
 
 
+def test_rows_that_wait_to_leave_among_every_kind_of_request(overlapped, native, reference):
+    """While rows that ended wait in the batch: greedy rows of every length, streams dropped mid-way, stop strings
+    and n = 2 at once. The greedy answers are the target's own, every request ends, nothing is left running."""
+    srv, ahead = overlapped
+    tok = native.target.tokenizer
+    ids = [tok(f"mixed {i}: " + "q" * (i % 4)).input_ids for i in range(8)]
+    lengths = [5 + (13 * i) % 31 for i in range(8)]
+    want = reference(ids, lengths, ignore_eos=True)
+
+    def greedy(i: int):
+        params = {"max_new_tokens": lengths[i], "temperature": 0, "ignore_eos": True}
+        r = httpx.post(srv.url + "/generate", json={"input_ids": ids[i], "sampling_params": params}, timeout=300)
+        return r.status_code, r.json()["output_ids"]
+
+    def dropped(i: int):
+        body = {"prompt": f"drop {i}", "max_tokens": 60, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=300) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n == 2:
+                    break
+            return r.status_code, None
+
+    def other(i: int):
+        body = {"prompt": f"other {i}", "max_tokens": 20 + i, "temperature": 0.8, "seed": i, "n": 2,
+                "stop": ["e"] if i % 2 else None}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=300)
+        return r.status_code, [c["finish_reason"] for c in r.json()["choices"]]
+
+    calls = [(greedy, i) for i in range(8)] + [(dropped, i) for i in range(4)] + [(other, i) for i in range(4)]
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda c: c[0](c[1]), calls))
+    assert all(code == 200 for code, _ in got), got
+    assert [out for _, out in got[:8]] == want
+    assert all(set(reasons) <= {"stop", "length"} for _, reasons in got[12:])
+    assert wait_idle(srv.url) == {"status": "ok", "running": 0, "queued": 0}
+    assert scrape(srv.url).get('eyas:requests_total{outcome="error"}', 0) == 0 and any(ahead)
+
+
 @pytest.fixture(scope="module")
 def native_auto(models):
     """The native engine with ``--speculative-batch-schedule auto`` and a cost table under which the setting

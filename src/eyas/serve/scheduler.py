@@ -13,8 +13,8 @@ The engine is synchronous torch code and is only ever called from this one threa
 With ``overlap`` (``--overlap-schedule``, on by default; the app passes it only for an engine that launches
 steps ahead) the next step is launched before this one's tokens are read back (``Engine.launch(ahead=True)``:
 a whole-step graph, whose inputs are already on the device), so the host's share of a turn (emitting, handing
-over, bookkeeping) runs while the device computes the next step. A row that ends is stepped once more for
-nothing; any membership change (a row that ended, was cancelled or stopped, a prompt to admit or a chunk to
+over, bookkeeping) runs while the device computes the next step. A row that ends is stepped for nothing until it
+leaves; any membership change (a row that ended, was cancelled or stopped, a prompt to admit or a chunk to
 prefill) first collects the step in flight, so changes wait, within bounds, to come several at once
 (``membership.py``: a finished row is done for its client at once but leaves the batch later).
 

@@ -4,10 +4,9 @@ With the overlap schedule (``scheduler.py``) the device computes one step while 
 of the one before, but a change of the batch's rows (a row that ended leaves, a new prompt joins) first
 collects the step in flight, and the device then waits for the host's share of the change: filtering the
 batch, prefilling and merging. A speculating batch's rows emit different counts of tokens a step, so they end
-at different steps, and each end was a change of its own: at 64 clients (T 0.7, SmolLM2 on an H100, py-spy,
-docs/engine.md, *`auto` at 64 clients*), 384 requests ended in 1,049 steps, and retiring and prefilling held
-a third of the engine thread's turns, while a NONE server's rows, all of the same length, ended together.
-Real requests end at different steps in a NONE server too. So a change waits, within bounds, for others:
+at different steps, and each end was a change of its own (docs/engine.md, *`auto` at 64 clients*, measures
+what that cost); real requests end at different steps in a NONE server too. So a change waits, within bounds,
+for others:
 
 - a row that ended is done for its client at once (its last event goes out) but stays in the batch, stepped
   for nothing, and a new request waits in the queue,

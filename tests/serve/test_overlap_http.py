@@ -274,7 +274,8 @@ def test_the_banner_says_whether_the_overlap_schedule_applies(native, engine):
     the flag does nothing there when it was asked for, and is silent when it was only the default."""
     from eyas.serve.banner import overlap_line
 
-    assert "launched before" in overlap_line(native)
+    assert "launched before" in overlap_line(native) and "within 8 steps" in overlap_line(native)
+    assert "each row leaves or joins at once" in overlap_line(native, wait_steps=0)
     assert "read back before the next" in overlap_line(native, on=False)
     assert not engine.launches_ahead and "no effect" in overlap_line(engine, asked=True)
     assert overlap_line(engine) is None

@@ -145,14 +145,18 @@ def banner_lines(engine, max_running: int, max_queued: int) -> list[str]:
     return lines + training_warnings(engine)
 
 
-def overlap_line(engine, on: bool = True, asked: bool = False) -> str | None:
+def overlap_line(engine, on: bool = True, asked: bool = False, wait_steps: int = 8) -> str | None:
     """The banner's word on the overlap schedule (``on``: ``--overlap-schedule``, the default): what runs on
-    this engine. On the generic path, which launches nothing ahead, it speaks only when the flag was ``asked``."""
+    this engine, and how long a change of the batch's rows may wait (``wait_steps``: ``--membership-wait-steps``).
+    On the generic path, which launches nothing ahead, it speaks only when the flag was ``asked``."""
     if not on:
         return "schedule: each step read back before the next is launched (--no-overlap-schedule)"
     if getattr(engine, "launches_ahead", False):
+        wait = (f"rows that end leave, and new requests join, several at once within {wait_steps} steps"
+                if wait_steps else "each row leaves or joins at once")
         return ("schedule: each step launched before the last one's tokens are read back (the overlap schedule; "
-                "steps by parts, for logprobs or a grammar, are read back first; --no-overlap-schedule: off)")
+                f"steps by parts, for logprobs or a grammar, are read back first; --no-overlap-schedule: off); "
+                f"{wait} (--membership-wait-steps)")
     if asked:
         return ("schedule: --overlap-schedule has no effect on this engine: it launches whole steps ahead (the "
                 "native path), and this one has none (the generic path); every step is read back first")

@@ -333,7 +333,7 @@ def run(args) -> int:
     chunk = options.chunked_prefill_size
     print(f"prefill: a prompt over {chunk} tokens in chunks of {chunk}, the running requests stepping between them"
           if chunk > 0 else "prefill: every prompt whole (--chunked-prefill-size -1)", flush=True)
-    line = overlap_line(engine, options.overlap_schedule, asked=args.overlap_schedule is True)
+    line = overlap_line(engine, options.overlap_schedule, args.overlap_schedule is True, options.membership_wait_steps)
     if line:
         print(line, flush=True)
     warning = public_bind_warning(args.host, options.api_key)

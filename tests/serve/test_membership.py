@@ -71,9 +71,10 @@ def test_a_done_request_whose_handler_returned_is_no_reason_to_change():
     assert not RULE.due([row] + batch(0, rows=63), [], 0, steps=12, in_flight=True)
 
 
-@pytest.mark.parametrize("why", ["cancelled", "error", "grammar", "context"])
+@pytest.mark.parametrize("why", ["cancelled", "aborted", "error", "grammar", "context"])
 def test_a_row_that_must_leave_changes_the_batch_at_once(why):
-    row = {"cancelled": work(cancelled=True), "error": work("error", since=10),
+    row = {"cancelled": work(cancelled=True), "aborted": work("abort", since=10, cancelled=True),
+           "error": work("error", since=10),
            "grammar": work("stop", since=10, grammar=object()),
            "context": work("length", since=10, held=990)}[why]  # 990 + 7 x (2 + 1) > 1000 after two steps
     rows = [row] + batch(0, rows=63)

@@ -59,8 +59,9 @@ class Membership:
     def must_leave(self, w: Work, steps: int) -> bool:
         """A row that ended and leaves the batch this turn, whatever the others do."""
         s = w.seq
-        if (w.cancelled and not w.done) or s.finish_reason == "error" or s.grammar is not None:
-            return True  # (a request done for its client is cancelled as its handler returns: that is no news)
+        # the client left (a row that ended otherwise is cancelled too, as its handler returns: no news), an error
+        if (w.cancelled and not s.finished) or s.finish_reason in ("abort", "error") or s.grammar is not None:
+            return True
         lingered = steps - self._since(w, steps)
         return len(s.prompt_ids) + len(s.output_ids) + (lingered + 1) * self.step_tokens > self.context_limit
 

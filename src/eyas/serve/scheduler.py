@@ -342,9 +342,9 @@ class Scheduler:
             self._out.append((w, tokens))
 
     def _retire(self, change: bool = True) -> None:
-        """Rows that ended leave the batch where ``change`` or the rule says so (``membership.py``); else they
-        are done for their clients now and stay in the batch until it does."""
-        change = change or self._due()
+        """Rows that ended leave the batch where ``change`` (the turn's ``_due``) says so; else they are done for
+        their clients now and stay in the batch until it does (``membership.py``: one the client left, the next
+        turn)."""
         while True:
             keep, gone = [], []
             for i, w in enumerate(self._running):

@@ -103,18 +103,58 @@ def test_probes_that_find_nothing_come_ever_more_rarely():
     assert chooser.probe_gap == chooser.max_probe_every and chooser.choice == NONE
 
 
-def test_a_plain_step_refreshes_its_cost_while_speculation_runs():
-    """Measured costs: every ``probe_every`` speculative steps in a row three plain steps run (the middle one is
-    timed steady: between two of its own setting), so the plain step's cost follows the live server (its warm-up
-    figure has no server in it); the choice stays. Relative costs (the CPU) follow nothing: no refresh."""
-    chooser = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), probe_every=8)
-    chooser.set_costs(costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), measured=True)
-    picks = [chooser.choose(1) for _ in range(27)]
-    assert [i for i, s in enumerate(picks) if s == NONE] == [8, 9, 10, 19, 20, 21] and chooser.choice == TREE32
-    chooser.observe(NONE, [], seconds=1.6, rows=1)  # the refresh's own time moves the estimate
-    assert chooser.cost(NONE, 1) == pytest.approx(1.0 + 0.05 * 0.6)
-    relative = Chooser(AUTO.options, costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), probe_every=8)
-    assert NONE not in [relative.choose(1) for _ in range(27)]
+def test_a_refresh_re_measures_the_settings_close_to_the_choice_in_turn():
+    """Measured costs: after every ``probe_every`` steps of the choice, four steps of another setting run (the
+    middle two are timed steady), taking turns among the settings expected at 70% of the choice's rate or more;
+    one far behind never runs. The choice stays. Relative costs (the CPU) follow nothing: no refresh."""
+    table = costs({1: (1.0, 1.0, 1.0, 1.0, 1.0)})
+    chooser = Chooser(AUTO.options, table, probe_every=8)
+    chooser.set_costs(table, measured=True)
+    for s, reach in zip(AUTO.options[1:], ([0.0] * 3, [0.9, 0.8, 0.7, 0.6, 0.5], [0.9, 0.6, 0.3, 0.1],
+                                           [0.9, 0.8, 0.7, 0.6, 0.5, 0.5])):
+        chooser.reach[GREEDY][s] = list(reach)
+    # tau: NONE 1, 3,1,4 1 (no better, ranked after NONE), 5,1,6 4.5, 4,4,16 2.9 (64% of 6,8,32), 6,8,32 5
+    picks = [chooser.choose(1) for _ in range(39)]
+    refreshes = [(i, s) for i, s in enumerate(picks) if s != TREE32]
+    assert refreshes == [(i, CHAIN5) for i in (*range(8, 12), *range(20, 24), *range(32, 36))]
+    assert chooser.choice == TREE32
+    chooser.reach[GREEDY][TREE16] = [0.9, 0.8, 0.7, 0.6]  # 4,4,16 now close too (tau 4): they take turns
+    picks = [chooser.choose(1) for _ in range(39)]
+    assert [s for s in picks if s != TREE32] == [TREE16] * 4 + [CHAIN5] * 4 + [TREE16] * 4
+    chooser.observe(CHAIN5, [4], seconds=1.6, rows=1)  # a refresh's step moves its setting's cost by 0.3
+    assert chooser.cost(CHAIN5, 1) == pytest.approx(1.0 + 0.3 * 0.6)
+    chooser.observe(TREE32, [5], seconds=1.6, rows=1)  # the choice's own steps by 0.05
+    assert chooser.cost(TREE32, 1) == pytest.approx(1.0 + 0.05 * 0.6)
+    relative = Chooser(AUTO.options, table, probe_every=8)
+    relative.reach = chooser.reach
+    assert {relative.choose(1) for _ in range(39)} == {TREE32}
+
+
+def test_refreshes_correct_a_warm_up_cost_that_came_out_high():
+    """A served 16-row batch at T 0.7 (H100, SmolLM2): warm-up timed 3,1,4 at 2.27 ms where its steps take about
+    1.55, so 4,4,16 looked best and 3,1,4 never ran. Refreshes of the settings close to the choice re-measure it
+    and the choice moves to it; with none (a floor no setting reaches) the wrong choice stays."""
+    true = {NONE: 1.2, CHAIN3: 1.55, CHAIN5: 1.9, TREE16: 2.4, TREE32: 3.6}  # ms a step, 16 sampled rows
+    warm = {**true, CHAIN3: 2.27, TREE16: 2.2}
+    reach = {CHAIN3: [0.45, 0.12, 0.04], CHAIN5: [0.45, 0.13, 0.05, 0.03, 0.02], TREE16: [0.75, 0.38, 0.15, 0.08],
+             TREE32: [0.78, 0.4, 0.16, 0.07, 0.03, 0.02]}  # tau 1.61, 1.68, 2.36, 2.46: served figures
+
+    def served(floor: float) -> Chooser:
+        table = {s: {16: warm[s]} for s in AUTO.options}
+        chooser = Chooser(AUTO.options, table, refresh_floor=floor)
+        chooser.set_costs(table, measured=True, sampled=table)
+        previous = None
+        for _ in range(12000):
+            s = chooser.choose(16, 16)
+            # the tree's acceptance holds its value: each row accepts the expected count, in the reach's shape
+            accepted = [0] * 16 if not s.speculative else [
+                sum(1 for p in reach[s] if (i + 0.5) / 16 < p) for i in range(16)]
+            chooser.observe(s, accepted, true[s] if s == previous else None, 16, [True] * 16)
+            previous = s
+        return chooser
+
+    assert served(floor=0.7).choice == CHAIN3
+    assert served(floor=1.01).choice == TREE16
 
 
 def test_live_step_times_correct_a_warm_up_cost_that_was_too_low():

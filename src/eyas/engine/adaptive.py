@@ -29,17 +29,21 @@ become good again is noticed (the draft is fed on every step, so its cache never
 costs a speculative step; one that finds speculation still losing doubles the gap to the next (up to
 ``max_probe_every``), one that finds it winning brings the gap back: a workload the draft cannot help
 (sampled at temperature 1, say) pays for a probe every thousand steps, not every sixty-five. The other way
-round, where costs are measured, every ``probe_every`` speculative steps in a row ``refresh_steps`` plain
-steps run (a refresh): they emit a token a row like any step, and keep the plain step's cost the live one (a
-server's host work per step weighs most on it), not the warm-up's.
+round, where costs are measured, every ``probe_every`` steps of the choice ``refresh_steps`` steps of another
+setting run (a refresh): they emit tokens like any step, and keep that setting's cost (and acceptance) the live
+one. The setting refreshed is, of those whose expected rate is at least ``refresh_floor`` of the choice's, the
+one refreshed longest ago: a warm-up figure that came out high (one slow launch among three) or that the served
+batch has outgrown (longer contexts, a host busy with HTTP; it weighs most on the plain step) is re-measured
+where it could matter, and a setting far behind costs nothing to keep. A refresh's timed step moves its cost
+by ``refresh_weight`` (news that comes rarely; the choice's own steps move it by ``cost_decay``).
 
 Warm-up times short greedy prompts on an idle engine; a served batch has longer contexts, sampled rows and
 a host that also serves HTTP. So each step's own seconds (from ``Engine.step`` to its read-back and
 bookkeeping) move its setting's cost in its rows bucket, where the step is steady: the engine passes the
 seconds only of a step whose setting both the step before and the one launched after it ran (steps launched
 ahead overlap: the time between two read-backs holds the host's work on the step before and its launch of
-the next, so the step between two of another setting would be charged theirs; hence a refresh's three
-steps), by an exponential moving average (``cost_decay``)
+the next, so the step between two of another setting would be charged theirs; hence a refresh's four
+steps, the middle two timed), by an exponential moving average (``cost_decay``, or ``refresh_weight``)
 of observations each clipped to within a factor of 2 of the estimate (one step stalled by the collector
 must not swing it). A setting that stops running keeps its last cost (a probe, one step between plain
 ones, is not steady). ``model_costs`` (relative units, the CPU) are not followed.
@@ -98,11 +102,13 @@ class Chooser:
 
     def __init__(self, options: list[SpecConfig], costs: dict[SpecConfig, dict[int, float]], decay: float = 1 / 256,
                  prior_rows: int = 4, probe_every: int = 64, margin: float = 0.03, cost_decay: float = 0.05,
-                 max_probe_every: int = 1024, probe_weight: float = 1 / 16, refresh_steps: int = 3):
+                 max_probe_every: int = 1024, probe_weight: float = 1 / 16, refresh_steps: int = 4,
+                 refresh_floor: float = 0.7, refresh_weight: float = 0.3):
         self.options = list(options)
         self.plain = next((s for s in self.options if not s.speculative), None)  # NONE, where it is an option
         self.decay, self.prior_rows, self.probe_every, self.margin = decay, prior_rows, probe_every, margin
         self.probe_weight, self.refresh_steps = probe_weight, refresh_steps
+        self.refresh_floor, self.refresh_weight = refresh_floor, refresh_weight
         self.max_probe_every = max(max_probe_every, probe_every)
         self.probe_gap = probe_every  # quiet steps before the next probe (doubles while probes find nothing)
         self._probed = False  # the last step was a probe: the next choice says whether it found anything
@@ -115,8 +121,11 @@ class Chooser:
         self.observed: dict[str, dict[tuple[SpecConfig, int], list[float]]] = {GREEDY: {}, SAMPLED: {}}
         self.choice: SpecConfig | None = None
         self._quiet = 0  # steps in a row without speculation
-        self._busy = 0  # steps in a row with speculation (measured costs: plain steps refresh their cost)
-        self._refresh = 0  # plain steps of a refresh still to run
+        self._busy = 0  # steps of the choice since the last refresh (measured costs only)
+        self._refresh = 0  # steps of a refresh still to run, of the setting ``_refreshing``
+        self._refreshing: SpecConfig | None = None
+        self._refreshes = 0
+        self._refreshed = dict.fromkeys(self.options, -1)  # the refresh count when each setting last had one
         self.set_costs(costs)
 
     def set_costs(self, costs: dict[SpecConfig, dict[int, float]], measured: bool = False,
@@ -160,8 +169,8 @@ class Chooser:
         """The setting of the next step over ``rows`` rows, ``sampled`` of which draw (counted in ``steps``)."""
         if self._refresh:
             self._refresh -= 1
-            self.steps[self.plain] += 1
-            return self.plain
+            self.steps[self._refreshing] += 1
+            return self._refreshing
         ranked = self.rates(rows, sampled)
         best = ranked[0][1]
         current = next((r for r, s in ranked if s == self.choice), 0.0)
@@ -186,13 +195,24 @@ class Chooser:
                      "greedy, %.2f sampled; %s)", rows, sampled, setting_name(best), ranked[0][0],
                      self.tau(best, GREEDY), self.tau(best, SAMPLED), others)
             self.choice = best
-        self._busy = self._busy + 1 if best.speculative and self.measured else 0
-        if self._busy > self.probe_every and self.plain is not None:  # a refresh of the plain step's live cost
-            self._busy, self._refresh = 0, self.refresh_steps - 1
-            self.steps[self.plain] += 1
-            return self.plain
+        self._busy = self._busy + 1 if self.measured else 0
+        if self._busy > self.probe_every:
+            other = self._refresh_target(ranked, best)
+            if other is not None:
+                self._busy, self._refresh, self._refreshing = 0, self.refresh_steps - 1, other
+                self._refreshes += 1
+                self._refreshed[other] = self._refreshes
+                self.steps[other] += 1
+                return other
         self.steps[best] += 1
         return best
+
+    def _refresh_target(self, ranked: list[tuple[float, SpecConfig]], best: SpecConfig) -> SpecConfig | None:
+        """The setting a refresh re-measures: of those other than ``best`` expected at ``refresh_floor`` of its
+        rate or more, the one refreshed longest ago (ties: the better ranked); None where no other is close."""
+        top = next(r for r, s in ranked if s == best)
+        close = [s for r, s in ranked if s != best and r >= self.refresh_floor * top]
+        return min(close, key=lambda s: self._refreshed[s], default=None)
 
     def observe(self, spec: SpecConfig, accepted: list[int], seconds: float | None = None, rows: int = 0,
                 drew: list[bool] | None = None, sampled: int | None = None) -> None:
@@ -209,7 +229,8 @@ class Chooser:
             tally[0], tally[1] = tally[0] + 1, tally[1] + seconds
             table = self.costs[kind][spec]
             old = table[bucket]
-            table[bucket] = old + self.cost_decay * (min(max(seconds, old / 2), old * 2) - old)
+            weight = self.cost_decay if spec == self.choice else max(self.cost_decay, self.refresh_weight)
+            table[bucket] = old + weight * (min(max(seconds, old / 2), old * 2) - old)
         if not spec.speculative:
             return
         probe = self.probe_weight if spec != self.choice else 0.0

@@ -9,7 +9,9 @@
 # 1, 16 and 64 clients or F_CLIENTS, T 0 and 0.7; once per draft feed interval, F_INTERVALS, "8 1"), p = the sampling distribution's kernel at T 0.7 top-p 0.95 (1, 5, 33,
 # 129 rows) at its default launch and at more candidates a search pass (fewer passes), m = rows that end leaving the
 # batch at once (--membership-wait-steps 0) against waiting for others (8), auto and NONE servers, 16 and 64 clients
-# (M_CLIENTS), T 0.7 (M_TEMPS), alternated twice.
+# (M_CLIENTS), T 0.7 (M_TEMPS), alternated twice, r = four servers side by side (NONE, auto, auto with
+# --membership-wait-steps 0, static 3/1/4), loaded one at a time in rotating order, R_ROUNDS (4) rounds of 64
+# clients T 0.7, 16 clients T 0.7 and 64 clients T 0 (top-p 0.95): the lines serve_load prints, one JSON a run.
 # Needs PYTHONPATH with src (and the staged wheels): scripts/gpu-stage.sh stages them in three calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-engine}; MODEL=${MODEL:-/tmp/smollm2.gguf}; ONLY=${ONLY:-"c d a b"}
@@ -48,6 +50,21 @@ for b in $ONLY; do
            --serve-flags "--membership-wait-steps $w" --clients ${M_CLIENTS:-16,64} --temperatures ${M_TEMPS:-0.7} \
            --top-p 0.95 --requests-per-client 4 --min-requests 64 --max-tokens 256 --logs "$OUT/logs-m$w-$rep" \
            --out "$OUT/membership-w$w-rep$rep.json"; done; done ;;
+    r) stamp "(r) four servers, rotating"
+       spec="--speculative-algorithm EAGLE3 --speculative-draft-model-path ${DRAFT:-$SHIPPED}"
+       flags=("" "$spec --speculative-batch-schedule auto" "$spec --speculative-batch-schedule auto --membership-wait-steps 0"
+              "$spec --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+       names=(none auto8 auto0 s314); pids=()
+       for k in 0 1 2 3; do python3 -m eyas.serve --model-path "$MODEL" --max-running-requests 64 --log-interval 0 \
+         ${flags[$k]} --port $((8200 + k)) > "$OUT/server-${names[$k]}.log" 2>&1 & pids+=($!); done
+       for i in $(seq 1 300); do up=0; for k in 0 1 2 3; do curl -sf localhost:$((8200 + k))/health >/dev/null && up=$((up + 1)); done
+         [ $up = 4 ] && break; sleep 1; done; stamp "ready after $i s"
+       for r in $(seq 1 ${R_ROUNDS:-4}); do for lv in "64 0.7" "16 0.7" "64 0"; do read -r c t <<< "$lv"
+         for k in 0 1 2 3; do j=$(( (k + r) % 4 ))
+           timeout 60 python3 serve_load.py --url http://127.0.0.1:$((8200 + j)) --clients $c --temperatures $t --top-p 0.95 \
+             --requests-per-client 4 --min-requests 64 --max-tokens 256 --out "$OUT/rot-${names[$j]}-c$c-t$t-r$r.json" \
+             | grep "c=" | sed "s/^/r$r ${names[$j]} /"; done; done; done
+       kill "${pids[@]}" ;;
     p) stamp "(p) distribution kernel configs"  # each config compiles its launches' variants first: minutes
        timeout ${P_TIMEOUT:-400} python3 kernel_profile.py --distribution ${P_ROWS:-1,33},49152 --temperature 0.7 \
          --top-p 0.95 --distribution-configs ${P_CONFIGS:-64x64x256x4 64x256x256x4} --out "$OUT/distribution-configs.json" ;;

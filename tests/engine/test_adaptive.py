@@ -86,10 +86,14 @@ def test_live_acceptance_moves_the_choice_and_the_log_says_why(caplog):
     assert chooser.probe_gap == chooser.probe_every  # a probe that paid: the next comes soon again
 
 
-def test_probes_that_find_nothing_come_ever_more_rarely():
+@pytest.mark.parametrize("measured", [False, True], ids=["model-costs", "measured-costs"])
+def test_probes_that_find_nothing_come_ever_more_rarely(measured):
     """A draft that never pays (sampled at temperature 1, say): each probe costs a speculative step, so the gap
-    between them doubles up to max_probe_every; with the gap kept at probe_every it would be 63 probes."""
-    chooser = Chooser(AUTO.options, costs({1: (1.0, 1.5, 1.8, 2.5, 3.0)}))
+    between them doubles up to max_probe_every; with the gap kept at probe_every it would be 63 probes. Measured
+    costs add no refresh while no speculation is the choice."""
+    table = costs({1: (1.0, 1.2, 1.8, 2.5, 3.0)})  # 3,1,4 at 83% of the plain step's rate: close, but not run
+    chooser = Chooser(AUTO.options, table)
+    chooser.set_costs(table, measured=measured)
     for s in chooser.reach[GREEDY]:
         chooser.reach[GREEDY][s] = [0.0] * len(chooser.reach[GREEDY][s])
     probes = []
@@ -104,9 +108,9 @@ def test_probes_that_find_nothing_come_ever_more_rarely():
 
 
 def test_a_refresh_re_measures_the_settings_close_to_the_choice_in_turn():
-    """Measured costs: after every ``probe_every`` steps of the choice, four steps of another setting run (the
-    middle two are timed steady), taking turns among the settings expected at 70% of the choice's rate or more;
-    one far behind never runs. The choice stays. Relative costs (the CPU) follow nothing: no refresh."""
+    """Measured costs: after every ``probe_every`` steps of a speculative choice, four steps of another setting
+    run (the middle two are timed steady), taking turns among the settings expected at 70% of the choice's rate or
+    more; one far behind never runs. The choice stays. Relative costs (the CPU) follow nothing: no refresh."""
     table = costs({1: (1.0, 1.0, 1.0, 1.0, 1.0)})
     chooser = Chooser(AUTO.options, table, probe_every=8)
     chooser.set_costs(table, measured=True)

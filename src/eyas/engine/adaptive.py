@@ -29,12 +29,13 @@ become good again is noticed (the draft is fed on every step, so its cache never
 costs a speculative step; one that finds speculation still losing doubles the gap to the next (up to
 ``max_probe_every``), one that finds it winning brings the gap back: a workload the draft cannot help
 (sampled at temperature 1, say) pays for a probe every thousand steps, not every sixty-five. The other way
-round, where costs are measured, every ``probe_every`` steps of the choice ``refresh_steps`` steps of another
-setting run (a refresh): they emit tokens like any step, and keep that setting's cost (and acceptance) the live
-one. The setting refreshed is, of those whose expected rate is at least ``refresh_floor`` of the choice's, the
-one refreshed longest ago: a warm-up figure that came out high (one slow launch among three) or that the served
-batch has outgrown (longer contexts, a host busy with HTTP; it weighs most on the plain step) is re-measured
-where it could matter, and a setting far behind costs nothing to keep. A refresh's timed step moves its cost
+round, where costs are measured, every ``probe_every`` steps of a speculative choice ``refresh_steps`` steps of
+another setting run (a refresh; while no speculation runs, the probes above are all that run besides it): they
+emit tokens like any step, and keep that setting's cost (and acceptance) the live one. The setting refreshed is,
+of those whose expected rate is at least ``refresh_floor`` of the choice's, the one refreshed longest ago: a
+warm-up figure that came out high (one slow launch among three) or that the served batch has outgrown (longer
+contexts, a host busy with HTTP; it weighs most on the plain step) is re-measured where it could matter, and a
+setting far behind costs nothing to keep. A refresh's timed step moves its cost
 by ``refresh_weight`` (news that comes rarely; the choice's own steps move it by ``cost_decay``).
 
 Warm-up times short greedy prompts on an idle engine; a served batch has longer contexts, sampled rows and
@@ -121,7 +122,7 @@ class Chooser:
         self.observed: dict[str, dict[tuple[SpecConfig, int], list[float]]] = {GREEDY: {}, SAMPLED: {}}
         self.choice: SpecConfig | None = None
         self._quiet = 0  # steps in a row without speculation
-        self._busy = 0  # steps of the choice since the last refresh (measured costs only)
+        self._busy = 0  # speculative steps of the choice since the last refresh (measured costs only)
         self._refresh = 0  # steps of a refresh still to run, of the setting ``_refreshing``
         self._refreshing: SpecConfig | None = None
         self._refreshes = 0
@@ -195,7 +196,7 @@ class Chooser:
                      "greedy, %.2f sampled; %s)", rows, sampled, setting_name(best), ranked[0][0],
                      self.tau(best, GREEDY), self.tau(best, SAMPLED), others)
             self.choice = best
-        self._busy = self._busy + 1 if self.measured else 0
+        self._busy = self._busy + 1 if best.speculative and self.measured else 0
         if self._busy > self.probe_every:
             other = self._refresh_target(ranked, best)
             if other is not None:

@@ -11,7 +11,9 @@
 # batch at once (--membership-wait-steps 0) against waiting for others (8), auto and NONE servers, 16 and 64 clients
 # (M_CLIENTS), T 0.7 (M_TEMPS), alternated twice, r = four servers side by side (NONE, auto, auto with
 # --membership-wait-steps 0, static 3/1/4), loaded one at a time in rotating order, R_ROUNDS (4) rounds of 64
-# clients T 0.7, 16 clients T 0.7 and 64 clients T 0 (top-p 0.95): the lines serve_load prints, one JSON a run.
+# clients T 0.7, 16 clients T 0.7 and 64 clients T 0 (top-p 0.95, R_LEVELS): the lines serve_load prints, one JSON a
+# run, v = this tree's NONE and static 3/1/4 servers against the same from OLD_SRC (another checkout's src, its
+# drafts in place), rotating as r (V_LEVELS: 64, 16 and 4 clients at T 0.7).
 # Needs PYTHONPATH with src (and the staged wheels): scripts/gpu-stage.sh stages them in three calls.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-engine}; MODEL=${MODEL:-/tmp/smollm2.gguf}; ONLY=${ONLY:-"c d a b"}
@@ -19,6 +21,23 @@ mkdir -p "$OUT"; cd "$(dirname "$0")"
 D=${DRAFT:+--draft $DRAFT}
 SHIPPED=smollm2-135m-instruct-eagle3  # the servers need a draft named: the shipped one unless DRAFT
 stamp() { echo "=== $(date +%T) $*"; }
+SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path ${DRAFT:-$SHIPPED}"
+S314="--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+rotate() {  # rotate "C,T ...": the servers of names/envs/flags up at once, each level loaded on one at a time in
+  # rotating order (R_ROUNDS rounds), 4 requests a client, top-p 0.95, 256 tokens; one JSON a run
+  local n=${#names[@]} pids=() k i r lv c t j up
+  for ((k = 0; k < n; k++)); do env ${envs[$k]} python3 -m eyas.serve --model-path "$MODEL" --max-running-requests 64 \
+    --log-interval 0 ${flags[$k]} --port $((8200 + k)) > "$OUT/server-${names[$k]}.log" 2>&1 & pids+=($!); done
+  for i in $(seq 1 300); do up=0; for ((k = 0; k < n; k++)); do
+    curl -sf localhost:$((8200 + k))/health >/dev/null && up=$((up + 1)); done; [ $up = $n ] && break; sleep 1; done
+  stamp "$up of $n up after $i s"
+  for r in $(seq 1 ${R_ROUNDS:-4}); do for lv in $1; do IFS=, read -r c t <<< "$lv"
+    for ((k = 0; k < n; k++)); do j=$(( (k + r) % n ))
+      timeout 90 python3 serve_load.py --url http://127.0.0.1:$((8200 + j)) --clients $c --temperatures $t --top-p 0.95 \
+        --requests-per-client 4 --min-requests 64 --max-tokens 256 --out "$OUT/rot-${names[$j]}-c$c-t$t-r$r.json" \
+        | grep "c=" | sed "s/^/r$r ${names[$j]} /"; done; done; done
+  kill "${pids[@]}"
+}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
 for b in $ONLY; do
   case $b in
@@ -51,20 +70,15 @@ for b in $ONLY; do
            --top-p 0.95 --requests-per-client 4 --min-requests 64 --max-tokens 256 --logs "$OUT/logs-m$w-$rep" \
            --out "$OUT/membership-w$w-rep$rep.json"; done; done ;;
     r) stamp "(r) four servers, rotating"
-       spec="--speculative-algorithm EAGLE3 --speculative-draft-model-path ${DRAFT:-$SHIPPED}"
-       flags=("" "$spec --speculative-batch-schedule auto" "$spec --speculative-batch-schedule auto --membership-wait-steps 0"
-              "$spec --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
-       names=(none auto8 auto0 s314); pids=()
-       for k in 0 1 2 3; do python3 -m eyas.serve --model-path "$MODEL" --max-running-requests 64 --log-interval 0 \
-         ${flags[$k]} --port $((8200 + k)) > "$OUT/server-${names[$k]}.log" 2>&1 & pids+=($!); done
-       for i in $(seq 1 300); do up=0; for k in 0 1 2 3; do curl -sf localhost:$((8200 + k))/health >/dev/null && up=$((up + 1)); done
-         [ $up = 4 ] && break; sleep 1; done; stamp "ready after $i s"
-       for r in $(seq 1 ${R_ROUNDS:-4}); do for lv in "64 0.7" "16 0.7" "64 0"; do read -r c t <<< "$lv"
-         for k in 0 1 2 3; do j=$(( (k + r) % 4 ))
-           timeout 60 python3 serve_load.py --url http://127.0.0.1:$((8200 + j)) --clients $c --temperatures $t --top-p 0.95 \
-             --requests-per-client 4 --min-requests 64 --max-tokens 256 --out "$OUT/rot-${names[$j]}-c$c-t$t-r$r.json" \
-             | grep "c=" | sed "s/^/r$r ${names[$j]} /"; done; done; done
-       kill "${pids[@]}" ;;
+       names=(none auto8 auto0 s314); envs=("" "" "" "")
+       flags=("" "$SPEC --speculative-batch-schedule auto" "$SPEC --speculative-batch-schedule auto --membership-wait-steps 0"
+              "$SPEC $S314")
+       rotate "${R_LEVELS:-64,0.7 16,0.7 64,0}" ;;
+    v) stamp "(v) this tree against OLD_SRC's, NONE and static 3/1/4 servers, rotating"
+       old="PYTHONPATH=/tmp/site:$OLD_SRC TRITON_CACHE_DIR=/tmp/triton-old"
+       names=(none-new none-old s314-new s314-old); envs=("" "$old" "" "$old")
+       flags=("" "" "$SPEC $S314" "$SPEC $S314")
+       rotate "${V_LEVELS:-64,0.7 16,0.7 4,0.7}" ;;
     p) stamp "(p) distribution kernel configs"  # each config compiles its launches' variants first: minutes
        timeout ${P_TIMEOUT:-400} python3 kernel_profile.py --distribution ${P_ROWS:-1,33},49152 --temperature 0.7 \
          --top-p 0.95 --distribution-configs ${P_CONFIGS:-64x64x256x4 64x256x256x4} --out "$OUT/distribution-configs.json" ;;

@@ -1,6 +1,8 @@
-"""draft.init_from: a run starts from a saved draft's weights and vocabulary, and refuses drafts
-that do not fit (another vocabulary size, target, or aux layers) with errors that say so."""
+"""draft.init_from: a run starts from a saved draft's weights and vocabulary (grown or shrunk around the saved
+draft's tokens where the run asks for another size), and refuses drafts that do not fit (another target, width
+or aux layers) with errors that say so."""
 
+import numpy as np
 import pytest
 import torch
 from helpers import tiny_target
@@ -35,11 +37,39 @@ def test_warm_start_copies_weights_and_vocabulary(trained):
     assert cold.evaluate()["loss"] > summary["heldout"]["loss"] + 0.5  # the warm start is not a fresh init
 
 
+def _tokens(draft) -> list[int]:
+    return (draft.d2t + torch.arange(len(draft.d2t))).tolist()
+
+
+@pytest.mark.parametrize("size", [280, 120])
+def test_another_vocabulary_size_keeps_the_saved_tokens_and_their_rows(trained, size):
+    """Grown, every saved token stays with its trained row and the new ones are the data's most frequent others,
+    starting from the target's own output rows; shrunk, the data's most frequent saved tokens stay."""
+    target, data, tmp, first, _ = trained
+    run = Trainer(tiny_recipe(data, tmp / f"v{size}", **{"draft.vocab_size": size,
+                                                         "draft.init_from": str(tmp / "first" / "draft")}),
+                  target=target)
+    old, new = _tokens(first.draft), _tokens(run.draft)
+    assert len(new) == size and new == sorted(new) and int(run.draft.t2d.sum()) == size
+    assert run.draft.t2d[new].all()
+    counts = np.load(data / "vocab_counts.npy")
+    rest = sorted(set(range(len(counts))) - set(old), key=lambda t: (-counts[t], t))
+    want = set(old) | set(rest[:size - len(old)]) if size > len(old) else set(
+        sorted(old, key=lambda t: (-counts[t], t))[:size])
+    assert set(new) == want
+    head = target.model.get_output_embeddings().weight.float()
+    for d, t in enumerate(new):
+        expected = first.draft.lm_head.weight[old.index(t)] if t in old else head[t]
+        assert torch.equal(run.draft.lm_head.weight[d], expected), t
+    saved = first.draft.state_dict()
+    for name, value in run.draft.state_dict().items():
+        if name not in ("lm_head.weight", "d2t", "t2d") and not name.startswith("rotary_emb."):
+            assert torch.equal(value, saved[name]), name
+
+
 def test_warm_start_refuses_what_does_not_fit(trained):
     target, data, tmp, _, _ = trained
     init = str(tmp / "first" / "draft")
-    with pytest.raises(EyasError, match=r"does not fit.*lm_head.weight \(200, 64\) vs \(100, 64\)"):
-        Trainer(tiny_recipe(data, tmp / "r1", **{"draft.vocab_size": 100, "draft.init_from": init}), target=target)
     with pytest.raises(EyasError, match="draft.init_head_from_target"):
         tiny_recipe(data, tmp / "r3", **{"draft.init_from": init, "draft.init_head_from_target": True}).validate()
     with pytest.raises(EyasError, match="neither a folder nor a draft shipped"):

@@ -127,8 +127,9 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
     messages, knows_calls = [], "tool_calls" in str(tokenizer.chat_template)
     for i, m in enumerate(req.messages):
         if m.content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):
-            raise bad_request(f"'messages.{i}.content' is required: a message with role {m.role!r} needs its text (only an "
-                              "assistant message with tool_calls may leave it out)", param=f"messages.{i}.content")
+            raise bad_request(f"'messages.{i}.content' is required: a message with role {m.role!r} needs its text "
+                              "(only an assistant message with tool_calls may leave it out)",
+                              param=f"messages.{i}.content")
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             d["content"] = "\n".join(p.text for p in m.content)

@@ -42,7 +42,7 @@ def build_draft(target, recipe: Recipe, counts: np.ndarray, allow_pickle: bool =
     draft.d2t.copy_(d2t.to(draft.d2t.device))
     draft.t2d.copy_(t2d.to(draft.t2d.device))
     if r.draft.init_from:
-        warm_start(draft, r.draft.init_from, target, allow_pickle)
+        warm_start(draft, r.draft.init_from, target, torch.from_numpy(counts), allow_pickle)
     elif r.draft.init_head_from_target:
         with torch.no_grad():
             head = target.model.get_output_embeddings().weight

@@ -34,7 +34,8 @@ class DraftSection:
     # harmful on SmolLM2 (loss 19 at step 0, grad norm 650, slower learning than a random head)
     save_dtype: str = "bfloat16"
     init_from: str | None = None  # warm start: a saved draft of this target (folder or shipped name), same
-    # draft.vocab_size and aux layers; its trainable weights and vocabulary maps replace the random init
+    # width and aux layers; its trainable weights and vocabulary maps replace the random init (a vocab_size of
+    # its own grows or shrinks the vocabulary around the saved draft's tokens: train.warm_start)
 
 
 @dataclass

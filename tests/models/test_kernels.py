@@ -336,6 +336,36 @@ def test_attend_matches_sdpa(head_dim, hq, hkv, t, window, dtype):
     torch.testing.assert_close(got, want, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 4], ids=["decode", "tree"])
+def test_attend_skips_what_no_row_sees_and_matches_sdpa(t, dtype):
+    """A served step's layout: row b sees its own slots 0..len_b - 1 and the step's tokens at the shared prefix (the
+    longest row's length), in a window bucket far past it, so the last blocks and whole flash-decoding splits are
+    hidden from every row; the kernel skips them and still equals SDPA. A query row that sees nothing (none in a
+    real step) gives finite values, never NaN: zeros where no row of its program sees anything either."""
+    torch.manual_seed(5)
+    hq, hkv, head_dim, window = 6, 2, 16, 1024
+    lengths, prefix = [100, 300, 7], 300
+    bsz = len(lengths)
+    buf = torch.randn(2, bsz, hkv, window, head_dim, dtype=dtype).to(DEVICE)
+    q = torch.randn(bsz, hq, t, head_dim, dtype=dtype).to(DEVICE)
+    allowed = torch.zeros(bsz, t, window, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        allowed[b, :, :n] = True
+        for i in range(t):  # the step's tokens: a chain, each seeing those before it
+            allowed[b, i, prefix:prefix + i + 1] = True
+    mask = kv_cache.additive(allowed.to(DEVICE), dtype)
+    folded = q.reshape(bsz, hkv, hq // hkv * t, head_dim)
+    heads, scale = (hq, hkv, head_dim), head_dim ** -0.5
+    got = TRITON.attend(folded, buf[0], buf[1], TRITON.fold_mask(mask, hq // hkv), scale, heads)
+    want = TORCH.attend(folded, buf[0], buf[1], TORCH.fold_mask(mask, hq // hkv), scale, heads)
+    torch.testing.assert_close(got, want, **_tol(dtype))
+    allowed[2, 0] = False  # a query row that sees nothing
+    got = TRITON.attend(folded, buf[0], buf[1], TRITON.fold_mask(kv_cache.additive(allowed.to(DEVICE), dtype),
+                                                                   hq // hkv), scale, heads)
+    assert torch.isfinite(got).all() and (t > 1 or not got[2, 0].any())
+
+
 @pytest.mark.parametrize("shape,k,dtype", [((3, 8, 16384), 8, torch.bfloat16), ((5, 300), 4, torch.float32),
                                            ((2, 3, 1000), 1, torch.float32), ((2, 4, 2048), 8, torch.float32),
                                            ((1, 10), 10, torch.float32)],

@@ -64,7 +64,7 @@ def _rope_store_kernel(qkv, s_qb, s_qt, pos, s_pb, s_pt, table, q_out, s_ob, s_o
 
 @triton.jit
 def _attend_kernel(q, s_qb, s_qh, s_qt, k, v, s_kb, s_kh, s_ks, mask, s_mb, s_mt, s_mn, out, s_ob, s_ot, s_oh,
-                   part_o, part_ml, W, T, per_split, scale, HKV, SPLITS, M_PAD,
+                   part_o, part_ml, W, T, per_split, scale, hidden, HKV, SPLITS, M_PAD,
                    REP: tl.constexpr, D: tl.constexpr, D_P2: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr, DIRECT: tl.constexpr, EXACT: tl.constexpr,
                    UPCAST: tl.constexpr, PDL: tl.constexpr):
@@ -73,7 +73,11 @@ def _attend_kernel(q, s_qb, s_qh, s_qt, k, v, s_kb, s_kh, s_ks, mask, s_mb, s_mt
     with the additive mask ``[B, 1, T, W]``. One split writes the output; several write their
     unnormalised partials for ``_attend_combine_kernel`` (flash-decoding). ``EXACT``: dot products
     without TF32 (float32 models); ``UPCAST``: 16-bit operands taken to float32 first (for the
-    interpreter, whose bfloat16 ``dot`` is wrong in Triton 3.9)."""
+    interpreter, whose bfloat16 ``dot`` is wrong in Triton 3.9). A hidden slot (a mask entry below ``hidden``:
+    the dtype's minimum) weighs exactly 0, so the blocks past the last one that any of these rows sees (a
+    window bucket's room beyond the longest row) are not read at all: a decode step at 350 tokens in a window
+    of 1,024 reads a third of it. Where no row here sees a slot of this split, l stays 0, which the output and
+    ``_attend_combine_kernel`` take as no contribution (zeros for a row that sees nothing at all)."""
     _after_previous_kernel(PDL)
     b = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -95,7 +99,16 @@ def _attend_kernel(q, s_qb, s_qh, s_qt, k, v, s_kb, s_kh, s_ks, mask, s_mb, s_mt
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_P2], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
+    last = lo + ((hi - lo - 1) // BLOCK_N) * BLOCK_N  # the last block's first slot (lo - BLOCK_N: none)
+    looking = last >= lo
+    while looking:  # from the end: blocks no row here sees are skipped, their mask read instead of K and V
+        n = last + tl.arange(0, BLOCK_N)
+        add = tl.load(mask + b * s_mb + t[:, None] * s_mt + n[None, :] * s_mn, mask=live[:, None] & (n < hi)[None, :],
+                      other=-float("inf")).to(tl.float32)
+        looking = tl.max(tl.max(add, axis=1), axis=0) < hidden
+        last = tl.where(looking, last - BLOCK_N, last)
+        looking = looking & (last >= lo)
+    for start in range(lo, last + BLOCK_N, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         nv = n < hi
         kt = tl.load(k + kv_base + n[None, :] * s_ks + d[:, None], mask=dv[:, None] & nv[None, :], other=0.0)
@@ -124,7 +137,8 @@ def _attend_kernel(q, s_qb, s_qh, s_qt, k, v, s_kb, s_kh, s_ks, mask, s_mb, s_mt
         m_i = m_new
     if DIRECT:
         dst = out + b * s_ob + t[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
-        tl.store(dst, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=live[:, None] & dv[None, :])
+        seen = tl.where(l_i > 0, l_i, 1.0)
+        tl.store(dst, (acc / seen[:, None]).to(out.dtype.element_ty), mask=live[:, None] & dv[None, :])
     else:
         at = ((b * HKV + g) * SPLITS + split) * M_PAD + rows  # into [B, Hkv, splits, M_PAD]
         tl.store(part_o + at[:, None] * D_P2 + d[None, :], acc, mask=live[:, None])
@@ -148,7 +162,8 @@ def _attend_combine_kernel(part_o, part_ml, out, s_ob, s_ot, s_oh, T, SPLITS, HK
     l = tl.load(part_ml + at * 2 + 1, mask=spv, other=0.0)  # noqa: E741
     w = tl.exp(m - tl.max(m, axis=0))
     o = tl.load(part_o + at[:, None] * D_P2 + d[None, :], mask=spv[:, None], other=0.0)
-    res = tl.sum(o * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    total = tl.sum(l * w, axis=0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     head = g * REP + r // T
     t = r % T
     tl.store(out + b * s_ob + t * s_ot + head * s_oh + d, res.to(out.dtype.element_ty), mask=d < D)

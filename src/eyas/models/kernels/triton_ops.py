@@ -328,9 +328,10 @@ class TritonOps(TorchOps):
         self._launch(_attend_kernel, (bsz, hkv, splits * m_blocks), q, q.stride(0), q.stride(1), q.stride(2), keys,
                      values, keys.stride(0), keys.stride(1), keys.stride(2), mask, mask.stride(0), mask.stride(2),
                      mask.stride(3), out, out.stride(0), out.stride(1), out.stride(2), part_o, part_ml, w, t, per_split,
-                     float(scale), hkv, splits, m_pad, REP=rep, D=d, D_P2=d_p2, BLOCK_M=block_m, BLOCK_N=block_n,
-                     M_BLOCKS=m_blocks, DIRECT=direct, EXACT=q.dtype.itemsize > 2 or not q.is_cuda,
-                     UPCAST=q.dtype.itemsize == 2 and not q.is_cuda, num_warps=4)
+                     float(scale), torch.finfo(mask.dtype).min / 2, hkv, splits, m_pad, REP=rep, D=d, D_P2=d_p2,
+                     BLOCK_M=block_m, BLOCK_N=block_n, M_BLOCKS=m_blocks, DIRECT=direct,
+                     EXACT=q.dtype.itemsize > 2 or not q.is_cuda, UPCAST=q.dtype.itemsize == 2 and not q.is_cuda,
+                     num_warps=4)
         if not direct:
             self._launch(_attend_combine_kernel, (bsz, hkv, rows), part_o, part_ml, out, out.stride(0), out.stride(1),
                          out.stride(2), t, splits, hkv, m_pad, REP=rep, D=d, D_P2=d_p2,

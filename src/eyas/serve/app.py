@@ -38,6 +38,10 @@ from .sampling_defaults import SamplingDefaults
 from .scheduler import Failed, Scheduler
 from .tokenize_route import router as tokenize_router
 
+# what the banner and a 404 point to (every route: GET /openapi.json)
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate", "/tokenize", "/detokenize",
+          "/v1/models", "/health", "/metrics", "/dashboard")
+
 log = logging.getLogger("eyas.serve")
 
 
@@ -215,8 +219,7 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        msg = {404: f"no route {request.method} {request.url.path}; see /v1/models, /v1/chat/completions, "
-                    "/v1/completions, /v1/responses, /generate, /health, /metrics, /dashboard",
+        msg = {404: f"no route {request.method} {request.url.path}; see {', '.join(ROUTES)}",
                405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))

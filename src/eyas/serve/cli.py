@@ -285,7 +285,7 @@ def run(args) -> int:
     try:
         import uvicorn
 
-        from .app import ServeOptions, create_app
+        from .app import ROUTES, ServeOptions, create_app
         from .limits import Limits
     except ImportError as e:
         raise EyasError(f"eyas serve needs {e.name}, which is not installed", "pip install 'eyas[serve]'") from None
@@ -339,8 +339,8 @@ def run(args) -> int:
     warning = public_bind_warning(args.host, options.api_key)
     if warning:
         print(warning, flush=True)
-    print(f"serving {app.state.eyas.served_names[0]!r} on http://{args.host}:{args.port} "
-          "(/v1/chat/completions, /v1/completions, /generate, /v1/models, /health, /metrics)", flush=True)
+    print(f"serving {app.state.eyas.served_names[0]!r} on http://{args.host}:{args.port} ({', '.join(ROUTES)})",
+          flush=True)
     # access_log off: eyas.serve.requests logs each request once (middleware.RequestLog); uvicorn's own line
     # would say it again, on the event loop, per request
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,

@@ -126,3 +126,13 @@ def test_shared_pieces_import_no_app(graph):
     bad = [graph.find_shortest_chain(importer="eyas.common", imported=app, as_packages=True) for app in APPS]
     bad = [c for c in bad if c]
     assert not bad, "eyas.common reaches an app: " + "; ".join(" -> ".join(c) for c in bad)
+
+
+def test_no_module_over_400_lines():
+    """Issue 28's bound: a module read in one sitting. Split a file that grows past it by concept."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "eyas"
+    long = {str(p.relative_to(src)): n for p in sorted(src.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines: {long}"

@@ -12,13 +12,13 @@ from serve_helpers import InProcessServer, scrape
 from eyas.cli import build_parser
 from eyas.config import AUTO, setting_name
 from eyas.pipeline import EngineArgs, build_engine
-from eyas.serve.cli import pasted_flags, served_engine_args
+from eyas.serve.cli import pasted_flags, served_choice
 
 
 def served(*argv: str, target: str = "m") -> EngineArgs:
     args = build_parser().parse_args(["serve", "--model-path", target, *argv])
     pasted_flags(args)
-    return served_engine_args(args)
+    return served_choice(args)[0]
 
 
 def test_auto_is_the_default_unless_a_tree_or_a_schedule_is_named():

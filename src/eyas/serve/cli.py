@@ -169,11 +169,6 @@ def pasted_flags(args) -> None:
                         f"{args.chunked_prefill_size}", "e.g. --chunked-prefill-size 2048 (the default)")
 
 
-def served_engine_args(args):
-    """The engine's settings (``served_choice``'s first half)."""
-    return served_choice(args)[0]
-
-
 def served_choice(args):
     """(``EngineArgs``, ``SettingChoice``): the flags' settings, with the speculative setting the flags name or,
     when they name none, the device's default (``defaults.py``: adaptive on CUDA, plain decoding on the CPU)."""
@@ -223,16 +218,13 @@ def check_server_flags(args) -> None:
     from ..pipeline import check_device
 
     check_device(resolve_device(args.device))  # before anything loads
-    for name in ("max_running_requests", "metrics_window", "max_prefill_tokens"):
-        if getattr(args, name) < 1:
-            raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.max_queued_requests < 0:
-        raise EyasError(f"--max-queued-requests must be 0 or more, got {args.max_queued_requests}")
+    for name, low in (("max_running_requests", 1), ("metrics_window", 1), ("max_prefill_tokens", 1),
+                      ("max_queued_requests", 0), ("max_request_bytes", 1), ("max_stop_strings", 1),
+                      ("max_stop_length", 1), ("max_n", 1), ("max_concurrent_streams", 1)):
+        if getattr(args, name) < low:
+            raise EyasError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
     if not 0 <= args.port <= 65535:
         raise EyasError(f"--port must be in 0..65535, got {args.port}")
-    for name in ("max_request_bytes", "max_stop_strings", "max_stop_length", "max_n", "max_concurrent_streams"):
-        if getattr(args, name) < 1:
-            raise EyasError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         raise EyasError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
     if args.switch_interval_ms is not None and not 0 < args.switch_interval_ms <= 1000:

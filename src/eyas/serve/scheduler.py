@@ -1,35 +1,23 @@
 """The engine thread: continuous batching, admission control and cancellation.
 
-The engine is synchronous torch code and is only ever called from this one thread. Each turn:
+The engine is synchronous torch code, only ever called from this thread. Each turn:
 
-    admit     move waiting requests into free slots (up to --max-running-requests, and at most
-              --max-prefill-tokens prompt tokens a turn, or a chunk's when less: a longer prompt counts
-              one chunk), prefill them as their own batch, emit their first tokens, merge into the
-              running batch. A prompt over --chunked-prefill-size is prefilled a chunk a turn (one
-              prompt at a time) and joins after its last chunk: the running rows step between chunks
+    admit     move waiting requests into free slots (at most --max-running-requests rows, and
+              --max-prefill-tokens prompt tokens a turn), prefill them as their own batch, emit their first
+              tokens, merge them into the running batch; a prompt over --chunked-prefill-size is prefilled a
+              chunk a turn and joins after its last chunk (the running rows step between chunks)
     retire    drop rows that finished (stop, length, a stop string, or cancelled by the client)
     step      one speculative verify step for every running row; emit what each row produced
 
-With ``overlap`` (``--overlap-schedule``, on by default; the app passes it only for an engine that launches
-steps ahead) the next step is launched before this one's tokens are read back (``Engine.launch(ahead=True)``:
-a whole-step graph, whose inputs are already on the device), so the host's share of a turn (emitting, handing
-over, bookkeeping) runs while the device computes the next step. A row that ends is stepped for nothing until it
-leaves; any membership change (a row that ended, was cancelled or stopped, a prompt to admit or a chunk to
-prefill) first collects the step in flight, so changes wait, within bounds, to come several at once
-(``membership.py``: a finished row is done for its client at once but leaves the batch later).
+With ``overlap`` (``--overlap-schedule``) the next step is launched before this one's tokens are read back
+(``Engine.launch(ahead=True)``), so the host's share of a turn runs while the device computes. A membership
+change (a row ended, a prompt to admit or a chunk to prefill) first collects the step in flight, so changes
+wait, within bounds, to come several at once (``membership.py``).
 
-Requests come in from asyncio handlers through ``submit`` (``Overloaded`` past running + queue capacity:
-the HTTP layer answers 503). The thread only steps and hands token ids over, one post a turn to the event
-loop (``stream.Outbox``: each row's new ids, the rows that ended), where detokenizing, stop strings and
-events happen. A stop string found there sets ``Work.stopped``: this thread ends the row before its next
-step. ``Work.cancel`` takes a queued request out of the queue at once (its slot free for the next
-``submit``); a running one is flagged and dropped between steps: a client that left frees its slot within a step.
-
-One request never fails another. A row the engine ends for a fault of its own (logits that are not
-finite, a failed draw: ``Sequence.error``) gets a ``Failed`` event while the batch goes on. When a
-step raises anyway, the rows that joined this turn are the ones whose inputs are new: they fail, and
-the step is retried once without them. Only a step that raises with no new row in it, or again after
-the retry, fails the whole batch (a broken engine); the server still takes the next requests.
+Requests come in through ``submit`` (``Overloaded`` past capacity: HTTP 503); token ids go to the event loop,
+one post a turn (``stream.Outbox``), where detokenizing and stop strings happen. One request never fails another:
+a row the engine ends for its own fault (``Sequence.error``) fails alone; when a step raises, the rows that
+joined this turn fail and the step is retried once without them (a second failure fails the batch).
 """
 
 from __future__ import annotations

@@ -59,6 +59,17 @@ def test_aux_layers_out_of_range_are_refused(target):
     assert "deeper target" in str(e.value)
 
 
+def test_a_draft_trained_on_a_target_of_another_depth_is_refused():
+    """Its layer ids, a 10-layer target's default [2, 5, 7], are within this 8-layer target too, but name other
+    states: only the training record tells (the serving paths refuse it as ``eyas doctor`` does)."""
+    target, other = tiny_target(), tiny_target(num_hidden_layers=10)  # the engine sets the target's ids: not shared
+    d = Eagle3Draft.for_target(other)
+    assert max(d.aux_layer_ids) < target.info.num_layers and d.config.eyas["target"]["num_hidden_layers"] == 10
+    with pytest.raises(EyasError, match="trained on a 10-layer target; this one has 8 layers") as e:
+        Engine(target, d, SpecConfig("EAGLE3"))
+    assert e.value.fix
+
+
 def test_draft_vocabulary_of_another_tokenizer_is_refused(target):
     d = Eagle3Draft.for_target(tiny_target(vocab_size=400))
     refuse(target, d, SpecConfig("EAGLE3"), match="draft's vocabulary has 400 tokens, the target's 320")

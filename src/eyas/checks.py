@@ -10,7 +10,7 @@ import torch
 
 from .config import Algorithm, SpecConfig
 from .errors import EyasError
-from .layers import check_aux_layers
+from .layers import check_aux_layers, check_trained_depth
 
 
 def draft_kind(fc_in: int | None, target_hidden: int, num_aux: int, architecture: str = "") -> str:
@@ -74,6 +74,7 @@ def check_pair(target_info, draft, aux_layer_ids: list[int]) -> None:
     """Draft built for this target: fc width, captured layers, vocabularies, embeddings, maps."""
     h, n_aux = target_info.hidden_size, len(aux_layer_ids)
     check_aux_layers(aux_layer_ids, target_info.num_layers)
+    check_trained_depth(getattr(draft.config, "eyas", None), target_info.num_layers)
     fc_in = draft.fc.in_features
     if fc_in != n_aux * h:
         raise EyasError(

@@ -53,6 +53,16 @@ def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
     return ids
 
 
+def check_trained_depth(record: dict | None, num_layers: int) -> None:
+    """Refuse a draft whose training record (``config.eyas``, written by eyas train) names a target of another
+    depth: its layer ids then name other states than it learnt from, and nothing else would say so."""
+    depth = ((record or {}).get("target") or {}).get("num_hidden_layers")
+    if depth is not None and int(depth) != num_layers:
+        raise EyasError(f"the draft was trained on a {depth}-layer target; this one has {num_layers} layers, so "
+                        "the captured states are different ones and the draft would accept little, silently",
+                        "use the draft trained for this target, or this draft's own target")
+
+
 # -- the serving systems' conventions, each checked against that project's source ---------------
 #
 # SGLang: ``set_eagle3_layers_to_capture`` stores ``[val + 1 for val in layer_ids]`` and its decoder

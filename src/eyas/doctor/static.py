@@ -26,7 +26,7 @@ from ..common.training_record import past_draft_positions, read_record, template
 from ..config import Algorithm
 from ..errors import EyasError
 from ..formats import names as format_names
-from ..layers import check_aux_layers, default_aux_layers, to_sglang
+from ..layers import check_aux_layers, check_trained_depth, default_aux_layers, to_sglang
 from .verdict import OK, PROBLEM, WARNING, Report
 
 FMT_NAMES = {"eyas": "eyas", "sglang": "SGLang/SpecForge", "speculators": "speculators (vLLM)",
@@ -123,10 +123,10 @@ def check_layers_row(report: Report, folder, facts: TargetFacts, n_aux: int) -> 
     ids = folder.aux_layer_ids
     recorded = (getattr(folder.config, "eyas", None) or {})
     trained_ids = recorded.get("aux_layer_ids")
-    trained_depth = (recorded.get("target") or {}).get("num_hidden_layers")
     shown_ids = ids if ids is not None else default_aux_layers(n)
     try:
         check_aux_layers(shown_ids, n)
+        check_trained_depth(recorded, n)
     except EyasError as e:
         report.add("layers", PROBLEM, e.problem, e.fix or "")
         return
@@ -134,10 +134,6 @@ def check_layers_row(report: Report, folder, facts: TargetFacts, n_aux: int) -> 
         report.add("layers", PROBLEM, f"the draft was trained on layers {list(trained_ids)} but its config makes "
                    f"servers capture {shown_ids} (eyas ids; SGLang eagle_aux_hidden_state_layer_ids "
                    f"{to_sglang(shown_ids)})", "re-export the draft with eyas export so both agree")
-        return
-    if trained_depth is not None and int(trained_depth) != n:
-        report.add("layers", PROBLEM, f"the draft was trained on a {trained_depth}-layer target; this one has {n} "
-                   "layers, so the captured states are different ones", "use the draft trained for this target")
         return
     where = "written in the config" if ids is not None else "not written: servers use the default"
     default = default_aux_layers(n)

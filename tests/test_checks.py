@@ -209,6 +209,19 @@ def test_a_context_length_below_one_is_refused_not_ignored(folders, monkeypatch,
     assert "positive" in e.value.fix
 
 
+def test_a_context_that_cannot_hold_the_tree_is_refused_before_loading(folders, monkeypatch):
+    """Not a 400 on every request blaming the prompt with a negative count (the engine checks it again, for a KV
+    pool that holds less than the model takes)."""
+    import eyas.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_target", lambda *a, **k: pytest.fail("weights loaded before the check"))
+    with pytest.raises(EyasError, match="context of 40 tokens leaves no room .*48 tokens") as e:
+        build_engine(EngineArgs(model_path=str(folders / "target"), speculative_draft_model_path=str(folders / "draft"),
+                                context_length=40, speculative_num_steps=6, speculative_eagle_topk=8,
+                                speculative_num_draft_tokens=48))
+    assert "--context-length to at least 50" in e.value.fix
+
+
 def test_a_narrow_draft_that_ships_its_embeddings_runs_as_the_doctor_says(tmp_path):
     """Draft hidden 32 on a 64-wide target (SGLang's target_hidden_size case), its own 320 x 32 embeddings: the
     doctor calls it ready, so the engine must run it, losslessly."""

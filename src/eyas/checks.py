@@ -143,3 +143,12 @@ def check_topk(spec: SpecConfig, draft_vocab: int) -> None:
             "a node cannot expand more children than there are tokens to propose",
             f"use --speculative-eagle-topk {min(draft_vocab, 8)} or less",
         )
+
+
+def check_room(max_context: int, tree_size: int) -> None:
+    """A row's context must hold a prompt beside the largest tree a step verifies and its bonus token."""
+    if max_context - tree_size - 1 < 1:
+        raise EyasError(f"a row's context of {max_context} tokens leaves no room for a prompt beside the largest tree "
+                        f"a step verifies ({tree_size} tokens, and its bonus)",
+                        f"raise --context-length to at least {tree_size + 2} (or --mem-fraction-static), or verify a "
+                        "smaller tree (--speculative-num-draft-tokens)")

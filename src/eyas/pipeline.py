@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import formats
-from .checks import check_algorithm
+from .checks import check_algorithm, check_room
 from .common.draft_registry import default_draft_for, resolve_draft_path
 from .config import AUTO, Algorithm, SpecConfig, parse_schedule
 from .engine_config import EngineConfig
@@ -160,6 +160,8 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
     if args.context_length is not None and args.context_length < 1:
         raise EyasError(f"--context-length {args.context_length} leaves no room for a single token",
                         "pass a positive length (e.g. --context-length 4096), or leave it out to use the target's")
+    if args.context_length is not None:
+        check_room(args.context_length, max(spec.verify_sizes))
     device = check_device(resolve_device(args.device))
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
         raise EyasError(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}",

@@ -29,7 +29,7 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..checks import check_spec
+from ..checks import check_room, check_spec
 from ..config import Algorithm, SpecConfig
 from ..engine_config import EngineConfig
 from ..errors import EyasError
@@ -65,11 +65,11 @@ class Engine:
         if draft is not None and draft_path is None:
             draft_path = "<in-memory draft>"
         check_spec(spec, target.info, draft, draft_path, target.aux_layer_ids)
-        self.target, self.draft, self.spec, self.draft_path = target, draft, spec, draft_path
-        self.config = config
+        self.target, self.draft, self.spec, self.draft_path, self.config = target, draft, spec, draft_path, config
         self.device = target.device
         self.tree_size = max(spec.verify_sizes)  # the largest tree any step verifies
         self.max_context = target.info.max_context or 1 << 30
+        check_room(self.max_context, self.tree_size)  # before any pool is allocated
         self.draft_steps = DraftSteps(draft) if draft is not None else None
         self._eos = frozenset(target.eos_token_ids)
         self.static = isinstance(target, NativeTarget)
@@ -81,6 +81,7 @@ class Engine:
             (self.target_pool, self.target_runner, self.whole_steps, self.drafters, self.extenders, self.prefiller,
              self.ops, self.max_context, self.layout) = native_pools(target, self.draft_steps, spec, config,
                                                                      self.tree_size, self.max_context)
+        check_room(self.max_context, self.tree_size)  # the KV pool may hold less than the model takes
         self.by_parts = StepByParts(target, self.draft_steps, self.drafters, self.extenders, self.ops,
                                     spec.speculative)
         rows = buckets(config.graph_rows)

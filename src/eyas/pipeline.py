@@ -72,8 +72,11 @@ def check_device(device: str) -> str:
         kind = torch.device(device)
     except (RuntimeError, ValueError):
         raise EyasError(f"--device {device!r} is not a device", "use auto, cpu, cuda or cuda:N") from None
-    if kind.type != "cuda":
+    if kind.type == "cpu":
         return device
+    if kind.type != "cuda":  # mps, xpu, meta, ...: the engine's kernels, graphs and memory checks are CUDA's or the CPU's
+        raise EyasError(f"--device {device}: eyas runs on a CUDA GPU or the CPU, not on {kind.type!r}",
+                        "pass --device cuda, --device cpu, or auto (the GPU when one is usable)")
     if torch.version.cuda is None and torch.version.hip is None:
         raise EyasError(f"--device {device}: this PyTorch ({torch.__version__}) is a CPU-only build, with no CUDA",
                         "install a CUDA build of PyTorch (https://pytorch.org/get-started/locally/), or pass "

@@ -65,6 +65,8 @@ def test_cuda_with_no_gpu_visible_and_a_bad_device_name(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "sees no GPU" in refused(capsys, "--device", "cuda:1", "--port", "0")
     assert "'gpu' is not a device" in refused(capsys, "--device", "gpu", "--port", "0")
+    for other in ("mps", "meta", "xpu:0"):  # torch devices, not eyas's: refused, not a traceback at .to(device)
+        assert "a CUDA GPU or the CPU" in refused(capsys, "--device", other, "--port", "0")
 
 
 # -- --tp, --chunked-prefill-size, the positional model ----------------------------------------------------

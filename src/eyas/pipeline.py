@@ -74,7 +74,7 @@ def check_device(device: str) -> str:
         raise EyasError(f"--device {device!r} is not a device", "use auto, cpu, cuda or cuda:N") from None
     if kind.type == "cpu":
         return device
-    if kind.type != "cuda":  # mps, xpu, meta, ...: the engine's kernels, graphs and memory checks are CUDA's or the CPU's
+    if kind.type != "cuda":  # mps, xpu, meta, ...: the kernels, graphs and memory checks are CUDA's or the CPU's
         raise EyasError(f"--device {device}: eyas runs on a CUDA GPU or the CPU, not on {kind.type!r}",
                         "pass --device cuda, --device cpu, or auto (the GPU when one is usable)")
     if torch.version.cuda is None and torch.version.hip is None:

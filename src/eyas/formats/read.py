@@ -111,6 +111,8 @@ def _read_tensors(path: Path, looks_like: str, shapes_only: bool = False, allow_
                 part = load_torch_file(f)
                 if shapes_only:
                     part = {k: tuple(v.shape) for k, v in part.items()}
+        except EyasError:  # a pickle that would run code (load_torch_file): its own message
+            raise
         except Exception as e:  # safetensors and torch raise many types for a truncated file
             size = f.stat().st_size
             raise EyasError(

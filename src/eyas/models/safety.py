@@ -70,11 +70,22 @@ def load_torch_file(path, numpy_arrays: bool = False):
     """The one way eyas reads a ``torch.save`` file: on the CPU, with ``weights_only=True``, so only
     tensors and plain Python values come back and a crafted file raises instead of running code.
     ``numpy_arrays`` also admits plain numpy arrays (what older training checkpoints stored)."""
+    import pickle
+    import re
+
     import torch
 
     path = checked_file(path, "checkpoint file")
-    with torch.serialization.safe_globals(_numpy_globals() if numpy_arrays else []):
-        return torch.load(str(path), map_location="cpu", weights_only=True)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals() if numpy_arrays else []):
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # torch's text advises weights_only=False: never here
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        raise EyasError(f"{path} holds objects other than tensors and plain values "
+                        f"({found.group(1) if found else 'a Python object'}), so it was not loaded, --allow-pickle or "
+                        "not: unpickling it could run code",
+                        "get the weights as safetensors from a source you trust; never load this file with "
+                        "weights_only=False") from None
 
 
 def checked_file(path, what: str = "file") -> Path:

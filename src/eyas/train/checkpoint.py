@@ -28,7 +28,6 @@ refused unless ``--allow-recipe-change``, which resumes with the new values.
 from __future__ import annotations
 
 import json
-import pickle
 import random
 import re
 import shutil
@@ -184,10 +183,6 @@ def _read(c: Path, allow_pickle: bool) -> Checkpoint:
         raise _Unreadable(e.problem) from None
     except json.JSONDecodeError as e:
         raise _Unreadable(f"{META} is not valid JSON ({e})") from None
-    except pickle.UnpicklingError as e:  # weights_only refused an object: a crafted or foreign file
-        first = str(e).strip().splitlines()[-1][:200]
-        raise _Unreadable(f"{STATE} holds objects other than tensors and plain values, so it was not loaded "
-                          f"({first})") from None
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError/EOFError/... for a truncated file
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise _Unreadable(f"{STATE} is truncated or not a checkpoint ({type(e).__name__}: {first})") from None

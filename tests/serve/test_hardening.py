@@ -149,6 +149,19 @@ def test_stream_limit_answers_429(inprocess):
                 break
             time.sleep(0.2)
         assert r.status_code == 200
+        outcomes = counted(srv.url, lambda m: m["length"] >= 1 and m["abort"] >= 1)
+        # each request once: the 429s as rejected, the first stream (closed by its client) as an abort
+        assert outcomes["rejected"] >= 1 and outcomes["abort"] == 1 and outcomes["invalid"] == 0, outcomes
+
+
+def counted(url: str, settled, timeout: float = 20) -> dict[str, float]:
+    """``eyas:requests_total`` by outcome, once ``settled(outcomes)`` (a cancelled request ends a step later)."""
+    deadline = time.time() + timeout
+    while True:
+        outcomes = {k.split('"')[1]: v for k, v in scrape(url).items() if k.startswith("eyas:requests_total{")}
+        if settled(outcomes) or time.time() > deadline:
+            return outcomes
+        time.sleep(0.1)
 
 
 def test_request_timeout_cancels_cleanly(inprocess):
@@ -167,6 +180,8 @@ def test_request_timeout_cancels_cleanly(inprocess):
             time.sleep(0.1)
         assert httpx.get(srv.url + "/health").json() == {"status": "ok", "running": 0, "queued": 0}
         assert httpx.post(srv.url + CHAT, json={"messages": MSG, "max_tokens": 2}).status_code == 200
+        outcomes = counted(srv.url, lambda m: m["timeout"] >= 2)
+        assert outcomes["timeout"] == 2 and outcomes["abort"] == outcomes["invalid"] == 0, outcomes  # each once
 
 
 class Lines(logging.Handler):

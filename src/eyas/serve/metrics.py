@@ -84,7 +84,7 @@ except ImportError:  # older prometheus_client
     pass
 
 PREFIX = "eyas:"
-OUTCOMES = ("stop", "length", "abort", "rejected", "invalid", "error")
+OUTCOMES = ("stop", "length", "abort", "timeout", "rejected", "invalid", "error")
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 THREAD_ACTIVITIES = ("idle", "prefill", "step", "host")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5.0)
@@ -144,8 +144,8 @@ class ServeMetrics:
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens returned to clients", registry=r)
         self.requests = Counter(p + "requests", "Finished requests by outcome: stop, length, abort (client "
-                                "gone or shutdown), rejected (503), invalid (4xx), error (5xx)", ["outcome"],
-                                registry=r)
+                                "gone or shutdown), timeout (408), rejected (503, 429), invalid (4xx), error (5xx)",
+                                ["outcome"], registry=r)
         for o in OUTCOMES:
             self.requests.labels(outcome=o)
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS,

@@ -148,7 +148,7 @@ def streaming(state, run: JobRun, lines, log_fields: dict) -> StreamingResponse:
     try:
         ticket = state.streams.acquire()
     except ApiError:
-        run.cancel()  # it was queued already: free its slot before refusing
+        run.cancel("rejected")  # it was queued already: free its slot before refusing
         raise
 
     async def guarded():

@@ -44,8 +44,12 @@ class JobRun:
         except Overloaded as e:
             raise overloaded(e) from None
 
-    def cancel(self) -> None:
+    def cancel(self, outcome: str | None = None) -> None:
+        """End every sequence; ``outcome`` (``Work.outcome``): what ``eyas:requests_total`` counts them as, where
+        the server, not the client, ended them."""
         for w in self.works:
+            if outcome is not None and not w.done:
+                w.outcome = outcome
             w.cancel()
 
     async def events(self, receive=None) -> AsyncIterator[tuple[int, object]]:
@@ -69,6 +73,7 @@ class JobRun:
                     events.append(self.queue.get_nowait())
                 if any(index is None for index, _ in events):  # a marker: the deadline, or the client left
                     if any(e is _TIMEOUT for index, e in events if index is None):
+                        self.cancel("timeout")
                         raise timed_out(self.limits)
                     raise ClientGone()
                 for index, event in coalesce(events):

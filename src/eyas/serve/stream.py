@@ -147,7 +147,7 @@ class Receiver:
             matched = self.kept_ids[-1]  # a stop token
         ttft = None if self.first_token_at is None else self.first_token_at - work.arrival
         e2e = now - work.arrival
-        self.outbox.metrics.finished(reason, ttft, e2e, len(self.kept_ids))
+        self.outbox.metrics.finished(work.outcome or reason, ttft, e2e, len(self.kept_ids))
         if self.outbox.log_requests:
             st, seq = ended.stats, work.seq
             spec = f", accept len {st.accept_length:.2f} ({st.accepted}/{st.drafts} steps)" if st.drafts else ""

@@ -23,6 +23,7 @@ class Work:
     stopped: bool = False
     done: bool = False  # its last payload (Ended or Failed) was handed over
     waited_from: int | None = None  # the scheduler's step count when it was queued, or when its row ended
+    outcome: str | None = None  # how the server ended it, where not by its own reason: "timeout", "rejected"
     on_cancel: Callable[[Work], None] | None = field(default=None, repr=False)  # set by Scheduler.submit
 
     def cancel(self) -> None:

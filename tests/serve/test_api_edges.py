@@ -96,11 +96,21 @@ def test_every_operation_id_in_the_openapi_document_is_unique(inprocess, recwarn
 
     with inprocess() as srv:
         doc = httpx.get(srv.url + "/openapi.json", timeout=60).json()
-        assert httpx.head(srv.url + "/health").status_code == 200  # load balancers probe with HEAD
     ids = collections.Counter(op["operationId"] for ops in doc["paths"].values() for op in ops.values())
     assert [i for i, count in ids.items() if count > 1] == []
-    assert set(doc["paths"]["/health"]) == {"get", "head"}
     assert not [w for w in recwarn if "Duplicate Operation ID" in str(w.message)]
+
+
+def test_head_answers_wherever_get_does(inprocess):
+    """RFC 9110; uptime probes and load balancers send HEAD: GET's status and headers, no body."""
+    with inprocess() as srv:
+        for path in ("/health", "/v1/models", "/metrics", "/version", "/server_info", "/dashboard", "/openapi.json"):
+            get, head = httpx.get(srv.url + path, timeout=60), httpx.head(srv.url + path, timeout=60)
+            assert head.status_code == get.status_code == 200 and head.content == b"", path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+        refused = httpx.head(srv.url + "/v1/chat/completions", timeout=60)
+        assert refused.status_code == 405 and refused.content == b""
+        assert httpx.head(srv.url + "/no/such/route", timeout=60).status_code == 404
 
 
 def test_a_trailing_slash_is_the_same_route_not_a_redirect(inprocess):

@@ -29,7 +29,7 @@ from .generate_route import router as generate_router
 from .inputs import check_model
 from .limits import BodySizeLimit, Limits, StreamSlots
 from .metrics import ServeMetrics
-from .middleware import ApiKey, RequestLog, TrailingSlash, open_paths
+from .middleware import ApiKey, HeadAsGet, RequestLog, TrailingSlash, open_paths
 from .openai_routes import router as openai_router
 from .openapi import install_openapi
 from .prepare import Preparer
@@ -140,10 +140,10 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
     if options.allowed_origins:  # outside the key check: a browser's preflight carries no credentials
         app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-Id"])
-    app.add_middleware(TrailingSlash)  # outermost: every layer sees the path the route does
+    app.add_middleware(TrailingSlash)  # every layer sees the path the route does
+    app.add_middleware(HeadAsGet)  # outermost: HEAD is GET to every layer
 
-    @app.get("/health")
-    @app.head("/health")  # a route of its own: one route of both methods gives both one operationId
+    @app.get("/health")  # and HEAD (middleware.HeadAsGet), as every GET route
     async def health():
         running, queued = scheduler.counts()
         body = {"status": "ok" if scheduler.alive else "engine thread stopped", "running": running, "queued": queued}
@@ -220,7 +220,8 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         msg = {404: f"no route {request.method} {request.url.path}; see {', '.join(ROUTES)}",
-               405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+               405: f"method {request.scope.get('eyas.method', request.method)} is not allowed on "
+                    f"{request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))
 

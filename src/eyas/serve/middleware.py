@@ -49,6 +49,28 @@ class TrailingSlash:
         await self.app(scope, receive, send)
 
 
+class HeadAsGet:
+    """``HEAD`` wherever ``GET`` answers (RFC 9110; uptime probes send it): the request goes on as ``GET`` and the
+    body is dropped on the way out, its headers (``Content-Length`` included) kept. The method a 405 names is the
+    one sent (``scope["eyas.method"]``)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            return await self.app(scope, receive, send)
+
+        async def headers_only(message):
+            if message["type"] == "http.response.body":
+                if message.get("more_body"):
+                    return
+                message = {"type": "http.response.body", "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET", "eyas.method": "HEAD"}, receive, headers_only)
+
+
 class ApiKey:
     """401 unless ``Authorization: Bearer KEY``, on every path but the exact ``open_paths``.
 

@@ -274,3 +274,23 @@ def test_a_default_max_tokens_that_does_not_fit_is_named_as_the_default(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text[:300]
         message = r.json()["error"]["message"]
         assert all(w in message for w in words) and ("default" in message) == (not body), message
+
+
+def test_a_developer_message_is_a_system_one_unless_the_template_knows_developer():
+    """OpenAI's newer name for system instructions: a template without it (SmolLM2's) would render an unknown turn
+    and add its own default system prompt; one that names it (gpt-oss's) gets it as sent."""
+    from helpers import byte_tokenizer
+
+    from eyas.serve.inputs import chat_prompt
+    from eyas.serve.protocol import ChatCompletionRequest
+
+    tok = byte_tokenizer()
+
+    def render(role: str) -> list[int]:
+        messages = [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hi"}]
+        return chat_prompt(tok, ChatCompletionRequest(messages=messages))
+
+    assert "developer" not in tok.chat_template and render("developer") == render("system")
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'developer' %}[dev]{% endif %}{{ m.content }}"
+                         "{% endfor %}")
+    assert render("developer") != render("system")

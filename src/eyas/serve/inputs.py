@@ -124,7 +124,8 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
                 for m in req.messages)
     if max_chars is not None and chars > max_chars:  # the rendered text holds them all: refused before rendering
         raise _too_long("messages", chars, max_chars)
-    messages, knows_calls = [], "tool_calls" in str(tokenizer.chat_template)
+    template = str(tokenizer.chat_template)
+    messages, knows_calls, knows_developer = [], "tool_calls" in template, "developer" in template
     for i, m in enumerate(req.messages):
         if m.content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):
             raise bad_request(f"'messages.{i}.content' is required: a message with role {m.role!r} needs its text "
@@ -133,6 +134,8 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             d["content"] = "\n".join(p.text for p in m.content)
+        if d["role"] == "developer" and not knows_developer:  # OpenAI's newer name for system instructions
+            d["role"] = "system"
         messages.append(template_message(d, knows_calls))
     tools = template_tools(req)
     try:

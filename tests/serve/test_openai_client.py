@@ -97,6 +97,20 @@ def test_continuous_usage_counts_tokens_as_they_stream(server):
     counts = [b["usage"]["completion_tokens"] for b in bodies]
     assert counts == sorted(counts) and counts[-1] == 10
     assert bodies[-1]["choices"] == [] and bodies[-1]["usage"]["spec_verify_ct"] >= 1
+    # as vLLM: continuous usage only with include_usage; OpenAI's include_obfuscation accepted (nothing to pad)
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+            "prompt": "count", "max_tokens": 3, "stream": True, "stream_options": {
+                "include_usage": False, "continuous_usage_stats": True, "include_obfuscation": False}}) as r:
+        assert r.status_code == 200
+        bodies = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    assert bodies and not any(b.get("usage") for b in bodies)
+
+
+def test_service_tier_takes_openais_values(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    ok = httpx.post(server.url + "/v1/chat/completions", json={**body, "service_tier": "flex"}, timeout=60)
+    bad = httpx.post(server.url + "/v1/chat/completions", json={**body, "service_tier": "bogus"}, timeout=60)
+    assert ok.status_code == 200 and bad.status_code == 400 and "service_tier" in bad.json()["error"]["message"]
 
 
 def test_small_endpoints(server):

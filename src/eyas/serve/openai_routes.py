@@ -259,7 +259,7 @@ async def _completion_stream(state, run: JobRun, head: dict, options, log_fields
 async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: dict):
     """SSE lines for either endpoint; ``piece(index, text, finish_reason, logprob entries)`` shapes one choice."""
     include_usage = bool(options and options.include_usage)
-    continuous = bool(options and options.continuous_usage_stats)
+    continuous = include_usage and options.continuous_usage_stats  # as vLLM: only with include_usage
     done: list[Finished] = []
     generated = 0
     pending: dict[int, list] = {}  # per choice: logprob entries not sent yet (their delta had no text)

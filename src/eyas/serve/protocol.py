@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 Stop = str | list[str] | None
 TokenIds = list[int]
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]  # OpenAI's; every tier is the same here
 
 
 class _Strict(BaseModel):
@@ -37,7 +38,8 @@ class Message(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk, with include_usage only
+    include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: nothing to pad here
 
 
 class JsonSchemaFormat(_Strict):
@@ -108,7 +110,7 @@ class _OpenAISampling(_Strict):
     # accepted and ignored: they do not change the output
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    service_tier: str | None = None
+    service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # eyas/vLLM/SGLang extensions
@@ -207,7 +209,7 @@ class ResponsesRequest(_Strict):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
-    service_tier: str | None = None
+    service_tier: ServiceTier | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     stream_options: dict[str, Any] | None = None

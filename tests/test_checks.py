@@ -123,6 +123,16 @@ def test_a_draft_under_none_is_an_error(target):
     refuse(target, Eagle3Draft.for_target(target), SpecConfig("NONE"), match="never be used")
 
 
+@pytest.mark.parametrize("name,what", [("nextn", "multi-token-prediction"), ("MEDUSA", "Medusa heads"), ("x", "")])
+def test_another_kind_of_speculation_is_named_when_refused(name, what, capsys):
+    from eyas.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--speculative-algorithm", name])
+    err = capsys.readouterr().err
+    assert f"'{name}'" in err and what in err and "is not an algorithm eyas runs" in err and "use EAGLE3" in err
+
+
 def test_unknown_algorithm_is_refused():
     with pytest.raises(EyasError, match="NONE, EAGLE, EAGLE3"):
         SpecConfig("MEDUSA")

@@ -49,7 +49,7 @@ def check_algorithm(
             f"the draft is an EAGLE-3 draft (its fc fuses {num_aux} x {target_hidden} = {fc_in} aux "
             "hidden-state features) but --speculative-algorithm is EAGLE. Under EAGLE no aux states "
             "are captured, fc is bypassed and every proposal is rejected (accept length 1.00)",
-            "use --speculative-algorithm EAGLE3",
+            'use --speculative-algorithm EAGLE3 (in vLLM\'s --speculative-config: "method": "eagle3")',
         )
     if algorithm is Algorithm.EAGLE3 and kind == "none":
         raise EyasError(

@@ -49,12 +49,22 @@ class Parser(argparse.ArgumentParser):
         values: dict = {}
         if self.config_file:
             args, values = with_config_file(self, args)
+            options = {o for a in self._actions if a.dest in values for o in a.option_strings}
+            self._from_file = (config_path(args), options)  # what ``error`` names
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(unrecognized(self, extras))
         if self.config_file:
             namespace.config_values = values
         return namespace, extras
+
+    def error(self, message: str):
+        """argparse's error; for a flag the config file sets, naming the file (its value may be the wrong one)."""
+        path, options = getattr(self, "_from_file", (None, ()))
+        flag = message.split(":", 1)[0].removeprefix("argument ")
+        if path and any(o in options for o in flag.split("/")):
+            message += f" (--config {path} sets {flag})"
+        super().error(message)
 
     def flags(self) -> list[str]:
         return [s for a in self._actions for s in a.option_strings if s.startswith("--")]
@@ -96,6 +106,16 @@ def with_config_file(parser: Parser, argv: list[str]) -> tuple[list[str], dict]:
         tokens += config_tokens(path, key, action, option, value)
         values[action.dest] = value
     return tokens + argv, values
+
+
+def config_path(argv: list[str]) -> str | None:
+    """The file of ``--config FILE`` (or ``--config=FILE``) in ``argv``."""
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def config_tokens(path: str, key, action: argparse.Action, option: str, value) -> list[str]:

@@ -7,6 +7,7 @@ into the engine. A refused configuration costs no generation.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from dataclasses import dataclass
@@ -213,7 +214,7 @@ def add_engine_arguments(parser) -> None:
     g = parser.add_argument_group("model and speculation (SGLang's flag names)")
     g.add_argument("--model-path", "--model", default=SMOLLM2,
                    help=f"target: local HF folder, .gguf file, or {SMOLLM2!r} (default)")
-    g.add_argument("--speculative-algorithm", choices=["NONE", "EAGLE", "EAGLE3"], type=str.upper, default=None,
+    g.add_argument("--speculative-algorithm", type=algorithm_name, metavar="{NONE,EAGLE,EAGLE3}", default=None,
                    help="default: EAGLE3 when a draft is given or shipped for the target, else NONE")
     g.add_argument("--speculative-draft-model-path", default=None,
                    help="draft folder or shipped draft name (default: the draft shipped for the target)")
@@ -259,6 +260,22 @@ def add_engine_arguments(parser) -> None:
     g.add_argument("--draft-feed-interval", type=int, default=8,
                    help="with a schedule or auto: plain steps keep their tokens for the draft, which takes them "
                         "this many steps at once (1: fed on every step; default 8)")
+
+
+# SGLang's and vLLM's other kinds of speculation, named so a refusal says what each one is
+OTHER_ALGORITHMS = {"NEXTN": "the target's own multi-token-prediction layers", "MTP": "the target's own "
+                    "multi-token-prediction layers", "STANDALONE": "a separate small draft model", "NGRAM": "n-gram "
+                    "lookup in the prompt", "LOOKAHEAD": "n-gram lookahead", "MEDUSA": "Medusa heads"}
+
+
+def algorithm_name(text: str) -> str:
+    """``--speculative-algorithm``: NONE, EAGLE or EAGLE3 in any case; another kind of speculation is named."""
+    name = text.strip().upper()
+    if name in ("NONE", "EAGLE", "EAGLE3"):
+        return name
+    what = f" ({OTHER_ALGORITHMS[name]})" if name in OTHER_ALGORITHMS else ""
+    raise argparse.ArgumentTypeError(f"{text!r}{what} is not an algorithm eyas runs: eyas speculates with EAGLE-3 "
+                                     "drafts; use EAGLE3 (or NONE), or serve that kind with SGLang or vLLM")
 
 
 SPECULATIVE_FLAGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",

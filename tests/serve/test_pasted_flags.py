@@ -191,7 +191,9 @@ def test_a_bad_value_in_the_config_file_is_checked_as_a_flag(tmp_path, capsys):
     cfg.write_text("speculative-algorithm: eagle4\n")
     with pytest.raises(SystemExit):
         main(["serve", "--config", str(cfg)])
-    assert "argument --speculative-algorithm: invalid choice: 'EAGLE4'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --speculative-algorithm: 'eagle4' is not an algorithm eyas runs" in err
+    assert f"(--config {cfg} sets --speculative-algorithm)" in err  # the value the file gave
 
 
 # -- --mem-fraction-static, --tokenizer-path, --random-seed (on an engine) ----------------------------------

@@ -16,7 +16,7 @@ few seconds (the tests' own helpers):
   (sampled rows: as many tokens, within 10%: a block fed at once may round otherwise than token by token);
 - sampled: a seeded request gives the same tokens alone, among greedy and sampled neighbours at any
   row, when it joins a running batch (the device sampler and tree verifier inside the graphs) and
-  eagerly (its draws in torch ops, not the kernel), and another seed gives other tokens.
+  eagerly (its draws in torch ops, not the kernel), and without speculation; another seed gives other tokens.
 
 Prints each check and exits 1 on any mismatch.
 """
@@ -112,7 +112,10 @@ def main() -> int:
         outs = engine.generate([p for p, _ in batch], [sp for _, sp in batch])
         record(f"sampled: seeded request at row {row} of 4", outs[row].output_ids == alone.output_ids)
     record("sampled: seeded request joining a running batch", joined_late(engine) == alone.output_ids)
-    other = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1235, ignore_eos=True)
+    plain = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=8, cuda_graphs=True)
+    record("sampled: the seeded request's tokens without speculation (the race keys draws by position)",
+           plain.generate([PROMPTS[0]], MINE)[0].output_ids == alone.output_ids)
+    other = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=1248, ignore_eos=True)
     record("sampled: another seed, other tokens",
            engine.generate([PROMPTS[0]], other)[0].output_ids != alone.output_ids)
     eager = Engine(NativeTarget.from_target(target), draft, spec, max_batch=8).generate([PROMPTS[0]], MINE)[0]

@@ -58,9 +58,9 @@ def run(parents, tokens, logits, params: list[SamplingParams], rows: int, n: int
     assert sr.kind == PENALIZED
     out_ids = torch.tensor([OUTPUT] * rows)
     sr.pen.counts = record(sr.pen.counts, out_ids, torch.full((rows,), len(OUTPUT)))
-    tree, width, k = batch_tree(parents, tokens, rows)
+    tree, width, _ = batch_tree(parents, tokens, rows)
     cols, counts, bonus = accept(tree, logits.expand(rows, len(parents), V), width, sr.kind, sr.floats, sr.ints,
-                                 torch.full((rows,), 17), k, pen=sr.pen_tensors())
+                                 torch.full((rows,), 17), pen=sr.pen_tensors())
     return emitted(tree, cols, counts, bonus, n)
 
 

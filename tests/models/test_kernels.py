@@ -501,19 +501,6 @@ def _random_trees(bsz: int, size: int, seed: int):
     return tree, choice
 
 
-@pytest.mark.parametrize("lanes", [1, 6, 21, 70])  # a prefill's draw; a chain 5/1/6's; a tree's (7 x 3); 70
-def test_uniform_kernel_gives_the_reference_bits(lanes):
-    """The sampled step's draws: the kernel's bits equal ``rng.uniform``'s in integer torch ops for any
-    seed (negative, the extremes) and positions up to 2^32 - 1, so a seeded request draws the same
-    tokens whether its step ran the kernel (a graph on a GPU) or the torch ops (eagerly, the CPU)."""
-    seed = torch.tensor([7, -3, 2**63 - 1, -2**63, 0, 123456789012345, -987654321], device=DEVICE)
-    pos = torch.tensor([100, 0, 2**31, 2**32 - 1, 5, 77, 4096], device=DEVICE)
-    got = TRITON.uniform(seed, pos, lanes)
-    assert got.shape == (7, lanes) and got.dtype == torch.float32
-    assert torch.equal(got, TORCH.uniform(seed, pos, lanes))
-    assert ((got >= 0) & (got < 1)).all()
-
-
 @pytest.mark.parametrize("bsz,size,width", [(1, 2, 2), (3, 16, 5), (4, 32, 7), (2, 33, 33), (5, 64, 9)])
 def test_accept_greedy_kernel_matches_torch(bsz, size, width):
     """Greedy acceptance of a tree in one kernel: the same path, count and bonus token as the torch

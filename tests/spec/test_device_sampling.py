@@ -4,7 +4,7 @@ Synthetic trees over an 8-token vocabulary with fixed logits per node: the exact
 tokens a step emits is enumerated along the tree (a token that is a child's continues at that child,
 any other ends the step) and compared by chi-square with what ``accept_rows`` emits for tens of
 thousands of rows, each drawing from the counter-based RNG with its own seed. Rows of one batch mix
-settings (greedy, temperature, top-k, top-p, min-p); the test is shown to fail for two biased rules.
+settings (greedy, temperature, top-k, top-p, min-p); the test is shown to fail for two biased races.
 """
 
 import pytest
@@ -12,9 +12,9 @@ import torch
 from distributions import CHAIN, TREE, batch_tree, emitted, pvalue, step_distribution, tree_and_logits
 from scipy.stats import chisquare
 
-from eyas.engine.sampler import accept_rows, draws
+from eyas.engine.sampler import accept_rows
 from eyas.sample.sampling import SamplingParams, SamplingRows, probs
-from eyas.spec import rejection, tree_ops
+from eyas.spec import race
 from eyas.spec.rng import uniform
 from eyas.spec.tree import Tree
 from eyas.spec.verify import accept_greedy, accept_greedy_batch
@@ -35,8 +35,8 @@ def run(parents, tokens, logits, params: list[SamplingParams], rows: int, n: int
     plist = [params[r % len(params)] for r in range(rows)]
     sr = SamplingRows.build(plist, list(range(rows)), "cpu")
     tree, width, k = batch_tree(parents, tokens, rows)
-    u = draws(sr.seed, torch.full((rows,), 17), width, k)
-    cols, counts, bonus = accept_rows(tree, logits.expand(rows, len(parents), V), width, sr.floats, sr.ints, u, True)
+    cols, counts, bonus = accept_rows(tree, logits.expand(rows, len(parents), V), width, sr.floats, sr.ints,
+                                      torch.full((rows,), 17), True)
     return emitted(tree, cols, counts, bonus, n)
 
 
@@ -56,12 +56,15 @@ def test_one_batch_of_mixed_settings_emits_each_rows_exact_distribution(shape):
     assert len({o[0] for o in out}) > 3 and any(len(o) == 3 for o in out)  # accepted deep, rejected often
 
 
-@pytest.mark.parametrize("biased", ["unrenormalised acceptance", "rejected mass kept in the residual"])
-def test_a_biased_rule_fails_the_same_test(biased, monkeypatch):
-    if biased.startswith("unrenormalised"):  # accept c_i with p(c_i) instead of p(c_i) / (1 - earlier mass)
-        monkeypatch.setattr(rejection, "accepts", lambda u, w, before, z: u * z < w)
-    else:
-        monkeypatch.setattr(tree_ops, "_residual", lambda weights, rejected: weights)
+@pytest.mark.parametrize("biased", ["noise of one log", "one uniform for every token", "one key for every position"])
+def test_a_biased_race_fails_the_same_test(biased, monkeypatch):
+    real, real_key = race.uniform_at, race.key
+    if biased == "noise of one log":  # noise -log(u), exponential, for the Gumbel -log(-log(u))
+        monkeypatch.setattr(race, "uniform_at", lambda h, lane: torch.exp(-real(h, lane)))
+    elif biased == "one uniform for every token":  # the same noise for each token of a node: the argmax
+        monkeypatch.setattr(race, "uniform_at", lambda h, lane: real(h, lane * 0))
+    else:  # each depth of a step races with the same noise: its tokens are drawn together, not one by one
+        monkeypatch.setattr(race, "key", lambda seed, position: real_key(seed, position * 0))
     params = SamplingParams(temperature=1.0)
     tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=V)
     out = run(TREE, tokens, logits, [params], 16000)
@@ -87,8 +90,7 @@ def test_greedy_rows_get_exactly_the_greedy_acceptance_beside_sampled_rows():
         params = [SETTINGS[r % len(SETTINGS)] for r in range(12)]
         sr = SamplingRows.build(params, list(range(12)), "cpu")
         width = int(tree.depth.max()) + 1
-        k = size - 1  # a random tree's node may have every other node as a child
-        got = accept_rows(tree, logits, width, sr.floats, sr.ints, draws(sr.seed, torch.arange(12), width, k), True)
+        got = accept_rows(tree, logits, width, sr.floats, sr.ints, torch.arange(12), True)
         want = accept_greedy_batch(tree, logits.argmax(-1), width)
         greedy = torch.tensor([p.greedy for p in params])
         for g, w in zip(got, want):
@@ -143,4 +145,4 @@ def test_the_counter_based_draws_are_uniform_and_independent():
     again = uniform(torch.tensor([7, -3, 2**63 - 1]), torch.tensor([100, 0, 2**31]), torch.tensor([0, 5, 9]))
     assert torch.equal(again, uniform(torch.tensor([7, -3, 2**63 - 1]), torch.tensor([100, 0, 2**31]),
                                       torch.tensor([0, 5, 9])))
-    assert (u >= 0).all() and (u < 1).all() and u.dtype == torch.float32
+    assert (u > 0).all() and (u < 1).all() and u.dtype == torch.float32

@@ -23,7 +23,7 @@ from eyas.spec.tree import Tree
 
 kernels = pytest.importorskip("eyas.models.kernels.triton_ops", reason="Triton is not installed (pip install triton)")
 from eyas.models.kernel_settings import KernelSettings
-from eyas.spec import bonus_kernel, distribution_kernel, tree_kernels
+from eyas.spec import distribution_kernel, tree_kernels
 
 TRITON = tree_kernels.SpecTritonOps(KernelSettings(measure=False))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -187,29 +187,6 @@ def test_extreme_logits(config):
     check_equal(got, TORCH.distribution(logits, floats, ints, True))
 
 
-def test_one_program_reads_the_walks_argmax_and_kept_count_on_the_way():
-    """``side``: the first of equal maxima (as ``torch.argmax``; a row of -inf alone: 0) and the count of entries
-    ``>= thr``, as the walk's own pass (``rejection_kernel._argmax_kept_kernel``) finds them; the split reads
-    neither (None), nor does the reference."""
-    gen = torch.Generator().manual_seed(7)
-    logits = torch.randn(len(ROWS), 300, generator=gen)
-    logits[MASKED, 100:] = -INF
-    logits[TIED, :] = torch.randn(300, generator=gen).round()  # many ties, the largest among them
-    logits = torch.cat([logits, torch.full((1, 300), -INF)]).to(DEVICE)
-    floats = torch.tensor([[t or 1.0, p, mp] for t, p, mp, _ in ROWS] + [[1.0, 1.0, 0.0]], device=DEVICE)
-    ints = torch.tensor([[k, 0] for *_, k in ROWS] + [[0, 0]], device=DEVICE)
-    for config in (ONE, Config(1, 16, 128, 4)):
-        x, m, thr, z, argmax, kept = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True,
-                                                                      config, side=True)
-        assert torch.equal(argmax, x.argmax(dim=-1)) and argmax[-1] == 0
-        assert torch.equal(kept, (x >= thr[:, None]).sum(dim=-1))
-        want = TORCH.distribution(logits[:-1], floats[:-1], ints[:-1], True)  # (a row of -inf: z is NaN there)
-        check_equal((x[:-1], m[:-1], thr[:-1], z[:-1]), want)
-    split = distribution_kernel.distribution(TRITON._launch, logits, floats, ints, True, Config(4, 16, 32, 4),
-                                             side=True)
-    assert split[4:] == (None, None) and TORCH.distribution(logits, floats, ints, True, side=True)[4:] == (None, None)
-
-
 @pytest.fixture(params=["as measured", "split", "one program"])
 def table(request, monkeypatch):
     """The dispatch's table as it is, the split at every row count, or one program a row at every row count."""
@@ -221,21 +198,21 @@ def table(request, monkeypatch):
 
 
 def test_accept_rows_on_the_kernel_gives_the_same_tokens(table):
-    """The same uniforms, the same acceptance and bonus tokens through either op, on random trees (the split,
+    """The same draws, the same acceptance and bonus tokens through either op, on random trees (the split,
     slower in the interpreter, on half as many)."""
     gen = torch.Generator().manual_seed(3)
     params = [SamplingParams(temperature=t, top_p=p, top_k=k, min_p=mp) for t, p, mp, k in ROWS[:-2]]
     params *= 1 if table == "split" else 2
     rows, v = len(params), 300
     tokens, logits = tree_and_logits(TREE, seed=5, vocab=v)
-    tree, width, k = batch_tree(TREE, tokens, rows)
+    tree, width, _ = batch_tree(TREE, tokens, rows)
     tree = Tree(*(t.to(DEVICE) for t in (tree.tokens, tree.parents, tree.depth, tree.mask)))
     logits = (logits + torch.randn(rows, len(TREE), v, generator=gen)).to(DEVICE)
     logits[:, :, tokens] += 2.0  # the drafted tokens likely, so paths run deep
     sr = SamplingRows.build(params, list(range(rows)), DEVICE)
-    u = sampler.draws(sr.seed, torch.full((rows,), 11, device=DEVICE), width, k)
-    got = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, u, True, TRITON)
-    want = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, u, True, TORCH)
+    at = torch.full((rows,), 11, device=DEVICE)
+    got = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, at, True, TRITON)
+    want = sampler.accept_rows(tree, logits, width, sr.floats, sr.ints, at, True, TORCH)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
     assert got[1].max() > 1
@@ -272,13 +249,13 @@ class Unique(SpecTorchOps):
     """``TRITON.distribution`` once per distinct row (many rows share one node's logits and settings; the
     seed, which the distribution does not read, set apart)."""
 
-    def distribution(self, logits, floats, ints, filtered, side=False):
+    def distribution(self, logits, floats, ints, filtered):
         rows = torch.cat([logits, floats, ints[:, :1].float()], dim=1)
         keys, inverse = torch.unique(rows, dim=0, return_inverse=True)
         keys, v = keys.to(DEVICE), logits.shape[1]  # on a GPU the kernel runs there, not interpreted
         top_k = keys[:, v + 3:].long()
-        out = TRITON.distribution(keys[:, :v], keys[:, v:v + 3], torch.cat([top_k, top_k * 0], 1), filtered, side)
-        return tuple(None if o is None else o.to(logits.device)[inverse] for o in out)
+        out = TRITON.distribution(keys[:, :v], keys[:, v:v + 3], torch.cat([top_k, top_k * 0], 1), filtered)
+        return tuple(o.to(logits.device)[inverse] for o in out)
 
 
 SETTINGS = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.0, top_p=0.8),
@@ -292,10 +269,9 @@ def assert_exact_per_row(ops, per: int, position: int) -> None:
     tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=v)
     rows = per * len(SETTINGS)
     sr = SamplingRows.build([SETTINGS[r % len(SETTINGS)] for r in range(rows)], list(range(rows)), "cpu")
-    tree, width, k = batch_tree(TREE, tokens, rows)
-    u = sampler.draws(sr.seed, torch.full((rows,), position), width, k)
-    cols, counts, bonus = sampler.accept_rows(tree, logits.expand(rows, len(TREE), v), width, sr.floats, sr.ints, u,
-                                              True, ops)
+    tree, width, _ = batch_tree(TREE, tokens, rows)
+    cols, counts, bonus = sampler.accept_rows(tree, logits.expand(rows, len(TREE), v), width, sr.floats, sr.ints,
+                                              torch.full((rows,), position), True, ops)
     out = emitted(tree, cols, counts, bonus)
     for i, params in enumerate(SETTINGS):
         exact = step_distribution(TREE, tokens, lambda node, prefix, p=params: probs(logits[node], p))
@@ -307,20 +283,17 @@ def test_the_kernel_keeps_each_rows_exact_distribution(table):
     assert_exact_per_row(Unique(), 8000, 17)
 
 
-class UniqueAndBonus(Unique):
-    """``Unique``'s distribution, and ``TRITON.bonus`` (``bonus_kernel``) on every row: each has its own draw."""
+class UniqueAndRace(Unique):
+    """``Unique``'s distribution, and ``TRITON.race`` (``race_kernel``) on every row: each has its own draw."""
 
-    def bonus(self, x, *args):
-        out = TRITON.bonus(x.to(DEVICE), *(a if a is None else a.to(DEVICE) for a in args))
-        return out.to(x.device)
+    def race(self, *args):
+        return TRITON.race(*(a.to(DEVICE) for a in args)).cpu()
 
 
-def test_the_bonus_kernel_keeps_each_rows_exact_distribution(monkeypatch):
-    """The same chi-square with the bonus drawn by its kernel: fewer rows in the interpreter (a program
-    or two a row), still enough that a kernel keeping the rejected children's mass fails
-    (``test_bonus_kernel``, ``test_device_sampling``'s biased rules)."""
-    monkeypatch.setattr(bonus_kernel, "ROW_TABLE", ((1 << 62, True),))  # shipped off until a GPU times it
-    assert_exact_per_row(UniqueAndBonus(), 8000 if DEVICE == "cuda" else 600, 19)
+def test_the_race_kernel_keeps_each_rows_exact_distribution():
+    """The same chi-square with the draws by their kernel: fewer rows in the interpreter (a program a row),
+    still enough that a biased race fails (``test_device_sampling``)."""
+    assert_exact_per_row(UniqueAndRace(), 8000 if DEVICE == "cuda" else 400, 19)
 
 
 HOPPER_COMPILE = """
@@ -347,9 +320,9 @@ def compile(fn, sig, const):
     assert not barriers_in_loops(ptx), f"{fn.__name__} {const}: a block-wide sync inside a pass's loop"
 
 p, i = "*fp32", "*i64"
-sig = dict(x=p, floats=p, log_min_p=p, ints=i, m_out=p, thr_out=p, z_out=p, argmax_out=i, kept_out=i, V="i32")
-for filtered, pdl, side in [(True, True, True), (True, True, False), (False, False, True)]:
-    compile(_distribution_kernel, sig, dict(FILTERED=filtered, SIDE=side, BLOCK=512, R=16, PDL=pdl))
+sig = dict(x=p, floats=p, log_min_p=p, ints=i, m_out=p, thr_out=p, z_out=p, V="i32")
+for filtered, pdl in [(True, True), (False, False)]:
+    compile(_distribution_kernel, sig, dict(FILTERED=filtered, BLOCK=512, R=16, PDL=pdl))
 sig = dict(x=p, floats=p, log_min_p=p, ints=i, maxes=p, part_in=p, part_out=p, state_in=i, state_out=i, m_out=p,
            thr_out=p, V="i32", C="i32", S="i32")
 for prev, kind, r in [(NONE, TOP_K, 64), (TOP_K, TOP_K, 64), (TOP_K, TOP_P, 64), (TOP_P, TOP_P, 64), (TOP_P, Z, 64),
@@ -381,9 +354,9 @@ def test_warm_up_draws_first_tokens_at_every_launch_configuration(target, monkey
     seen = set()
 
     class Recording(SpecTorchOps):
-        def distribution(self, logits, floats, ints, filtered, side=False):
+        def distribution(self, logits, floats, ints, filtered):
             seen.add((logits.shape[0], filtered))
-            return super().distribution(logits, floats, ints, filtered, side)
+            return super().distribution(logits, floats, ints, filtered)
 
     engine = Engine(NativeTarget.from_target(target), None, SpecConfig("NONE"), max_batch=64)
     warm_first_tokens(engine)

@@ -7,7 +7,7 @@ all steps whose rows ask for logprobs or follow a grammar, and all steps on the 
              the native path one graph replay per setting)
     mask     the verify's attention mask (the committed slots, and the tree's own)
     verify   the target's forward over every tree (explicit positions, tree mask on the KV cache)
-    accept   longest accepted path + one bonus token per row (greedy or rejection sampling)
+    accept   longest accepted path + one bonus token per row (greedy, or each node's draw)
     commit   copy the accepted path's KV entries into place, drop the rest; gather its tokens and states
     extend   feed the accepted tokens with their captured aux states to the draft, which leaves the
              logits that seed the next tree (on the native path one graph replay per path width)
@@ -70,7 +70,7 @@ class StepByParts:
         with phase("accept"):
             finite = finite_rows(logits)  # [B]: read back with the tokens
             cols, counts, bonus = accept(tree, logits, width, rows.kind, rows.floats, rows.ints, batch.lengths,
-                                         spec.eagle_topk, self.ops, rows.pen_tensors())  # [B, width], [B], [B]
+                                         self.ops, rows.pen_tensors())  # [B, width], [B], [B]
         old = batch.lengths
         with phase("commit"):
             lengths = cache.commit(old, slots + cols, counts)

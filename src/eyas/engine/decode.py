@@ -11,8 +11,8 @@ a tree of the root alone: the draft, if there is one, is still fed (an adaptive 
 feed is kept for later (``feed.py``: one extend every few plain steps).
 
 Each setting is captured in four variants, by what the batch's rows need (``SamplingRows.kind``):
-``greedy`` (the argmax, ``accept_greedy_batch``: no cost for greedy batches), ``sampled`` (rejection
-sampling on the device, ``sampler.accept_rows``, temperature and min-p only), ``filtered`` (the same
+``greedy`` (the argmax, ``accept_greedy_batch``: no cost for greedy batches), ``sampled`` (draws
+on the device, ``sampler.accept_rows``, temperature and min-p only), ``filtered`` (the same
 with the thresholds top-k and top-p need) and ``penalized`` (penalties and logit bias along the tree
 first, ``penalties.py``, then as ``filtered``). The sampled variants take the rows' settings as two
 more inputs; the penalized one also the rows' ``Penalties`` and returns their token counts with the
@@ -91,7 +91,7 @@ def step_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: Spe
     """One step on the static caches with only tensors varying between calls, so it is one graph per
     (kind, rows, window): draft a tree (``spec``'s settings; the root alone when it drafts nothing) from the
     draft's last output (``logits0`` [B, draft_vocab], ``hidden0`` [B, H]), verify it with the target (its
-    keys at slots ``tprefix..``), accept (greedily, or by rejection sampling under the rows' settings
+    keys at slots ``tprefix..``), accept (greedily, or each node's draw under the rows' settings
     ``floats``/``ints``: ``sampler.accept``), commit the accepted path, and, with a ``draft``, feed it to the
     draft (keys at ``dprefix..``), or, given a ``feed`` (``Feed``'s tensors: a plain step that defers the
     draft's feed, ``feed.py``), append its token to the feed instead. Returns (``host`` [B, width + 4]: the
@@ -111,7 +111,7 @@ def step_static(native, tpool, aux_ids: tuple[int, ...], draft, dpool, spec: Spe
     mask = ops.tree_mask(lengths, tree.mask, tprefix, window, tpool.buf.dtype)  # [B, 1, T, window]
     tpool.aim(window, tprefix + consts.arange(size, dev))
     logits, aux = native(tree.tokens, lengths[:, None] + tree.depth, mask, tpool, aux_ids)
-    cols, counts, bonus = accept(tree, logits, width, kind, floats, ints, lengths, spec.eagle_topk, ops, pen)
+    cols, counts, bonus = accept(tree, logits, width, kind, floats, ints, lengths, ops, pen)
     kept = live > 0
     new_lengths = tpool.commit(torch.where(kept, lengths, tprefix), tprefix + cols, counts)
     new, path_aux = accepted_path(tree, aux, cols, counts, bonus)

@@ -89,26 +89,18 @@ def _value(k):
 
 
 @triton.jit
-def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, argmax_out, kept_out, V,
-                         FILTERED: tl.constexpr, SIDE: tl.constexpr, BLOCK: tl.constexpr, R: tl.constexpr,
-                         PDL: tl.constexpr):
+def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, V, FILTERED: tl.constexpr,
+                         BLOCK: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr):
     """``(m, thr, z)`` of row ``r`` of ``x`` [N, V] (program ``r``) under ``floats`` [N, 3] (its top_p),
-    ``log_min_p`` [N] (-inf: no min-p) and ``ints`` [N, 2] (its top_k); ``FILTERED``: top-k and top-p apply.
-    ``SIDE``: also the row's ``argmax`` (its first largest entry, as ``torch.argmax``) and ``kept`` (its
-    entries ``>= thr``), read in the max and z passes the row takes anyway: the walk's per-node figures
-    (``rejection_kernel``), without a pass of their own."""
+    ``log_min_p`` [N] (-inf: no min-p) and ``ints`` [N, 2] (its top_k); ``FILTERED``: top-k and top-p apply."""
     _after_previous_kernel(PDL)
     r = tl.program_id(0).to(tl.int64)
     row = x + r * V
     offs = tl.arange(0, BLOCK)
     col = offs[:, None]
     acc = tl.full([BLOCK], float("-inf"), tl.float32)
-    at = tl.zeros([BLOCK], tl.int32)  # each lane's first largest entry (a row of -inf alone: index 0, as torch)
     for start in range(0, V, BLOCK):
-        xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
-        if SIDE:
-            at = tl.where(xs > acc, start + offs, at)
-        acc = tl.maximum(acc, xs)
+        acc = tl.maximum(acc, tl.load(row + start + offs, mask=start + offs < V, other=float("-inf")))
     m = tl.max(acc, axis=0)
     thr = m + tl.load(log_min_p + r)  # min-p: -inf where it is off (log 0)
     if FILTERED:
@@ -151,18 +143,12 @@ def _distribution_kernel(x, floats, log_min_p, ints, m_out, thr_out, z_out, argm
         thr = tl.maximum(thr, thr_k)
     thr = tl.maximum(thr, FLOAT_MIN)
     z = tl.zeros([BLOCK], tl.float32)
-    n = tl.zeros([BLOCK], tl.int32)
     for start in range(0, V, BLOCK):
         xs = tl.load(row + start + offs, mask=start + offs < V, other=float("-inf"))
         z += tl.where(xs >= thr, tl.exp(xs - m), 0.0)
-        if SIDE:
-            n += (xs >= thr).to(tl.int32)  # thr >= FLOAT_MIN: the -inf padding never counts
     tl.store(m_out + r, m)
     tl.store(thr_out + r, thr)
     tl.store(z_out + r, tl.sum(z, axis=0))
-    if SIDE:
-        tl.store(argmax_out + r, tl.min(tl.where(acc == m, at, V), axis=0).to(tl.int64))
-        tl.store(kept_out + r, tl.sum(n, axis=0).to(tl.int64))
 
 
 @triton.jit
@@ -304,26 +290,21 @@ def config_rows() -> list[int]:
 
 
 def distribution(launch, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
-                 config: Config | None = None, side: bool = False):
+                 config: Config | None = None):
     """``distribution.distribution(logits [N, V], floats [N, 3], ints [N, 2], filtered)``: ``x`` by the
     reference's ``scaled``, ``(m, thr, z)`` [N] by the kernels through ``launch`` (``TritonOps._launch``) as
-    ``config`` says (default ``launch_config``'s; where that is the sort, the one-program kernel's). ``side``:
-    ``(x, m, thr, z, argmax, kept)``, the walk's per-row argmax and kept count [N] where the one-program kernel
-    ran (it reads them on the way), else None and None."""
+    ``config`` says (default ``launch_config``'s; where that is the sort, the one-program kernel's)."""
     x = scaled(logits, floats).contiguous()
     n, v = x.shape
     config = config or launch_config(n, filtered) or Config(1, SPLIT, BLOCK, 8)
     m, thr, z = (torch.empty(n, dtype=torch.float32, device=x.device) for _ in range(3))
     args = (x, floats.contiguous(), torch.log(floats[:, 2]), ints.contiguous())
-    extra = (None, None)
     if n and config.programs == 1:
-        if side:
-            extra = tuple(torch.empty(n, dtype=torch.long, device=x.device) for _ in range(2))
-        launch(_distribution_kernel, (n,), *args, m, thr, z, *(extra if side else (m, m)), v, FILTERED=filtered,
-               SIDE=side, BLOCK=config.block, R=config.candidates, num_warps=config.warps)
+        launch(_distribution_kernel, (n,), *args, m, thr, z, v, FILTERED=filtered, BLOCK=config.block,
+               R=config.candidates, num_warps=config.warps)
     elif n:
         _split(launch, args, m, thr, z, filtered, config)
-    return (x, m, thr, z, *extra) if side else (x, m, thr, z)
+    return x, m, thr, z
 
 
 def _split(launch, args, m, thr, z, filtered: bool, config: Config) -> None:

@@ -9,8 +9,8 @@ the GPU give the same bits.
 The hash is Chris Wellons' ``lowbias32`` (xor-shift-multiply, a bijection on 32 bits), chained over
 the key's 32-bit words: the seed's low and high halves, the position, the lane. Every value is kept
 in [0, 2^32) in int64 (so right shifts are logical ones), and the 32-bit products are taken in two
-16-bit halves: no intermediate reaches 2^63 and nothing relies on signed overflow. The top 24 bits
-of the result make a float32 in [0, 1) exactly.
+16-bit halves: no intermediate reaches 2^63 and nothing relies on signed overflow. The top 23 bits
+of the result, plus half a step, make a float32 in (0, 1) exactly.
 """
 
 from __future__ import annotations
@@ -37,11 +37,21 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform(seed: torch.Tensor, position: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
-    """float32 in [0, 1) of the broadcast shape of the three int64 tensors (any int64 seed, including
-    negative ones; positions and lanes below 2^32)."""
+def key(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """The hash of ``(seed, position)`` (int64 tensors, broadcast) before the lane: ``uniform``'s first three
+    mixes, in [0, 2^32) int64."""
     h = _mix((seed & _M32) ^ 0x9E3779B9)
     h = _mix(h ^ ((seed >> 32) & _M32))
-    h = _mix(h ^ (position & _M32))
-    h = _mix(h ^ (lane & _M32))
-    return (h >> 8).float() * (1.0 / (1 << 24))
+    return _mix(h ^ (position & _M32))
+
+
+def uniform_at(h: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) at ``lane`` of the key ``h`` (``key``'s): the top 23 bits of the last mix, plus half a
+    step, over 2^23 (exact in float32; never 0 nor 1, so ``-log(-log(u))`` is finite)."""
+    return ((_mix(h ^ (lane & _M32)) >> 9).float() + 0.5) * (1.0 / (1 << 23))
+
+
+def uniform(seed: torch.Tensor, position: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) of the broadcast shape of the three int64 tensors (any int64 seed, including
+    negative ones; positions and lanes below 2^32)."""
+    return uniform_at(key(seed, position), lane)

@@ -17,16 +17,12 @@ the transformer block's ops (``models.torch_ops``, ``models.kernels``) as the en
     select_tree(scores, tokens, frontiers, root, scale, shift, size, k)
                                    -> the drafted tree: the best candidates, their parents, depths
                                       and ancestor mask
-    uniform(seed, position, lanes) -> a sampled step's counter-based uniforms (``rng.uniform``), [B, lanes]
     distribution(logits, floats, ints, filtered)
                                    -> each row's sampling distribution in threshold form, (x, m, thr, z)
                                       (``distribution.distribution``)
-    walk(tokens, parents, depth, mask, x, m, thr, z, greedy, u, width)
-                                   -> a sampled step's accepted path by tree rejection sampling, and
-                                      what its bonus draw needs (``rejection.Path``)
-    bonus(x, f, m, thr, rejected, valid, u)
-                                   -> a sampled step's bonus token: an inverse-CDF draw from node ``f``'s
-                                      distribution, its rejected children's mass removed
+    race(x, thr, greedy, seed, position)
+                                   -> each node's draw from that distribution, keyed by the row's seed and
+                                      the node's position (``race.race``): a sampled step's target choice
 """
 
 from __future__ import annotations
@@ -37,54 +33,24 @@ import math
 import torch
 
 from ..models import consts, kv_cache
-from . import rejection
 from .distribution import distribution
-from .rng import uniform
+from .race import race
 
 
 class TreeOps:
     """The tree's ops on any device; a mixin over the block's ops (``spec.ops``)."""
 
-    def uniform(self, seed: torch.Tensor, position: torch.Tensor, lanes: int) -> torch.Tensor:
-        """``rng.uniform`` of each row's ``seed`` [B] and ``position`` [B] at lanes ``0..lanes-1``: float32
-        [B, lanes], the draws of one sampled step (``engine.sampler.draws``)."""
-        return uniform(seed[:, None], position[:, None], consts.arange(lanes, seed.device)[None])
-
-    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
-                     side: bool = False):
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
         """Each row of ``logits`` [N, V]'s distribution under ``floats`` [N, 3], ``ints`` [N, 2]:
         ``(x [N, V], m [N], thr [N], z [N])``, ``distribution.distribution`` (the reference, a sort
-        where ``filtered``); ``side``: and each row's argmax and kept count for ``walk`` where the op reads
-        them on the way (a kernel), else None and None (``walk`` then finds them)."""
-        out = distribution(logits, floats, ints, filtered)
-        return (*out, None, None) if side else out
+        where ``filtered``)."""
+        return distribution(logits, floats, ints, filtered)
 
-    def walk(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
-             x: torch.Tensor, m: torch.Tensor, thr: torch.Tensor, z: torch.Tensor, greedy: torch.Tensor,
-             u: torch.Tensor, width: int, side: tuple | None = None) -> rejection.Path:
-        """``rejection.walk``: each row's accepted path through its tree ([B, T] ``tokens``, ``parents``,
-        ``depth``, [B, T, T] ``mask``) under the distribution ``(x [B, T, V], m, thr, z [B, T])``, the
-        step's uniforms ``u`` [B, width, K + 1]; ``greedy`` [B] rows follow the argmax. ``side``: the
-        distribution's (argmax, kept) [B, T] where it gave them (the kernels' walk takes them; here unused)."""
-        return rejection.walk(tokens, parents, depth, mask, x, m, thr, z, greedy, u, width)
-
-    def bonus(self, x: torch.Tensor, f: torch.Tensor, m: torch.Tensor, thr: torch.Tensor,
-              rejected: torch.Tensor | None, valid: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
-        """[B] each row's bonus token (``engine.sampler.accept_rows``): of node ``f[b]``'s values ``x[b, f[b]]``
-        (``x`` [B, T, V], ``distribution``'s), with ``m`` and ``thr`` [B] that node's, the weights ``w =
-        exp(x - m)`` where ``x >= thr``, 0 at the tokens ``rejected`` [B, K] where ``valid`` [B, K] (None: none),
-        and the first token whose inclusive cumulative weight exceeds ``u * sum(w)`` (``u`` [B]): an inverse-CDF
-        draw. Rounding past the end falls back to the last positive-weight token (0 if there is none)."""
-        b, _, v = x.shape
-        xf = x[:, 0] if x.shape[1] == 1 else x.gather(1, f[:, None, None].expand(b, 1, v))[:, 0]  # [B, V]
-        wf = torch.exp(xf - m[:, None]) * (xf >= thr[:, None])
-        if rejected is not None:  # the node's children were all rejected: their mass leaves the residual
-            hit = torch.zeros((b, v), dtype=torch.long, device=x.device).scatter_add_(1, rejected, valid.long())
-            wf = _residual(wf, hit > 0)
-        cum = wf.cumsum(-1)
-        pick = torch.searchsorted(cum, u[:, None] * cum[:, -1:], right=True).clamp(max=v - 1)
-        last_positive = ((wf > 0) * consts.arange(v, x.device)).argmax(-1, keepdim=True)  # past the end by rounding
-        return torch.where(wf.gather(1, pick) > 0, pick, last_positive)[:, 0]
+    def race(self, x: torch.Tensor, thr: torch.Tensor, greedy: torch.Tensor, seed: torch.Tensor,
+             position: torch.Tensor) -> torch.Tensor:
+        """[N] each row's draw (``race.race``): of ``x`` [N, V] the entries ``>= thr`` [N] raced with the noise of
+        ``seed`` [N] at ``position`` [N]; ``greedy`` [N] rows take the argmax."""
+        return race(x, thr, greedy, seed, position)
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
                      base: torch.Tensor | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -189,11 +155,6 @@ class TreeOps:
         valid = (rel[None] < counts[:, None, None]) | (rel == i[:, None])[None]  # the kept ones, and itself
         committed = column[None, None, :] < lengths[:, None, None]  # [B, 1, window]
         return kv_cache.additive(committed | (block[None] & valid), dtype)
-
-
-def _residual(weights: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-    """The bonus's weights [B, V]: the node's, its rejected children's mass (``rejected`` [B, V] bool) removed."""
-    return weights.masked_fill(rejected, 0.0)
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

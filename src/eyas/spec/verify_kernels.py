@@ -5,12 +5,9 @@ acceptance, masks and draws in one launch each.
   choice at its parent and its ancestors', the deepest accepted path, its length and bonus token;
 - ``tree_mask`` / ``block_mask`` (one kernel): the verify's and the draft extend's additive masks over
   a cache window, built from each row's length and the tree (or the accepted count);
-- ``uniform``: a sampled step's counter-based draws (``rng.uniform``), one kernel for the about 90
-  integer torch ops of the reference;
 - ``distribution``: a sampled step's distribution in threshold form without the reference's sort
   (``distribution_kernel``);
-- ``walk``: a sampled step's accepted path, one program a row (``rejection_kernel``);
-- ``bonus``: a sampled step's bonus draw in two launches of several programs a row (``bonus_kernel``).
+- ``race``: each node's draw from it, in one launch of several programs a row (``race_kernel``).
 
 ``TritonVerifyOps`` is a mixin over ``TritonOps`` (its ``_launch`` and ``_or_torch``); a kernel that
 cannot run falls back to the ``TreeOps`` reference together with the forward's kernels (``failed``).
@@ -25,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..models.kernels.pdl import _after_previous_kernel
-from . import bonus_kernel, distribution_kernel, rejection_kernel
+from . import distribution_kernel, race_kernel
 from .tree_ops import TreeOps
 
 
@@ -80,38 +77,9 @@ def _new_block_mask_kernel(lengths, tree, s_tb, counts, prefix, out, T, W, low, 
     tl.store(out + r * W + c, tl.where(visible, 0.0, low).to(out.dtype.element_ty), mask=c < W)
 
 
-@triton.jit
-def _lowbias32(x):
-    """``rng._mix`` on uint32 values, whose products wrap modulo 2^32 by themselves."""
-    x = x ^ (x >> 16)
-    x = x * tl.full(x.shape, 0x7FEB352D, tl.uint32)
-    x = x ^ (x >> 15)
-    x = x * tl.full(x.shape, 0x846CA68B, tl.uint32)
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def _uniform_kernel(seed, position, out, LANES, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """``TreeOps.uniform`` for row ``b`` (program ``b``): ``rng.uniform(seed[b], position[b], lane)`` at every
-    lane, the same bits (the seed's halves and the position cut to 32 bits in int64 first, as there)."""
-    _after_previous_kernel(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    lane = tl.arange(0, BLOCK)
-    s = tl.load(seed + b + lane * 0)  # [BLOCK] copies: the hash then runs on vectors alone
-    pos = tl.load(position + b + lane * 0)
-    lo = (s & 0xFFFFFFFF).to(tl.uint32)
-    hi = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    h = _lowbias32(lo ^ tl.full(lo.shape, 0x9E3779B9, tl.uint32))
-    h = _lowbias32(h ^ hi)
-    h = _lowbias32(h ^ (pos & 0xFFFFFFFF).to(tl.uint32))
-    h = _lowbias32(h ^ lane.to(tl.uint32))
-    u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
-    tl.store(out + b * LANES + lane, u, mask=lane < LANES)
-
-
 class TritonVerifyOps(TreeOps):
     """The verified tree's ops as Triton kernels, a mixin over ``TritonOps`` (its ``_or_torch``):
-    ``accept_greedy``, the masks, the draws, the distribution, the walk and the bonus fall back to the ``TreeOps``
+    ``accept_greedy``, the masks, the distribution and the race fall back to the ``TreeOps``
     reference with the forward's kernels (``failed``)."""
 
     def accept_greedy(self, tokens, parents, depth, mask, choice, width: int):
@@ -126,34 +94,15 @@ class TritonVerifyOps(TreeOps):
         return self._or_torch(lambda: self._block_mask(lengths, counts, prefix, width, window, dtype),
                               lambda: TreeOps.block_mask(self, lengths, counts, prefix, width, window, dtype))
 
-    def uniform(self, seed: torch.Tensor, position: torch.Tensor, lanes: int) -> torch.Tensor:
-        return self._or_torch(lambda: self._uniform(seed, position, lanes),
-                              lambda: TreeOps.uniform(self, seed, position, lanes))
-
-    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool,
-                     side: bool = False):
+    def distribution(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, filtered: bool):
         if distribution_kernel.launch_config(logits.shape[0], filtered) is None:  # measured: the sort is faster
-            return TreeOps.distribution(self, logits, floats, ints, filtered, side)
-        return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered,
-                                                                       side=side),
-                              lambda: TreeOps.distribution(self, logits, floats, ints, filtered, side))
+            return TreeOps.distribution(self, logits, floats, ints, filtered)
+        return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered),
+                              lambda: TreeOps.distribution(self, logits, floats, ints, filtered))
 
-    def walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width: int, side: tuple | None = None):
-        return self._or_torch(lambda: rejection_kernel.walk(self._launch, tokens, parents, x, m, thr, z, greedy, u,
-                                                            width, side),
-                              lambda: TreeOps.walk(self, tokens, parents, depth, mask, x, m, thr, z, greedy, u, width))
-
-    def bonus(self, x, f, m, thr, rejected, valid, u):
-        if not bonus_kernel.chosen(x.shape[0]):  # where the kernel is not (yet) measured faster
-            return TreeOps.bonus(self, x, f, m, thr, rejected, valid, u)
-        return self._or_torch(lambda: bonus_kernel.bonus(self._launch, x, f, m, thr, rejected, valid, u),
-                              lambda: TreeOps.bonus(self, x, f, m, thr, rejected, valid, u))
-
-    def _uniform(self, seed, position, lanes):
-        out = torch.empty((seed.shape[0], lanes), dtype=torch.float32, device=seed.device)
-        self._launch(_uniform_kernel, (seed.shape[0],), seed.contiguous(), position.contiguous(), out, lanes,
-                     BLOCK=max(16, triton.next_power_of_2(lanes)), num_warps=1)
-        return out
+    def race(self, x, thr, greedy, seed, position):
+        return self._or_torch(lambda: race_kernel.race(self._launch, x, thr, greedy, seed, position),
+                              lambda: TreeOps.race(self, x, thr, greedy, seed, position))
 
     def _accept_greedy(self, tokens, parents, depth, mask, choice, width):
         bsz, t = tokens.shape

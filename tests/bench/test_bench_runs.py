@@ -51,6 +51,21 @@ def test_online_run_against_real_servers(http_pair):
 def test_online_reports_failures(http_pair):
     run = run_url(http_pair[0], ["hi"], 10**7, 0.0, 1, "speculative")  # max_tokens beyond the context: 400
     assert run.errors and "HTTP 400" in run.errors[0] and run.requests == []
+    assert "max_tokens" in run.errors[0] and '{"error"' not in run.errors[0]  # the server's message, not its JSON
+
+
+def test_an_html_answer_is_named_not_printed():
+    from eyas.bench.online import error_text
+
+    page = b"<!DOCTYPE HTML>\n<html><head><title>Error response</title></head><body>501</body></html>"
+    assert "not an OpenAI-compatible answer" in error_text(page) and "<html" not in error_text(page)
+    assert error_text(b'{"error": {"message": "too long", "type": "invalid_request_error"}}') == "too long"
+
+
+def test_engine_flags_with_url_are_refused_not_dropped(capsys):
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--speculative-num-steps", "9", "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert "--speculative-num-steps, --dtype would be ignored" in err and "leave out --url" in err
 
 
 def test_online_reads_acceptance_from_a_server_whose_metrics_need_the_key(engine_pair):

@@ -28,7 +28,9 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="tokens/s, TTFT, TPOT and acceptance: speculation vs baseline",
                        description="Benchmark speculative decoding against the same model without it, in-process "
                                    "(engine flags) or over HTTP (--url, --baseline-url).")
+    before = len(p._actions)
     add_engine_arguments(p)
+    p.set_defaults(engine_flags={a.dest: (a.option_strings[0], a.default) for a in p._actions[before:]})
     g = p.add_argument_group("benchmark")
     g.add_argument("--url", default=None, help="OpenAI-compatible server with speculation (eyas, SGLang, vLLM)")
     g.add_argument("--baseline-url", default=None, help="the same model served without speculation")
@@ -94,6 +96,12 @@ def run(args) -> int:
     args.categories = [c for _, c in records]
     if args.max_tokens < 1:
         raise EyasError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.url:  # the server runs as it was started: an engine flag here would be dropped without a word
+        given = [flag for dest, (flag, default) in args.engine_flags.items() if getattr(args, dest, default) != default]
+        if given:
+            raise EyasError(f"--url benchmarks the server at {args.url} as it runs, so {', '.join(given)} would be "
+                            "ignored", "drop them and start the server with them instead, or leave out --url to "
+                            "benchmark in-process with them")
     result = bench_online(args, prompts, levels) if args.url else bench_offline(args, prompts, levels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,20 @@ class Streamed:
     usage: dict | None  # the last usage the stream carried (``stream_options.include_usage``)
 
 
+def error_text(body: bytes) -> str:
+    """What a refusal says: an OpenAI error's message, else a non-JSON body's first words (an HTML page is not an
+    OpenAI-compatible server's answer, and says so)."""
+    text = body.decode(errors="replace").strip()
+    try:
+        error = json.loads(text).get("error")
+        return str(error.get("message") if isinstance(error, dict) else error)[:300]
+    except (ValueError, AttributeError):
+        pass
+    if text[:200].lower().lstrip().startswith(("<!doctype html", "<html")):
+        return "an HTML page, not an OpenAI-compatible answer: is --url the server's address?"
+    return text[:200]
+
+
 async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Streamed:
     """POST ``body`` (with ``"stream": true``) and read its server-sent events to ``[DONE]``. A status other
     than 200 or an ``error`` event raises RuntimeError with the server's message."""
@@ -41,8 +55,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Stream
     arrivals, usage = [], None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
-            text = (await r.aread()).decode(errors="replace")
-            raise RuntimeError(f"HTTP {r.status_code}: {text[:200]}")
+            raise RuntimeError(f"HTTP {r.status_code} from {url}/v1/chat/completions: {error_text(await r.aread())}")
         async for line in r.aiter_lines():
             if not line.startswith("data:"):
                 continue

@@ -73,6 +73,24 @@ def test_server_with_api_key(engine_for_key):
 
     with LiveServer(engine_for_key, api_key="s3cret") as srv:
         denied = diagnose_live(srv.url, LiveOptions(probes=1, max_tokens=8))
-        assert denied.exit_code == 1 and "--api-key" in next(c for c in denied.checks if c.name == "probes").fix
+        assert denied.exit_code == 1 and "--api-key" in next(c for c in denied.checks if c.name == "server").fix
         ok = diagnose_live(srv.url, LiveOptions(probes=1, max_tokens=8, api_key="s3cret"))
         assert "configuration" in [c.name for c in ok.checks] and ok.figures["completion_tokens"] > 0
+
+
+def test_a_server_that_is_not_openai_compatible_is_named_so():
+    """A web server at the address (here: one that answers 404 everywhere) is not 'ok'; host:port gets http://."""
+    import http.server
+    import threading
+
+    from eyas.common.urls import server_url
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        report = diagnose_live(server_url(f"127.0.0.1:{srv.server_port}/"), LiveOptions(probes=1, max_tokens=8))
+    finally:
+        srv.shutdown()
+    row = next(c for c in report.checks if c.name == "server")
+    assert report.exit_code == 1 and row.status == "problem" and "answered 404" in row.message and "--url" in row.fix
+    assert report.verdict.startswith("NOT AN OPENAI-COMPATIBLE ANSWER")

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..common.prompts import prompt_records
+from ..common.urls import server_url
 from ..errors import EyasError
 from ..pipeline import add_engine_arguments, engine_args_from
 from .results import BenchResult, Level, category_tables, table
@@ -32,8 +33,10 @@ def register(sub) -> None:
     add_engine_arguments(p)
     p.set_defaults(engine_flags={a.dest: (a.option_strings[0], a.default) for a in p._actions[before:]})
     g = p.add_argument_group("benchmark")
-    g.add_argument("--url", default=None, help="OpenAI-compatible server with speculation (eyas, SGLang, vLLM)")
-    g.add_argument("--baseline-url", default=None, help="the same model served without speculation")
+    g.add_argument("--url", default=None, type=server_url,
+                   help="OpenAI-compatible server with speculation (eyas, SGLang, vLLM; host:port means http://)")
+    g.add_argument("--baseline-url", default=None, type=server_url,
+                   help="the same model served without speculation")
     g.add_argument("--served-model-name", dest="model", default=None,
                    help="model id for HTTP requests (default: the first in /v1/models)")
     g.add_argument("--prompts", default="chat",
@@ -96,6 +99,8 @@ def run(args) -> int:
     args.categories = [c for _, c in records]
     if args.max_tokens < 1:
         raise EyasError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if not args.timeout > 0:
+        raise EyasError(f"--timeout {args.timeout} leaves no time for an answer", "give seconds, e.g. --timeout 600")
     if args.url:  # the server runs as it was started: an engine flag here would be dropped without a word
         given = [flag for dest, (flag, default) in args.engine_flags.items() if getattr(args, dest, default) != default]
         if given:

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..common.urls import server_url
 from ..errors import EyasError
 from ..models.loading import SMOLLM2
 
@@ -35,7 +36,8 @@ def register(sub) -> None:
     s.add_argument("--allow-pickle", action="store_true",
                    help="read a .bin/.pt pickle draft (with weights_only); refused by default: unpickling can run code")
     live = p.add_argument_group("live checks (a running server)")
-    live.add_argument("--url", default=None, help="base URL of an eyas, SGLang or vLLM server")
+    live.add_argument("--url", default=None, type=server_url,
+                      help="base URL of an eyas, SGLang or vLLM server (host:port means http://host:port)")
     live.add_argument("--probes", type=int, default=5, help="chat requests sent at temperature 0 (default 5)")
     live.add_argument("--no-probe", action="store_true", help="only read the metrics (lifetime figures)")
     live.add_argument("--max-tokens", type=int, default=64, help="tokens per probe (default 64)")
@@ -43,7 +45,8 @@ def register(sub) -> None:
     live.add_argument("--expect-tau", default=None,
                       help="expected tau: a number, or the JSON written by `eyas eval --json-out`")
     live.add_argument("--tau-tolerance", type=float, default=0.1, help="relative shortfall allowed (default 0.1)")
-    live.add_argument("--baseline-url", default=None, help="the same model without speculation, probed alike")
+    live.add_argument("--baseline-url", default=None, type=server_url,
+                      help="the same model without speculation, probed alike")
     live.add_argument("--baseline-tps", type=float, default=None, help="baseline tokens/s, if measured elsewhere")
     live.add_argument("--timeout", type=float, default=300.0, help="seconds per HTTP request (default 300)")
     live.add_argument("--api-key", default=os.environ.get("EYAS_API_KEY"),
@@ -56,6 +59,8 @@ def run(args) -> int:
     if args.url and (args.draft or args.target):
         raise EyasError("--url checks a running server; --draft/--target check files. Pass one or the other",
                         "run eyas doctor twice: once on the files, once on the server")
+    if not args.timeout > 0:
+        raise EyasError(f"--timeout {args.timeout} leaves no time for an answer", "give seconds, e.g. --timeout 60")
     if args.probes < 0 or args.max_tokens < 1:
         raise EyasError("--probes must be >= 0 and --max-tokens >= 1", "e.g. --probes 5 --max-tokens 64")
     if not 0 <= args.tau_tolerance < 1:  # NaN fails too; 1 or more would never call a tau degraded

@@ -46,6 +46,7 @@ def look(client: httpx.Client, url: str) -> tuple[ServerView, dict | None]:
     r, view.error, view.timed_out = _get(client, url + "/v1/models")
     if r is None:
         return view, None
+    view.models_status = r.status_code
     if r.status_code == 200:
         try:
             data = (r.json().get("data") or [{}])[0]
@@ -144,6 +145,13 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                        "load, or raise --timeout" if view.timed_out else
                        "start the server, or check --url (scheme, host, port)")
             report.verdict = f"{'TIMED OUT' if view.timed_out else 'UNREACHABLE'}: {view.error}"
+            return report
+        if view.models_status != 200:  # an OpenAI-compatible server lists its models; a key it wants: 401
+            fix = ("pass the server's key: --api-key KEY (or EYAS_API_KEY)" if view.models_status in (401, 403) else
+                   "check --url: it should be the address of an eyas, SGLang or vLLM server")
+            report.add("server", PROBLEM, f"GET {url}/v1/models answered {view.models_status}: not an answer of an "
+                       "OpenAI-compatible server", fix)
+            report.verdict = f"NOT AN OPENAI-COMPATIBLE ANSWER: GET /v1/models answered {view.models_status}"
             return report
         report.subject = f"{url} ({LABEL[view.kind]}, model {view.model or '?'})"
         report.add("server", OK, f"{LABEL[view.kind]} serving {view.model or '?'}"

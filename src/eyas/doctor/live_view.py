@@ -31,6 +31,7 @@ class ServerView:
     kind: str = server_metrics.UNKNOWN
     model: str | None = None
     owned_by: str | None = None
+    models_status: int | None = None  # GET /v1/models's status
     metrics_status: int | None = None
     metrics_error: str | None = None  # /metrics timed out, failed or answered text that is not Prometheus
     error: str | None = None

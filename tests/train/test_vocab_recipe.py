@@ -1,5 +1,7 @@
 """Draft vocabulary round trip, recipe overrides, and the early, clear refusals of bad input."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +57,11 @@ def test_bad_input_stops_early(tmp_path):
     with pytest.raises(EyasError, match="exceeds the target's context"):
         Trainer(tiny_recipe(data, tmp_path / "r1", **{"data.max_length": 4096, "data.tokens_per_batch": 8192}),
                 target=target)
+    # the recipe's default 2048 past a 1024-token target is fine when eyas prepare cut the rows to its context
+    (data / "meta.json").write_text(json.dumps({"max_length": 1024}))
+    trainer = Trainer(tiny_recipe(data, tmp_path / "r2", **{"data.max_length": 2048, "data.tokens_per_batch": 4096}),
+                      target=target)
+    assert trainer.draft.config.eyas["training"]["max_length"] == 1024
     empty = tmp_path / "empty"
     empty.mkdir()
     np.save(empty / "train.offsets.npy", np.zeros(1, dtype=np.int64))

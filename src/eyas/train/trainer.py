@@ -84,12 +84,12 @@ class Trainer:
         if r.draft.aux_layer_ids is not None or target.aux_layer_ids is None:  # None: the error says why
             target.set_aux_layers(r.draft.aux_layer_ids)
         self.target = target
-        ctx_len = target.info.max_context
-        if ctx_len and r.data.max_length > ctx_len:
-            raise EyasError(f"data.max_length {r.data.max_length} exceeds the target's context ({ctx_len})",
-                            f"set data.max_length to at most {ctx_len}")
         data = Path(r.data.path)
         meta = self._check_data_meta(data)
+        ctx_len, length = target.info.max_context, min(r.data.max_length, meta.get("max_length") or r.data.max_length)
+        if ctx_len and length > ctx_len:  # rows are no longer than eyas prepare cut them (for this target: its context)
+            raise EyasError(f"data.max_length {r.data.max_length} exceeds the target's context ({ctx_len}), and so do "
+                            f"the prepared rows (up to {length} tokens)", f"set data.max_length to at most {ctx_len}")
         chat = meta.get("chat") or {}
         self.train_split = TokenizedSplit(data, "train")
         if self.train_split.loss_tokens == 0:
@@ -113,7 +113,7 @@ class Trainer:
             self.draft = build_draft(target, r, counts, allow_pickle).to(self.ctx.device)
         # what the doctor compares with serving, in every saved config.json (draft/ and each checkpoints/step-N)
         self.draft.config.eyas = {**(self.draft.config.eyas or {}), "training": {
-            "max_length": min(r.data.max_length, meta.get("max_length") or r.data.max_length),
+            "max_length": length,
             "chat_template_sha256_16": chat.get("template_sha256_16"), "thinking": chat.get("thinking")}}
         self.module = TTTModule(self.draft, r.train.ttt_steps, r.train.decay)
         self.wrapped = self._wrap(self.module)

@@ -141,6 +141,7 @@ def test_stream_limit_answers_429(inprocess):
             next(lines)
             r = httpx.post(srv.url + CHAT, json=body, timeout=60)
             assert r.status_code == 429 and "--max-concurrent-streams" in r.json()["error"]["message"]
+            assert r.json()["error"]["type"] == "rate_limit_error"
             assert r.headers["retry-after"] == "1"
         deadline = time.time() + 20
         while time.time() < deadline:  # the slot comes back when the first stream ends
@@ -171,6 +172,7 @@ def test_request_timeout_cancels_cleanly(inprocess):
         body = {"messages": MSG, "max_tokens": 200, "ignore_eos": True}
         r = httpx.post(srv.url + CHAT, json=body, timeout=60)
         assert r.status_code == 408 and "--request-timeout" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "timeout_error"
         with httpx.stream("POST", srv.url + CHAT, json={**body, "stream": True}, timeout=60) as s:
             lines = [line for line in s.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]"

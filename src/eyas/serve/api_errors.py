@@ -35,6 +35,10 @@ def error_type(status: int) -> str:
         return "not_found_error"
     if status == 503:
         return "overloaded_error"
+    if status == 429:
+        return "rate_limit_error"  # OpenAI's (and Anthropic's) name for it
+    if status == 408:
+        return "timeout_error"
     if status >= 500:
         return "server_error"
     return "invalid_request_error"

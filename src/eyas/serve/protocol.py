@@ -297,8 +297,8 @@ EXPECTED = {
     "text": "a string or a list of strings",
     "input_ids": "a list of token ids or a list of lists of token ids",
     "messages": "a non-empty list of {role, content} objects",
-    "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts (text only: this server takes no "
-               "image_url, input_audio or file parts)",
+    "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts, each with its text (text only: this "
+               "server takes no image_url, input_audio or file parts)",
     "input": "a string or a list of messages {\"role\": \"user\", \"assistant\", \"system\" or \"developer\", "
              "\"content\": a string or input_text / output_text parts} (text only: this server takes no input_image "
              "or input_file parts, and no function_call items)",

@@ -25,11 +25,11 @@ numbers ``distribution_kernel.ROW_CONFIGS`` and ``UNFILTERED_CONFIGS`` (``--dist
     python benchmarks/kernel_profile.py --distribution 1,4,16,151936 --top-p 0.95 --top-k 50 \
         --distribution-configs 4096x32 {32,64,128}x{16,64,256}x{64,256}x{4,8}
 
-Likewise the draws (``spec.race_kernel``; ``--torch-race`` runs the step with its torch reference):
-``--race ROWS,VOCAB`` times the op alone on random rows, kernel against reference, also at each of
-``--race-configs CHUNKSxBLOCKxWARPS``:
+Likewise the draws (``spec.draw_kernel``; ``--torch-draw`` runs the step with their torch reference):
+``--draw ROWS,VOCAB`` times the op alone on random rows, kernels against reference, also at each of
+``--draw-configs CHUNKSxBLOCKxWARPS``:
 
-    python benchmarks/kernel_profile.py --race 1,16,33,528,49152 --race-configs 32x512x4 64x256x4
+    python benchmarks/kernel_profile.py --draw 1,16,33,528,49152 --draw-configs 32x512x4 64x256x4
 """
 
 from __future__ import annotations
@@ -164,30 +164,30 @@ def time_distribution(rows_list: list[int], vocab: int, temperature: float, top_
             "default": {rows: distribution_kernel.launch_config(rows, filtered) for rows in rows_list}, "ms": out}
 
 
-def time_race(rows_list: list[int], vocab: int, device: str, configs: list[str]) -> dict:
-    """Milliseconds per call of the race (a sampled step's draws) on [rows, vocab] random rows, no threshold: the
-    torch reference and the kernel at its default launch and at each of ``configs`` ("CHUNKSxBLOCKxWARPS"), each
-    in a CUDA graph as ``graphed_ms``."""
+def time_draw(rows_list: list[int], vocab: int, device: str, configs: list[str]) -> dict:
+    """Milliseconds per call of the draws (a sampled step's, ``ops.draw``) on [rows, vocab] random rows, no
+    threshold: the torch reference and the kernels at their default launch and at each of ``configs``
+    ("CHUNKSxBLOCKxWARPS"), each in a CUDA graph as ``graphed_ms``."""
     from eyas.models.kernel_settings import KernelSettings
-    from eyas.spec import race_kernel
+    from eyas.spec import draw_kernel
     from eyas.spec.ops import TORCH
     from eyas.spec.tree_kernels import SpecTritonOps
 
     launch = SpecTritonOps(KernelSettings(measure=False))._launch
     out = {}
     for rows in rows_list:
-        args = (torch.randn(rows, vocab, device=device) * 4,
-                torch.full((rows,), torch.finfo(torch.float32).min, device=device),
+        x = torch.randn(rows, vocab, device=device) * 4
+        args = (x, x.amax(dim=-1), torch.full((rows,), torch.finfo(torch.float32).min, device=device),
                 torch.zeros(rows, dtype=torch.bool, device=device), torch.arange(rows, device=device),
                 torch.full((rows,), 100, device=device))
-        fns = {"torch": lambda a=args: TORCH.race(*a), "kernel": lambda a=args: race_kernel.race(launch, *a)}
+        fns = {"torch": lambda a=args: TORCH.draw(*a), "kernel": lambda a=args: draw_kernel.draw(launch, *a)}
         for c in configs:
             chunks, block, warps = (int(n) for n in c.split("x"))
-            fns[f"kernel {c}"] = lambda a=args, s=chunks, b=block, w=warps: race_kernel.race(
+            fns[f"kernel {c}"] = lambda a=args, s=chunks, b=block, w=warps: draw_kernel.draw(
                 launch, *a, chunks=s, block=b, warps=w)
         out[rows] = {n: round(statistics.median(graphed_ms(fn, device)), 4) for n, fn in fns.items()}
         print(rows, "rows:", out[rows], flush=True)
-    return {"vocab": vocab, "default": {rows: race_kernel.chunking(rows, vocab) for rows in rows_list}, "ms": out}
+    return {"vocab": vocab, "default": {rows: draw_kernel.chunking(rows, vocab) for rows in rows_list}, "ms": out}
 
 
 def graphed_ms(fn, device: str, reps: int = 20) -> list[float]:
@@ -231,29 +231,28 @@ def main() -> None:
     ap.add_argument("--distribution-unfiltered", action="store_true",
                     help="with --distribution: rows without top-k and top-p (the max and z passes; --top-p and "
                          "--top-k are then ignored)")
-    ap.add_argument("--torch-race", action="store_true",
-                    help="the sampled step's draws by the race's torch reference instead of its kernel (before/after)")
-    ap.add_argument("--race", default=None, metavar="ROWS[,ROWS...],VOCAB",
-                    help="time the race alone on [ROWS, VOCAB] rows (kernel and torch, each in a CUDA graph) for each "
-                         "ROWS, then exit")
-    ap.add_argument("--race-configs", nargs="*", default=[], metavar="CHUNKSxBLOCKxWARPS",
-                    help="with --race: the kernel also at these launch configurations, e.g. 32x512x4")
+    ap.add_argument("--torch-draw", action="store_true",
+                    help="the sampled step's draws by their torch reference instead of their kernels (before/after)")
+    ap.add_argument("--draw", default=None, metavar="ROWS[,ROWS...],VOCAB",
+                    help="time the draws alone on [ROWS, VOCAB] rows (kernels and torch, each in a CUDA graph) for "
+                         "each ROWS, then exit")
+    ap.add_argument("--draw-configs", nargs="*", default=[], metavar="CHUNKSxBLOCKxWARPS",
+                    help="with --draw: the kernels also at these launch configurations, e.g. 32x512x4")
     ap.add_argument("--by-parts", action="store_true",
                     help="run every step by parts (no whole-step graph), so each part shows on the timeline")
     ap.add_argument("--trace-dir", default=None, help="keep each setting's chrome trace (gzipped) here")
     ap.add_argument("--out", default="benchmarks/results/kernel-profile-smollm2.json")
     args = ap.parse_args()
-    if args.torch_race:
+    if args.torch_draw:
         from eyas.spec.tree_ops import TreeOps
         from eyas.spec.verify_kernels import TritonVerifyOps
 
-        TritonVerifyOps.race = TreeOps.race
-    if args.race:
-        *rows, vocab = (int(n) for n in args.race.split(","))
-        result = time_race(rows, vocab, args.device, args.race_configs)
+        TritonVerifyOps.draw = TreeOps.draw
+    if args.draw:
+        *rows, vocab = (int(n) for n in args.draw.split(","))
+        result = time_draw(rows, vocab, args.device, args.draw_configs)
         if args.out:
-            write(args.out, "the race (a sampled step's draws) alone, kernel against the torch reference, CUDA graphs",
-                  result)
+            write(args.out, "a sampled step's draws alone, kernels against the torch reference, CUDA graphs", result)
         return
     if args.torch_distribution:  # every row count to the sort, through the dispatch's own table
         from eyas.spec import distribution_kernel

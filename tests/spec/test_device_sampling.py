@@ -4,7 +4,7 @@ Synthetic trees over an 8-token vocabulary with fixed logits per node: the exact
 tokens a step emits is enumerated along the tree (a token that is a child's continues at that child,
 any other ends the step) and compared by chi-square with what ``accept_rows`` emits for tens of
 thousands of rows, each drawing from the counter-based RNG with its own seed. Rows of one batch mix
-settings (greedy, temperature, top-k, top-p, min-p); the test is shown to fail for two biased races.
+settings (greedy, temperature, top-k, top-p, min-p); the test is shown to fail for two biased draws.
 """
 
 import pytest
@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 
 from eyas.engine.sampler import accept_rows
 from eyas.sample.sampling import SamplingParams, SamplingRows, probs
-from eyas.spec import race
+from eyas.spec import draw
 from eyas.spec.rng import uniform
 from eyas.spec.tree import Tree
 from eyas.spec.verify import accept_greedy, accept_greedy_batch
@@ -56,15 +56,13 @@ def test_one_batch_of_mixed_settings_emits_each_rows_exact_distribution(shape):
     assert len({o[0] for o in out}) > 3 and any(len(o) == 3 for o in out)  # accepted deep, rejected often
 
 
-@pytest.mark.parametrize("biased", ["noise of one log", "one uniform for every token", "one key for every position"])
-def test_a_biased_race_fails_the_same_test(biased, monkeypatch):
-    real, real_key = race.uniform_at, race.key
-    if biased == "noise of one log":  # noise -log(u), exponential, for the Gumbel -log(-log(u))
-        monkeypatch.setattr(race, "uniform_at", lambda h, lane: torch.exp(-real(h, lane)))
-    elif biased == "one uniform for every token":  # the same noise for each token of a node: the argmax
-        monkeypatch.setattr(race, "uniform_at", lambda h, lane: real(h, lane * 0))
-    else:  # each depth of a step races with the same noise: its tokens are drawn together, not one by one
-        monkeypatch.setattr(race, "key", lambda seed, position: real_key(seed, position * 0))
+@pytest.mark.parametrize("biased", ["a uniform squared", "one uniform for every position"])
+def test_a_biased_draw_fails_the_same_test(biased, monkeypatch):
+    real = draw.uniform
+    if biased == "a uniform squared":  # not uniform: the first tokens of the vocabulary drawn too often
+        monkeypatch.setattr(draw, "uniform", lambda seed, position, lane: real(seed, position, lane) ** 2)
+    else:  # each depth of a step draws at the same uniform: its tokens are drawn together, not one by one
+        monkeypatch.setattr(draw, "uniform", lambda seed, position, lane: real(seed, position * 0, lane))
     params = SamplingParams(temperature=1.0)
     tokens, logits = tree_and_logits(TREE, seed=len(TREE), vocab=V)
     out = run(TREE, tokens, logits, [params], 16000)

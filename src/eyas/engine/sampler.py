@@ -2,8 +2,8 @@
 
 A sampled step is a greedy step whose "argmax" is a draw: at each node of the verified tree the target's
 distribution (``ops.distribution``: temperature, top-k, top-p, min-p, after penalties and grammar masks) is
-drawn from by the exponential race (``ops.race``, ``spec.race``), with noise keyed by the row's seed and the
-node's position; then ``accept_greedy_batch`` accepts the path that carries each node's draw and emits the draw
+drawn from by inverse CDF (``ops.draw``, ``spec.draw``) at a uniform keyed by the row's seed and the node's
+position; then ``accept_greedy_batch`` accepts the path that carries each node's draw and emits the draw
 at its last node. Every emitted token is a draw from the target's distribution at its prefix, so the output is
 exactly the target's distribution, and a seeded row's text does not depend on the tree (nor on the batch):
 speculative or not, any tree, the same tokens. Greedy rows of the same batch take the argmax, as a greedy
@@ -50,15 +50,15 @@ def first_tokens(logits: torch.Tensor, kind: str, floats, ints, lengths: torch.T
 
 def accept_rows(tree: Tree, logits: torch.Tensor, width: int, floats: torch.Tensor, ints: torch.Tensor,
                 lengths: torch.Tensor, filtered: bool, ops=TORCH):
-    """(cols [B, width], counts [B], bonus [B]) by the race at every node (see the module's doc),
+    """(cols [B, width], counts [B], bonus [B]) by a draw at every node (see the module's doc),
     ``accept_greedy_batch``'s shapes and padding: ``cols[b, :counts[b]]`` the accepted path root first, 0 after
     it. ``logits`` [B, T, V] the target's over the tree, each row's root at position ``lengths`` [B] (a node's
     draw is keyed by its position, the root's plus its depth); ``filtered``: some row uses top-k or top-p.
     Rows with temperature 0 are greedy."""
     b, t, v = logits.shape
-    x, _, thr, _ = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
+    x, m, thr, _ = ops.distribution(logits.reshape(b * t, v), floats[:, None].expand(b, t, 3).reshape(b * t, 3),
                                     ints[:, None].expand(b, t, 2).reshape(b * t, 2), filtered)
     greedy = (floats[:, 0] <= 0)[:, None].expand(b, t).reshape(b * t)
     seed = ints[:, 1, None].expand(b, t).reshape(b * t)
     position = (lengths[:, None] + tree.depth).reshape(b * t)
-    return accept_greedy_batch(tree, ops.race(x, thr, greedy, seed, position).view(b, t), width, ops)
+    return accept_greedy_batch(tree, ops.draw(x, m, thr, greedy, seed, position).view(b, t), width, ops)

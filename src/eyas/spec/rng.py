@@ -37,21 +37,12 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def key(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """The hash of ``(seed, position)`` (int64 tensors, broadcast) before the lane: ``uniform``'s first three
-    mixes, in [0, 2^32) int64."""
-    h = _mix((seed & _M32) ^ 0x9E3779B9)
-    h = _mix(h ^ ((seed >> 32) & _M32))
-    return _mix(h ^ (position & _M32))
-
-
-def uniform_at(h: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
-    """float32 in (0, 1) at ``lane`` of the key ``h`` (``key``'s): the top 23 bits of the last mix, plus half a
-    step, over 2^23 (exact in float32; never 0 nor 1, so ``-log(-log(u))`` is finite)."""
-    return ((_mix(h ^ (lane & _M32)) >> 9).float() + 0.5) * (1.0 / (1 << 23))
-
-
 def uniform(seed: torch.Tensor, position: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
     """float32 in (0, 1) of the broadcast shape of the three int64 tensors (any int64 seed, including
-    negative ones; positions and lanes below 2^32)."""
-    return uniform_at(key(seed, position), lane)
+    negative ones; positions and lanes below 2^32): the top 23 bits of the last mix, plus half a step, over 2^23
+    (exact in float32; never 0 nor 1)."""
+    h = _mix((seed & _M32) ^ 0x9E3779B9)
+    h = _mix(h ^ ((seed >> 32) & _M32))
+    h = _mix(h ^ (position & _M32))
+    h = _mix(h ^ (lane & _M32))
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))

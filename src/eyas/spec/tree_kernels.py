@@ -13,7 +13,7 @@ tree's (``verify_kernels``): ``tree_ops.TreeOps`` in fewer launches.
   writes its tokens, parents, depths and ancestor mask (about 30 torch kernels before: ``cat``s,
   ``topk``, ``sort``, ``searchsorted``, and the ancestor closure's batched matmuls).
 
-The verified tree's kernels (``accept_greedy``, ``tree_mask`` / ``block_mask``, ``distribution``, ``race``) are in
+The verified tree's kernels (``accept_greedy``, ``tree_mask`` / ``block_mask``, ``distribution``, ``draw``) are in
 ``verify_kernels``; ``TritonTreeOps`` is its ``TritonVerifyOps`` with the kernels above. All launch through
 ``TritonOps._launch`` and fall back through ``TritonOps._or_torch``, under the instance's
 ``KernelSettings`` and the process's ``triton_ops.FAILURES`` (``top_children_failed`` is the drafting
@@ -177,7 +177,7 @@ def _batch_rows(t: torch.Tensor) -> bool:
 class TritonTreeOps(TritonVerifyOps):
     """The tree's ops as Triton kernels, a mixin over ``TritonOps`` (its ``_or_torch``): a kernel that
     cannot run falls back to the ``TreeOps`` reference; ``top_children``, ``next_frontier`` and
-    ``select_tree`` alone (``top_children_failed``), ``accept_greedy``, the masks, the distribution and the race
+    ``select_tree`` alone (``top_children_failed``), ``accept_greedy``, the masks, the distribution and the draws
     (``TritonVerifyOps``) with the forward's kernels (``failed``)."""
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,

@@ -20,9 +20,9 @@ the transformer block's ops (``models.torch_ops``, ``models.kernels``) as the en
     distribution(logits, floats, ints, filtered)
                                    -> each row's sampling distribution in threshold form, (x, m, thr, z)
                                       (``distribution.distribution``)
-    race(x, thr, greedy, seed, position)
-                                   -> each node's draw from that distribution, keyed by the row's seed and
-                                      the node's position (``race.race``): a sampled step's target choice
+    draw(x, m, thr, greedy, seed, position)
+                                   -> each node's draw from that distribution at a uniform keyed by the row's
+                                      seed and the node's position (``draw.draw``): a sampled step's choice
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 
 from ..models import consts, kv_cache
 from .distribution import distribution
-from .race import race
+from .draw import draw
 
 
 class TreeOps:
@@ -46,11 +46,11 @@ class TreeOps:
         where ``filtered``)."""
         return distribution(logits, floats, ints, filtered)
 
-    def race(self, x: torch.Tensor, thr: torch.Tensor, greedy: torch.Tensor, seed: torch.Tensor,
+    def draw(self, x: torch.Tensor, m: torch.Tensor, thr: torch.Tensor, greedy: torch.Tensor, seed: torch.Tensor,
              position: torch.Tensor) -> torch.Tensor:
-        """[N] each row's draw (``race.race``): of ``x`` [N, V] the entries ``>= thr`` [N] raced with the noise of
-        ``seed`` [N] at ``position`` [N]; ``greedy`` [N] rows take the argmax."""
-        return race(x, thr, greedy, seed, position)
+        """[N] each row's draw (``draw.draw``): of ``x`` [N, V] (with ``m``, ``thr`` [N]) by inverse CDF at the
+        uniform of ``seed`` [N] at ``position`` [N]; ``greedy`` [N] rows take the argmax."""
+        return draw(x, m, thr, greedy, seed, position)
 
     def top_children(self, logits: torch.Tensor, k: int, to_target: torch.Tensor,
                      base: torch.Tensor | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None

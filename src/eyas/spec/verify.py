@@ -5,7 +5,7 @@ on. The bonus token is the target's argmax at the last accepted node. ``accept_g
 the same for every row at once with tensor operations only (no host sync, static shapes): it is
 what the engine runs; ``accept_greedy`` is the plain walk it is tested against.
 
-Sampling is the same acceptance with each node's draw (``race.py``) in place of the argmax
+Sampling is the same acceptance with each node's draw (``draw.py``) in place of the argmax
 (``engine/sampler.py``), greedy rows of the batch included.
 
 ``finite_rows`` is the guard around all of it: a row whose logits hold a NaN or an infinity (a

@@ -7,7 +7,7 @@ acceptance, masks and draws in one launch each.
   a cache window, built from each row's length and the tree (or the accepted count);
 - ``distribution``: a sampled step's distribution in threshold form without the reference's sort
   (``distribution_kernel``);
-- ``race``: each node's draw from it, in one launch of several programs a row (``race_kernel``).
+- ``draw``: each node's draw from it, in two launches, several programs a row (``draw_kernel``).
 
 ``TritonVerifyOps`` is a mixin over ``TritonOps`` (its ``_launch`` and ``_or_torch``); a kernel that
 cannot run falls back to the ``TreeOps`` reference together with the forward's kernels (``failed``).
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..models.kernels.pdl import _after_previous_kernel
-from . import distribution_kernel, race_kernel
+from . import distribution_kernel, draw_kernel
 from .tree_ops import TreeOps
 
 
@@ -79,7 +79,7 @@ def _new_block_mask_kernel(lengths, tree, s_tb, counts, prefix, out, T, W, low, 
 
 class TritonVerifyOps(TreeOps):
     """The verified tree's ops as Triton kernels, a mixin over ``TritonOps`` (its ``_or_torch``):
-    ``accept_greedy``, the masks, the distribution and the race fall back to the ``TreeOps``
+    ``accept_greedy``, the masks, the distribution and the draws fall back to the ``TreeOps``
     reference with the forward's kernels (``failed``)."""
 
     def accept_greedy(self, tokens, parents, depth, mask, choice, width: int):
@@ -100,9 +100,9 @@ class TritonVerifyOps(TreeOps):
         return self._or_torch(lambda: distribution_kernel.distribution(self._launch, logits, floats, ints, filtered),
                               lambda: TreeOps.distribution(self, logits, floats, ints, filtered))
 
-    def race(self, x, thr, greedy, seed, position):
-        return self._or_torch(lambda: race_kernel.race(self._launch, x, thr, greedy, seed, position),
-                              lambda: TreeOps.race(self, x, thr, greedy, seed, position))
+    def draw(self, x, m, thr, greedy, seed, position):
+        return self._or_torch(lambda: draw_kernel.draw(self._launch, x, m, thr, greedy, seed, position),
+                              lambda: TreeOps.draw(self, x, m, thr, greedy, seed, position))
 
     def _accept_greedy(self, tokens, parents, depth, mask, choice, width):
         bsz, t = tokens.shape

@@ -48,9 +48,9 @@ class Parser(argparse.ArgumentParser):
         args = list(sys.argv[1:] if args is None else args)
         values: dict = {}
         if self.config_file:
-            args, values = with_config_file(self, args)
+            args, values, path = with_config_file(self, args)
             options = {o for a in self._actions if a.dest in values for o in a.option_strings}
-            self._from_file = (config_path(args), options)  # what ``error`` names
+            self._from_file = (path, options)  # what ``error`` names
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(unrecognized(self, extras))
@@ -81,17 +81,17 @@ def unrecognized(parser: Parser, extras: list[str]) -> str:
     return "unrecognized arguments: " + " ".join(extras) + "".join(f"\n  {h}" for h in hints)
 
 
-def with_config_file(parser: Parser, argv: list[str]) -> tuple[list[str], dict]:
-    """(the file's flags + ``argv``, {dest: value} the file set) for ``--config FILE`` in ``argv``."""
+def with_config_file(parser: Parser, argv: list[str]) -> tuple[list[str], dict, str | None]:
+    """(the file's flags + ``argv``, {dest: value} the file set, the file) for ``--config FILE`` in ``argv``."""
     at = [i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]
     if not at:
-        return argv, {}
+        return argv, {}, None
     if len(at) > 1:
         raise EyasError("--config is given more than once", "merge the files into one")
     arg = argv[at[0]]
     path = arg.split("=", 1)[1] if "=" in arg else (argv[at[0] + 1] if at[0] + 1 < len(argv) else None)
     if path is None:
-        return argv, {}  # argparse reports the missing value
+        return argv, {}, None  # argparse reports the missing value
     tokens, values = [], {}
     options = {o.lstrip("-").replace("-", "_"): (a, o) for a in parser._actions for o in a.option_strings
                if o.startswith("--") and o not in ("--help", "--config")}
@@ -105,17 +105,7 @@ def with_config_file(parser: Parser, argv: list[str]) -> tuple[list[str], dict]:
         action, option = options[name]
         tokens += config_tokens(path, key, action, option, value)
         values[action.dest] = value
-    return tokens + argv, values
-
-
-def config_path(argv: list[str]) -> str | None:
-    """The file of ``--config FILE`` (or ``--config=FILE``) in ``argv``."""
-    for i, a in enumerate(argv):
-        if a.startswith("--config="):
-            return a.split("=", 1)[1]
-        if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
+    return tokens + argv, values, path
 
 
 def config_tokens(path: str, key, action: argparse.Action, option: str, value) -> list[str]:

@@ -25,6 +25,7 @@ class ApiError(Exception):
         self.code = code
         self.type = type or error_type(status)
         self.headers = {**NO_RETRY.get(status, {}), **(headers or {})}
+        self.counted = False  # set where the request's sequences were queued: they count it as they end
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)

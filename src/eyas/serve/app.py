@@ -213,7 +213,7 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
     async def api_error(request: Request, e: ApiError):
         if e.status == 503:
             metrics.requests.labels(outcome="rejected").inc()
-        elif e.status < 500 and e.status not in (408, 429):  # 408, 429: counted as their sequences end (Work.outcome)
+        elif e.status < 500 and not e.counted:  # counted: by its sequences as they end (Work.outcome)
             metrics.requests.labels(outcome="invalid").inc()  # 5xx: the scheduler counted the failure
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 

@@ -147,8 +147,9 @@ def streaming(state, run: JobRun, lines, log_fields: dict) -> StreamingResponse:
     never a 200 body that just stops."""
     try:
         ticket = state.streams.acquire()
-    except ApiError:
+    except ApiError as e:
         run.cancel("rejected")  # it was queued already: free its slot before refusing
+        e.counted = True
         raise
 
     async def guarded():

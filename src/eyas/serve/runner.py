@@ -74,7 +74,9 @@ class JobRun:
                 if any(index is None for index, _ in events):  # a marker: the deadline, or the client left
                     if any(e is _TIMEOUT for index, e in events if index is None):
                         self.cancel("timeout")
-                        raise timed_out(self.limits)
+                        error = timed_out(self.limits)
+                        error.counted = True
+                        raise error
                     raise ClientGone()
                 for index, event in coalesce(events):
                     if isinstance(event, (Finished, Failed)):

@@ -36,11 +36,9 @@ SCAN_WARPS = 4  # launch 2's warps a program
 
 
 @triton.jit
-def _weights(row, idx, end, m, thr):
-    """[BLOCK] the weights at entries ``idx`` of ``row`` (0 at ``end`` and past it)."""
-    live = idx < end
-    xs = tl.load(row + idx, mask=live, other=float("-inf"))
-    return tl.where(live & (xs >= thr), tl.exp(xs - m), 0.0)
+def _weights(xs, m, thr):
+    """The weights of entries ``xs`` (-inf past the row's end: below any threshold, ``thr >= FLOAT_MIN``)."""
+    return tl.where(xs >= thr, tl.exp(xs - m), 0.0)
 
 
 @triton.jit
@@ -58,10 +56,10 @@ def _draw_sums_kernel(x, m, thr, sums, maxv, maxi, V, CHUNK, S, BLOCK: tl.conste
     acc = tl.zeros([BLOCK], tl.float32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     at = tl.minimum(lo + offs, V - 1)
-    for start in range(lo, end, BLOCK):
+    for start in range(lo, end, BLOCK):  # one read of each entry: its weight and the chunk's max
         idx = start + offs
-        acc += _weights(row, idx, end, mr, tr)
         xs = tl.load(row + idx, mask=idx < end, other=float("-inf"))
+        acc += _weights(xs, mr, tr)
         at = tl.where(xs > best, idx, at)
         best = tl.maximum(best, xs)
     top = tl.max(best, axis=0)
@@ -121,7 +119,7 @@ def _draw_pick_kernel(x, m, thr, greedy, seed, position, sums, maxv, maxi, out, 
     last = tl.full([], -1, tl.int32)
     while (start < end) & (found < 0):
         idx = start + offs
-        w = _weights(row, idx, end, mr, tr)
+        w = _weights(tl.load(row + idx, mask=idx < end, other=float("-inf")), mr, tr)
         hit = tl.min(tl.where((run + tl.cumsum(w, axis=0) > left) & (w > 0), idx, V), axis=0)
         found = tl.where(hit < V, hit, -1)
         last = tl.maximum(last, tl.max(tl.where(w > 0, idx, -1), axis=0))

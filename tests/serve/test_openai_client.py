@@ -104,6 +104,14 @@ def test_continuous_usage_counts_tokens_as_they_stream(server):
         assert r.status_code == 200
         bodies = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
     assert bodies and not any(b.get("usage") for b in bodies)
+    # chat: every chunk carries usage, the role chunk first with no completion tokens yet (as vLLM)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "count"}], "max_tokens": 4, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}) as r:
+        bodies = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    assert bodies[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert bodies[0]["usage"]["completion_tokens"] == 0 and bodies[0]["usage"]["prompt_tokens"] > 0
+    assert all("usage" in b for b in bodies) and bodies[-1]["usage"]["completion_tokens"] == 4
 
 
 def test_service_tier_takes_openais_values(server):

@@ -216,9 +216,12 @@ async def collect_finished(run: JobRun, request: Request) -> list[Finished] | No
 
 async def _chat_stream(state, run: JobRun, head: dict, options, log_fields: dict, tools: ToolPlan | None = None):
     chunk = {**head, "object": "chat.completion.chunk"}
+    continuous = options and options.include_usage and options.continuous_usage_stats
+    usage0 = {"usage": {"prompt_tokens": run.prompt_tokens, "completion_tokens": 0,
+                        "total_tokens": run.prompt_tokens}} if continuous else {}
     for i in range(len(run.works)):
         yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "finish_reason": None, "logprobs": None}]})
+                                         "finish_reason": None, "logprobs": None}], **usage0})
 
     held: dict[int, ToolStream] = {}  # with tools: each choice's text, held back from a possible tool call on
 

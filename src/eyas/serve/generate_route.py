@@ -22,10 +22,10 @@ from fastapi.responses import JSONResponse, Response
 from . import logprobs as lp
 from .api_errors import ApiError, bad_request
 from .inputs import check_model, generate_job, generate_prompts, parse_body
-from .openai_routes import failed_error, log_failure, log_prompt, spec_fields, sse, streaming
+from .openai_routes import collect_finished, log_failure, log_prompt, spec_fields, sse, streaming
 from .prepare import Prepared, Preparer
 from .protocol import GenerateRequest
-from .runner import ClientGone, JobRun
+from .runner import JobRun
 from .scheduler import Delta, Failed, Finished
 from .structured import generate_structure
 
@@ -52,16 +52,10 @@ async def generate(request: Request):
     log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _stream(state, run, rids, batched, shape, request.state.log), request.state.log)
-    results: list[dict | None] = [None] * len(run.works)
-    try:
-        async for index, event in run.events(request.receive):
-            if isinstance(event, Failed):
-                request.state.log["error"] = event.message
-                raise failed_error(event)
-            if isinstance(event, Finished):
-                results[index] = _result(state, rids[index], event, shape, run.works[index])
-    except ClientGone:
+    finished = await collect_finished(run, request)
+    if finished is None:
         return Response(status_code=499)
+    results = [_result(state, rids[i], f, shape, run.works[i]) for i, f in enumerate(finished)]
     fields = request.state.log
     fields["completion_tokens"] = sum(r["meta_info"]["completion_tokens"] for r in results)
     fields["prompt_tokens"] = run.prompt_tokens

@@ -57,7 +57,7 @@ def serve(args) -> None:
             n = len(s.prompt_ids) + len(s.output_ids) + got
             if k > 1:  # the engine's per-row bookkeeping of a verify step (``Engine.collect``)
                 s.stats.record(args.tokens_per_step, got - 1)
-            out.append(s.emit([tokens[(n + i + j) % len(tokens)] for j in range(got)], engine._eos, n,
+            out.append(s.emit([tokens[(n + i + j) % len(tokens)] for j in range(got)], engine._eos,
                               engine.context_limit))
         return out
 

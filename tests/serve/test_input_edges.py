@@ -276,6 +276,17 @@ def test_a_default_max_tokens_that_does_not_fit_is_named_as_the_default(server):
         assert all(w in message for w in words) and ("default" in message) == (not body), message
 
 
+def test_a_request_that_fits_the_context_gets_every_token_it_asks_for(server):
+    """prompt + max_tokens = max_model_len: every token comes back (a server that stopped a tree short of the
+    context cut such a request with a 200 and "length"), and a chat answer with no max_tokens runs to the end."""
+    context = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+    r = httpx.post(server.url + COMP, json={"prompt": [5] * (context - 6), "max_tokens": 6, "ignore_eos": True,
+                                            "temperature": 0}, timeout=120)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text[:300]
+    r = httpx.post(server.url + COMP, json={"prompt": [5] * (context - 1), "max_tokens": 1}, timeout=120)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text[:300]
+
+
 def test_a_developer_message_is_a_system_one_unless_the_template_knows_developer():
     """OpenAI's newer name for system instructions: a template without it (SmolLM2's) would render an unknown turn
     and add its own default system prompt; one that names it (gpt-oss's) gets it as sent."""

@@ -60,12 +60,11 @@ class Sequence:
         if not self.finished:
             self.finish_reason, self.error = "error", message
 
-    def emit(self, tokens: list[int], eos: frozenset[int], context_used: int, context_limit: int,
+    def emit(self, tokens: list[int], eos: frozenset[int], context_limit: int,
              logprobs: list[TokenLogprob] | None = None) -> list[int]:
         """Append ``tokens`` up to a stop condition (and their ``logprobs``, where the row asks); return what
-        was appended. ``eos``: the target's end tokens (ignored with ``ignore_eos``); ``context_used``: the
-        row's length after them; past ``context_limit`` (the most a row may hold before its next step) the
-        row ends with "length"."""
+        was appended. ``eos``: the target's end tokens (ignored with ``ignore_eos``); ``context_limit``: the most
+        tokens the row may hold, prompt and output (the context): there the row ends with "length"."""
         if self.finished:
             return []
         p = self.params
@@ -82,14 +81,12 @@ class Sequence:
             if t in stops or self.grammar is not None and self.grammar.terminated:
                 self.finish_reason = "stop"
                 break
-            if len(self.output_ids) + len(out) >= p.max_new_tokens:
+            if len(self.output_ids) + len(out) >= min(p.max_new_tokens, context_limit - len(self.prompt_ids)):
                 self.finish_reason = "length"
                 break
         self.output_ids.extend(out)
         if self.logprobs is not None:
             self.logprobs.extend(logprobs[:len(out)])
-        if not self.finished and context_used > context_limit:
-            self.finish_reason = "length"
         return out
 
 

@@ -98,8 +98,9 @@ class Engine:
 
     @property
     def context_limit(self) -> int:
-        """The most tokens a row may hold before a step: room is left for the largest tree and its bonus."""
-        return self.max_context - self.tree_size - 1
+        """The most tokens a row may hold, prompt and output: the context (the KV pool has slots past it for
+        the largest tree and its bonus, ``native_pools``' slack)."""
+        return self.max_context
 
     def graph_runners(self) -> list:
         """The native path's graph runners (``warmup.graph_runners``)."""
@@ -137,21 +138,19 @@ class Engine:
         if wrong:
             raise EyasError(f"logit_bias names token {wrong[0]}, outside the target's vocabulary (0..{vocab - 1})",
                             "use token ids of the target's own tokenizer")
-        limit = self.context_limit
+        limit = self.context_limit - 1  # room for the first output token
         if len(prompt_ids) > limit:
             model = self.target.info.max_context
             if model and self.max_context < model:  # the KV pool, not the model, set the context
                 raise EyasError(
                     f"the prompt has {len(prompt_ids)} tokens; the KV cache holds {self.max_context} a row for "
-                    f"{self.config.max_batch} rows in the memory it was given (the model takes {model}), and "
-                    f"with tree size {self.tree_size} at most {limit} fit",
+                    f"{self.config.max_batch} rows in the memory it was given (the model takes {model}), so at "
+                    f"most {limit} fit with room for the answer",
                     "lower --max-running-requests, raise --mem-fraction-static, or free GPU memory",
                 )
             raise EyasError(
-                f"the prompt has {len(prompt_ids)} tokens; with this context length ({self.max_context}) "
-                f"and tree size ({self.tree_size}) at most {limit} fit",
-                "shorten the prompt or raise --context-length",
-            )
+                f"the prompt has {len(prompt_ids)} tokens; this context length ({self.max_context}) holds at most "
+                f"{limit} with room for the answer", "shorten the prompt or raise --context-length")
         grammar = None
         if params.grammar is not None:  # compiled once per spec (an LRU): the server has compiled it already
             grammar = RowGrammar(grammars_for(self.target).compile(params.grammar), vocab)
@@ -261,7 +260,7 @@ class Engine:
         """``batch`` of freshly prefilled rows, each having emitted its first token."""
         batch.rows = rows
         for s, t, lp in zip(batch.seqs, firsts, logprobs or [None] * len(batch.seqs)):
-            s.emit([t], self._eos, len(s.prompt_ids), self.context_limit, lp)
+            s.emit([t], self._eos, self.context_limit, lp)
         return batch
 
     def _prefill(self, seqs: list[Sequence]) -> Batch:
@@ -374,7 +373,7 @@ class Engine:
             drawing = self.chooser is not None and batch.drawing  # rows' kinds only where the chooser weighs them
             emitted, accepted, drew = [], [], []
             for s, h, lp in zip(batch.seqs, rows, logprobs):
-                n, length = h[width], h[width + 1]
+                n = h[width]
                 if not h[width + 3]:
                     s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
                 if not s.finished and spec.speculative:
@@ -382,7 +381,7 @@ class Engine:
                     accepted.append(n - 1)
                     if drawing:
                         drew.append(not s.params.greedy)
-                emitted.append(s.emit(h[:n], self._eos, length, self.context_limit, lp))
+                emitted.append(s.emit(h[:n], self._eos, self.context_limit, lp))
             now = time.perf_counter()
             if self.chooser:
                 after = self._uncollected

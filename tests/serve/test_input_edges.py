@@ -305,3 +305,17 @@ def test_a_developer_message_is_a_system_one_unless_the_template_knows_developer
     tok.chat_template = ("{% for m in messages %}{% if m.role == 'developer' %}[dev]{% endif %}{{ m.content }}"
                          "{% endfor %}")
     assert render("developer") != render("system")
+
+
+def test_a_text_part_with_other_keys_is_its_text():
+    """LiteLLM and Anthropic-style clients mark parts with ``cache_control``: the part is its text, as in vLLM
+    (a 400 that said parts must be "each with its text" misnamed the problem)."""
+    from helpers import byte_tokenizer
+
+    from eyas.serve.inputs import chat_prompt
+    from eyas.serve.protocol import ChatCompletionRequest
+
+    tok = byte_tokenizer()
+    marked = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+    plain = chat_prompt(tok, ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]))
+    assert chat_prompt(tok, ChatCompletionRequest(messages=[{"role": "user", "content": [marked]}])) == plain

@@ -23,7 +23,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class TextPart(_Strict):
+class TextPart(BaseModel):
+    """A chat message's text part. Other keys of a part (``cache_control``, which LiteLLM and Anthropic-style
+    clients send) are dropped, as vLLM drops them: they change nothing about the text."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
     type: Literal["text"]
     text: str
 

@@ -132,8 +132,15 @@ def test_tool_history_renders_and_auto_and_none_generate_freely(served, plain_te
                                                    "temperature": 0, "max_tokens": 8})
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["finish_reason"] == "length"
-    r = _post(plain_template, "/v1/chat/completions", {"messages": history, "tools": TOOLS, "max_tokens": 8})
+    r = _post(plain_template, "/v1/chat/completions", {"messages": history, "tools": TOOLS, "max_tokens": 8,
+                                                       "tool_choice": "required"})
     assert r.status_code == 200, r.text  # a template with no tool format: the calls go in as <tool_call> text
+    # ... but the tools themselves never reach the model: "auto" would answer in prose, so it is refused
+    r = _post(plain_template, "/v1/chat/completions", {"messages": MSG, "tools": TOOLS, "max_tokens": 8})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "does not show 'tools'" in r.json()["error"]["message"] and "'required'" in r.json()["error"]["message"]
+    r = _post(plain_template, "/tokenize", {"messages": MSG, "tools": TOOLS})
+    assert r.status_code == 200, r.text  # counting the prompt is no request for a call
     r = _post(strict_template, "/v1/chat/completions", {"messages": history, "tools": TOOLS, "max_tokens": 8})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
     message = r.json()["error"]["message"]
@@ -209,7 +216,7 @@ def test_a_template_without_a_tool_format_sees_the_calls_as_text(engine):
     history = MSG + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Rome"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    text = tok.decode(chat_prompt(tok, ChatCompletionRequest(messages=history, tools=TOOLS)))
+    text = tok.decode(chat_prompt(tok, ChatCompletionRequest(messages=history, tools=TOOLS, tool_choice="required")))
     block = '<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>'
     assert block in text and "sunny" in text
     assert parse_auto(block, {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS})[1][0][
@@ -224,3 +231,18 @@ def test_a_json_schema_answer_keeps_the_schemas_key_order(served):
     r = _chat(served, response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": schema}})
     assert r.status_code == 200, r.text
     assert list(json.loads(r.json()["choices"][0]["message"]["content"])) == ["zeta", "alpha"]
+
+
+def test_auto_keeps_one_call_without_parallel_tool_calls():
+    """``parallel_tool_calls: false`` under "auto": the first call the text holds, as vLLM (agent loops built for
+    one call at a time), streamed or not; with it left out, every call."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    text = ('<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>\n'
+            '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    for parallel, n in ((True, 2), (False, 1)):
+        plan = ToolPlan("auto", schemas, parallel=parallel)
+        assert len(plan.calls(text)[1]) == n
+        stream = ToolStream(plan)
+        stream.feed(text)
+        assert [c["function"]["arguments"] for c in stream.finish()[1]][:1] == ['{"city": "Rome"}']
+        assert len(stream.finish()[1]) == n

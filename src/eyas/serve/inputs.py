@@ -147,6 +147,13 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
                  else "these messages (roles or contents this model's template does not accept)")
         raise bad_request(f"the chat template of this model could not render {which}; the template's error is in "
                           "the server's log", param="tools" if tools else "messages") from None
+    if tools and req.tool_choice in (None, "auto") and text == tokenizer.apply_chat_template(
+            messages, tokenize=False, **kwargs):
+        raise bad_request(
+            "this model's chat template does not show 'tools' to the model (the prompt renders the same without "
+            "them), so with tool_choice 'auto' it would answer in prose and never call one; send tool_choice "
+            "'required' or a named function (the output is then constrained to a call of your tools), or serve "
+            "with a --chat-template that renders tools", param="tools")
     return encode(tokenizer, text, "messages", max_chars, add_special_tokens=False)
 
 

@@ -38,7 +38,7 @@ def _tokenize(p: Preparer, raw: bytes) -> dict:  # on the preparer's thread
     else:
         if not req.messages:
             raise bad_request("'messages' is empty: send at least one {role, content} message", param="messages")
-        chat = ChatCompletionRequest(messages=req.messages, tools=req.tools,
+        chat = ChatCompletionRequest(messages=req.messages, tools=req.tools, tool_choice="none",  # rendered, no call
                                      chat_template_kwargs=req.chat_template_kwargs,
                                      add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message)

@@ -6,11 +6,13 @@
 - a named function (``{"type": "function", "function": {"name": ...}}``): the output is constrained to
   that function's ``parameters`` schema and is the call's ``arguments`` (vLLM's way);
 - ``"required"``: the output is constrained to a JSON array of ``{"name": ..., "parameters": {...}}``
-  objects, each naming one of the tools with arguments that match its schema (one call at most with
-  ``parallel_tool_calls: false``);
+  objects, each naming one of the tools with arguments that match its schema;
 - ``"auto"`` (the default with tools): generation is free and calls are parsed from the text in the form
   Hermes- and Qwen-style chat templates teach (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``),
   or, failing that, a whole output that is one such JSON object (Llama-3-style templates).
+
+With ``parallel_tool_calls: false`` a response holds one call at most: "required" constrains the array to one
+item, "auto" keeps the first call it parses.
 
 Each call comes back as OpenAI's ``{"id": "call_<hex>", "type": "function", "function": {"name",
 "arguments"}}`` with ``arguments`` a JSON string; ``ToolStream`` holds a stream's text back from the first
@@ -58,8 +60,9 @@ class ToolPlan:
         if self.mode == "required":
             items = _loads(text, list) or []
             return None, [call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
-        if self.mode == "auto":
-            return parse_auto(text, self.schemas)
+        if self.mode == "auto":  # parallel_tool_calls false: the first call alone (as vLLM)
+            content, found = parse_auto(text, self.schemas)
+            return content, found if self.parallel else found[:1]
         return text, []
 
 

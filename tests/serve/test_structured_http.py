@@ -246,3 +246,23 @@ def test_auto_keeps_one_call_without_parallel_tool_calls():
         stream.feed(text)
         assert [c["function"]["arguments"] for c in stream.finish()[1]][:1] == ['{"city": "Rome"}']
         assert len(stream.finish()[1]) == n
+
+
+def test_a_schema_keyword_the_grammar_cannot_hold_is_a_400_unless_not_strict(served):
+    """A schema asking what the grammar cannot enforce (``uniqueItems`` here) would get JSON that fails its own
+    validator with a 200: a 400 names the keyword and where it is; ``strict: false`` takes the output as it comes."""
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "integer"},
+                                                        "uniqueItems": True}}, "required": ["tags"]}
+    body = {"messages": MSG, "max_tokens": 4, "temperature": 0}
+    for strict in (True, None):
+        fmt = {"name": "x", "schema": schema, **({} if strict is None else {"strict": strict})}
+        r = _post(served, "/v1/chat/completions", {**body, "response_format": {"type": "json_schema",
+                                                                                "json_schema": fmt}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+        message = r.json()["error"]["message"]
+        assert "'uniqueItems' at #/properties/tags" in message and "strict false" in message, message
+    fmt = {"name": "x", "schema": schema, "strict": False}
+    r = _post(served, "/v1/chat/completions", {**body, "response_format": {"type": "json_schema", "json_schema": fmt}})
+    assert r.status_code == 200, r.text
+    r = _post(served, "/v1/chat/completions", {**body, "guided_json": {"type": "integer", "not": {"const": 3}}})
+    assert r.status_code == 400 and "'not' at #" in r.json()["error"]["message"], r.text

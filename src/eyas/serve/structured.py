@@ -14,7 +14,8 @@ Every spelling goes through ``grammar_spec`` (kind, source, param) -> ``GrammarS
 EBNF alternation of its strings as JSON-escaped literals (xgrammar's EBNF reads JSON's escapes).
 
 The grammar itself is compiled by ``Preparer.prepared`` on the preparing thread (``sample/grammar.py``);
-a schema xgrammar refuses is a 400 naming the field.
+a schema xgrammar refuses is a 400 naming the field, and so is one with a keyword it compiles but cannot
+enforce (``sample/schema_keywords.py``), unless ``response_format`` says ``strict: false``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import dataclasses
 import json
 
 from ..sample.grammar import GrammarSpec
+from ..sample.schema_keywords import UNENFORCED, unenforced
 from .api_errors import bad_request
 from .inputs import Job
 from .tools import plan
@@ -38,9 +40,11 @@ def _with(job: Job, grammar: GrammarSpec | None) -> Job:
     return job
 
 
-def grammar_spec(kind: str, source, param: str) -> GrammarSpec:
+def grammar_spec(kind: str, source, param: str, lenient: bool = False) -> GrammarSpec:
     """One constraint as the engine's grammar: ``kind`` json_object (``source`` unused), json_schema (a
-    schema, or one as a JSON string), regex, ebnf or choice (a list of strings); ``param`` names the field."""
+    schema, or one as a JSON string), regex, ebnf or choice (a list of strings); ``param`` names the field.
+    A schema with a keyword the grammar cannot enforce (``schema_keywords``) is a 400 unless ``lenient``
+    (``response_format``'s ``strict: false``: output that may not follow the schema, as OpenAI's non-strict)."""
     if kind == "json_object":
         return GrammarSpec("json_object", param=param)
     if kind == "json_schema":
@@ -50,6 +54,15 @@ def grammar_spec(kind: str, source, param: str) -> GrammarSpec:
             except ValueError as e:
                 raise bad_request(f"{param}: a JSON schema given as a string must parse as JSON; it does not: {e}",
                                   param=param, code="invalid_value") from None
+        loose = [] if lenient else unenforced(source)
+        if loose:
+            at, keyword = loose[0]
+            raise bad_request(
+                f"{param}: the schema's {keyword!r} at {at} ({UNENFORCED.get(keyword, 'every member of a conjunction')}"
+                ") is not something the grammar engine (xgrammar) can hold the output to, so the output could break "
+                "the schema; drop it from the schema and check it in your code" + (
+                    ", or send json_schema.strict false to take output that may not follow it"
+                    if param == "response_format" else ""), param=param, code="invalid_value")
         return GrammarSpec.json_schema(source, param=param)
     if kind == "choice":
         if not source:
@@ -70,7 +83,7 @@ def response_grammar(fmt) -> GrammarSpec | None:
         raise bad_request("response_format of type json_schema needs json_schema.schema (OpenAI's shape: "
                           '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}})',
                           param="response_format.json_schema", code="invalid_value")
-    return grammar_spec("json_schema", spec.schema_, "response_format")
+    return grammar_spec("json_schema", spec.schema_, "response_format", lenient=spec.strict is False)
 
 
 _FLAT = (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),

@@ -319,3 +319,14 @@ def test_a_text_part_with_other_keys_is_its_text():
     marked = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
     plain = chat_prompt(tok, ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]))
     assert chat_prompt(tok, ChatCompletionRequest(messages=[{"role": "user", "content": [marked]}])) == plain
+
+
+def test_suffix_and_best_of_pass_at_their_neutral_values_and_are_refused_otherwise(server):
+    """No insertion mode and no best-of here: a non-empty suffix and best_of above 1 are 400s that name the field
+    (never silently ignored); the neutral values clients send (``suffix: ""``, ``best_of: 1``) pass."""
+    for extra, status in (({"suffix": ""}, 200), ({"best_of": 1}, 200), ({"suffix": "end"}, 400),
+                          ({"best_of": 2}, 400)):
+        r = httpx.post(server.url + COMP, json={"prompt": "hi", "max_tokens": 1, **extra}, timeout=60)
+        assert r.status_code == status, (extra, r.text[:300])
+        if status == 400:
+            assert r.json()["error"]["param"] == next(iter(extra)), r.text

@@ -275,7 +275,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
         logprobs, prompt_logprobs = completion_logprobs(req)
         zero = (None if req.echo or req.prompt_logprobs is not None else
                 " (or 0, nothing generated, to score the prompt: with echo or prompt_logprobs)")
-        refuse("suffix", req.suffix, None, "no insertion mode")
+        refuse("suffix", req.suffix, "", "no insertion mode")  # "" is no suffix (OpenAI takes it)
         refuse("best_of", req.best_of, 1, "no best-of sampling")
         max_tokens, param = req.max_tokens, "max_tokens"
     n = 1 if req.n is None else req.n

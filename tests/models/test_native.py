@@ -291,22 +291,27 @@ def test_engine_caps_context_to_the_pool(target, monkeypatch):
     assert "--max-running-requests" in err.value.fix and "--mem-fraction-static" in err.value.fix
 
 
-@pytest.mark.parametrize("native,tree", [(True, (4, 3, 8)), (True, (5, 1, 6)), (False, (4, 3, 8))])
+@pytest.mark.parametrize("native,tree", [(True, (4, 3, 8)), (True, (5, 1, 6)), (False, (4, 3, 8)),
+                                         (True, "1:3,1,4;2:0"), (True, "1:5,1,6;2:0")])
 def test_a_row_generates_up_to_the_last_slot_of_the_context(target, draft, monkeypatch, native, tree):
     """A row ends at the context, prompt and output together, whatever tree the steps verify: the KV pool has
     room past the context for the last step's tree (a row that stopped a tree short of it lost the last
-    tokens of a request that fit, and a prompt a tree short of it was refused)."""
+    tokens of a request that fit, and a prompt a tree short of it was refused). With a schedule's plain steps
+    the draft's feed is deferred, and the step by parts that drafts again when the batch shrinks to one row
+    writes the feed's block and its own path past the context (the pool once lacked the block's room: an error
+    for the whole batch)."""
     model = target.info.max_context
     per_slot = NativeTarget.from_target(target).bytes_per_slot()
-    monkeypatch.setattr("eyas.engine.pools.kv_budget", lambda device, fraction=None: 2 * 300 * per_slot)
-    spec = SpecConfig("EAGLE3", *tree)
-    engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=2) if native else Engine(target, draft,
+    monkeypatch.setattr("eyas.engine.pools.kv_budget", lambda device, fraction=None: 3 * 300 * per_slot)
+    spec = SpecConfig("EAGLE3", 3, 1, 4, schedule=parse_schedule(tree)) if isinstance(tree, str) else \
+        SpecConfig("EAGLE3", *tree)
+    engine = Engine(NativeTarget.from_target(target), draft, spec, max_batch=3) if native else Engine(target, draft,
                                                                                                        spec)
     context = engine.max_context
     assert context < model if native else context == model  # the pool's slots less its slack (tree and bonus)
     prompt = [(i * 7) % 250 + 3 for i in range(context - 11)]
-    out = engine.generate([prompt, prompt[:-3]], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
-    assert [len(o.output_ids) for o in out] == [11, 14] and {o.finish_reason for o in out} == {"length"}
+    out = engine.generate([prompt, prompt[:-3], prompt[:-6]], SamplingParams(max_new_tokens=10**6, ignore_eos=True))
+    assert [len(o.output_ids) for o in out] == [11, 14, 17] and {o.finish_reason for o in out} == {"length"}
     assert out[0].output_ids == reference_greedy(target.model, prompt, 11)
     with pytest.raises(EyasError, match=f"the prompt has {context} tokens"):
         engine.new_sequence([5] * context, SamplingParams())

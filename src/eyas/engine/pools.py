@@ -53,7 +53,9 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
     drafting = [s for s in spec.options if s.speculative]
     draft_tokens = buckets(max(max(s.eagle_topk, s.num_steps + 1) for s in drafting)) if drafting else []
     spans = [s.num_steps * s.eagle_topk for s in drafting]  # draft slots a tree's levels take
-    slack = max([tree_size] + draft_tokens + spans) + 1
+    # slots past the context: a row that holds the whole context still verifies a tree and drafts its levels,
+    # and a step by parts writes a deferred feed's block (``feed.py``) and then its path at the draft cache's end
+    slack = max([tree_size] + draft_tokens + spans) + max(feed_widths(spec, config), default=0) + 1
     context = min(max_context, 1 << 20)
     per_slot = target.bytes_per_slot() + (draft_steps.bytes_per_slot() if spec.speculative else 0)
     budget = kv_budget(device, c.mem_fraction_static)  # --mem-fraction-static

@@ -109,3 +109,15 @@ def test_eagle_flag_refused_for_every_format_before_loading(fixture_dirs, monkey
     with pytest.raises(EyasError, match="use --speculative-algorithm EAGLE3"):
         pipeline.build_engine(pipeline.EngineArgs(model_path="unused", speculative_algorithm="EAGLE",
                                                   speculative_draft_model_path=str(fixture_dirs[name])))
+
+
+def test_vllms_architecture_name_reads_as_sglangs(tmp_path):
+    """vLLM registers ``Eagle3LlamaForCausalLM`` beside SGLang's ``LlamaForCausalLMEagle3`` for one loader: a folder
+    written for vLLM under that name is the same draft (once refused as "no EAGLE-3 draft layout eyas knows")."""
+    from interop_helpers import write_sglang_fixture
+
+    sgl = write_sglang_fixture(tmp_path / "sgl")
+    vllm = write_sglang_fixture(tmp_path / "vllm", architectures=["Eagle3LlamaForCausalLM"])
+    assert formats.detect_format(vllm) == format_names.SGLANG
+    a, b = formats.read_draft(sgl), formats.read_draft(vllm)
+    assert a.state.keys() == b.state.keys() and all(torch.equal(a.state[k], b.state[k]) for k in a.state)

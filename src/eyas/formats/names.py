@@ -29,6 +29,9 @@ LOOKS_LIKE = {
 # saved by ``Eagle3DraftModel.save_pretrained`` records its class name instead
 # (vllm-project/speculators src/speculators/models/eagle3/config.py and core.py).
 SPECULATORS_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
+# vLLM registers its EAGLE-3 Llama draft as ``Eagle3LlamaForCausalLM`` beside SGLang's name, one loader for both
+# (vllm/model_executor/models/registry.py): folders written for vLLM carry either, with SGLang's tensor names.
+SGLANG_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
 # Official release: SafeAILab/EAGLE eagle/traineagle3/config.json declares ["LlamaForCausalLM"].
 OFFICIAL_ARCHITECTURE = "LlamaForCausalLM"
 

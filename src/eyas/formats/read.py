@@ -37,6 +37,7 @@ from .names import (
     OFFICIAL,
     OFFICIAL_ARCHITECTURE,
     SGLANG,
+    SGLANG_ARCHITECTURES,
     SPECULATORS,
     SPECULATORS_ARCHITECTURES,
     from_speculators_names,
@@ -148,14 +149,15 @@ def _detect(path: Path, data: dict, allow_pickle: bool = False) -> str:
                 "use an EAGLE-3 speculator, or serve this one with vLLM",
             )
         return SPECULATORS
-    if ARCHITECTURE in arch:
+    if any(a in SGLANG_ARCHITECTURES for a in arch):
         return EYAS if isinstance(data.get("eyas"), dict) else SGLANG
     if OFFICIAL_ARCHITECTURE in arch:
         shapes = _read_tensors(path, "an official EAGLE-3 release or a plain Llama model", shapes_only=True,
                                allow_pickle=allow_pickle)
         check_official_shapes(path, data, shapes)
         return OFFICIAL
-    known = f"{ARCHITECTURE} (SGLang/SpecForge/eyas), Eagle3Speculator (speculators/vLLM) or " \
+    known = f"{ARCHITECTURE} or Eagle3LlamaForCausalLM (SGLang/SpecForge/eyas/vLLM), Eagle3Speculator " \
+            "(speculators/vLLM) or " \
             f"{OFFICIAL_ARCHITECTURE} with a 3 x hidden fc (official EAGLE-3)"
     raise EyasError(
         f"{path}: config.json declares architectures {arch or 'none'}, which is no EAGLE-3 draft layout eyas "

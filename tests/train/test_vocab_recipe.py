@@ -74,6 +74,33 @@ def test_bad_input_stops_early(tmp_path):
         Trainer(tiny_recipe(data, tmp_path / "r3"), target=other)
 
 
+def test_data_prepared_for_another_model_of_the_same_shapes_is_refused(tmp_path):
+    """A fine-tune, a base model or a sibling of another depth shares the vocabulary and width: the data's depth and
+    chat template are compared too (a draft trained on it learns another model's prompts and answers)."""
+    from eyas.common.training_record import template_sha
+
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=16)
+    info = target.info
+    shapes = {"name": "other", "vocab_size": info.vocab_size, "hidden_size": info.hidden_size}
+    here = template_sha(target.tokenizer.chat_template)
+    cases = [({"target": {**shapes, "num_layers": info.num_layers + 2}, "chat": {"template_sha256_16": here}},
+              f"num_layers {info.num_layers + 2}.*num_layers {info.num_layers}"),
+             ({"target": {**shapes, "num_layers": info.num_layers}, "chat": {"template_sha256_16": "0" * 16},
+               "regeneration": {"enabled": True}}, "another chat template.*answers written by that model")]
+    for i, (meta, match) in enumerate(cases):
+        (data / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(EyasError, match=match) as err:
+            Trainer(tiny_recipe(data, tmp_path / f"r{i}"), target=target)
+        assert "eyas prepare --model" in err.value.fix
+    (data / "meta.json").write_text('{"target": {"name"')  # a preparation cut short
+    with pytest.raises(EyasError, match="meta.json is not valid JSON"):
+        Trainer(tiny_recipe(data, tmp_path / "r9"), target=target)
+    (data / "meta.json").write_text(json.dumps({"target": {**shapes, "num_layers": info.num_layers},
+                                                "chat": {"template_sha256_16": here}}))
+    Trainer(tiny_recipe(data, tmp_path / "ok"), target=target)  # the same model under another name
+
+
 @pytest.mark.parametrize("override, match", [
     ("optim.lr=abc", "optim.lr = 'abc' is not a number"),
     ("train.seed=1.5", "train.seed = 1.5 is not an integer"),

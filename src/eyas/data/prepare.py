@@ -13,13 +13,13 @@ Output folder:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from ..common.training_record import template_sha
 from ..errors import EyasError
 from . import holdout, sources
 from .chat import prompt_messages, render
@@ -106,7 +106,7 @@ def select_only(cfg: PrepareConfig, out, log=print) -> dict:
 
 
 def template_hash(tokenizer) -> str:
-    return hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest()[:16]
+    return template_sha(tokenizer.chat_template)
 
 
 def tokenize(tokenizer, records: list[dict], cfg: PrepareConfig):

@@ -31,6 +31,7 @@ from ..models.draft import Eagle3Draft
 from . import checkpoint, trackers
 from .batches import collate, epoch_batches, rank_rows, to_device
 from .budget import TimeBudget
+from .data_meta import check_data_meta
 from .evaluate import heldout_metrics
 from .logger import RunLog, Window
 from .new_draft import blank_draft, build_draft
@@ -85,7 +86,7 @@ class Trainer:
             target.set_aux_layers(r.draft.aux_layer_ids)
         self.target = target
         data = Path(r.data.path)
-        meta = self._check_data_meta(data)
+        meta = check_data_meta(data, self.target)
         ctx_len, length = target.info.max_context, min(r.data.max_length, meta.get("max_length") or r.data.max_length)
         if ctx_len and length > ctx_len:  # rows are no longer than eyas prepare cut them (for this target: its context)
             raise EyasError(f"data.max_length {r.data.max_length} exceeds the target's context ({ctx_len}), and so do "
@@ -149,21 +150,6 @@ class Trainer:
             self.log.write("budget", step=self.step, total_steps=total, steps_per_s=round(rate, 3))
 
     # -- setup ----------------------------------------------------------------------------------
-    def _check_data_meta(self, data: Path) -> dict:
-        meta_file = data / "meta.json"
-        if not meta_file.is_file():
-            return {}
-        meta = json.loads(meta_file.read_text())
-        want = meta.get("target", {})
-        info = self.target.info
-        if (want.get("vocab_size") not in (None, info.vocab_size)
-                or want.get("hidden_size") not in (None, info.hidden_size)):
-            raise EyasError(f"the data in {data} was prepared for target {want.get('name')!r} "
-                            f"(vocab {want.get('vocab_size')}, hidden {want.get('hidden_size')}), "
-                            f"this target has vocab {info.vocab_size}, hidden {info.hidden_size}",
-                            "prepare the data with the target you train for")
-        return meta
-
     def _wrap(self, module: nn.Module) -> nn.Module:
         if not self.ctx.active:
             return module

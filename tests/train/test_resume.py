@@ -258,3 +258,21 @@ def test_resuming_an_older_step_into_its_own_run_is_refused(crashed, tmp_path, c
     assert main(["train", "--resume", str(run / "checkpoints" / "step-2"), "--recipe", str(run / "recipe.yaml"),
                  "--output", str(tmp_path / "branch")]) == 0
     assert (tmp_path / "branch" / "checkpoints" / "step-8").is_dir()
+
+
+def test_data_prepared_again_under_the_same_path_is_a_change(tmp_path):
+    """``eyas prepare --out`` into the data folder of a running run rewrites its rows: a resume would go on at the
+    saved (epoch, batch) over other rows, and its draft vocabulary was built from the old ones. The checkpoint
+    records the rows' digest, and the resume names the change unless allowed."""
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=24)
+    save_tiny_model(tmp_path / "target")
+    sets = {**SETS, "target": str(tmp_path / "target")}
+    Trainer(tiny_recipe(data, tmp_path / "run", **sets), target=target).fit(stop_after=3)
+    Trainer(tiny_recipe(data, tmp_path / "run", **sets), target=target).resume(tmp_path / "run")  # the same rows
+    make_data(target, data, rows=24, seed=1)
+    t = Trainer(tiny_recipe(data, tmp_path / "run", **sets), target=target)
+    with pytest.raises(EyasError, match="the training rows in data.path .*prepared again") as e:
+        t.resume(tmp_path / "run")
+    assert "--allow-recipe-change" in e.value.fix
+    t.resume(tmp_path / "run", allow_recipe_change=True)

@@ -4,7 +4,7 @@
     <output>/checkpoints/step-<n>/config.json         the draft's config  } a draft folder, as <output>/draft/
     <output>/checkpoints/step-<n>/model.safetensors   its weights, fp32   } (eyas eval / export / serve take it)
     <output>/checkpoints/step-<n>/state.pt            {optimizer, scheduler, rng}
-    <output>/checkpoints/step-<n>/checkpoint.json     {format, step, position, recipe}
+    <output>/checkpoints/step-<n>/checkpoint.json     {format, step, position, recipe, data_sha256_16}
 
 The draft is written by its own ``save_pretrained``, in the trainer's fp32 master weights, so the
 same file resumes training exactly and serves as is; embeddings are left out (the target's, frozen,
@@ -22,7 +22,8 @@ inside ``state.pt`` (format 2: not servable, still resumed); before that (``stat
 ``checkpoint.json``) they stored NumPy objects: those load only with ``--allow-pickle`` (still
 ``weights_only``, plain NumPy arrays admitted). A checkpoint resumes only into the run it came
 from: the draft's shapes must match (vocabulary sizes are named), and recipe fields that differ are
-refused unless ``--allow-recipe-change``, which resumes with the new values.
+refused unless ``--allow-recipe-change``, which resumes with the new values; so are training rows whose digest
+differs from the one the checkpoint recorded (the data folder prepared again under the same path).
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def _steps(run: Path) -> list[Path]:
 
 
 def save(folder, step: int, draft, optimizer, scheduler, position: tuple[int, int], recipe: dict,
-         keep: int = 2, schedule: dict | None = None) -> Path:
+         keep: int = 2, schedule: dict | None = None, data_sha: str | None = None) -> Path:
     """``draft``: a plain ``Eagle3Draft`` on the CPU (``Trainer.servable``), saved as it is (fp32);
-    ``schedule``: a time-budgeted run's fitted steps and the seconds left of its budget."""
+    ``schedule``: a time-budgeted run's fitted steps and the seconds left of its budget; ``data_sha``: the
+    training rows' digest (``states.split_sha``), which a resume compares."""
     root = Path(folder) / "checkpoints"
     path = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
@@ -99,6 +101,8 @@ def save(folder, step: int, draft, optimizer, scheduler, position: tuple[int, in
         meta = {"format": FORMAT, "step": step, "position": list(position), "recipe": recipe}
         if schedule:
             meta["schedule"] = schedule
+        if data_sha:
+            meta["data_sha256_16"] = data_sha
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
     if path.exists():
         shutil.rmtree(path)
@@ -133,6 +137,7 @@ class Checkpoint:
     recipe: dict | None  # the recipe it was trained with (None: not recorded)
     state: dict  # draft (its saved tensors: no embeddings since format 3), optimizer, scheduler, rng
     schedule: dict | None = None  # a time-budgeted run's {total_steps, step_cap, budget_left_s}
+    data_sha: str | None = None  # the digest of the rows it trained on (None: not recorded)
 
 
 class _Unreadable(Exception):
@@ -197,7 +202,8 @@ def _read(c: Path, allow_pickle: bool) -> Checkpoint:
         step, position = int(meta["step"]), tuple(int(x) for x in meta["position"])
     except (TypeError, ValueError, KeyError):
         raise _Unreadable(f"{META if not legacy else STATE} records no valid step and data position") from None
-    return Checkpoint(c, step, position[:2], meta.get("recipe"), state, meta.get("schedule"))
+    return Checkpoint(c, step, position[:2], meta.get("recipe"), state, meta.get("schedule"),
+                      meta.get("data_sha256_16"))
 
 
 def _read_draft(c: Path) -> dict:
@@ -219,9 +225,11 @@ def load_draft(draft, ckpt: Checkpoint) -> None:
                         f"unexpected {sorted(unexpected)})", "resume with the recipe and target it was trained with")
 
 
-def check_compatible(ckpt: Checkpoint, draft_state: dict, recipe: dict, allow_changes: bool) -> list[str]:
-    """Refuse a checkpoint of another draft shape; return the recipe fields that differ (refused
-    unless ``allow_changes``)."""
+def check_compatible(ckpt: Checkpoint, draft_state: dict, recipe: dict, allow_changes: bool,
+                     data_sha: str | None = None) -> list[str]:
+    """Refuse a checkpoint of another draft shape; return the recipe fields that differ, and the training rows
+    where their digest ``data_sha`` differs from the checkpoint's (a folder prepared again under the same path:
+    the epoch's position would index other rows), refused unless ``allow_changes``."""
     saved = ckpt.state["draft"]
 
     def vocab(sd):
@@ -242,6 +250,8 @@ def check_compatible(ckpt: Checkpoint, draft_state: dict, recipe: dict, allow_ch
                         "resume with the recipe and target it was trained with, or start a new run with another "
                         "--output")
     changes = recipe_changes(ckpt.recipe, recipe)
+    if ckpt.data_sha and data_sha and ckpt.data_sha != data_sha:
+        changes.append(f"the training rows in data.path (sha256 {ckpt.data_sha} -> {data_sha}: prepared again)")
     if changes and not allow_changes:
         raise EyasError(f"checkpoint {ckpt.path} was trained with another recipe (checkpoint -> now): "
                         + ", ".join(changes),

@@ -132,15 +132,20 @@ def _reserve(path: Path) -> bool:
     return True
 
 
+def split_sha(split) -> str:
+    """The first 16 hex digits of the sha256 of a split's rows (their offsets and tokens)."""
+    data = hashlib.sha256(np.ascontiguousarray(split.offsets).tobytes())
+    data.update(np.ascontiguousarray(split.tokens).tobytes())
+    return data.hexdigest()[:16]
+
+
 def fingerprint(target, split, dtype: str) -> dict:
     """What a cache's states depend on beyond its shape: the tokens (a re-prepared split of the same size),
     the target's weights (another target of the same shapes; its lm_head, every 1024th row or so) and the
     storage dtype. Recorded in the cache's meta.json and compared before it is reused."""
-    data = hashlib.sha256(np.ascontiguousarray(split.offsets).tobytes())
-    data.update(np.ascontiguousarray(split.tokens).tobytes())
     head = target.model.get_output_embeddings().weight
     rows = head[:: max(1, head.shape[0] // 1024)].detach().float().cpu().contiguous()
-    return {"data_sha256_16": data.hexdigest()[:16], "dtype": dtype,
+    return {"data_sha256_16": split_sha(split), "dtype": dtype,
             "head_sha256_16": hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]}
 
 

@@ -37,7 +37,7 @@ from .logger import RunLog, Window
 from .new_draft import blank_draft, build_draft
 from .recipe import Recipe
 from .sharded_target import broadcast_module, load_sharded_target, shard_target
-from .states import OfflineStates, OnlineStates, build_cache, cache_complete, fingerprint
+from .states import OfflineStates, OnlineStates, build_cache, cache_complete, fingerprint, split_sha
 from .ttt import ttt_loss
 
 
@@ -213,14 +213,22 @@ class Trainer:
                 "total_steps": self.total_steps, "step_cap": self.step_cap,
                 "budget_left_s": self.budget_s - (time.perf_counter() - self.t_start)}
             path = checkpoint.save(self.out, self.step, self.servable(), self.optimizer, self.scheduler,
-                                   self.position, self.r.to_dict(), self.r.log.keep_checkpoints, schedule)
+                                   self.position, self.r.to_dict(), self.r.log.keep_checkpoints, schedule,
+                                   self._data_sha())
             self.log.write("checkpoint", step=self.step, path=str(path))
         self.ctx.barrier()
+
+    def _data_sha(self) -> str:
+        """The training rows' digest (once a run: it reads every token), which checkpoints record."""
+        if getattr(self, "_sha", None) is None:
+            self._sha = split_sha(self.train_split)
+        return self._sha
 
     def resume(self, path, allow_pickle: bool = False, allow_recipe_change: bool = False) -> None:
         ckpt = checkpoint.find(path, allow_pickle, warn=self.print)
         recipe = self.r.to_dict()
-        changes = checkpoint.check_compatible(ckpt, self.draft.state_dict(), recipe, allow_recipe_change)
+        changes = checkpoint.check_compatible(ckpt, self.draft.state_dict(), recipe, allow_recipe_change,
+                                              self._data_sha())
         checkpoint.load_draft(self.draft, ckpt)
         self.optimizer.load_state_dict(ckpt.state["optimizer"])
         self.scheduler.load_state_dict(ckpt.state["scheduler"])

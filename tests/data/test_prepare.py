@@ -272,6 +272,7 @@ def test_magpie_source_end_to_end_and_benchmark_prompts_excluded(tmp_path):
     (["--temperature", "-1"], "--temperature -1.0 must be in [0, 100]"),
     (["--top-p", "0"], "--top-p 0.0 must be in (0, 1]"),
     (["--top-p", "2"], "--top-p 2.0 must be in (0, 1]"),
+    (["--template-kwargs", "[1]"], "--template-kwargs must be a JSON object"),  # once a TypeError in the template
 ])
 def test_prepare_refuses_numbers_no_run_can_use_before_loading(tmp_path, capsys, monkeypatch, flags, needle):
     import eyas.models.loading as loading

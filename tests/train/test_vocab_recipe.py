@@ -103,6 +103,8 @@ def test_data_prepared_for_another_model_of_the_same_shapes_is_refused(tmp_path)
 
 @pytest.mark.parametrize("override, match", [
     ("optim.lr=abc", "optim.lr = 'abc' is not a number"),
+    ("optim.lr=[1", "'\\[1' is not a YAML value"),  # once a yaml traceback
+    ("log.run_name=@v9", "'@v9' is not a YAML value"),
     ("train.seed=1.5", "train.seed = 1.5 is not an integer"),
     ("optim.betas=[0.9]", "optim.betas .* is not two numbers"),
     ("draft.aux_layer_ids=[1, x]", "draft.aux_layer_ids .* is not a list of integers"),

@@ -115,6 +115,9 @@ def _run(args) -> int:
     except json.JSONDecodeError as e:
         raise EyasError(f"--template-kwargs is not JSON: {e.msg}",
                         "e.g. --template-kwargs '{\"enable_thinking\": false}'") from None
+    if not isinstance(kw, dict):
+        raise EyasError(f"--template-kwargs must be a JSON object of chat-template options, got {args.template_kwargs}",
+                        "e.g. --template-kwargs '{\"enable_thinking\": false}'")
     if args.thinking:
         kw["enable_thinking"] = args.thinking == "on"
     remote_flags = {"--served-model-name": args.served_model_name, "--api-key": args.api_key}

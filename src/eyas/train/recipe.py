@@ -217,7 +217,13 @@ def parse_override(text: str) -> dict:
     if "=" not in text:
         raise EyasError(f"override {text!r} has no '='", "write --set section.key=value, e.g. --set optim.lr=3e-4")
     key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        where = f" ({e.problem})" if getattr(e, "problem", None) else ""
+        raise EyasError(f"--set {text!r}: the value {raw!r} is not a YAML value{where}",
+                        "quote it as text or write a number or a list, e.g. --set optim.lr=3e-4, --set "
+                        "'draft.aux_layer_ids=[2, 12, 21]', --set \"log.run_name='@v9'\"") from None
     if isinstance(value, str):  # YAML reads 3e-4 as a string; numbers written that way are meant
         try:
             value = float(value) if any(c in value for c in ".eE") else int(value)

@@ -149,3 +149,13 @@ def test_a_source_weighted_twice_is_refused():
     with pytest.raises(mix.EyasError, match="gives gsm8k-train two weights: gsm8k-train=1 and gsm8k-train=2"):
         mix.parse(["gsm8k-train=1", "gsm8k-train=2"])
     assert mix.parse("a=2,a:10,a=2") == {"a": {"weight": 2.0, "cap": 10}}  # the same value twice, and a cap: fine
+
+
+def test_a_holdout_larger_than_the_prompts_alone_says_so(corpus):
+    """Conversations with answers are never held out: asking for more than the bare prompts hold sets aside what
+    there is, and says so (once it set aside none of a ShareGPT file without a word)."""
+    cfg = PrepareConfig(inputs=[str(corpus)], held_out=0.1, holdout_prompts=500, holdout_sources=["roleplay"])
+    logs = []
+    _, _, chat_eval = select(list(read_inputs(cfg.inputs)), cfg, Ledger(), log=logs.append)
+    assert len(chat_eval) == 20
+    assert any("--holdout-prompts 500: only 20 records of source roleplay are a prompt alone" in m for m in logs)

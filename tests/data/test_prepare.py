@@ -78,6 +78,20 @@ def test_prepare_refuses_conversations_without_answers(tmp_path):
                 log=lambda *a: None)
 
 
+def test_prompts_alone_beside_conversations_are_named_when_left_out(tmp_path):
+    """Without --regenerate a prompt has no answer to learn: beside conversations that have one, the prompts are
+    left out, and the log says how many and the fix (once only meta.json's no_assistant_turn counted them)."""
+    target = tiny_target(dtype=torch.float32)
+    answered = _jsonl(tmp_path / "a.jsonl", n=4, answers=True)
+    bare = tmp_path / "b.jsonl"
+    bare.write_text("".join(json.dumps({"prompt": f"bare prompt {i}"}) + "\n" for i in range(3)))
+    logs = []
+    meta = prepare(target, PrepareConfig(inputs=[str(answered), str(bare)], held_out=0.0, max_length=128),
+                   tmp_path / "o", log=logs.append)
+    assert meta["splits"]["train"]["rows"] == 4 and meta["splits"]["train"]["no_assistant_turn"] == 3
+    assert any("3 of 7 records have no assistant turn" in m and "--regenerate" in m for m in logs)
+
+
 def test_prepare_cli_errors_cleanly(tmp_path, capsys):
     model = save_tiny_model(tmp_path / "tiny")
     rc = main(["prepare", "--model", str(model), "--out", str(tmp_path / "o"), "--device", "cpu",

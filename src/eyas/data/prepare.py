@@ -201,6 +201,9 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=No
         if name == "train" and not rows:
             raise EyasError("the training split is empty after rendering: no conversation has an assistant turn",
                             "add --regenerate so the target answers the prompts, or give conversations with answers")
+        if skipped:
+            log(f"warning: {name}: {skipped} of {len(split)} records have no assistant turn (prompts alone) and were "
+                "left out; add --regenerate to have the target answer them")
         write_split(out, name, rows)
         summary[name] = {"rows": len(rows), "tokens": sum(len(i) for i, _ in rows),
                          "loss_tokens": sum(sum(m) for _, m in rows), "truncated": truncated,

@@ -36,6 +36,11 @@ def select(records: list[dict], cfg: PrepareConfig, ledger: Ledger, log=print):
     ledger.add("duplicate", dups)
     records, chat_eval, leaked = holdout.pick(records, cfg.holdout_prompts, cfg.holdout_sources, cfg.holdout_seed)
     ledger.add("holdout", chat_eval)
+    if len(chat_eval) < cfg.holdout_prompts:
+        among = f" of source {', '.join(cfg.holdout_sources)}" if cfg.holdout_sources else ""
+        log(f"warning: --holdout-prompts {cfg.holdout_prompts}: only {len(chat_eval)} records{among} are a prompt "
+            "alone (one user turn, no answer), the only ones set aside; give a prompt file (--input) to draw the "
+            "holdout from, or ask for fewer")
     ledger.add("excluded", leaked)
     records, left_out = mix.apply(records, weights, cfg.max_prompts, cfg.mix_seed)
     ledger.add("mixed out", left_out)

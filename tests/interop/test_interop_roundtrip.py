@@ -118,3 +118,26 @@ def test_export_command_prints_eagle3_launch_lines(eyas_dir, tmp_path, capsys, f
         assert launch in printed
     assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(out)]) == 2  # never overwrites
     assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(tmp_path / "b"), "--include-embeddings"]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_an_export_keeps_what_eyas_recorded_of_target_and_training(eyas_dir, tmp_path, fmt):
+    """The folder users deploy is the exported one: it keeps the training record (``eyas_record``, a key SGLang
+    and vLLM ignore), so ``eyas doctor`` still compares the template and depth there (once it said "not
+    recorded; cannot compare" and passed a mismatch it flagged on the source folder)."""
+    import json
+    import shutil
+
+    from eyas.common.training_record import read_record
+
+    src_dir = tmp_path / "src"
+    shutil.copytree(eyas_dir, src_dir)
+    config = json.loads((src_dir / "config.json").read_text())
+    config["eyas"]["training"] = {"chat_template_sha256_16": "0123456789abcdef", "max_length": 512, "thinking": None}
+    (src_dir / "config.json").write_text(json.dumps(config))
+    out = format_writers.WRITERS[fmt](formats.read_draft(src_dir), tmp_path / fmt)
+    assert formats.detect_format(out) == fmt  # still the foreign layout, not eyas's own
+    back = formats.read_config(out)
+    record = read_record(out, back)
+    assert (record.template_sha, record.max_length) == ("0123456789abcdef", 512)
+    assert back.eyas["target"] == config["eyas"]["target"]

@@ -205,6 +205,9 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     else:
         data = dict(data)
         data["architectures"] = [ARCHITECTURE]
+    record = data.pop("eyas_record", None)  # what an eyas export kept of its target and training (write._record)
+    if isinstance(record, dict) and fmt != EYAS:
+        data["eyas"] = {**record, **(data.get("eyas") or {})}
     eagle = data.get("eagle_config")
     if eagle is not None and not isinstance(eagle, dict):
         raise EyasError(f"{path} looks like {looks}, but its eagle_config is {eagle!r}, not an object",
@@ -252,8 +255,8 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     if fmt == OFFICIAL:  # no ids written: it always captures the inputs of layers 2, N//2, N-3
         config.eagle_config = dict(getattr(config, "eagle_config", None) or {}, use_aux_hidden_state=True)
     if fmt != EYAS:  # remember where it came from (and speculators' verifier) for a later export
-        extra = data.get("eyas") if fmt == SPECULATORS else None
-        config.eyas = {**(extra or {}), "imported_from": fmt}
+        extra = data.get("eyas")  # speculators' verifier, an export's record
+        config.eyas = {**(extra if isinstance(extra, dict) else {}), "imported_from": fmt}
     return config
 
 

@@ -55,6 +55,15 @@ def _export_state(folder: DraftFolder, include_embeddings: bool, dtype) -> dict[
     return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
 
+def _record(config) -> dict:
+    """What eyas recorded of the draft's target and training (``config.eyas``), kept in an exported config as
+    ``eyas_record`` (a key SGLang and vLLM ignore): ``eyas doctor`` compares it with the target it is pointed
+    at, on the folder that is deployed. Not ``eyas``: that key marks eyas's own format."""
+    meta = getattr(config, "eyas", None) or {}
+    keep = {k: meta[k] for k in ("target", "training") if isinstance(meta.get(k), dict)}
+    return {"eyas_record": keep} if keep else {}
+
+
 def _dtype_name(state: dict) -> str:
     return str(state["fc.weight"].dtype).replace("torch.", "")
 
@@ -79,6 +88,7 @@ def write_sglang(folder: DraftFolder, out, include_embeddings: bool = False, dty
     config["eagle_config"] = eagle
     if folder.aux_layer_ids is not None:
         config["eagle_aux_hidden_state_layer_ids"] = to_speculators(folder.aux_layer_ids)
+    config.update(_record(folder.config))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(_legacy_rope(config), indent=2, sort_keys=True) + "\n")
     return out
@@ -104,7 +114,7 @@ def write_speculators(folder: DraftFolder, out, verifier: str | None = None, ver
     drop = CONFIG_NOISE + ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config",
                            "eagle_aux_hidden_state_layer_ids", "torch_dtype", "dtype")
     layer = {k: v for k, v in folder.config.to_dict().items() if k not in drop}
-    layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
+    layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False, **_record(folder.config))
     ids = folder.aux_layer_ids
     verifier = verifier or eyas_target(folder.config)[0]
     config = {

@@ -157,3 +157,17 @@ def test_an_unreadable_exclude_file_keeps_its_own_fix(tmp_path):
     with pytest.raises(EyasError, match="--exclude .*bench.jsonl is not UTF-8 text") as e:
         excluded_prompts([str(latin)])
     assert "re-encode" in e.value.fix
+
+
+def test_exclude_reads_a_text_prompt_file_as_eval_does(tmp_path):
+    """One prompt a line: what ``eyas eval --prompts`` takes, ``--exclude`` takes too (it said "not valid JSON")."""
+    from eyas.data.exclude import excluded_prompts
+    from eyas.data.files import prompt_file_records
+
+    text = tmp_path / "mine.txt"
+    text.write_text("\ufeffWhat is the capital of France?\n\n42\nWrite a haiku.\n")
+    assert excluded_prompts([str(text)]) == ["What is the capital of France?", "42", "Write a haiku."]
+    assert [m[0]["content"] for m, _ in prompt_file_records(text)] == excluded_prompts([str(text)])
+    jsonl = tmp_path / "mine.jsonl"
+    jsonl.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert excluded_prompts([str(jsonl)]) == ["a", "b"]

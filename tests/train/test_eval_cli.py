@@ -138,8 +138,8 @@ def test_prompt_files_that_are_not_what_they_seem(tmp_path, monkeypatch, capsys)
     import pytest
 
     import eyas.pipeline as pipeline
+    from eyas.data.files import prompt_file_records as _file_records
     from eyas.errors import EyasError
-    from eyas.train.eval_cli import _file_records
 
     broken = tmp_path / "p.jsonl"
     broken.write_text('{"prompt": "ok"}\nnot json\n')
@@ -159,7 +159,7 @@ def test_prompt_files_that_are_not_what_they_seem(tmp_path, monkeypatch, capsys)
 def test_a_prompt_file_with_a_byte_order_mark_is_read_as_json_lines(tmp_path):
     """A JSONL prompt file saved with a BOM (Windows tools) did not start with '{', so each line, JSON and
     all, became the text of a prompt: tau measured on prompts nobody wrote, without a word."""
-    from eyas.train.eval_cli import _file_records
+    from eyas.data.files import prompt_file_records as _file_records
 
     path = tmp_path / "p.jsonl"
     path.write_text("\ufeff" + json.dumps({"prompt": "hello", "category": "chat"}) + "\n", encoding="utf-8")

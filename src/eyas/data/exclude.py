@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import EyasError
 from .chat import prompt_messages
-from .files import read_inputs
+from .files import prompt_file_records, read_inputs
 from .split import fold
 
 
@@ -34,6 +34,8 @@ def excluded_prompts(names: list[str]) -> list[str]:
             out += [p for prompts in sets.values() for p in prompts]
         elif name in sets:
             out += sets[name]
+        elif _is_text(Path(name)):  # one prompt a line, as eyas eval --prompts reads it
+            out += [m[0]["content"] for m, _ in prompt_file_records(Path(name))]
         else:
             try:
                 records = list(read_inputs([name]))
@@ -54,3 +56,12 @@ def drop_excluded(records, texts) -> tuple[list[dict], list[dict]]:
         hit = any(m["role"] == "user" and fold(m["content"]) in banned for m in prompt_messages(r["messages"]))
         (dropped if hit else kept).append(r)
     return kept, dropped
+
+
+def _is_text(path: Path) -> bool:
+    """A plain-text prompt file: not gzipped, its first non-blank character neither ``{`` nor ``[``."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        head = f.read(4096).removeprefix(b"\xef\xbb\xbf")  # past a byte-order mark
+    return not head.startswith(b"\x1f\x8b") and head.lstrip()[:1] not in (b"{", b"[")

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..common.categories import category_of
 from ..errors import EyasError
 from .formats import normalize
 
@@ -137,3 +138,31 @@ def read_inputs(specs: list[str]) -> Iterator[dict]:
         if f.resolve() not in done:
             done.add(f.resolve())
             yield from read_records(f)
+
+
+def prompt_file_records(path: Path) -> list[tuple[list[dict], str | None]]:
+    """(messages, category) of each prompt of a prompt file (``eyas eval --prompts``, ``--exclude``): JSON Lines
+    of prompts or conversations, or plain text, one prompt a line."""
+    try:
+        lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
+                 if line.strip()]
+    except UnicodeDecodeError as e:
+        raise EyasError(f"{path} is not UTF-8 text ({e.reason})",
+                        "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
+    jsonl = bool(lines) and lines[0][1].startswith("{")  # JSON Lines, else one prompt a line
+    out = []
+    for n, line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if jsonl:  # a broken record of a JSONL file was read as a text prompt, its JSON and all
+                raise EyasError(f"{path}:{n} is not valid JSON ({e.msg})", "one JSON object per line") from None
+            rec = line
+        if not jsonl:
+            rec = rec if isinstance(rec, str) else line  # a text line that parses as a number stays text
+            out.append(([{"role": "user", "content": rec}], None))
+        elif isinstance(rec, dict) and "prompt" in rec:
+            out.append(([{"role": "user", "content": str(rec["prompt"])}], category_of(rec)))
+        else:
+            out.append((normalize(rec, f"{path}:{n}"), category_of(rec) if isinstance(rec, dict) else None))
+    return out

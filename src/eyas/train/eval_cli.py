@@ -38,38 +38,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _file_records(path: Path) -> list[tuple[list[dict], str | None]]:
-    from ..data.chat import normalize
-
-    try:
-        lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
-                 if line.strip()]
-    except UnicodeDecodeError as e:
-        raise EyasError(f"{path} is not UTF-8 text ({e.reason})",
-                        "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
-    jsonl = bool(lines) and lines[0][1].startswith("{")  # JSON Lines, else one prompt a line
-    out = []
-    for n, line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if jsonl:  # a broken record of a JSONL file was read as a text prompt, its JSON and all
-                raise EyasError(f"{path}:{n} is not valid JSON ({e.msg})", "one JSON object per line") from None
-            rec = line
-        if not jsonl:
-            rec = rec if isinstance(rec, str) else line  # a text line that parses as a number stays text
-            out.append(([{"role": "user", "content": rec}], None))
-        elif isinstance(rec, dict) and "prompt" in rec:
-            out.append(([{"role": "user", "content": str(rec["prompt"])}], category_of(rec)))
-        else:
-            out.append((normalize(rec, f"{path}:{n}"), category_of(rec) if isinstance(rec, dict) else None))
-    return out
-
-
 def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | None]]:
     """(token ids of each distinct prompt, the data's chat settings, each prompt's category or None)."""
     from ..common.prompts import SETS, builtin_set
     from ..data.chat import normalize, prompt_messages
+    from ..data.files import prompt_file_records
     from ..data.regenerate import with_system
 
     chat: dict = {}
@@ -98,7 +71,7 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | Non
         if not path.is_file():
             raise EyasError(f"no prompt file {path}",
                             f"pass a JSONL or text file, or a built-in set: {', '.join([*SETS, 'all'])}")
-        records = _file_records(path)
+        records = prompt_file_records(path)
     else:
         raise EyasError("no prompts given", "pass --data FOLDER (held-out split) or --prompts FILE")
     kw = chat.get("template_kwargs") or {}

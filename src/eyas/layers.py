@@ -19,13 +19,14 @@ from .errors import EyasError
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """The reference ``[2, N // 2, N - 3]`` in eyas's convention (inputs of those layers)."""
-    if num_layers < 4:
-        raise EyasError(
-            f"the target has {num_layers} decoder layers; EAGLE-3's default capture "
-            "[2, N//2, N-3] needs at least 4",
-            "pass aux layer ids explicitly",
-        )
+    """The reference ``[2, N // 2, N - 3]`` in eyas's convention (inputs of those layers). Below 7 layers (test
+    models) those collide, so three distinct layers spread over the depth stand in: ``[1, N // 2, N - 1]``,
+    ``[0, 1, 2]`` for 3."""
+    if num_layers < 3:
+        raise EyasError(f"the target has {num_layers} decoder layers; an EAGLE-3 draft captures three",
+                        "use a target of at least 3 decoder layers")
+    if num_layers < 7:
+        return [0, 1, 2] if num_layers == 3 else [1, num_layers // 2, num_layers - 1]
     return [2, num_layers // 2, num_layers - 3]
 
 
@@ -42,6 +43,11 @@ def to_sglang(ids: list[int]) -> list[int]:
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
     """Refuse ids the target cannot provide; return them as plain ints."""
     ids = [int(i) for i in ids]
+    if len(set(ids)) != len(ids):
+        example = f", e.g. the default {default_aux_layers(num_layers)}" if num_layers >= 3 else \
+            f" (a target of {num_layers} layers has too few: use one of at least 3)"
+        raise EyasError(f"captured layer ids {ids} repeat a layer: each captured state must be another layer's",
+                        f"list distinct ids{example}")
     bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
         raise EyasError(

@@ -30,3 +30,22 @@ def test_speculators_is_eyas_indexing():
     # vLLM captures before layer idx runs; speculators defaults to [2, N // 2, N - 3]
     assert from_speculators([2, 16, 29]) == [2, 16, 29] == to_speculators([2, 16, 29])
     assert to_sglang(from_speculators([1, 4, 6])) == [0, 3, 5]
+
+
+def test_small_targets_get_three_distinct_layers_and_repeats_are_refused():
+    """Below 7 layers the reference [2, N//2, N-3] collides ([2, 2, 1] at 4): training took it and loading then
+    refused the draft. Test-sized targets get three distinct layers; a repeated id is refused where it is set."""
+    import pytest
+
+    from eyas.errors import EyasError
+    from eyas.layers import check_aux_layers
+
+    for n in range(3, 12):
+        ids = default_aux_layers(n)
+        assert ids == sorted(set(ids)) and len(ids) == 3 and check_aux_layers(ids, n) == ids, n
+    assert default_aux_layers(4) == [1, 2, 3] and default_aux_layers(7) == [2, 3, 4]
+    with pytest.raises(EyasError, match="repeat a layer") as e:
+        check_aux_layers([2, 2, 1], 4)
+    assert "[1, 2, 3]" in e.value.fix
+    with pytest.raises(EyasError, match="has 2 decoder layers"):
+        default_aux_layers(2)

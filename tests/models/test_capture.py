@@ -146,9 +146,8 @@ def test_tree_forward_commits_only_the_accepted_path(target):
 
 @pytest.mark.parametrize("path", ["generic", "native"])
 def test_a_target_too_shallow_for_the_default_capture_still_decodes(path):
-    """Two decoder layers have no reference capture [2, N//2, N-3]: the target loads and decodes without
-    speculation (it could not be served at all before), and a capture without named layers is refused
-    with the fix."""
+    """Two decoder layers hold no three distinct layers to capture: the target loads and decodes without
+    speculation (it could not be served at all before), and a capture is refused with the fix."""
     from helpers import reference_greedy, tiny_target
 
     from eyas.models.native import NativeTarget
@@ -158,8 +157,8 @@ def test_a_target_too_shallow_for_the_default_capture_still_decodes(path):
     model = t if path == "generic" else NativeTarget.from_target(t)
     out = Engine(model, cuda_graphs=False).generate([[5, 6, 7]], SamplingParams(max_new_tokens=8))[0]
     assert out.output_ids == reference_greedy(t.model, [5, 6, 7], 8)
-    with pytest.raises(EyasError, match="needs at least 4") as e:
+    with pytest.raises(EyasError, match="has 2 decoder layers; an EAGLE-3 draft captures three") as e:
         t.set_aux_layers(None)
-    assert "aux layer ids" in e.value.fix
-    t.set_aux_layers([0, 1, 1])
-    assert t.aux_layer_ids == [0, 1, 1]
+    assert "at least 3 decoder layers" in e.value.fix
+    with pytest.raises(EyasError, match="repeat a layer"):  # three states of two layers: one twice
+        t.set_aux_layers([0, 1, 1])

@@ -79,6 +79,8 @@ def run(args) -> int:
                         "(it shares the target's)",
                         "drop --include-embeddings; SGLang and vLLM take them from the target")
     dtype = DTYPES[args.dtype] if args.dtype else None
+    if args.target:
+        check_target_folder(args.target, folder.config)
     target = public_target(args.target or format_names.recorded_target(folder.config))
     if args.format == "sglang":
         format_writers.write_sglang(folder, out, include_embeddings=args.include_embeddings, dtype=dtype)
@@ -92,9 +94,39 @@ def run(args) -> int:
     ids = folder.aux_layer_ids
     print("captured target layers (inputs of decoder layers): "
           + (str(ids) if ids is not None else "the target's default [2, N//2, N-3]"))
+    captured = folder.state["fc.weight"].shape[1] // int(getattr(folder.config, "target_hidden_size", None)
+                                                         or folder.config.hidden_size)
+    if captured != 3:
+        print(f"warning: this draft fuses {captured} captured layers; SGLang and vLLM build the fc for 3, so they "
+              "will not load it (eyas serves it)")
     for line in launch_lines(args.format, out, target, args.speculative_tokens):
         print(line)
     return 0
+
+
+def check_target_folder(target: str, config) -> None:
+    """``--target`` where it names a folder here: it exists, and its width and vocabulary are the draft's
+    target's (a hub name is written as given: nothing here to compare)."""
+    path = Path(target).expanduser()
+    if not path.exists():
+        if target.startswith(("/", "./", "../", "~")):
+            raise EyasError(f"--target {target}: no such folder", "pass the target's folder or its hub name")
+        return
+    file = path / "config.json"
+    if not file.is_file():
+        return
+    try:
+        data = json.loads(file.read_text())
+    except ValueError:
+        return
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    want = {"hidden_size": int(getattr(config, "target_hidden_size", None) or config.hidden_size),
+            "vocab_size": int(config.vocab_size)}
+    wrong = [f"{k} {text.get(k)} (the draft's target: {v})" for k, v in want.items()
+             if isinstance(text.get(k), int) and text[k] != v]
+    if wrong:
+        raise EyasError(f"--target {target} is not this draft's target: its " + ", ".join(wrong),
+                        "pass the target the draft was trained for, or leave --target out (the recorded one)")
 
 
 def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: int = 3, tp: int = 1) -> list[str]:

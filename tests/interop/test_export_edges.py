@@ -65,3 +65,30 @@ def test_a_cast_that_overflows_is_refused_not_written(tmp_path, capsys):
     assert not (tmp_path / "a" / "model.safetensors").exists()
     assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "b"), "--dtype", "bfloat16"]) == 0
     assert torch.isfinite(torch.tensor(1e6, dtype=torch.bfloat16))
+
+
+def test_export_checks_a_target_folder_against_the_draft(tmp_path, capsys):
+    """--target names what SGLang and vLLM will load beside the draft: a folder of another width, or a path that
+    is not there, is refused (the lines once went out with the wrong verifier)."""
+    from helpers import save_tiny_model
+    from interop_helpers import write_sglang_fixture
+
+    src = write_sglang_fixture(tmp_path / "sgl")
+    right = save_tiny_model(tmp_path / "right")
+    wide = save_tiny_model(tmp_path / "wide", hidden_size=96, num_attention_heads=6, num_key_value_heads=2)
+    base = ["export", str(src), "--format", "sglang"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--target", str(wide)]) == 2
+    assert "is not this draft's target: its hidden_size 96 (the draft's target: 64)" in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "b"), "--target", "./no-such-target"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "c"), "--target", str(right)]) == 0
+    assert main([*base, "--out", str(tmp_path / "d"), "--target", "org/some-hub-model"]) == 0
+
+
+def test_export_warns_of_a_capture_sglang_and_vllm_cannot_load(tmp_path, capsys):
+    from interop_helpers import HIDDEN, sglang_tensors, write_sglang_fixture
+
+    src = write_sglang_fixture(tmp_path / "two", tensors=sglang_tensors(fc_in=2 * HIDDEN),
+                               eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 4], "use_aux_hidden_state": True})
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "o")]) == 0
+    assert "fuses 2 captured layers; SGLang and vLLM build the fc for 3" in capsys.readouterr().out

@@ -296,3 +296,14 @@ def test_recipe_named_in_the_config(saved, tmp_path):
     r = diagnose(d, str(tf))
     assert row(r, "context").status == "warning" and "at most 128 tokens" in row(r, "context").message
     assert row(r, "chat template").status == "ok" and "meta.json is not here" in row(r, "chat template").message
+
+
+def test_a_speculators_folder_silent_on_norm_before_residual_is_a_warning(saved, tmp_path):
+    """vLLM reads an absent norm_before_residual as true, eyas and speculators as false: the doctor says so."""
+    target, draft = saved
+    out = format_writers.write_speculators(formats.read_draft(draft), tmp_path / "spec")
+    assert "norm_before_residual" not in statuses(diagnose(out, str(target), "EAGLE3"))  # written by eyas: false
+    edit_config(out, lambda c: c.pop("norm_before_residual"))
+    report = diagnose(out, str(target), "EAGLE3")
+    assert row(report, "norm_before_residual").status == "warning" and report.exit_code == 0
+    assert '"norm_before_residual": false' in row(report, "norm_before_residual").fix

@@ -19,6 +19,9 @@ exception, so a person sees every problem at once.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from .. import formats
 from ..checks import check_algorithm, check_vocab_maps, draft_kind
 from ..common.target_facts import TargetFacts, read_target
@@ -57,6 +60,7 @@ def diagnose(draft_path, target: str, algorithm: str | None = None, context_leng
     check_vocab_row(report, folder, facts)
     check_maps_row(report, folder, facts)
     check_embeddings_row(report, folder, facts)
+    check_norm_flag_row(report, folder)
     record = read_record(draft_path, cfg)
     check_context_row(report, folder, facts, record, context_length)
     check_template_row(report, facts, record)
@@ -146,6 +150,23 @@ def check_layers_row(report: Report, folder, facts: TargetFacts, n_aux: int) -> 
                 return
     report.add("layers", OK, f"captured layers {shown_ids} (inputs of those decoder layers; SGLang ids "
                f"{to_sglang(shown_ids)}), {where}, within the target's {n} layers")
+
+
+def check_norm_flag_row(report: Report, folder) -> None:
+    """A speculators folder without ``norm_before_residual``: vLLM's speculators loader reads it as true, eyas
+    and speculators as false (the maths eyas computes): the engines would compute different logits."""
+    if folder.format != "speculators":
+        return
+    try:
+        data = json.loads((Path(folder.path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if "norm_before_residual" not in data:
+        report.add("norm_before_residual", WARNING, "config.json does not say norm_before_residual: vLLM computes "
+                   "the draft with it true when absent, eyas (and speculators) with it false, so they give "
+                   "different logits and one of them accepts little",
+                   'add "norm_before_residual": false to config.json where the draft was trained without it '
+                   "(speculators' default; what eyas computes)")
 
 
 def check_vocab_row(report: Report, folder, facts: TargetFacts) -> None:

@@ -51,7 +51,8 @@ def test_healthy_pair_is_all_ok(saved):
     assert report.verdict.startswith("ready to serve")
 
 
-@pytest.mark.parametrize("alg,fix", [("EAGLE", "use --speculative-algorithm EAGLE3"), ("NONE", "EAGLE3")])
+@pytest.mark.parametrize("alg,fix", [("EAGLE", "use --speculative-algorithm EAGLE3"), ("NONE", "EAGLE3"),
+                                     ("nextn", "--speculative-algorithm EAGLE3")])  # SGLang runs NEXTN as EAGLE
 def test_algorithm_flag(saved, alg, fix):
     target, draft = saved
     report = diagnose(draft, str(target), alg)

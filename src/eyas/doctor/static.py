@@ -95,6 +95,11 @@ def check_algorithm_row(report: Report, folder, facts: TargetFacts, algorithm: s
         report.add("algorithm", OK, f"{kind.upper()} draft: serve it with --speculative-algorithm EAGLE3 "
                    "(SGLang EAGLE3, vLLM method eagle3); pass --speculative-algorithm to check your flag")
         return
+    if algorithm.strip().upper() == "NEXTN" and kind == "eagle3":
+        report.add("algorithm", PROBLEM, "--speculative-algorithm NEXTN: SGLang runs NEXTN as EAGLE, which gives an "
+                   "EAGLE-3 draft no aux states; its fc is skipped and every proposal rejected (accept length "
+                   "1.00), silently", "--speculative-algorithm EAGLE3 (NEXTN is for a target's own MTP layers)")
+        return
     try:
         alg = Algorithm.parse(algorithm)
         check_algorithm(alg, str(folder.path), fc_in, fc_in // n_aux, n_aux, arch)

@@ -171,3 +171,16 @@ def test_exclude_reads_a_text_prompt_file_as_eval_does(tmp_path):
     jsonl = tmp_path / "mine.jsonl"
     jsonl.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
     assert excluded_prompts([str(jsonl)]) == ["a", "b"]
+
+
+def test_a_turn_without_content_and_a_list_prompt_are_named():
+    """A tool-calling turn (content null beside tool_calls) names its turn and role; a list where the prompt
+    string goes says so (both were "none of the known shapes" or "a turn has no role/content")."""
+    from eyas.data.formats import normalize
+
+    record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+                                                                "tool_calls": [{"id": "c"}]}]}
+    with pytest.raises(EyasError, match=r"in.jsonl:3: turn 1 \(role 'assistant'\) has no content \(a tool call\?\)"):
+        normalize(record, "in.jsonl:3")
+    with pytest.raises(EyasError, match="'prompt' is list, not a string"):
+        normalize({"prompt": ["a", "b"]}, "in.jsonl:4")

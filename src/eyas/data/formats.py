@@ -63,6 +63,9 @@ def _turns(record: dict, where: str) -> list[tuple[object, object]]:
         return [("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(data)]
     if isinstance(record.get("prompt"), str):
         return [("user", record["prompt"])]
+    if "prompt" in record:
+        raise EyasError(f"{where}: 'prompt' is {type(record['prompt']).__name__}, not a string",
+                        "give each prompt as a string, one record a prompt")
     raise EyasError(f"{where}: a record in none of the known shapes: keys {sorted(record)[:6]}", f"use {SHAPES}")
 
 
@@ -72,9 +75,13 @@ def normalize(record: dict, where: str = "a record") -> list[dict]:
     if not isinstance(record, dict):
         raise EyasError(f"{where} is {type(record).__name__}, not a JSON object", f"use {SHAPES}")
     out = []
-    for role, content in _turns(record, where):
+    for i, (role, content) in enumerate(_turns(record, where)):
         if role is None or content is None:
-            raise EyasError(f"{where}: a turn has no role/content", "use {'role', 'content'} or {'from', 'value'}")
+            missing = "role" if role is None else "content"
+            call = " (a tool call?)" if role is not None and content is None else ""
+            raise EyasError(f"{where}: turn {i} ({'role ' + repr(role) if role is not None else 'no role'}) has no "
+                            f"{missing}{call}", "use {'role', 'content'} or {'from', 'value'} turns of text; drop "
+                            "records of tool calls (an EAGLE-3 draft's data is text turns)")
         mapped = ROLES.get(str(role).lower())
         if mapped is None:
             raise EyasError(f"{where}: unknown role {role!r}", f"use one of {sorted(ROLES)}")

@@ -76,8 +76,9 @@ def read_objects(path) -> Iterator[tuple[str, object]]:
     where = [0]
     try:
         yield from _objects(path, where)
-    except UnicodeDecodeError as e:
-        raise EyasError(f"{path} is not UTF-8 text ({e.reason}, after line {where[0]})",
+    except UnicodeDecodeError as e:  # read in blocks: the bad byte is past the last line read whole
+        at = f"after line {where[0]}" if where[0] else "in its first lines"
+        raise EyasError(f"{path} is not UTF-8 text ({e.reason}, {at})",
                         "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise EyasError(f"{path} is a damaged gzip file after line {where[0]} ({e})",

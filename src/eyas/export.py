@@ -74,13 +74,12 @@ def run(args) -> int:
     if out.resolve() == source.resolve():
         raise EyasError("--out is the draft folder itself", "choose a new output folder")
     folder = formats.read_draft(source, allow_pickle=args.allow_pickle)
-    if args.include_embeddings and "embed_tokens.weight" not in folder.state:
-        raise EyasError(f"--include-embeddings: the draft in {source} holds no embed_tokens.weight "
-                        "(it shares the target's)",
-                        "drop --include-embeddings; SGLang and vLLM take them from the target")
     dtype = DTYPES[args.dtype] if args.dtype else None
     if args.target:
         check_target_folder(args.target, folder.config)
+    if args.include_embeddings and "embed_tokens.weight" not in folder.state:
+        folder.state["embed_tokens.weight"] = target_embeddings(args.target or format_names.recorded_target(
+            folder.config), folder, source, args.allow_pickle)
     target = public_target(args.target or format_names.recorded_target(folder.config))
     if args.format == "sglang":
         format_writers.write_sglang(folder, out, include_embeddings=args.include_embeddings, dtype=dtype)
@@ -102,6 +101,23 @@ def run(args) -> int:
     for line in launch_lines(args.format, out, target, args.speculative_tokens):
         print(line)
     return 0
+
+
+def target_embeddings(target: str | None, folder, source, allow_pickle: bool) -> torch.Tensor:
+    """The token embeddings a draft that shares its target's takes, read from the target (``--include-embeddings``
+    for consumers that want them in the folder): its width and vocabulary checked against the draft's."""
+    from .models.loading import load_target
+
+    if not target:
+        raise EyasError(f"--include-embeddings: the draft in {source} shares its target's embeddings and records no "
+                        "target to read them from", "pass --target (the target's folder or name)")
+    print(f"reading the token embeddings from the target {target}")
+    weight = load_target(target, device="cpu", dtype="float32", allow_pickle=allow_pickle).embed_tokens.weight
+    want = (int(folder.config.vocab_size), int(folder.config.hidden_size))
+    if tuple(weight.shape) != want:
+        raise EyasError(f"--include-embeddings: the target {target}'s embeddings are {tuple(weight.shape)}, the draft "
+                        f"takes {want}: another target", "pass the target the draft was trained for with --target")
+    return weight.detach().clone()
 
 
 def check_target_folder(target: str, config) -> None:

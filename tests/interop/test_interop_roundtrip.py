@@ -117,7 +117,18 @@ def test_export_command_prints_eagle3_launch_lines(eyas_dir, tmp_path, capsys, f
                   f"--speculative-draft-model-path {out.resolve()}")
         assert launch in printed
     assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(out)]) == 2  # never overwrites
-    assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(tmp_path / "b"), "--include-embeddings"]) == 2
+    # --include-embeddings of a draft that shares its target's: read from the target, checked against the draft
+    from helpers import save_tiny_model, tiny_target
+
+    target_dir = save_tiny_model(tmp_path / "target")
+    assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(tmp_path / "b"), "--include-embeddings",
+                 "--target", str(target_dir)]) == 0
+    embed = formats.read_draft(tmp_path / "b").state["embed_tokens.weight"]
+    assert torch.equal(embed.float(), tiny_target(dtype=torch.float32).embed_tokens.weight.float())
+    wide = save_tiny_model(tmp_path / "wide", vocab_size=400)
+    assert main(["export", str(eyas_dir), "--format", fmt, "--out", str(tmp_path / "c"), "--include-embeddings",
+                 "--target", str(wide)]) == 2
+    assert "vocab_size 400" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])

@@ -117,7 +117,7 @@ def target_embeddings(target: str | None, folder, source, allow_pickle: bool) ->
     if tuple(weight.shape) != want:
         raise EyasError(f"--include-embeddings: the target {target}'s embeddings are {tuple(weight.shape)}, the draft "
                         f"takes {want}: another target", "pass the target the draft was trained for with --target")
-    return weight.detach().clone()
+    return weight.detach().to(folder.state["fc.weight"].dtype).clone()  # the dtype of the rest of the draft
 
 
 def check_target_folder(target: str, config) -> None:

@@ -206,3 +206,12 @@ def test_eval_rows_0_turns_the_held_out_evaluation_off(tmp_path):
     summary = Trainer(recipe, target=target).fit()
     assert summary["steps"] == 2 and summary["heldout"] is None
     assert '"event": "eval"' not in (tmp_path / "run" / "log.jsonl").read_text()
+
+
+def test_no_held_out_rows_with_an_evaluation_asked_for_is_said(tmp_path):
+    """A small set at --held-out 0.02 rounds to no held-out row: log.eval_every then evaluates nothing, and says so."""
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=7)  # 7 // 8 = 0 held-out rows
+    said = []
+    Trainer(tiny_recipe(data, tmp_path / "r", **{"log.eval_every": 5}), target=target, log=said.append)
+    assert any("holds no held-out rows, so log.eval_every 5 evaluates nothing" in m for m in said)

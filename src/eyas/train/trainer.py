@@ -100,6 +100,11 @@ class Trainer:
             self.heldout = TokenizedSplit(data, "heldout")
         except EyasError:
             self.heldout = None
+        if self.heldout is not None and len(self.heldout.lengths()) == 0:
+            self.heldout = None
+        if self.heldout is None and r.log.eval_every and r.data.eval_rows:
+            self.print(f"warning: {data} holds no held-out rows, so log.eval_every {r.log.eval_every} evaluates "
+                       "nothing; prepare with a larger --held-out (0.02 of a small set may round to none)")
         counts_file = data / "vocab_counts.npy"
         counts = np.load(counts_file) if counts_file.is_file() else np.ones(target.info.vocab_size, dtype=np.int64)
         if sharded and not isinstance(target.embed_tokens.weight, DTensor):

@@ -122,15 +122,16 @@ def test_a_checkpoint_records_its_training_for_the_doctor(tmp_path):
     """The doctor found draft/'s training length and template through RUN/recipe.yaml, but a
     checkpoints/step-N (two folders down) recorded neither: its context and template checks said
     'not recorded' and missed what they exist to catch. The saved config carries them now."""
-    from eyas.common.training_record import read_record
+    from eyas.common.training_record import read_record, template_sha
 
     model = save_tiny_model(tmp_path / "target")
     target = load_target(str(model), "cpu", "float32")
     data = make_data(target, tmp_path / "data", rows=16)
-    (data / "meta.json").write_text(json.dumps({"max_length": 48, "chat": {"template_sha256_16": "ab" * 8,
+    sha = template_sha(target.tokenizer.chat_template)  # the data's template must be the target's (data_meta)
+    (data / "meta.json").write_text(json.dumps({"max_length": 48, "chat": {"template_sha256_16": sha,
                                                                            "thinking": None}}))
     sets = {"train.max_steps": 2, "log.checkpoint_every": 1}
     Trainer(tiny_recipe(data, tmp_path / "run", target=str(model), **sets), target=target).fit()
     for folder in (tmp_path / "run" / "checkpoints" / "step-1", tmp_path / "run" / "draft"):
         rec = read_record(folder, formats.read_draft(folder).config)
-        assert (rec.max_length, rec.template_sha) == (48, "ab" * 8), folder
+        assert (rec.max_length, rec.template_sha) == (48, sha), folder

@@ -112,12 +112,27 @@ def target_embeddings(target: str | None, folder, source, allow_pickle: bool) ->
         raise EyasError(f"--include-embeddings: the draft in {source} shares its target's embeddings and records no "
                         "target to read them from", "pass --target (the target's folder or name)")
     print(f"reading the token embeddings from the target {target}")
-    weight = load_target(target, device="cpu", dtype="float32", allow_pickle=allow_pickle).embed_tokens.weight
+    weight = _embeddings_alone(Path(target).expanduser())
+    if weight is None:  # a GGUF, a built-in name, pickle weights: the model is loaded (on the CPU)
+        weight = load_target(target, device="cpu", allow_pickle=allow_pickle).embed_tokens.weight
     want = (int(folder.config.vocab_size), int(folder.config.hidden_size))
     if tuple(weight.shape) != want:
         raise EyasError(f"--include-embeddings: the target {target}'s embeddings are {tuple(weight.shape)}, the draft "
                         f"takes {want}: another target", "pass the target the draft was trained for with --target")
     return weight.detach().to(folder.state["fc.weight"].dtype).clone()  # the dtype of the rest of the draft
+
+
+def _embeddings_alone(folder: Path) -> torch.Tensor | None:
+    """The input embedding table of a safetensors model folder, read alone (an 8B target's 1 GB, not its 16), or
+    None where the folder holds no such tensor."""
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        with safe_open(str(file), framework="pt") as f:
+            name = next((k for k in f.keys() if k.endswith("embed_tokens.weight")), None)
+            if name is not None:
+                return f.get_tensor(name)
+    return None
 
 
 def check_target_folder(target: str, config) -> None:

@@ -72,6 +72,7 @@ class Sequence:
             self.finish_reason = "length"
             return []
         stops = p.stop_ids(eos)
+        most = min(p.max_new_tokens, context_limit - len(self.prompt_ids))  # output tokens the row may hold
         out = []
         for t in tokens:
             out.append(t)
@@ -81,7 +82,7 @@ class Sequence:
             if t in stops or self.grammar is not None and self.grammar.terminated:
                 self.finish_reason = "stop"
                 break
-            if len(self.output_ids) + len(out) >= min(p.max_new_tokens, context_limit - len(self.prompt_ids)):
+            if len(self.output_ids) + len(out) >= most:
                 self.finish_reason = "length"
                 break
         self.output_ids.extend(out)

@@ -139,13 +139,14 @@ def split_sha(split) -> str:
     return data.hexdigest()[:16]
 
 
-def fingerprint(target, split, dtype: str) -> dict:
+def fingerprint(target, split, dtype: str, data_sha: str | None = None) -> dict:
     """What a cache's states depend on beyond its shape: the tokens (a re-prepared split of the same size),
     the target's weights (another target of the same shapes; its lm_head, every 1024th row or so) and the
-    storage dtype. Recorded in the cache's meta.json and compared before it is reused."""
+    storage dtype. Recorded in the cache's meta.json and compared before it is reused. ``data_sha``: the split's
+    ``split_sha`` where the caller has it already."""
     head = target.model.get_output_embeddings().weight
     rows = head[:: max(1, head.shape[0] // 1024)].detach().float().cpu().contiguous()
-    return {"data_sha256_16": split_sha(split), "dtype": dtype,
+    return {"data_sha256_16": data_sha or split_sha(split), "dtype": dtype,
             "head_sha256_16": hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]}
 
 

@@ -174,7 +174,7 @@ class Trainer:
             return OnlineStates(target)
         folder = Path(r.train.offline_dir or (Path(r.output) / "states")) / split
         data = self.train_split if split == "train" else self.heldout
-        fp = fingerprint(target, data, r.train.offline_dtype)
+        fp = fingerprint(target, data, r.train.offline_dtype, self._data_sha() if split == "train" else None)
         if not cache_complete(folder, len(data), r.data.max_length, target.aux_layer_ids, fp):
             self.print(f"caching target states for {split} in {folder} (offline mode)")
             build_cache(target, data, folder, r.data.max_length, r.train.offline_dtype, rank=self.ctx.rank,

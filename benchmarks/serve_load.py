@@ -11,25 +11,25 @@ itself on loopback: one server from the ``--speculative-*`` flags and, when thos
 server of the same target beside it (``--no-baseline``: not), and stops them at the end.
 
 Each level is ``clients`` closed-loop clients, each sending ``--requests-per-client`` streaming
-``/v1/chat/completions`` one after another (``stream_options``: usage, continuous usage), prompts
-from ``--prompts`` (a built-in set or a JSONL file) in turn, ``--max-tokens`` each (``ignore_eos``
-unless ``--stop-at-eos``, so every request asks the same work), sampled at each of ``--temperatures``
-with ``--top-p`` (sent in every request; greedy ignores it). Per level: output tok/s (all tokens
-over the level's wall time), TTFT (request sent to first text), inter-token latency (the gap between
-two chunks with text; one chunk can hold several tokens, a speculative step's), TPOT per request
-((e2e - TTFT) / (tokens - 1)), p50/p90/p99 of each, tau from the server's ``/metrics`` counters
-before and after the level and, where the prompts have categories (a built-in set's name, a JSONL
-line's ``category``), ``per_category``: tau per category from each response's usage (verify steps and
-accepted tokens summed per category, as ``eyas eval`` reports it) and, with ``auto``, the steps each setting
-ran (``steps_per_setting``, from ``eyas:spec_setting_steps_total``) and what its chooser believed after it
+``/v1/chat/completions`` one after another (``stream_options``: usage, continuous usage), prompts from
+``--prompts`` (a built-in set or a JSONL file) in turn, ``--max-tokens`` each (``ignore_eos`` unless
+``--stop-at-eos``, so every request asks the same work), sampled at each of ``--temperatures`` with
+``--top-p`` or the item's own (``0.7:0.95``; sent in every request; greedy ignores it). Per level: output
+tok/s (all tokens over the level's wall time), TTFT (request sent to first text), inter-token latency (the
+gap between two chunks with text; one chunk can hold several tokens, a speculative step's), TPOT per request
+((e2e - TTFT) / (tokens - 1)), p50/p90/p99 of each, tau from the server's ``/metrics`` counters before and
+after the level and, where the prompts have categories (a built-in set's name, a JSONL line's ``category``),
+``per_category``: tau per category from each response's usage (verify steps and accepted tokens summed per
+category, as ``eyas eval`` reports it) and, with ``auto``, the steps each setting ran
+(``steps_per_setting``, from ``eyas:spec_setting_steps_total``) and what its chooser believed after it
 (``chooser``: tau per setting and kind of row, step cost per setting, kind of batch and rows bucket, and
-``observed_ms``: the level's live steps that moved those costs, [count, mean ms as measured]);
-for an eyas server, ``engine_thread``: its engine thread's seconds in the level by activity and its steps.
+``observed_ms``: the level's live steps that moved those costs, [count, mean ms as measured]); for an eyas
+server, ``engine_thread``: its engine thread's seconds in the level by activity and its steps.
 ``--in-process`` loads the same engine here (``--model-path`` and the ``--speculative-*`` flags must
 describe the servers) and runs the same prompts through its own loop (steps launched ahead, as
-``Engine.generate``) with the clients as the batch size and the same
-temperature and top-p, so each served figure has its in-process figure beside it (with ``auto``, also the
-steps each setting ran in-process and what that engine's chooser believed).
+``Engine.generate``) with the clients as the batch size and the same temperature and top-p, so each served
+figure has its in-process figure beside it (with ``auto``, also the steps each setting ran in-process and
+what that engine's chooser believed).
 """
 
 from __future__ import annotations
@@ -155,12 +155,12 @@ def observed_during(before: dict, after: dict) -> dict:
 
 
 def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, args,
-                 temperature: float) -> dict:
+                 temperature: float, top_p: float) -> dict:
     _, before = scrape(url)
     steps_before, view_before, thread_before = server_state(url)
     done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
                                              args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
-                                             args.top_p))
+                                             top_p))
     _, after = scrape(url)
     steps_after, view, thread_after = server_state(url)
     steps = {k: int(v - steps_before.get(k, 0)) for k, v in steps_after.items()}
@@ -187,7 +187,7 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
 
 # -- in-process -----------------------------------------------------------------------------------
 def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, temperature: float,
-                     categories: list[str | None] | None = None) -> dict:
+                     top_p: float, categories: list[str | None] | None = None) -> dict:
     from eyas.bench.offline import run_engine
     from eyas.sample.sampling import SamplingParams
 
@@ -195,7 +195,7 @@ def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, te
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(n)]
     groups = [categories[i % len(categories)] for i in range(n)] if categories else None
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=temperature,
-                            top_p=args.top_p if temperature else 1.0, ignore_eos=not args.stop_at_eos)
+                            top_p=top_p if temperature else 1.0, ignore_eos=not args.stop_at_eos)
     chooser = engine.chooser
     before = dict(chooser.steps) if chooser else {}
     run = run_engine(engine, ids, params, clients, "in-process", categories=groups)
@@ -322,7 +322,8 @@ def parse_args(argv=None):
                    help="the servers' overlap schedule (on, as eyas serve's default; --no-overlap-schedule: off)")
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--clients", default="1,4,16,64", help="client counts (default 1,4,16,64)")
-    p.add_argument("--temperatures", default="0,0.7", help="default 0,0.7")
+    p.add_argument("--temperatures", default="0,0.7",
+                   help="default 0,0.7; an item T:P samples at T with top-p P (else --top-p), e.g. 0,0.7:0.95,1:1")
     p.add_argument("--top-p", type=float, default=1.0,
                    help="nucleus top-p sent with every request (default 1.0: off, as OpenAI clients send)")
     p.add_argument("--requests-per-client", type=int, default=4)
@@ -346,6 +347,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not 0.0 < args.top_p <= 1.0:
         p.error(f"--top-p must be in (0, 1], got {args.top_p}: e.g. --top-p 0.95, or 1 for no filter")
+    try:
+        args.levels = temperature_levels(args.temperatures, args.top_p)
+    except ValueError as e:
+        p.error(f"--temperatures: {e}")
     if not args.url and not args.model_path:
         p.error("give --url (and --baseline-url) for running servers, or --model-path to start them")
     if args.py_spy and not (args.model_path and args.logs and not args.url):
@@ -355,10 +360,21 @@ def parse_args(argv=None):
     return args
 
 
+def temperature_levels(text: str, top_p: float) -> list[tuple[float, float]]:
+    """``0,0.7:0.95,1:1`` -> [(0.0, top_p), (0.7, 0.95), (1.0, 1.0)]: each level's temperature and top-p."""
+    levels = []
+    for item in text.split(","):
+        t, _, p = item.partition(":")
+        level = (float(t), float(p) if p else top_p)
+        if level[0] < 0 or not 0.0 < level[1] <= 1.0:
+            raise ValueError(f"{item!r}: a temperature is >= 0 and a top-p in (0, 1], e.g. 0.7:0.95")
+        levels.append(level)
+    return levels
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
-    temperatures = [float(t) for t in args.temperatures.split(",")]
     prompts = prompt_records(args.prompts)
     with ExitStack() as stack:
         targets = []  # (label, url)
@@ -385,15 +401,15 @@ def main(argv=None) -> int:
         for url, model in models.items():
             asyncio.run(load(url, model, prompts[:1], 1, 1, 8, 0.0, True, args.timeout, args.top_p))  # warm-up
         # level by level, the servers one after the other: a ratio between them is taken minutes apart at most
-        for temperature in temperatures:
+        for temperature, top_p in args.levels:
             for c in clients:
                 for label, url in targets:
                     level = {"server": label, "url": url, "clients": c, "temperature": temperature,
-                             "top_p": args.top_p,
-                             **served_level(url, models[url], prompts, c, args, temperature)}
+                             "top_p": top_p,
+                             **served_level(url, models[url], prompts, c, args, temperature, top_p)}
                     if label in engines:
                         engine, ids = engines[label]
-                        inproc = in_process_level(engine, ids, c, args, temperature, [g for _, g in prompts])
+                        inproc = in_process_level(engine, ids, c, args, temperature, top_p, [g for _, g in prompts])
                         level["in_process"] = inproc
                         level["served_over_in_process"] = round(level["tokens_per_s"] / inproc["tokens_per_s"], 3)
                     print(line(level), flush=True)

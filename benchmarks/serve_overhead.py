@@ -113,7 +113,7 @@ def measure(args) -> dict:
         asyncio.run(serve_load.load(url, model, prompts[:1], 1, 1, 8, 0.0, True, 60.0))  # warm-up
         levels = []
         for c in (int(x) for x in args.clients.split(",")):
-            level = {"clients": c, **serve_load.served_level(url, model, prompts, c, args, 0.0)}
+            level = {"clients": c, **serve_load.served_level(url, model, prompts, c, args, 0.0, 1.0)}
             level["ideal_tokens_per_s"] = round(c * args.tokens_per_step * 1000 / args.step_ms, 1)
             ms = lambda d: "-" if not d else f"{1000 * d['p50']:.3f}"  # noqa: E731 - no gaps: one chunk a request
             print(f"c={c:<3} {level['tokens_per_s']:>9.1f} tok/s of {level['ideal_tokens_per_s']:.0f}  ITL p50 "

@@ -68,13 +68,13 @@ def test_serve_load_sends_top_p_and_reports_tau_per_category(http_pair, engine_p
 
     monkeypatch.setattr(spec, "new_sequence", recording)
     out = tmp_path / "load.json"
-    code = load_script().main(["--url", http_pair[0], "--clients", "3", "--temperatures", "0,0.7", "--top-p", "0.9",
-                               "--requests-per-client", "2", "--max-tokens", "6", "--prompts", "all",
+    code = load_script().main(["--url", http_pair[0], "--clients", "3", "--temperatures", "0,0.7:0.95",
+                               "--top-p", "0.9", "--requests-per-client", "2", "--max-tokens", "6", "--prompts", "all",
                                "--out", str(out)])
     assert code == 0
     runs = json.loads(out.read_text())["runs"]
-    assert [(r["temperature"], r["top_p"]) for r in runs] == [(0.0, 0.9), (0.7, 0.9)]
-    assert sorted(set(seen)) == [(0.0, 0.9), (0.7, 0.9)] and len(seen) == 1 + 2 * 6  # the warm-up, two levels
+    assert [(r["temperature"], r["top_p"]) for r in runs] == [(0.0, 0.9), (0.7, 0.95)]  # the item's own top-p
+    assert sorted(set(seen)) == [(0.0, 0.9), (0.7, 0.95)] and len(seen) == 1 + 2 * 6  # the warm-up, two levels
     for r in runs:  # 6 requests taking the interleaved set in turn: two of each
         rows = r["per_category"]
         assert {g: x["prompts"] for g, x in rows.items()} == {"chat": 2, "code": 2, "reasoning": 2}
@@ -86,6 +86,9 @@ def test_serve_load_refuses_a_top_p_out_of_range(capsys):
     with pytest.raises(SystemExit):
         load_script().parse_args(["--url", "http://127.0.0.1:9", "--top-p", "0"])
     assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        load_script().parse_args(["--url", "http://127.0.0.1:9", "--temperatures", "0,0.7:0"])
+    assert "'0.7:0': a temperature is >= 0 and a top-p in (0, 1]" in capsys.readouterr().err
 
 
 def test_serve_load_reports_the_settings_auto_ran(target, draft, tmp_path):
@@ -122,7 +125,7 @@ def test_the_in_process_level_reports_what_auto_ran_there(target, draft):
     auto = Engine(target, draft, SpecConfig.auto("EAGLE3"), max_batch=4)
     args = SimpleNamespace(requests_per_client=2, min_requests=0, max_tokens=6, top_p=1.0, stop_at_eos=False)
     before = sum(auto.chooser.steps.values())
-    level = load_script().in_process_level(auto, [[5, 6, 7], [8, 9]], 3, args, 0.0)
+    level = load_script().in_process_level(auto, [[5, 6, 7], [8, 9]], 3, args, 0.0, 1.0)
     assert level["output_tokens"] == 6 * 6 and sum(level["steps_per_setting"].values()) == \
         sum(auto.chooser.steps.values()) - before > 0
     assert set(level["chooser"]["tau"]) == {"0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"}

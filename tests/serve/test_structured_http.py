@@ -18,7 +18,7 @@ import pytest
 from serve_helpers import InProcessServer
 
 from eyas.serve.app import ServeOptions, create_app
-from eyas.serve.tools import ToolPlan, ToolStream, parse_auto
+from eyas.serve.tools import ToolPlan, ToolStream, parse_auto, tool_delta, tool_message
 
 SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
           "additionalProperties": False}
@@ -192,7 +192,7 @@ def test_auto_parsing_and_stream_hold_back():
     schemas = {"weather": SCHEMA}
     content, calls = parse_auto('Let me look.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Rome"}}\n'
                                 "</tool_call>", schemas)
-    assert content == "Let me look." and json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+    assert content == "Let me look.\n" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
     assert parse_auto('{"name": "weather", "parameters": {"city": "Paris"}}', schemas)[1][0]["function"]["name"] \
         == "weather"
     assert parse_auto('<tool_call>{"name": "other", "arguments": {}}</tool_call>', schemas)[1] == []
@@ -201,6 +201,43 @@ def test_auto_parsing_and_stream_hold_back():
     assert "".join(sent) == "Hi " and s.finish()[1][0]["function"]["name"] == "weather"
     s = ToolStream(ToolPlan("auto", schemas))
     assert s.feed("a <t") == "a " and s.feed("x") == "<tx" and s.feed("<") == "" and s.finish() == ("<", [])
+
+
+def test_a_streamed_answer_adds_up_to_the_unstreamed_one_call_for_call():
+    """Whatever the chunking, a stream's content is the unstreamed message's content ("" for null) and its calls
+    the same: a Llama-3-style bare JSON call is never also sent as text, spacing around a call and text after it
+    come as unstreamed, and JSON that is no call goes out as text."""
+    schemas = {"weather": SCHEMA}
+    call = '{"name": "weather", "arguments": {"city": "Rome"}}'
+    outputs = [call, f"  {call}\n", f" A<tool_call>{call}</tool_call>B", f"\n<tool_call>{call}</tool_call>",
+               f"Sure.\n<tool_call>{call}</tool_call>\n", '{"a": 1} is JSON', '{"name": "other", "arguments": {}}',
+               f"{call} and then some", "  plain text", "{unclosed"]
+    for text in outputs:
+        want_content, want_calls = ToolPlan("auto", schemas).calls(text)
+        for size in (1, 3, len(text)):
+            s = ToolStream(ToolPlan("auto", schemas))
+            sent = "".join(s.feed(text[i:i + size]) for i in range(0, len(text), size))
+            rest, calls = s.finish()
+            assert sent + rest == (want_content or ""), (text, size)
+            assert [c["function"] for c in calls] == [c["function"] for c in want_calls], (text, size)
+    assert ToolPlan("auto", schemas).calls(f"\n<tool_call>{call}</tool_call>")[0] is None  # spacing alone: no content
+    s = ToolStream(ToolPlan("auto", schemas))  # JSON that names no tool goes out as soon as it closes
+    assert s.feed('{"name": "other"') == "" and s.feed("}") == '{"name": "other"}'
+
+
+def test_a_named_call_cut_off_by_max_tokens_keeps_its_arguments_so_far():
+    """As vLLM: finish_reason stays "length" and the call carries the arguments as far as they got, streamed or
+    not; a cut-off "auto" output holds no call (the text comes back as content)."""
+    named = ToolPlan("named", {"weather": SCHEMA}, "weather")
+    choice = {"index": 0, "message": {"role": "assistant", "content": '{"ci'}, "finish_reason": "length"}
+    tool_message(choice, '{"ci', named)
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"] == {"name": "weather", "arguments": '{"ci'}
+    delta, reason = tool_delta(ToolStream(named), '{"ci', "length")
+    assert reason == "length" and "content" not in delta
+    assert delta["tool_calls"][0]["function"] == {"name": "weather", "arguments": '{"ci'}
+    delta, reason = tool_delta(ToolStream(ToolPlan("auto", {"weather": SCHEMA})), "<tool_call>{", "length")
+    assert reason == "length" and delta == {"content": "<tool_call>{"}
 
 
 def test_a_template_without_a_tool_format_sees_the_calls_as_text(engine):

@@ -135,7 +135,8 @@ def call(name: str, arguments: str) -> dict:
 
 def parse_auto(text: str, schemas: dict[str, dict]) -> tuple[str | None, list[dict]]:
     """Hermes/Qwen ``<tool_call>`` blocks (the last one may be cut off by the end of the output), else a
-    whole output that is one ``{"name", "arguments" | "parameters"}`` object naming a tool."""
+    whole output that is one ``{"name", "arguments" | "parameters"}`` object naming a tool. The content is the
+    text around the blocks, or None where that is only spacing."""
     calls, spans = [], []
     for m in _HERMES.finditer(text):
         c = _as_call(_loads(m.group(1), dict), schemas)
@@ -150,8 +151,8 @@ def parse_auto(text: str, schemas: dict[str, dict]) -> tuple[str | None, list[di
         content.append(text[last:a])
         last = b
     content.append(text[last:])
-    rest = "".join(content).strip()
-    return rest or None, calls
+    rest = "".join(content)  # as written, spacing kept (as vLLM's parsers): what a stream sent before the calls
+    return (rest if rest.strip() else None), calls
 
 
 def _as_call(obj: dict | None, schemas: dict[str, dict]) -> dict | None:
@@ -170,31 +171,48 @@ def _loads(text: str, kind: type):
 
 
 class ToolStream:
-    """A streamed choice's text under a plan: ``feed`` returns the content that can go out now (with
-    "auto", everything before a possible ``<tool_call>``; with a forced call, nothing), ``finish`` the
-    (content still held, tool calls) once the output is complete."""
+    """A streamed choice's text under a plan: ``feed`` returns the content that can go out now, ``finish`` the
+    (content still held, tool calls) once the output is complete, so that the stream's content adds up to the
+    content of the same output unstreamed. With "auto" a stream holds back spacing at the start, everything from
+    a possible ``<tool_call>`` on, and an output that may still be one whole JSON object naming a tool (a
+    Llama-3-style call); with a forced call, everything."""
 
     def __init__(self, plan: ToolPlan):
         self.plan, self.text, self.sent = plan, "", 0
+        self.bare_end: int | None = None  # where a whole JSON object naming a tool ended (a bare call so far)
 
     def feed(self, text: str) -> str:
         self.text += text
         if self.plan.mode in ("named", "required"):
             return ""
+        safe = len(self.text)
         if self.plan.mode == "auto":
             start = self.text.find(OPEN, self.sent)
             safe = start if start >= 0 else len(self.text) - _partial_open(self.text)
-        else:
-            safe = len(self.text)
+            if self.sent == 0 and (not self.text[:safe].strip() or self._may_be_bare_call()):
+                safe = 0
         out, self.sent = self.text[self.sent:max(safe, self.sent)], max(safe, self.sent)
         return out
+
+    def _may_be_bare_call(self) -> bool:
+        """Whether the output so far may still be one whole JSON object naming a tool (``parse_auto``'s other
+        form); checked where it could have just closed, so a long answer is not re-parsed every token."""
+        body = self.text.strip()
+        if not body.startswith("{"):
+            return False
+        if self.bare_end is None and body.endswith("}"):
+            obj = _loads(body, dict)
+            if obj is not None:
+                if obj.get("name") not in self.plan.schemas:
+                    return False
+                self.bare_end = len(self.text)
+        return self.bare_end is None or not self.text[self.bare_end:].strip()
 
     def finish(self) -> tuple[str, list[dict]]:
         content, calls = self.plan.calls(self.text)
         if not calls:
             return self.text[self.sent:], []
-        held = (content or "")[self.sent:] if content and content.startswith(self.text[:self.sent]) else ""
-        return held, calls
+        return (content or "")[self.sent:], calls  # what was sent is the start of the content (text before a call)
 
 
 def _partial_open(text: str) -> int:
@@ -207,7 +225,11 @@ def _partial_open(text: str) -> int:
 
 def tool_message(choice: dict, text: str, plan: ToolPlan) -> None:
     """A chat choice with the calls its finished output holds: ``message.tool_calls`` and finish_reason
-    "tool_calls" (a cut-off output, finish_reason "length", holds none it could be sure of)."""
+    "tool_calls". A cut-off output (finish_reason "length") holds none it could be sure of, but for a named
+    function: its call comes back with the arguments as far as they got (vLLM's), still "length"."""
+    if choice["finish_reason"] == "length" and plan.mode == "named":
+        choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call(plan.name, text)]}
+        return
     if choice["finish_reason"] != "stop":
         return
     content, calls = plan.calls(text)
@@ -218,13 +240,19 @@ def tool_message(choice: dict, text: str, plan: ToolPlan) -> None:
 
 def tool_delta(stream: ToolStream, text: str, reason: str | None) -> tuple[dict, str | None]:
     """A streamed chunk's (delta, finish_reason) under a plan: the content that can go out now; at the end
-    (``reason`` set) the rest of it and the calls in OpenAI's delta shape (each with its ``index``)."""
+    (``reason`` set) the rest of it and the calls in OpenAI's delta shape (each with its ``index``), as
+    ``tool_message`` reads them."""
     out = stream.feed(text)
     if reason is None:
         return ({"content": out} if out else {}), None
-    rest, calls = stream.finish() if reason == "stop" else (stream.text[stream.sent:], [])
+    if reason == "stop":
+        rest, calls = stream.finish()
+    elif reason == "length" and stream.plan.mode == "named":
+        rest, calls = "", [call(stream.plan.name, stream.text)]
+    else:
+        rest, calls = stream.text[stream.sent:], []
     delta = {"content": out + rest} if out + rest else {}
     if calls:
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-        reason = "tool_calls"
+        reason = "tool_calls" if reason == "stop" else reason
     return delta, reason

@@ -127,3 +127,101 @@ def test_a_trailing_slash_is_the_same_route_not_a_redirect(inprocess):
             assert c.post(path, json=body).status_code == 401  # the key is still needed
         assert c.get("/v1/models/", headers=key).json()["data"][0]["id"] == "tiny"
         assert c.get("/health/").status_code == 200  # open, as /health is
+
+
+VLLM_NEUTRAL = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0, "truncate_prompt_tokens": None,
+                "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False, "bad_words": [],
+                "allowed_token_ids": None, "logits_processors": None, "kv_transfer_params": None,
+                "vllm_xargs": None, "cache_salt": "s", "request_id": "abc-1"}
+
+
+@pytest.mark.parametrize("path, body, chat_only, prefix", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]},
+     {"echo": False, "prompt_logprobs": None, "documents": None, "mm_processor_kwargs": None}, "chatcmpl-"),
+    ("/v1/completions", {"prompt": "hi"}, {}, "cmpl-"),
+])
+def test_a_whole_vllm_request_body_is_served(server, path, body, chat_only, prefix):
+    """A client built for vLLM sends its extensions at their neutral values: served, and the response's id is
+    the request's request_id, as vLLM's."""
+    r = httpx.post(server.url + path, json={**body, **VLLM_NEUTRAL, **chat_only, "max_tokens": 2, "temperature": 0},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == prefix + "abc-1"
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"use_beam_search": True}, "use_beam_search", "no beam search"),
+    ({"priority": 5}, "priority", "order they come"),
+    ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens", "never cut"),
+    ({"bad_words": ["x"]}, "bad_words", "logit_bias"),
+    ({"allowed_token_ids": [1, 2]}, "allowed_token_ids", "structured-output"),
+    ({"echo": True}, "echo", "/v1/completions"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs", "/v1/completions"),
+])
+def test_vllm_extensions_eyas_has_not_got_are_named(client, fields, param, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       extra_body=fields)
+    assert e.value.param == param and words in e.value.message, e.value.message
+
+
+def test_add_special_tokens_tokenizes_the_prompt_as_tokenize_does(server):
+    """vLLM's add_special_tokens: a completion's prompt with the tokenizer's special tokens unless false, a chat's
+    with them on top of the template only when true; usage counts what /tokenize counts for the same choice."""
+    for special in (True, False):
+        count = httpx.post(server.url + "/tokenize", json={"prompt": "hello there", "add_special_tokens": special},
+                           timeout=60).json()["count"]
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello there", "max_tokens": 1,
+                                                             "add_special_tokens": special}, timeout=60)
+        assert r.json()["usage"]["prompt_tokens"] == count
+        msgs = [{"role": "user", "content": "hello"}]
+        r = httpx.post(server.url + "/tokenize", json={"messages": msgs, "add_special_tokens": special}, timeout=60)
+        assert r.status_code == 200, r.text
+        count = r.json()["count"]
+        r = httpx.post(server.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1,
+                                                                  "add_special_tokens": special}, timeout=60)
+        assert r.json()["usage"]["prompt_tokens"] == count
+
+
+def test_documents_reach_the_chat_template(engine):
+    """vLLM's ``documents``: Hugging Face's retrieval-augmented templates read them beside the messages."""
+    import copy
+
+    from eyas.serve.inputs import chat_prompt
+    from eyas.serve.protocol import ChatCompletionRequest
+
+    tok = copy.deepcopy(engine.target.tokenizer)
+    tok.chat_template = ("{% for d in documents or [] %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+                         "{% for m in messages %}{{ m.content }}{% endfor %}")
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "q"}],
+                                documents=[{"title": "T", "text": "the doc"}])
+    assert tok.decode(chat_prompt(tok, req)) == "[T: the doc]q"
+    assert tok.decode(chat_prompt(tok, ChatCompletionRequest(messages=[{"role": "user", "content": "q"}]))) == "q"
+
+
+def test_add_special_tokens_is_the_tokenizers_own_on_top_of_the_text(engine):
+    """With a tokenizer that writes a BOS (the tiny one writes none): a completion's prompt gets it unless
+    add_special_tokens is false; a chat's rendered prompt only when it is true (the template wrote its own)."""
+    from types import SimpleNamespace
+
+    from eyas.serve.inputs import chat_prompt, text_prompts
+    from eyas.serve.protocol import ChatCompletionRequest
+
+    class WithBos:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+        def __call__(self, text, add_special_tokens=True):
+            return SimpleNamespace(input_ids=[7] * add_special_tokens + self.tok(text, add_special_tokens=False)
+                                   .input_ids)
+
+    tok = WithBos(engine.target.tokenizer)
+    assert text_prompts(tok, "hi", "prompt")[0][0] == 7 and text_prompts(tok, "hi", "prompt", None, True)[0][0] == 7
+    assert text_prompts(tok, "hi", "prompt", None, False)[0][0] != 7
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = chat_prompt(tok, ChatCompletionRequest(messages=msgs))
+    assert chat_prompt(tok, ChatCompletionRequest(messages=msgs, add_special_tokens=False)) == plain
+    assert chat_prompt(tok, ChatCompletionRequest(messages=msgs, add_special_tokens=True)) == [7, *plain]

@@ -6,7 +6,10 @@ says what was wrong and what was expected, as the engine's ``EyasError`` does.
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
+
+from pydantic import BaseModel
 
 # The openai SDK retries 408 (twice by default) unless told not to: a request cancelled at --request-timeout
 # would only run, and time out, again. It reads this header before its own rules.
@@ -71,3 +74,9 @@ def overloaded(e, retry_after: int = 1) -> ApiError:
                    "or start the server with a larger --max-running-requests / --max-queued-requests")
     return ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, code="server_overloaded",
                     headers={"Retry-After": str(retry_after)})
+
+
+def short(value) -> str:
+    """A client's value as an error message quotes it: JSON, cut to 80 characters."""
+    s = json.dumps(value) if not isinstance(value, BaseModel) else repr(value)
+    return s if len(s) <= 80 else s[:77] + "..."

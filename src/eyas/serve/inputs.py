@@ -12,7 +12,6 @@ defaults (``sampling_defaults.py``: the model's generation config, as vLLM).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 
@@ -20,9 +19,10 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import EyasError
 from ..sample.sampling import SamplingParams
-from .api_errors import ApiError, bad_request
+from .api_errors import ApiError, bad_request, short
 from .json_body import INT64, load_object
 from .logprobs import chat_logprobs, completion_logprobs, generate_logprobs
+from .neutral import refuse, refuse_openai_only, refuse_vllm_only
 from .protocol import EXPECTED, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from .sampling_defaults import OPENAI, OPENAI_MAX_TEMPERATURE, SAMPLING_FIELDS, SamplingDefaults
 from .tools import ToolPlan, template_message, template_tools
@@ -78,20 +78,15 @@ def validation_error(e: ValidationError) -> ApiError:
     elif err["type"] == "missing":
         msg = f"{param!r} is required"
     elif field is not None and err["type"] not in ("too_short",):
-        msg = f"{param!r} must be {EXPECTED[field]}, got {_short(err.get('input'))}"
+        msg = f"{param!r} must be {EXPECTED[field]}, got {short(err.get('input'))}"
     else:
-        msg = f"{param!r}: {err['msg']}, got {_short(err.get('input'))}"
+        msg = f"{param!r}: {err['msg']}, got {short(err.get('input'))}"
     return bad_request(msg, param=param, code="invalid_value")
 
 
 def _is_type_tag(x: str) -> bool:
     """pydantic names union alternatives in ``loc`` ('str', 'list[int]', 'TextPart', ...)."""
     return x in ("str", "int", "float", "bool", "TextPart") or "[" in x or x.startswith("function-")
-
-
-def _short(value) -> str:
-    s = json.dumps(value) if not isinstance(value, BaseModel) else repr(value)
-    return s if len(s) <= 80 else s[:77] + "..."
 
 
 def check_model(requested: str | None, served: list[str]) -> None:
@@ -120,6 +115,8 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
         raise bad_request("this model's tokenizer has no chat template, so chat messages cannot be rendered; "
                           "use /v1/completions with a prompt", param="messages")
     kwargs = _template_kwargs(req)
+    if req.documents:  # vLLM's: Hugging Face's templates for retrieval-augmented chat read them
+        kwargs["documents"] = req.documents
     chars = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
                 for m in req.messages)
     if max_chars is not None and chars > max_chars:  # the rendered text holds them all: refused before rendering
@@ -154,7 +151,8 @@ def chat_prompt(tokenizer, req: ChatCompletionRequest, max_chars: int | None = N
             "them), so with tool_choice 'auto' it would answer in prose and never call one; send tool_choice "
             "'required' or a named function (the output is then constrained to a call of your tools), or serve "
             "with a --chat-template that renders tools", param="tools")
-    return encode(tokenizer, text, "messages", max_chars, add_special_tokens=False)
+    # vLLM's add_special_tokens for chat: the tokenizer's special tokens on top of what the template wrote, if true
+    return encode(tokenizer, text, "messages", max_chars, add_special_tokens=bool(req.add_special_tokens))
 
 
 # apply_chat_template's own arguments, which the server sets: a request's chat_template_kwargs cannot replace them
@@ -180,7 +178,7 @@ def _template_kwargs(req: ChatCompletionRequest) -> dict:
         inner = name in kwargs
         value = kwargs.pop(name) if inner else getattr(req, name)
         if value is not None and not isinstance(value, bool):
-            raise bad_request(f"chat_template_kwargs.{name} must be true or false, got {_short(value)}",
+            raise bad_request(f"chat_template_kwargs.{name} must be true or false, got {short(value)}",
                               param=f"chat_template_kwargs.{name}", code="invalid_value")
         flags[name] = (value, f"chat_template_kwargs.{name}" if inner else name)
     (add, add_param), (cont, cont_param) = flags["add_generation_prompt"], flags["continue_final_message"]
@@ -197,15 +195,18 @@ def _template_kwargs(req: ChatCompletionRequest) -> dict:
     return {**kwargs, "continue_final_message": True} if cont else kwargs
 
 
-def text_prompts(tokenizer, value, param: str, max_chars: int | None = None) -> list[list[int]]:
-    """str | list[str] | list[int] | list[list[int]] -> list of token-id prompts."""
+def text_prompts(tokenizer, value, param: str, max_chars: int | None = None,
+                 add_special_tokens: bool | None = None) -> list[list[int]]:
+    """str | list[str] | list[int] | list[list[int]] -> list of token-id prompts (texts with the tokenizer's special
+    tokens unless ``add_special_tokens`` is false; token ids as they are)."""
     if isinstance(value, str) or value and isinstance(value[0], int):
         value = [value]
     if not value:
         raise bad_request(f"{param!r} is empty; send at least one prompt", param=param)
     prompts = []
     for p in value:
-        ids = encode(tokenizer, p, param, max_chars) if isinstance(p, str) else list(p)
+        ids = (encode(tokenizer, p, param, max_chars, add_special_tokens=add_special_tokens is not False)
+               if isinstance(p, str) else list(p))
         if not ids:
             raise bad_request(f"{param!r} holds an empty prompt; send at least one token", param=param)
         prompts.append(ids)
@@ -235,31 +236,11 @@ def _stops(stop) -> list[str]:
     return stops
 
 
-def refuse(param: str, value, neutral, what: str) -> None:
-    if value is not None and value != neutral and value not in ((), [], {}):
-        raise bad_request(f"{param}={_short(value)} is not supported by eyas ({what}); leave it out", param=param)
-
-
-def _refuse_openai_only(req: ChatCompletionRequest) -> None:
-    """OpenAI fields for what eyas has not got (audio, reasoning, web search): null or their default passes."""
-    if req.modalities is not None and req.modalities != ["text"]:
-        raise bad_request(f"modalities={_short(req.modalities)} is not supported by eyas (text only); send "
-                          '["text"] or leave it out', param="modalities")
-    refuse("audio", req.audio, None, "text only")
-    refuse("reasoning_effort", req.reasoning_effort, None, "this server has no reasoning-effort control; a chat "
-            "template that reads one takes it in chat_template_kwargs")
-    refuse("verbosity", req.verbosity, None, "no verbosity control")
-    if req.web_search_options is not None:  # even {}: it turns web search on
-        refuse("web_search_options", req.web_search_options or "{}", None, "no web search")
-    refuse("functions", req.functions, None, "the deprecated spelling: send the functions as 'tools'")
-    refuse("function_call", req.function_call, None, "the deprecated spelling: send 'tool_choice'")
-
-
 def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's ``logit_bias`` (token ids as JSON object keys) -> {token id: bias}."""
     bad = next((key for key in value or {} if not (key.isascii() and key.isdigit())), None)
     if bad is not None:
-        raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {_short(bad)}",
+        raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {short(bad)}",
                           param="logit_bias", code="invalid_value")
     return None if value is None else {int(key): v for key, v in value.items()}
 
@@ -267,7 +248,7 @@ def _logit_bias(value: dict[str, float] | None) -> dict[int, float] | None:
 def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]], chat: bool,
                defaults: SamplingDefaults = OPENAI) -> Job:
     if chat:
-        _refuse_openai_only(req)
+        refuse_openai_only(req)
         logprobs, prompt_logprobs, zero = chat_logprobs(req), None, ""  # chat always generates
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -278,6 +259,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
         refuse("suffix", req.suffix, "", "no insertion mode")  # "" is no suffix (OpenAI takes it)
         refuse("best_of", req.best_of, 1, "no best-of sampling")
         max_tokens, param = req.max_tokens, "max_tokens"
+    refuse_vllm_only(req, chat)
     n = 1 if req.n is None else req.n
     if n < 1:  # the most is --max-n (Limits.check_job)
         raise bad_request(f"n must be at least 1, got {n}", param="n")

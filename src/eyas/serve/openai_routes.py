@@ -78,7 +78,7 @@ def _chat(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
 def _completion(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
     req = parse_body(raw, CompletionRequest)
     check_model(req.model, p.served_names)
-    prompts = text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars)
+    prompts = text_prompts(p.tokenizer, req.prompt, "prompt", p.max_chars, req.add_special_tokens)
     job = openai_job(req, prompts, False, p.sampling)
     if req.echo:
         job.echo = echo_texts(p.tokenizer, req.prompt, prompts)
@@ -92,11 +92,17 @@ async def prepared_run(request: Request, build) -> tuple:
     return state, prep, JobRun(state.scheduler, state.engine, prep.job, state.options.limits)
 
 
+def _head(kind: str, req, state) -> dict:
+    """A response's id (``<kind>-<the request's request_id>``, as vLLM's, else a fresh one), time and model."""
+    return {"id": f"{kind}-{req.request_id or uuid.uuid4().hex}", "created": int(time.time()),
+            "model": state.served_names[0]}
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     state, prep, run = await prepared_run(request, _chat)
     req, job = prep.req, prep.job
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
+    head = _head("chatcmpl", req, state)
     log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log, job.tools),
@@ -118,7 +124,7 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     state, prep, run = await prepared_run(request, _completion)
     req = prep.req
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.served_names[0]}
+    head = _head("cmpl", req, state)
     log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log,

@@ -3,7 +3,7 @@
 Types are strict (``"10"`` is not an integer, ``true`` is not a number) and unknown top-level fields
 are refused, naming the field, because a silently ignored field (``logprobs``, ``tools``, a typo
 such as ``max_token``) would return something other than what was asked for. Fields that clients
-commonly send with neutral values are accepted; ``inputs.py`` refuses their non-neutral values.
+commonly send with neutral values are accepted; ``neutral.py`` refuses their non-neutral values.
 Responses are plain dicts built in the route modules.
 """
 
@@ -133,6 +133,22 @@ class _OpenAISampling(_Strict):
     regex: str | None = None  # SGLang's
     ebnf: str | None = None
     json_schema: str | None = None  # SGLang's: a schema as a JSON string
+    # vLLM's request extensions: add_special_tokens and request_id are served, cache_salt has nothing to salt (no
+    # prefix cache is shared between requests); the rest are accepted with their neutral values only (neutral.py)
+    add_special_tokens: bool | None = None  # null: true for a completion's prompt, false for chat (the template's)
+    request_id: str | None = None  # the response's id is chatcmpl-<request_id> (cmpl-...), as vLLM's
+    cache_salt: str | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    priority: int | None = None
+    truncate_prompt_tokens: int | None = None
+    spaces_between_special_tokens: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    logits_processors: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
 
 
 class ChatCompletionRequest(_OpenAISampling):
@@ -145,7 +161,7 @@ class ChatCompletionRequest(_OpenAISampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # OpenAI's, accepted with their neutral values only (inputs.py refuses the rest, naming the field)
+    # OpenAI's, accepted with their neutral values only (neutral.py refuses the rest, naming the field)
     modalities: list[str] | None = None  # ["text"]
     audio: dict[str, Any] | None = None
     reasoning_effort: str | None = None
@@ -158,6 +174,10 @@ class ChatCompletionRequest(_OpenAISampling):
     # continues the last (assistant) message instead of opening a new turn; null: not continuing
     add_generation_prompt: bool | None = None  # null: true, or false when continuing the final message
     continue_final_message: bool | None = None
+    documents: list[dict[str, Any]] | None = None  # vLLM's: to the chat template, as Hugging Face's RAG templates read
+    echo: bool | None = None  # vLLM's; neutral values only (neutral.py), as the two below
+    prompt_logprobs: int | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_OpenAISampling):

@@ -28,7 +28,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .api_errors import ApiError, bad_request
-from .inputs import chat_prompt, check_model, openai_job, parse_body, refuse
+from .inputs import chat_prompt, check_model, openai_job, parse_body
+from .neutral import refuse
 from .openai_routes import collect_finished, log_failure, log_prompt, log_result, prepared_run, streaming, usage
 from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, InputMessage, ResponsesRequest

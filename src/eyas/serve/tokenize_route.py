@@ -41,10 +41,9 @@ def _tokenize(p: Preparer, raw: bytes) -> dict:  # on the preparer's thread
         chat = ChatCompletionRequest(messages=req.messages, tools=req.tools, tool_choice="none",  # rendered, no call
                                      chat_template_kwargs=req.chat_template_kwargs,
                                      add_generation_prompt=req.add_generation_prompt,
-                                     continue_final_message=req.continue_final_message)
+                                     continue_final_message=req.continue_final_message,
+                                     add_special_tokens=req.add_special_tokens)
         ids = chat_prompt(p.tokenizer, chat, p.max_chars)
-        if req.add_special_tokens:  # what the template did not write (vLLM's add_special_tokens for chat)
-            ids = p.tokenizer.build_inputs_with_special_tokens(ids)
     body = {"count": len(ids), "max_model_len": p.max_context, "tokens": ids}
     if req.return_token_strs:
         body["token_strs"] = p.tokenizer.convert_ids_to_tokens(ids)

@@ -46,13 +46,14 @@ def machine() -> dict:
     return info
 
 
-def write(path: str | Path, what: str, data: dict) -> Path:
+def write(path: str | Path, what: str, data: dict, quiet: bool = False) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"what": what, "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "commit": commit(),
               "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), **data}
     path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
     return path
 
 

@@ -360,6 +360,15 @@ def parse_args(argv=None):
     return args
 
 
+def settings(args) -> dict:
+    return {k: v for k, v in vars(args).items() if k not in ("out", "levels")}
+
+
+def save(args, runs: list[dict], complete: bool) -> None:
+    write(args.out, "served load: streaming chat completions per client count and temperature",
+          {"settings": settings(args), "complete": complete, "runs": runs}, quiet=not complete)
+
+
 def temperature_levels(text: str, top_p: float) -> list[tuple[float, float]]:
     """``0,0.7:0.95,1:1`` -> [(0.0, top_p), (0.7, 0.95), (1.0, 1.0)]: each level's temperature and top-p."""
     levels = []
@@ -414,11 +423,12 @@ def main(argv=None) -> int:
                         level["served_over_in_process"] = round(level["tokens_per_s"] / inproc["tokens_per_s"], 3)
                     print(line(level), flush=True)
                     runs.append(level)
-    data = {"settings": {k: v for k, v in vars(args).items() if k not in ("out",)}, "runs": runs}
+                    if args.out:  # after every level: a run cut short (a device call's time limit) keeps its levels
+                        save(args, runs, complete=False)
     if args.out:
-        write(args.out, "served load: streaming chat completions per client count and temperature", data)
+        save(args, runs, complete=True)
     else:
-        print(json.dumps(data, indent=1))
+        print(json.dumps({"settings": settings(args), "runs": runs}, indent=1))
     return 1 if any(r["errors"] for r in runs) else 0
 
 

@@ -72,7 +72,9 @@ def test_serve_load_sends_top_p_and_reports_tau_per_category(http_pair, engine_p
                                "--top-p", "0.9", "--requests-per-client", "2", "--max-tokens", "6", "--prompts", "all",
                                "--out", str(out)])
     assert code == 0
-    runs = json.loads(out.read_text())["runs"]
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    assert data["complete"] is True  # written after every level too, "complete": false until the last
     assert [(r["temperature"], r["top_p"]) for r in runs] == [(0.0, 0.9), (0.7, 0.95)]  # the item's own top-p
     assert sorted(set(seen)) == [(0.0, 0.9), (0.7, 0.95)] and len(seen) == 1 + 2 * 6  # the warm-up, two levels
     for r in runs:  # 6 requests taking the interleaved set in turn: two of each

@@ -147,6 +147,11 @@ def test_a_whole_vllm_request_body_is_served(server, path, body, chat_only, pref
                    timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["id"] == prefix + "abc-1"
+    r = httpx.post(server.url + path, json={**body, "request_id": "abc-1", "max_tokens": 1},
+                   headers={"X-Request-Id": "trace-7"}, timeout=60)
+    assert r.json()["id"] == prefix + "trace-7" and r.headers["x-request-id"] == "trace-7"  # the header wins
+    ids = {httpx.post(server.url + path, json={**body, "max_tokens": 1}, timeout=60).json()["id"] for _ in range(2)}
+    assert len(ids) == 2 and all(i.startswith(prefix) for i in ids)
 
 
 @pytest.mark.parametrize("fields, param, words", [

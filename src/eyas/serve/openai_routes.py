@@ -27,6 +27,7 @@ from ..engine.stats import SpecStats
 from . import logprobs as lp
 from .api_errors import ApiError, error_body
 from .inputs import Job, chat_prompt, check_model, echo_texts, openai_job, parse_body, text_prompts
+from .middleware import REQUEST_ID
 from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .runner import ClientGone, JobRun
@@ -92,17 +93,19 @@ async def prepared_run(request: Request, build) -> tuple:
     return state, prep, JobRun(state.scheduler, state.engine, prep.job, state.options.limits)
 
 
-def _head(kind: str, req, state) -> dict:
-    """A response's id (``<kind>-<the request's request_id>``, as vLLM's, else a fresh one), time and model."""
-    return {"id": f"{kind}-{req.request_id or uuid.uuid4().hex}", "created": int(time.time()),
-            "model": state.served_names[0]}
+def _head(kind: str, req, request: Request, state) -> dict:
+    """A response's id, as vLLM's: ``<kind>-`` and the client's ``X-Request-Id`` header (one the log line keeps
+    too), else the body's ``request_id``, else a fresh one; its time and model."""
+    given = request.headers.get("x-request-id", "")
+    rid = given if REQUEST_ID.match(given) else req.request_id or uuid.uuid4().hex
+    return {"id": f"{kind}-{rid}", "created": int(time.time()), "model": state.served_names[0]}
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     state, prep, run = await prepared_run(request, _chat)
     req, job = prep.req, prep.job
-    head = _head("chatcmpl", req, state)
+    head = _head("chatcmpl", req, request, state)
     log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _chat_stream(state, run, head, req.stream_options, request.state.log, job.tools),
@@ -124,7 +127,7 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     state, prep, run = await prepared_run(request, _completion)
     req = prep.req
-    head = _head("cmpl", req, state)
+    head = _head("cmpl", req, request, state)
     log_prompt(request, prep)
     if req.stream:
         return streaming(state, run, _completion_stream(state, run, head, req.stream_options, request.state.log,

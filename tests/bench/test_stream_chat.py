@@ -45,3 +45,12 @@ def test_an_error_event_fails_the_request_with_the_servers_message():
 def test_a_status_other_than_200_fails_with_the_body():
     with pytest.raises(RuntimeError, match=r"HTTP 503 from .*/v1/chat/completions: busy$"):
         read(b'{"error": "busy"}', status=503)
+
+
+def test_an_event_with_a_raw_unicode_line_separator_is_one_event():
+    """vLLM and SGLang send U+2028 and U+0085 raw inside their JSON (a sampled token can be one); SSE ends a line at
+    LF or CR LF alone, where httpx's aiter_lines also splits at those and cut the event in two (a JSONDecodeError)."""
+    raw = json.dumps(chunk("a\u2028b\x85c"), ensure_ascii=False).encode()
+    body = b"data: " + raw + b"\r\n\r\n" + sse({"choices": [], "usage": {"completion_tokens": 3}}, b"[DONE]")
+    s = read(body)
+    assert len(s.arrivals) == 1 and s.usage == {"completion_tokens": 3}

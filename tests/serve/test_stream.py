@@ -225,3 +225,16 @@ def test_a_stop_token_ends_the_output_counted_but_unwritten_unless_asked(server,
     r = httpx.post(server.url + "/v1/completions", json={**body, "max_tokens": 3, "stop_token_ids": []},
                    timeout=120).json()
     assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["stop_reason"] is None
+
+
+def test_each_event_is_one_line_whichever_way_a_client_splits_lines(server):
+    """A token that decodes to U+2028, U+2029 or U+0085 (JSON leaves them raw) is escaped in the event, so a client
+    reading lines with str.splitlines' rules (httpx's iter_lines) still gets each event whole."""
+    text = "a\u2028b\u2029c\x85d"
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 32, "temperature": 0, "stream": True,
+            "guided_choice": [text]}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = [ln for ln in r.iter_lines() if ln.strip()]
+    assert all(ln.startswith("data: ") for ln in lines), lines
+    events = [json.loads(ln[6:]) for ln in lines if ln != "data: [DONE]"]
+    assert "".join(c["text"] for e in events for c in e["choices"]) == text

@@ -48,6 +48,19 @@ def error_text(body: bytes) -> str:
     return text[:200]
 
 
+async def sse_lines(response: httpx.Response):
+    """A server-sent event stream's lines, split where SSE ends a line (LF, CR LF) and nowhere else: httpx's
+    ``aiter_lines`` also splits at U+2028, U+0085 and the like, which a server may send raw inside a JSON string
+    (vLLM and SGLang do), cutting that event in two."""
+    rest = ""
+    async for text in response.aiter_text():
+        *lines, rest = (rest + text).split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if rest:
+        yield rest.removesuffix("\r")
+
+
 async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Streamed:
     """POST ``body`` (with ``"stream": true``) and read its server-sent events to ``[DONE]``. A status other
     than 200 or an ``error`` event raises RuntimeError with the server's message."""
@@ -56,7 +69,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Stream
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code} from {url}/v1/chat/completions: {error_text(await r.aread())}")
-        async for line in r.aiter_lines():
+        async for line in sse_lines(r):
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()

@@ -61,8 +61,14 @@ def usage(state, prompt_tokens: int, finished: list[Finished]) -> dict:
     return u
 
 
+# Characters JSON leaves raw that Python's str.splitlines ends a line at (and so httpx's aiter_lines and the SSE
+# readers built on it): a sampled token that decodes to one would cut its event in two for such a client.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    """One server-sent event: the JSON on one line whichever way a client splits lines."""
+    return f"data: {json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS)}\n\n"
 
 
 def failed_error(event: Failed) -> ApiError:

@@ -20,6 +20,7 @@ from . import formats
 from .errors import EyasError
 from .formats import names as format_names
 from .formats import write as format_writers
+from .layers import to_sglang
 from .models.loading import SMOLLM2
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -74,6 +75,7 @@ def run(args) -> int:
     if out.resolve() == source.resolve():
         raise EyasError("--out is the draft folder itself", "choose a new output folder")
     folder = formats.read_draft(source, allow_pickle=args.allow_pickle)
+    settle_trained_layers(folder, source)
     dtype = DTYPES[args.dtype] if args.dtype else None
     if args.target:
         check_target_folder(args.target, folder.config)
@@ -101,6 +103,25 @@ def run(args) -> int:
     for line in launch_lines(args.format, out, target, args.speculative_tokens):
         print(line)
     return 0
+
+
+def settle_trained_layers(folder, source) -> None:
+    """The captured layers an export writes are those the draft was trained on, where that is recorded
+    (``eyas.aux_layer_ids``): written out where the config names none (servers would take the target's
+    default), and a config that names others is refused, as ``eyas doctor`` refuses it."""
+    trained = (getattr(folder.config, "eyas", None) or {}).get("aux_layer_ids")
+    if not isinstance(trained, list):
+        return
+    ids = folder.aux_layer_ids
+    if ids is None:
+        folder.config.eagle_config = {**(getattr(folder.config, "eagle_config", None) or {}),
+                                      "eagle_aux_hidden_state_layer_ids": to_sglang(trained)}
+    elif list(ids) != list(trained):
+        raise EyasError(f"the draft in {source} was trained on the inputs of target layers {list(trained)}, but its "
+                        f"config makes servers capture {list(ids)}: exported so, it would be fed other states than "
+                        "it learnt from and accept little, silently",
+                        f"set eagle_config.eagle_aux_hidden_state_layer_ids to {to_sglang(trained)} in "
+                        f"{source}/config.json (or export the training run's own draft folder)")
 
 
 def target_embeddings(target: str | None, folder, source, allow_pickle: bool) -> torch.Tensor:

@@ -118,9 +118,10 @@ def test_every_hidden_state_concatenated(saved, target, tmp_path):
 def sglang_copy(draft: Path, out: Path, ids=None) -> Path:
     format_writers.write_sglang(formats.read_draft(draft), out)
     if ids is not None:
-        def fn(cfg):
+        def fn(cfg):  # a foreign draft with these ids: no eyas record of others
             cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
             cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+            cfg.get("eyas_record", {}).pop("aux_layer_ids", None)
         edit_config(out, fn)
     return out
 
@@ -148,6 +149,29 @@ def test_layers_disagree_with_training(saved, tmp_path):
     assert "eagle_aux_hidden_state_layer_ids to [1, 3, 4]" in row(r, "format").fix
     d2 = edit_config(copy(draft, tmp_path / "d2"), lambda c: c["eyas"]["target"].update(num_hidden_layers=12))
     assert "12-layer" in row(diagnose(d2, str(target)), "layers").message
+
+
+def test_an_exported_draft_keeps_its_trained_layers_and_an_edit_shows(saved, tmp_path):
+    """An export records the layers the draft was trained on (``eyas_record``): ids edited in the deployed folder,
+    both keys alike, are a problem there as on eyas's own folder; an export writes the trained ids where the
+    source config names none, and refuses a source whose config names others."""
+    target, draft = saved
+    out = sglang_copy(draft, tmp_path / "s")
+    trained = json.loads((out / "config.json").read_text())["eyas_record"]["aux_layer_ids"]
+    assert row(diagnose(out, str(target)), "layers").status == "ok"
+
+    def shift(c):
+        c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in
+                                                                 c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        c["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in c["eagle_aux_hidden_state_layer_ids"]]
+    edit_config(out, shift)
+    r = diagnose(out, str(target))
+    assert row(r, "layers").status == "problem" and f"trained on layers {trained}" in row(r, "layers").message
+    assert main(["export", str(out), "--format", "speculators", "--out", str(tmp_path / "again")]) == 2
+    bare = edit_config(copy(draft, tmp_path / "bare"), lambda c: c.pop("eagle_config"))  # the ids left to a default
+    assert main(["export", str(bare), "--format", "sglang", "--out", str(tmp_path / "b")]) == 0
+    written = json.loads((tmp_path / "b" / "config.json").read_text())["eagle_config"]
+    assert written["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in trained]  # SGLang's ids: one lower
 
 
 def test_vocabulary_mismatch(saved, tmp_path):

@@ -61,6 +61,8 @@ def _record(config) -> dict:
     at, on the folder that is deployed. Not ``eyas``: that key marks eyas's own format."""
     meta = getattr(config, "eyas", None) or {}
     keep = {k: meta[k] for k in ("target", "training") if isinstance(meta.get(k), dict)}
+    if isinstance(meta.get("aux_layer_ids"), list):  # the layers it was trained on: a later edit of the ids shows
+        keep["aux_layer_ids"] = list(meta["aux_layer_ids"])
     return {"eyas_record": keep} if keep else {}
 
 

@@ -279,3 +279,23 @@ def test_sglang_eagle3_with_aux_capture_switched_off_in_the_draft(tmp_path):
     report, _ = diagnose("sglang", ["sglang_rejected.prom"], server_info=info)
     assert next(c for c in report.checks if c.name == "configuration").status == "problem"
     assert "use_aux_hidden_state is false" in report.figures["likely_causes"][0]
+
+
+def test_sglang_gauge_still_zero_under_eagle3_is_unverified_not_off():
+    """SGLang writes spec_accept_length at its decode log (every 40 decode steps by default): a fresh EAGLE3
+    server with short probes still shows 0, which is no evidence that speculation is off."""
+    info = {**SGLANG_ARGS, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "d"}
+    report, _ = diagnose("sglang", ["sglang_spec_off.prom"], server_info=info)
+    assert report.verdict.startswith("UNVERIFIED: no decode interval") and report.exit_code == 1
+    assert "--decode-log-interval" in next(c for c in report.checks if c.name == "speculation").fix
+    assert diagnose("sglang", ["sglang_spec_off.prom"])[0].verdict.startswith("SPECULATION OFF")  # no info: off
+
+
+def test_sglang_ranks_that_have_not_decoded_are_left_out_of_the_mean():
+    """Per-rank gauges (data parallel): an idle rank's stays 0, and averaging it in halved tau."""
+    text = (RECORDED / "sglang_eagle3.prom").read_text()
+    idle = "\n".join(line.replace('dp_rank="0"} 2.9', 'dp_rank="1"} 0.0').replace('dp_rank="0"} 0.475',
+                                                                                  'dp_rank="1"} 0.0')
+                     for line in text.splitlines() if "spec_accept" in line and not line.startswith("#"))
+    report, _ = diagnose("sglang", [(200, text + "\n" + idle + "\n")])
+    assert report.verdict == "working (tau 2.90)", report.to_json()

@@ -114,10 +114,11 @@ def snapshot(samples: dict, kind: str) -> Snapshot:
         if "position" in labels:
             pos = int(labels["position"])
             snap.per_pos[pos] = snap.per_pos.get(pos, 0.0) + value
-    if kind == SGLANG:  # per-rank gauges: the mean over ranks
+    if kind == SGLANG:  # per-rank gauges: the mean over the ranks that decoded (an idle rank's stays 0)
         for key, attr in (("length", "gauge_length"), ("rate", "gauge_rate")):
             vals = [v for _, v in samples.get(names[key], [])]
-            setattr(snap, attr, sum(vals) / len(vals) if vals else None)
+            busy = [v for v in vals if v != 0] or vals
+            setattr(snap, attr, sum(busy) / len(busy) if busy else None)
     else:
         snap.gauge_length, snap.gauge_rate = _sum(samples, names.get("length")), _sum(samples, names.get("rate"))
     snap.generation_tokens = _sum(samples, names.get("gen"))

@@ -1,7 +1,8 @@
 """The live verdict: from a server's acceptance figures and the probes to plain words and rows.
 
 Rules, first match wins: no metrics (missing, failing, not Prometheus) -> UNVERIFIED; probes all
-failed -> UNVERIFIED; speculation off -> SPECULATION OFF; no verify step -> UNVERIFIED; a figure no
+failed -> UNVERIFIED; SGLang's gauge still 0 under EAGLE/EAGLE3 (no decode log yet) -> UNVERIFIED;
+speculation off -> SPECULATION OFF; no verify step -> UNVERIFIED; a figure no
 decoder can produce (NaN or infinite, tau < 1 or above the tokens a step verifies, a rate outside
 [0, 1]) -> IMPOSSIBLE FIGURES, never a pass; tau < 1.1 -> NOT ACCEPTED with the likely causes
 in order (the algorithm flag first); otherwise working, then DEGRADED against ``--expect-tau`` and
@@ -116,6 +117,14 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
                    "to judge", "to check the draft's acceptance here, start the server with "
                    "--speculative-algorithm EAGLE3 (adaptive) or a tree (--speculative-num-steps ...)")
         report.verdict = f"SPECULATION OFF by choice (the {source}: plain decoding is faster here)"
+        return
+    configured = str(report.figures.get("server_algorithm") or "").upper()
+    if kind == SGLANG and after.gauge_length == 0.0 and configured.startswith("EAGLE"):
+        report.add("speculation", PROBLEM, f"the server runs {configured} (/get_server_info) but "
+                   "sglang:spec_accept_length is still 0: SGLang sets it at its decode log (every "
+                   "--decode-log-interval steps, 40 by default), and none has been written yet",
+                   "probe longer (--probes, --max-tokens) or lower the server's --decode-log-interval")
+        report.verdict = "UNVERIFIED: no decode interval logged yet"
         return
     if kind == EYAS and after.algorithm == "NONE" or (kind == SGLANG and after.gauge_length == 0.0):
         report.add("speculation", PROBLEM, "speculation is off on this server"

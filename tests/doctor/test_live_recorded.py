@@ -165,6 +165,9 @@ def test_sglang_server_info_eagle_with_unreadable_draft_warns():
     report, _ = diagnose("sglang", ["sglang_eagle3.prom"], server_info=info)
     row = next(c for c in report.checks if c.name == "configuration")
     assert row.status == "warning" and "eyas doctor --draft org/remote-draft" in row.fix
+    report, _ = diagnose("sglang", ["sglang_rejected.prom"], server_info=info)  # nothing accepted: likely, not sure
+    cause = report.figures["likely_causes"][0]
+    assert cause.startswith("the algorithm flag, likely") and "CONFIRMED" not in cause
 
 
 def test_sglang_server_info_eagle3():

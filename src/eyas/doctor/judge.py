@@ -15,6 +15,7 @@ import math
 
 from ..common import server_metrics
 from ..common.server_metrics import EYAS, LABEL, SGLANG, VLLM, Acceptance
+from . import server_config
 from .live_view import LiveOptions, ProbeResult, ServerView
 from .verdict import OK, PROBLEM, WARNING, Report
 
@@ -75,6 +76,11 @@ def _causes(kind: str, configured: str | None = None) -> list[str]:
     if kind == SGLANG and configured == "EAGLE":
         flag = "the algorithm flag, CONFIRMED by /get_server_info: SGLang runs --speculative-algorithm EAGLE; " \
                "an EAGLE-3 draft needs EAGLE3"
+    elif kind == SGLANG and configured == server_config.EAGLE_UNCHECKED:
+        flag = "the algorithm flag, likely: /get_server_info shows --speculative-algorithm EAGLE, which skips the " \
+               "aux states of an EAGLE-3 draft (its draft could not be read here: check it with eyas doctor --draft)"
+    elif kind == SGLANG and configured == "EAGLE with an EAGLE-1/2 draft":
+        flag = "not the flag: /get_server_info shows EAGLE with an EAGLE-1/2 draft, which EAGLE serves"
     elif kind == SGLANG and configured == "EAGLE3 without aux states":
         flag = "the aux states, CONFIRMED by the draft's config.json: eagle_config.use_aux_hidden_state is false, so " \
                "SGLang captures none even under EAGLE3; set it to true"

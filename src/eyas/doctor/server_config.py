@@ -31,6 +31,9 @@ def fetch(client: httpx.Client, url: str, kind: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+EAGLE_UNCHECKED = "EAGLE, its draft not readable here"  # what add_rows returns: an EAGLE-3 draft is not confirmed
+
+
 def draft_is_eagle3(path: str | None) -> bool | None:
     """True/False when the draft folder is readable here, None otherwise."""
     if not path:
@@ -101,7 +104,7 @@ def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
                        "--speculative-algorithm EAGLE")
         else:
             report.add("configuration", OK, f"EAGLE with an EAGLE-1/2 draft {draft}, {tree}")
-        return "EAGLE"
+        return {True: "EAGLE", None: EAGLE_UNCHECKED, False: "EAGLE with an EAGLE-1/2 draft"}[eagle3]
     if str(alg).upper() == "EAGLE3" and aux_switched_off(draft):
         report.add("configuration", PROBLEM,
                    f"--speculative-algorithm EAGLE3 with {draft}, whose config.json sets eagle_config."

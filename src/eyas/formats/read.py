@@ -65,7 +65,8 @@ class DraftFolder:
 def _config_dict(path: Path) -> dict:
     config_file = path / "config.json"
     if not path.is_dir():
-        raise EyasError(f"draft folder {path} does not exist", "pass the folder that holds the draft's config.json")
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise EyasError(f"draft folder {path} {what}", "pass the folder that holds the draft's config.json")
     if not config_file.exists() and not config_file.is_symlink():
         if (path / "state.pt").exists() or (path / "checkpoint.json").exists():
             raise EyasError(f"{path} is a training checkpoint of an older eyas: its draft is inside state.pt, not "

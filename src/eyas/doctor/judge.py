@@ -124,9 +124,9 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
                    "--speculative-algorithm EAGLE3 (adaptive) or a tree (--speculative-num-steps ...)")
         report.verdict = f"SPECULATION OFF by choice (the {source}: plain decoding is faster here)"
         return
-    configured = str(report.figures.get("server_algorithm") or "").upper()
-    if kind == SGLANG and after.gauge_length == 0.0 and configured.startswith("EAGLE"):
-        report.add("speculation", PROBLEM, f"the server runs {configured} (/get_server_info) but "
+    configured = str(report.figures.get("server_algorithm") or "")
+    if kind == SGLANG and after.gauge_length == 0.0 and configured.upper().startswith("EAGLE"):
+        report.add("speculation", PROBLEM, f"/get_server_info shows {configured}, but "
                    "sglang:spec_accept_length is still 0: SGLang sets it at its decode log (every "
                    "--decode-log-interval steps, 40 by default), and none has been written yet",
                    "probe longer (--probes, --max-tokens) or lower the server's --decode-log-interval")

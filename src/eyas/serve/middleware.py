@@ -114,6 +114,7 @@ class RequestLog:
         rid = given if REQUEST_ID.match(given) else uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = rid
+        state["client_request_id"] = rid if rid == given else None  # a client's own id: names its response too
         state["log"] = fields = {}
         start = time.perf_counter()
         status = 0

@@ -27,7 +27,6 @@ from ..engine.stats import SpecStats
 from . import logprobs as lp
 from .api_errors import ApiError, error_body
 from .inputs import Job, chat_prompt, check_model, echo_texts, openai_job, parse_body, text_prompts
-from .middleware import REQUEST_ID
 from .prepare import Prepared, Preparer
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .runner import ClientGone, JobRun
@@ -102,8 +101,7 @@ async def prepared_run(request: Request, build) -> tuple:
 def _head(kind: str, req, request: Request, state) -> dict:
     """A response's id, as vLLM's: ``<kind>-`` and the client's ``X-Request-Id`` header (one the log line keeps
     too), else the body's ``request_id``, else a fresh one; its time and model."""
-    given = request.headers.get("x-request-id", "")
-    rid = given if REQUEST_ID.match(given) else req.request_id or uuid.uuid4().hex
+    rid = request.state.client_request_id or req.request_id or uuid.uuid4().hex
     return {"id": f"{kind}-{rid}", "created": int(time.time()), "model": state.served_names[0]}
 
 

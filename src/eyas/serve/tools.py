@@ -53,6 +53,16 @@ class ToolPlan:
             schema["maxItems"] = 1
         return GrammarSpec.json_schema(schema, param="tool_choice")
 
+    def outcome(self, text: str, reason: str) -> tuple[str | None, list[dict]]:
+        """(content, tool calls) of an output that ended for ``reason``: parsed where it stopped; a cut-off output
+        ("length") holds none it could be sure of, but a named function's call, with the arguments as far as they
+        got (vLLM's). No calls: the text is the content."""
+        if reason == "stop":
+            return self.calls(text)
+        if reason == "length" and self.mode == "named":
+            return None, [call(self.name, text)]
+        return text, []
+
     def calls(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, tool calls) of a finished output; no calls: the text is the content."""
         if self.mode == "named":
@@ -208,8 +218,8 @@ class ToolStream:
                 self.bare_end = len(self.text)
         return self.bare_end is None or not self.text[self.bare_end:].strip()
 
-    def finish(self) -> tuple[str, list[dict]]:
-        content, calls = self.plan.calls(self.text)
+    def finish(self, reason: str = "stop") -> tuple[str, list[dict]]:
+        content, calls = self.plan.outcome(self.text, reason)
         if not calls:
             return self.text[self.sent:], []
         return (content or "")[self.sent:], calls  # what was sent is the start of the content (text before a call)
@@ -224,18 +234,12 @@ def _partial_open(text: str) -> int:
 
 
 def tool_message(choice: dict, text: str, plan: ToolPlan) -> None:
-    """A chat choice with the calls its finished output holds: ``message.tool_calls`` and finish_reason
-    "tool_calls". A cut-off output (finish_reason "length") holds none it could be sure of, but for a named
-    function: its call comes back with the arguments as far as they got (vLLM's), still "length"."""
-    if choice["finish_reason"] == "length" and plan.mode == "named":
-        choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call(plan.name, text)]}
-        return
-    if choice["finish_reason"] != "stop":
-        return
-    content, calls = plan.calls(text)
+    """A chat choice with the calls its finished output holds (``ToolPlan.outcome``): ``message.tool_calls``, and
+    finish_reason "tool_calls" where the output stopped."""
+    content, calls = plan.outcome(text, choice["finish_reason"])
     if calls:
         choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
-        choice["finish_reason"] = "tool_calls"
+        choice["finish_reason"] = "tool_calls" if choice["finish_reason"] == "stop" else choice["finish_reason"]
 
 
 def tool_delta(stream: ToolStream, text: str, reason: str | None) -> tuple[dict, str | None]:
@@ -245,12 +249,7 @@ def tool_delta(stream: ToolStream, text: str, reason: str | None) -> tuple[dict,
     out = stream.feed(text)
     if reason is None:
         return ({"content": out} if out else {}), None
-    if reason == "stop":
-        rest, calls = stream.finish()
-    elif reason == "length" and stream.plan.mode == "named":
-        rest, calls = "", [call(stream.plan.name, stream.text)]
-    else:
-        rest, calls = stream.text[stream.sent:], []
+    rest, calls = stream.finish(reason)
     delta = {"content": out + rest} if out + rest else {}
     if calls:
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]

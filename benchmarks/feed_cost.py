@@ -3,7 +3,8 @@
 feeds the draft, each draft feed interval (``EngineConfig.draft_feed_interval``: 1 feeds every step, 8 gives the
 draft eight plain steps' tokens at once, ``engine/feed.py``), side by side in one process.
 
-    python benchmarks/feed_cost.py --model-path M [--draft D] --rows 16,64 --intervals 1,8 --out feed-cost.json
+    python benchmarks/feed_cost.py --model-path M [--draft D] --rows 16,64 --intervals 1,8 [--temperature 0.7
+        --top-p 0.95] --out feed-cost.json
 
 Each engine is built like ``eyas serve``'s (CUDA graphs captured, the same KV-cache share each), the fed ones
 with the schedule ``4096:0;4097:3,1,4`` (no speculation up to 4,096 rows). At each row count, rows of chat
@@ -29,9 +30,8 @@ from eyas.sample.sampling import SamplingParams
 SCHEDULE = "4096:0;4097:3,1,4"
 
 
-def tokens_per_s(engine: Engine, prompts: list[list[int]], rows: int, steps: int) -> float:
+def tokens_per_s(engine: Engine, prompts: list[list[int]], rows: int, steps: int, params: SamplingParams) -> float:
     """Rows decoding ``steps`` overlapped steps after ten untimed ones; the caches emptied after."""
-    params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True)
     batch = engine.prefill_all([engine.new_sequence(prompts[i % len(prompts)], params) for i in range(rows)])
     step = engine.launch(batch)
     for i in range(10 + steps):
@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--rows", default="16,64")
     ap.add_argument("--intervals", default="1,8")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=0.0, help="the rows' (default 0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--mem-fraction-static", type=float, default=None,
                     help="the first engine's (the others take 40%% of what is then free, as a bare serve does)")
@@ -74,12 +76,13 @@ def main() -> None:
     for e in engines.values():
         print(e.warm_up(progress=False), flush=True)
     prompts = chat_prompts(first.target.tokenizer)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=1 << 20, ignore_eos=True)
     results = []
     for r in rows:
         runs = {name: [] for name in engines}
         for _ in range(args.repeats):
             for name, e in engines.items():
-                runs[name].append(tokens_per_s(e, prompts, r, args.steps))
+                runs[name].append(tokens_per_s(e, prompts, r, args.steps, params))
         level = {"rows": r, "tokens_per_s": {n: round(statistics.median(v), 1) for n, v in runs.items()},
                  "runs": {n: [round(x, 1) for x in v] for n, v in runs.items()},
                  "over_none": {n: round(statistics.median(a / b for a, b in zip(v, runs["NONE"])), 3)

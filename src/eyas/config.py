@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
 from .errors import EyasError
@@ -74,6 +74,19 @@ class SpecConfig:
             check_schedule(self)
         elif self.algorithm is not Algorithm.NONE:
             self.check_tree()
+        # settings key the engine's tables, looked up many times a step: the hash is taken once (not pickled:
+        # an enum's hash differs between processes)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def for_batch(self, rows: int) -> SpecConfig:
         """The settings a step over ``rows`` sequences uses (``speculative`` False: the root alone). An

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import replace
 
@@ -139,6 +140,7 @@ class Chooser:
         if missing:
             raise ValueError(f"no step cost for the settings {missing}")
         self.costs = {k: {s: dict(sorted(t[s].items())) for s in self.options} for k, t in tables.items()}
+        self._buckets = {s: list(self.costs[GREEDY][s]) for s in self.options}  # sorted, for ``bucket``
         self.measured = measured
 
     def tau(self, spec: SpecConfig, kind: str = GREEDY) -> float:
@@ -147,7 +149,9 @@ class Chooser:
 
     def bucket(self, spec: SpecConfig, rows: int) -> int | None:
         """The smallest rows bucket of ``spec``'s costs that holds ``rows``; None past the largest."""
-        return next((b for b in self.costs[GREEDY][spec] if b >= rows), None)
+        buckets = self._buckets[spec]
+        i = bisect_left(buckets, rows)
+        return buckets[i] if i < len(buckets) else None
 
     def cost(self, spec: SpecConfig, rows: int, sampled: int = 0) -> float:
         """Seconds of a step over ``rows``, ``sampled`` of which draw: its bucket's (``bucket``); past the

@@ -31,8 +31,8 @@ def load_object(raw: bytes) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
-                          code="invalid_json") from None
+        where = f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}"  # "... starting at" ends some
+        raise bad_request(f"the request body is not valid JSON: {where}", code="invalid_json") from None
     except RecursionError:
         raise _too_deep(None) from None
     except ValueError as e:  # an integer literal past Python's digit limit

@@ -112,15 +112,21 @@ def test_tool_choice_required_and_named_through_the_openai_sdk(served):
             assert call.function.name == "time" and args["zone"] in ("UTC", "CET")
         else:
             assert call.function.name in ("weather", "time") and set(args) <= {"city", "zone"}
-        # streamed: the calls arrive whole in the last chunk, in OpenAI's delta shape
-        chunks = list(client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice=choice,
-                                                     temperature=0, max_tokens=80, stream=True))
-        last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][-1].choices[0]
-        assert last.finish_reason == "tool_calls"
-        # the role first, then nothing while the call is being written (no empty deltas), then the call
-        assert [bool(ch.choices[0].finish_reason) for ch in chunks if ch.choices] == [False, True]
-        streamed = last.delta.tool_calls[0]
-        assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
+        # streamed, in OpenAI's delta shape: a named call as it is written (id and name first, then the arguments
+        # piece by piece), "required"'s calls whole once the array closes; then a chunk with the finish_reason
+        chunks = [ch.choices[0] for ch in client.chat.completions.create(
+            model="tiny", messages=MSG, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=80, stream=True)
+            if ch.choices]
+        assert [c.finish_reason for c in chunks][-2:] == [None, "tool_calls"] and not chunks[-1].delta.tool_calls
+        pieces = [t for c in chunks if c.delta.tool_calls for t in c.delta.tool_calls]
+        assert len(pieces) > (1 if isinstance(choice, dict) else 0) and pieces[0].id.startswith("call_")
+        assert pieces[0].function.name == call.function.name and all(p.index == 0 for p in pieces)
+        assert "".join(p.function.arguments for p in pieces) == call.function.arguments
+        # the SDK's stream helper sees the call end (it needs the call before the chunk that ends it)
+        with client.chat.completions.stream(model="tiny", messages=MSG, tools=TOOLS, tool_choice=choice,
+                                            temperature=0, max_tokens=80) as stream:
+            done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        assert [(e.name, e.arguments) for e in done] == [(call.function.name, call.function.arguments)]
 
 
 def test_tool_history_renders_and_auto_and_none_generate_freely(served, plain_template, strict_template):
@@ -233,11 +239,32 @@ def test_a_named_call_cut_off_by_max_tokens_keeps_its_arguments_so_far():
     tool_message(choice, '{"ci', named)
     assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "weather", "arguments": '{"ci'}
-    delta, reason = tool_delta(ToolStream(named), '{"ci', "length")
-    assert reason == "length" and "content" not in delta
-    assert delta["tool_calls"][0]["function"] == {"name": "weather", "arguments": '{"ci'}
+    stream = ToolStream(named)
+    deltas = [tool_delta(stream, piece, None) for piece in ('{"', "ci")] + [tool_delta(stream, "", "length")]
+    assert [r for _, r in deltas] == [None, None, "length"] and all("content" not in d for d, _ in deltas)
+    assert deltas[0][0]["tool_calls"][0]["function"] == {"name": "weather", "arguments": '{"'}
+    assert deltas[1][0]["tool_calls"] == [{"index": 0, "function": {"arguments": "ci"}}] and deltas[2][0] == {}
     delta, reason = tool_delta(ToolStream(ToolPlan("auto", {"weather": SCHEMA})), "<tool_call>{", "length")
     assert reason == "length" and delta == {"content": "<tool_call>{"}
+
+
+def test_required_calls_cut_off_by_max_tokens_come_back_as_calls_never_as_content():
+    """As a named call: the array's whole calls, then the last one's arguments as far as they got where its name
+    was written whole; cut before any name, no call and no content (the grammar's JSON is never the answer)."""
+    required = ToolPlan("required", {"weather": SCHEMA, "time": {}})
+    two = '[{"name": "weather", "parameters": {"city": "Rome"}}, {"name": "time", "parameters": {"zo'
+    for text, want in [(two, [("weather", '{"city": "Rome"}'), ("time", '{"zo')]), ('[{"name": "wea', [])]:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+        tool_message(choice, text, required)
+        assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in
+                choice["message"].get("tool_calls", [])] == want
+        stream = ToolStream(required)
+        delta, reason = tool_delta(stream, text, None)
+        assert delta == {} and reason is None
+        delta, reason = tool_delta(stream, "", "length")
+        assert "content" not in delta and [c["function"]["name"] for c in delta.get("tool_calls", [])] == \
+            [n for n, _ in want]
 
 
 def test_a_template_without_a_tool_format_sees_the_calls_as_text(engine):

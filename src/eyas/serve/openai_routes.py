@@ -296,6 +296,9 @@ async def _stream(state, run: JobRun, chunk: dict, options, piece, log_fields: d
             elif isinstance(event, Finished):
                 done.append(event)
                 choice = piece(index, "", event.reason, pending.pop(index, None))
+                if choice.get("delta"):  # what the end released (held text, the calls): a chunk of its own first
+                    yield sse({**chunk, "choices": [{**choice, "finish_reason": None}]})
+                    choice = {**choice, "delta": {}, "logprobs": None}
                 body = {**chunk, "choices": [{**choice, "stop_reason": stop_reason(event, run.job)}],
                         "meta_info": _meta(state, event)}
             else:  # Failed

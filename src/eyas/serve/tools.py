@@ -15,8 +15,10 @@ With ``parallel_tool_calls: false`` a response holds one call at most: "required
 item, "auto" keeps the first call it parses.
 
 Each call comes back as OpenAI's ``{"id": "call_<hex>", "type": "function", "function": {"name",
-"arguments"}}`` with ``arguments`` a JSON string; ``ToolStream`` holds a stream's text back from the first
-possible ``<tool_call>`` on, so the calls arrive whole in the last chunk.
+"arguments"}}`` with ``arguments`` a JSON string. Streamed, a named function's call goes out as it is written
+(its arguments piece by piece); otherwise ``ToolStream`` holds the text back from the first possible
+``<tool_call>`` on (under "required", all of it), so the calls arrive whole at the end, in a chunk of their
+own before the one with the finish_reason (OpenAI's SDK registers a call before the end that completes it).
 """
 
 from __future__ import annotations
@@ -53,14 +55,22 @@ class ToolPlan:
             schema["maxItems"] = 1
         return GrammarSpec.json_schema(schema, param="tool_choice")
 
+    @property
+    def forced(self) -> bool:
+        """Whether the whole output is calls (a named function's arguments, or "required"'s array): never content."""
+        return self.mode in ("named", "required")
+
     def outcome(self, text: str, reason: str) -> tuple[str | None, list[dict]]:
-        """(content, tool calls) of an output that ended for ``reason``: parsed where it stopped; a cut-off output
-        ("length") holds none it could be sure of, but a named function's call, with the arguments as far as they
-        got (vLLM's). No calls: the text is the content."""
+        """(content, tool calls) of an output that ended for ``reason``: parsed where it stopped. An output cut
+        off before it stopped ("length") holds, under a forced choice, the calls written so far, the last with
+        its arguments as far as they got (vLLM's); under "auto" none it could be sure of. No calls: the text is
+        the content, but a forced choice's output is never content."""
         if reason == "stop":
             return self.calls(text)
-        if reason == "length" and self.mode == "named":
+        if self.mode == "named":
             return None, [call(self.name, text)]
+        if self.mode == "required":
+            return None, _partial_calls(text, self.schemas)
         return text, []
 
     def calls(self, text: str) -> tuple[str | None, list[dict]]:
@@ -74,6 +84,27 @@ class ToolPlan:
             content, found = parse_auto(text, self.schemas)
             return content, found if self.parallel else found[:1]
         return text, []
+
+
+_PARTIAL_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"parameters"\s*:\s*(.*)', re.DOTALL)
+
+
+def _partial_calls(text: str, schemas: dict[str, dict]) -> list[dict]:
+    """The calls of "required"'s array cut off mid-way: each whole item, then the last one's name and its
+    arguments as far as they got, where its name was written whole."""
+    decoder, calls, at = json.JSONDecoder(), [], text.find("[") + 1
+    while 0 < at < len(text):
+        at += len(text[at:]) - len(text[at:].lstrip(" \n\t,"))
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            m = _PARTIAL_CALL.match(text, at)
+            if m and json.loads(f'"{m.group(1)}"') in schemas:
+                calls.append(call(json.loads(f'"{m.group(1)}"'), m.group(2)))
+            break
+        if isinstance(item, dict) and item.get("name") in schemas:
+            calls.append(call(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False)))
+    return calls
 
 
 def plan(req) -> ToolPlan | None:
@@ -190,6 +221,7 @@ class ToolStream:
     def __init__(self, plan: ToolPlan):
         self.plan, self.text, self.sent = plan, "", 0
         self.bare_end: int | None = None  # where a whole JSON object naming a tool ended (a bare call so far)
+        self.call_id: str | None = None  # a named call's, once its first piece went out (``_named_delta``)
 
     def feed(self, text: str) -> str:
         self.text += text
@@ -220,7 +252,7 @@ class ToolStream:
 
     def finish(self, reason: str = "stop") -> tuple[str, list[dict]]:
         content, calls = self.plan.outcome(self.text, reason)
-        if not calls:
+        if not calls and not self.plan.forced:
             return self.text[self.sent:], []
         return (content or "")[self.sent:], calls  # what was sent is the start of the content (text before a call)
 
@@ -240,12 +272,16 @@ def tool_message(choice: dict, text: str, plan: ToolPlan) -> None:
     if calls:
         choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
         choice["finish_reason"] = "tool_calls" if choice["finish_reason"] == "stop" else choice["finish_reason"]
+    elif plan.forced:  # cut off before a call's name was whole: no call, and no grammar's JSON as content
+        choice["message"] = {"role": "assistant", "content": None}
 
 
 def tool_delta(stream: ToolStream, text: str, reason: str | None) -> tuple[dict, str | None]:
     """A streamed chunk's (delta, finish_reason) under a plan: the content that can go out now; at the end
     (``reason`` set) the rest of it and the calls in OpenAI's delta shape (each with its ``index``), as
-    ``tool_message`` reads them."""
+    ``tool_message`` reads them. A named function's call streams as it is written (``_named_delta``)."""
+    if stream.plan.mode == "named":
+        return _named_delta(stream, text, reason)
     out = stream.feed(text)
     if reason is None:
         return ({"content": out} if out else {}), None
@@ -255,3 +291,17 @@ def tool_delta(stream: ToolStream, text: str, reason: str | None) -> tuple[dict,
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
         reason = "tool_calls" if reason == "stop" else reason
     return delta, reason
+
+
+def _named_delta(stream: ToolStream, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """A named function's call as it is written (vLLM's): its first delta holds the call's id, type, name and
+    the first piece of the arguments, each later one the next piece; finish_reason "tool_calls" where it stopped."""
+    stream.text += text
+    delta = {}
+    if text or (reason is not None and stream.call_id is None):
+        piece = {"index": 0, "function": {"arguments": text}}
+        if stream.call_id is None:
+            piece = {"index": 0, **call(stream.plan.name, text)}
+            stream.call_id = piece["id"]
+        delta = {"tool_calls": [piece]}
+    return delta, "tool_calls" if reason == "stop" else reason

@@ -11,10 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
+from helpers import byte_tokenizer, bytes_to_unicode
 
 from eyas.config import Algorithm, SpecConfig
 from eyas.engine.engine import Engine
 from eyas.sample.sampling import SamplingParams, probs
+from eyas.serve import logprobs as served_logprobs
 
 openai = pytest.importorskip("openai")
 TOL = 1e-4
@@ -44,6 +46,24 @@ def _events(url: str, path: str, body: dict) -> list[dict]:
         return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
 
 
+def _raw(tok, token: int) -> bytes:
+    """A byte-level token's own bytes (a special token's: its text's UTF-8)."""
+    inverse = {c: b for b, c in bytes_to_unicode().items()}
+    piece = tok.convert_ids_to_tokens(token)
+    return bytes(inverse[c] for c in piece) if all(c in inverse for c in piece) else piece.encode("utf-8")
+
+
+def test_a_tokens_bytes_are_its_own_so_a_split_character_joins_back():
+    """OpenAI's ``bytes``: a token that holds part of a character (its text alone is U+FFFD) carries that part,
+    so a client joins the parts into the character."""
+    texts = served_logprobs.TokenTexts(byte_tokenizer())
+    ids = texts.tokenizer.encode("é😀", add_special_tokens=False)
+    assert len(ids) == 6 and all(texts(i) == "\ufffd" for i in ids)
+    entries = [served_logprobs.Entry(i, texts(i), -1.0, [], raw=texts.raw(i)) for i in ids]
+    content = served_logprobs.chat(entries)["content"]
+    assert b"".join(bytes(c["bytes"]) for c in content).decode("utf-8") == "é😀"
+
+
 def test_chat_logprobs_through_the_sdk_equal_plain_decodings(client, engine, plain):
     tok = engine.target.tokenizer
     out = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=16, temperature=0, logprobs=True,
@@ -53,7 +73,7 @@ def test_chat_logprobs_through_the_sdk_equal_plain_decodings(client, engine, pla
     assert len(content) == out.usage.completion_tokens == len(want.output_ids)
     assert out.usage.model_dump()["spec_verify_ct"] >= 1  # it speculated
     for item, token, ref in zip(content, want.output_ids, want.logprobs):
-        assert item.token == tok.decode([token]) and item.bytes == list(item.token.encode("utf-8"))
+        assert item.token == tok.decode([token]) and item.bytes == list(_raw(tok, token))
         assert item.logprob == pytest.approx(ref.logprob, abs=TOL)
         assert [t.token for t in item.top_logprobs] == [tok.decode([i]) for i, _ in ref.top]
         assert [t.logprob for t in item.top_logprobs] == pytest.approx([v for _, v in ref.top], abs=TOL)

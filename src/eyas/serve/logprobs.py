@@ -25,8 +25,9 @@ What a request asks for (``chat_logprobs``, ``completion_logprobs``, ``generate_
 is checked here too: at most ``MAX_LOGPROBS`` alternatives a token.
 
 JSON has no infinity: a token filtered out by top-k, top-p or min-p (log-probability -inf) is sent as
--9999.0, as vLLM does. ``bytes`` is the UTF-8 of the token's text, so a token that holds part of a
-character has the bytes of U+FFFD there.
+-9999.0, as vLLM does. ``bytes`` is the token's own bytes (xgrammar's decoded vocabulary: a byte-level or
+byte-fallback token that holds part of a character has that part, so a client can join them into the
+character, as OpenAI's do); without xgrammar, the UTF-8 of the token's text.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class Entry:
     logprob: float | None
     top: list[tuple[int, str, float]]
     rank: int | None = None
+    raw: bytes | None = None  # the token's own bytes (``TokenTexts.raw``), None: its text's UTF-8
+    top_raw: list[bytes | None] | None = None  # the same for ``top``
 
 
 class TokenTexts:
@@ -57,6 +60,18 @@ class TokenTexts:
 
     def __init__(self, tokenizer):
         self.tokenizer, self._cache = tokenizer, {}
+        self._raw: list | None = None  # xgrammar's decoded vocabulary, built on first use ([] without it)
+
+    def raw(self, token_id: int) -> bytes | None:
+        """The token's own bytes, None where they are not known (no xgrammar, a token past its vocabulary)."""
+        if self._raw is None:
+            try:
+                import xgrammar
+
+                self._raw = list(xgrammar.TokenizerInfo.from_huggingface(self.tokenizer).decoded_vocab)
+            except Exception:  # noqa: BLE001 - no xgrammar, or a tokenizer it cannot read: the texts' UTF-8
+                self._raw = []
+        return bytes(self._raw[token_id]) if token_id < len(self._raw) else None
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -68,7 +83,8 @@ class TokenTexts:
 
 def entries(texts: TokenTexts, tokens: list[int], raw: list) -> list[Entry]:
     """``Entry``s of ``tokens`` from the engine's ``TokenLogprob``s ``raw`` (one per token)."""
-    return [Entry(t, texts(t), r.logprob, [(i, texts(i), v) for i, v in r.top], r.rank) for t, r in zip(tokens, raw)]
+    return [Entry(t, texts(t), r.logprob, [(i, texts(i), v) for i, v in r.top], r.rank, texts.raw(t),
+                  [texts.raw(i) for i, _ in r.top]) for t, r in zip(tokens, raw)]
 
 
 def prompt_entries(texts: TokenTexts, seq) -> list[Entry] | None:
@@ -78,23 +94,23 @@ def prompt_entries(texts: TokenTexts, seq) -> list[Entry] | None:
     if raw is None:
         return None
     first, rest = seq.prompt_ids[:1], seq.prompt_ids[1:len(raw)]
-    return [Entry(t, texts(t), None, []) for t in first] + entries(texts, rest, raw[1:])
+    return [Entry(t, texts(t), None, [], raw=texts.raw(t)) for t in first] + entries(texts, rest, raw[1:])
 
 
 def _value(logprob: float) -> float:
     return max(FLOOR, logprob)  # -inf as FLOOR
 
 
-def _chat_token(text: str, logprob: float) -> dict:
-    return {"token": text, "logprob": _value(logprob), "bytes": list(text.encode("utf-8"))}
+def _chat_token(text: str, logprob: float, raw: bytes | None) -> dict:
+    return {"token": text, "logprob": _value(logprob), "bytes": list(text.encode("utf-8") if raw is None else raw)}
 
 
 def chat(items: list[Entry] | None) -> dict | None:
     """OpenAI chat's ``choices[i].logprobs``; None without entries (not asked, or none in this chunk)."""
     if not items:
         return None
-    return {"content": [{**_chat_token(e.text, e.logprob), "top_logprobs": [_chat_token(t, v) for _, t, v in e.top]}
-                        for e in items]}
+    return {"content": [{**_chat_token(e.text, e.logprob, e.raw), "top_logprobs": [
+        _chat_token(t, v, r) for (_, t, v), r in zip(e.top, e.top_raw or [None] * len(e.top))]} for e in items]}
 
 
 def completion(items: list[Entry] | None, offset: int = 0) -> tuple[dict | None, int]:

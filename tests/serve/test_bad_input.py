@@ -31,7 +31,7 @@ CASES = [
     ("prompt longer than context", COMP, {"prompt": LONG, "max_tokens": 1}, 400, "context"),
     ("chat longer than context", CHAT, {"messages": [{"role": "user", "content": LONG}]}, 400, "context"),
     ("unknown model", CHAT, {"model": "gpt-9", "messages": MSG}, 404, "gpt-9"),
-    ("empty messages", CHAT, {"messages": []}, 400, "messages"),
+    ("empty messages", CHAT, {"messages": []}, 400, "'messages' is empty"),
     ("bad role", CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
     ("image part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, "content"),
@@ -51,6 +51,7 @@ CASES = [
     ("generate negative max_new_tokens", "/generate", {"text": "a", "sampling_params": {"max_new_tokens": -1}}, 400,
      "max_new_tokens"),
     ("unknown route", "/v1/nothing", {}, 404, "no route"),
+    ("a stored response's route", "/v1/responses/resp_0123/cancel", {}, 404, "not stored"),
 ]
 
 

@@ -66,6 +66,8 @@ def test_what_it_cannot_do_is_refused_by_name(inprocess, field, value):
             bad = httpx.post(srv.url + "/v1/responses", json={"input": "x", "max_output_tokens": tokens}, timeout=60)
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_output_tokens", bad.text
         assert httpx.post(srv.url + "/v1/responses", json={"input": []}, timeout=60).status_code == 400
+        gone = httpx.get(srv.url + "/v1/responses/resp_1", timeout=60)  # store is false: nothing to retrieve
+        assert gone.status_code == 404 and "not stored" in gone.json()["error"]["message"], gone.text
 
 
 def test_structured_output_through_text_format(inprocess):

@@ -219,7 +219,10 @@ def _add_error_handlers(app: FastAPI, metrics: ServeMetrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        msg = {404: f"no route {request.method} {request.url.path}; see {', '.join(ROUTES)}",
+        path = request.url.path
+        msg = {404: "responses are not stored by this server (store is always false): a response's output comes "
+                    "back from POST /v1/responses alone" if path.startswith("/v1/responses/")
+               else f"no route {request.method} {path}; see {', '.join(ROUTES)}",
                405: f"method {request.scope.get('eyas.method', request.method)} is not allowed on "
                     f"{request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg, error_type(e.status_code), code=str(e.status_code)),

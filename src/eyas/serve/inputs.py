@@ -77,6 +77,8 @@ def validation_error(e: ValidationError) -> ApiError:
         msg = f"unknown field {param!r}: eyas does not implement it and will not ignore it silently"
     elif err["type"] == "missing":
         msg = f"{param!r} is required"
+    elif err["type"] == "too_short" and isinstance(err.get("input"), list) and not err["input"]:
+        msg = f"{param!r} is empty: send at least one item"
     elif field is not None and err["type"] not in ("too_short",):
         msg = f"{param!r} must be {EXPECTED[field]}, got {short(err.get('input'))}"
     else:

@@ -248,7 +248,8 @@ def test_vllm_counting_tokens_but_not_drafts_with_nothing_accepted_is_tau_one():
 
 
 @pytest.mark.parametrize("flags", [["--expect-tau", "nan"], ["--expect-tau", "0.5"], ["--expect-tau", "inf"],
-                                   ["--tau-tolerance", "1.5"], ["--tau-tolerance", "nan"]])
+                                   ["--tau-tolerance", "1.5"], ["--tau-tolerance", "nan"],
+                                   ["--baseline-tps", "-5"], ["--baseline-tps", "0"], ["--baseline-tps", "nan"]])
 def test_expectations_that_could_never_fail_are_refused(flags, capsys):
     from eyas.cli import main
 

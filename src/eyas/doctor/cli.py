@@ -65,6 +65,9 @@ def run(args) -> int:
         raise EyasError("--probes must be >= 0 and --max-tokens >= 1", "e.g. --probes 5 --max-tokens 64")
     if not 0 <= args.tau_tolerance < 1:  # NaN fails too; 1 or more would never call a tau degraded
         raise EyasError(f"--tau-tolerance {args.tau_tolerance} must be a fraction in [0, 1)", "e.g. 0.1 (10 %)")
+    if args.baseline_tps is not None and not 0 < args.baseline_tps < float("inf"):  # NaN fails too
+        raise EyasError(f"--baseline-tps {args.baseline_tps} is not a rate a server could have measured",
+                        "give the baseline's tokens per second, e.g. --baseline-tps 90, or --baseline-url URL")
     if args.context_length is not None and args.context_length < 1:
         raise EyasError(f"--context-length {args.context_length} must be at least 1",
                         "pass the serving context, e.g. --context-length 4096, or leave it out for the target's")

@@ -74,6 +74,9 @@ def run(args) -> int:
         raise EyasError(f"--out {out} exists and is not an empty folder", "choose a new output folder")
     if out.resolve() == source.resolve():
         raise EyasError("--out is the draft folder itself", "choose a new output folder")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise EyasError(f"--out {out} cannot be made: {above} is a file, not a folder", "choose a new output folder")
     folder = formats.read_draft(source, allow_pickle=args.allow_pickle)
     settle_trained_layers(folder, source)
     dtype = DTYPES[args.dtype] if args.dtype else None

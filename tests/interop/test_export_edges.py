@@ -92,3 +92,13 @@ def test_export_warns_of_a_capture_sglang_and_vllm_cannot_load(tmp_path, capsys)
                                eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 4], "use_aux_hidden_state": True})
     assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "o")]) == 0
     assert "fuses 2 captured layers; SGLang and vLLM build the fc for 3" in capsys.readouterr().out
+
+
+def test_an_out_folder_under_a_file_is_refused_before_anything_is_read(tmp_path, capsys):
+    from interop_helpers import sglang_tensors, write_sglang_fixture
+
+    src = write_sglang_fixture(tmp_path / "draft", sglang_tensors())
+    (tmp_path / "notes.txt").write_text("a file")
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "notes.txt" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "notes.txt is a file, not a folder" in err and "fix:" in err and "Traceback" not in err

@@ -32,8 +32,20 @@ def test_sweep_measures_every_candidate_at_every_batch_size(target, draft, monke
         assert r["baseline"]["tok_s"] > 0 and [c["spec"] for c in r["candidates"]] == ["3,1,4", "2,2,4"]
         assert all(c["tau"] >= 1.0 and c["speedup"] == pytest.approx(c["tok_s"] / r["baseline"]["tok_s"], rel=1e-2)
                    for c in r["candidates"])
-        fastest = max(r["candidates"], key=lambda c: c["tok_s"])
-        assert r["best"] == (fastest["spec"] if fastest["tok_s"] > r["baseline"]["tok_s"] else "NONE")
+        paying = [c for c in r["candidates"] if c["tau"] > 1.0 and c["tok_s"] > r["baseline"]["tok_s"]]
+        assert r["best"] == (max(paying, key=lambda c: c["tok_s"])["spec"] if paying else "NONE")
+
+
+def test_a_draft_that_accepts_nothing_is_never_recommended(target, draft, monkeypatch):
+    """tau 1.00 cannot pay: a timing that says it does (noise) recommends no speculation."""
+    from eyas.bench import tune
+
+    def faked(engine, prompts, new_tokens, batch):  # speculation "faster" but accepting nothing
+        return {"tok_s": 200.0 if engine.spec.speculative else 100.0, "seconds": 1.0, "prompts": len(prompts),
+                **({"tau": 1.0} if engine.spec.speculative else {})}
+    monkeypatch.setattr(tune, "measure", faked)
+    rows = sweep(target, draft, [[65, 66]], [1], [parse_candidate("3,1,4")], new_tokens=2, log=lambda s: None)
+    assert rows[0]["best"] == "NONE" and rows[0]["best_speedup"] == 1.0
 
 
 def test_cli_prints_flags_per_batch_size_and_writes_json(folders, tmp_path, capsys):

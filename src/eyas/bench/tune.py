@@ -84,10 +84,12 @@ def sweep(target, draft, prompts: list[list[int]], batch_sizes: list[int], candi
             r.update(spec=_label(spec), speedup=round(r["tok_s"] / base["tok_s"], 3))
             cands.append(r)
             log(f"batch {b:>3}  {_label(spec):<15} {r['tok_s']:>9.1f} tok/s  tau {r['tau']:.2f}  {r['speedup']:.2f}x")
-        best = max(cands, key=lambda r: r["tok_s"])
-        rows.append({"batch": b, "baseline": base, "candidates": cands,
-                     "best": best["spec"] if best["tok_s"] > base["tok_s"] else "NONE",
-                     "best_speedup": round(max(1.0, best["speedup"]), 3)})
+        # a draft that accepted nothing (tau 1.00) emits a token a step at a draft's cost: it cannot pay, and a
+        # figure that says otherwise is noise (a short run, a busy machine): never recommended
+        paying = [r for r in cands if r["tau"] > 1.0 and r["tok_s"] > base["tok_s"]]
+        best = max(paying, key=lambda r: r["tok_s"], default=None)
+        rows.append({"batch": b, "baseline": base, "candidates": cands, "best": best["spec"] if best else "NONE",
+                     "best_speedup": best["speedup"] if best else 1.0})
     return rows
 
 

@@ -4,6 +4,7 @@ and per prompt category."""
 import json
 from argparse import Namespace
 
+import pytest
 from helpers import byte_tokenizer, save_tiny_model
 from train_fixtures import make_data, tiny_recipe
 
@@ -164,3 +165,23 @@ def test_a_prompt_file_with_a_byte_order_mark_is_read_as_json_lines(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("\ufeff" + json.dumps({"prompt": "hello", "category": "chat"}) + "\n", encoding="utf-8")
     assert _file_records(path) == [([{"role": "user", "content": "hello"}], "chat")]
+
+
+def test_a_target_that_generates_nothing_is_an_error_not_a_result():
+    """A broken target (here: NaN weights, as a negative rms_norm_eps makes them) ends every row before its first
+    token: eval says so instead of reporting 0 tokens at tau 1.000."""
+    import torch
+    from helpers import tiny_target
+
+    from eyas.config import Algorithm, SpecConfig
+    from eyas.engine.engine import Engine
+    from eyas.errors import EyasError
+    from eyas.sample.sampling import SamplingParams
+    from eyas.train.eval_cli import evaluate
+
+    target = tiny_target()
+    with torch.no_grad():
+        target.model.model.norm.weight.fill_(float("nan"))
+    engine = Engine(target, None, SpecConfig(Algorithm.NONE))
+    with pytest.raises(EyasError, match="no prompt generated a token"):
+        evaluate(engine, [[65, 66, 67]], SamplingParams(max_new_tokens=4))

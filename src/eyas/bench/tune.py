@@ -128,6 +128,8 @@ def run(args) -> int:
     sizes = parse_levels(args.batch_sizes, "--batch-sizes")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise EyasError(f"--num-prompts must be at least 1, got {args.num_prompts}", "e.g. --num-prompts 16")
+    if args.max_new_tokens < 2:  # the first token comes from the prefill: no step to time below two
+        raise EyasError(f"--max-new-tokens must be at least 2, got {args.max_new_tokens}", "e.g. --max-new-tokens 64")
     candidates = [parse_candidate(c) for c in args.candidates]
     ns = engine_args_from(args)
     ns.max_batch = max(sizes)

@@ -116,6 +116,10 @@ def evaluate(engine, prompts, params, batch_size: int = 1, baseline: bool = Fals
     for o in outs:
         total.add(o.stats)
     n = sum(len(o.output_ids) for o in outs)
+    if n == 0:  # every row ended before its first token: a broken target (non-finite logits), never a result
+        raise EyasError(f"no prompt generated a token ({outs[0].finish_reason!r} on every one): the target's "
+                        "forward gives no usable logits", "check the target's config.json (rms_norm_eps, "
+                        "rope_parameters) with eyas doctor --target, and its weights")
     s = engine.spec
     res = {"spec": {"algorithm": s.algorithm.value, "num_steps": s.num_steps, "eagle_topk": s.eagle_topk,
                     "num_draft_tokens": s.num_draft_tokens},

@@ -115,6 +115,11 @@ def with_config(src, dst, **changes):
     ({"num_attention_heads": 5, "num_key_value_heads": 5}, "ValueError: The hidden size (64) is not a multiple"),
     ({"num_hidden_layers": 1000, "hidden_size": 65536, "intermediate_size": 1 << 20, "num_attention_heads": 512,
       "num_key_value_heads": 8}, "more than this machine's"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps = -1.0"),  # NaN logits: every row would end before its first token
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps = nan"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, "rope_theta = 'abc'"),
+    ({"rope_parameters": {"rope_type": "bogus", "rope_theta": 10000.0}}, "rope_type = 'bogus'"),
+    ({"rope_theta": -10000.0}, "rope_theta = -10000.0"),
 ])
 def test_absurd_target_configs_are_refused_before_anything_is_built(tiny_folder, tmp_path, capsys, changes, named):
     import time

@@ -12,6 +12,7 @@ config implies, in bytes at the load dtype, against the memory this machine has.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def check_config(data: dict, where: str, dtype_bytes: int | None = None) -> None
         if heads and kv and heads % kv:
             raise EyasError(f"{where}: {label}num_attention_heads {heads} is not a multiple of num_key_value_heads "
                             f"{kv}", fix)
+        _check_floats(part, f"{where}: {label}", fix)
     draft, vocab = data.get("draft_vocab_size"), data.get("vocab_size")
     if draft and vocab and draft > vocab:
         raise EyasError(f"{where}: draft_vocab_size {draft:,} is larger than vocab_size {vocab:,}", fix)
@@ -77,6 +79,35 @@ def check_config(data: dict, where: str, dtype_bytes: int | None = None) -> None
             raise EyasError(f"{where} describes a model of about {need / dtype_bytes / 1e9:,.1f} B parameters, "
                             f"{need / GiB:,.1f} GiB at {dtype_bytes} bytes each: more than this machine's "
                             f"{have / GiB:,.1f} GiB of memory", f"{fix}; or load it on a machine that can hold it")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_floats(part: dict, where: str, fix: str) -> None:
+    """The norm's epsilon and the rotary embedding: values a forward can compute with. A negative or NaN
+    ``rms_norm_eps`` gives NaN logits (every row ends before its first token); a string ``rope_theta`` or an
+    unknown ``rope_type`` ends in a traceback inside the first forward."""
+    eps = part.get("rms_norm_eps")
+    if eps is not None and not (_number(eps) and 0 < eps < 1):
+        raise EyasError(f"{where}rms_norm_eps = {eps!r}; a model's is a small positive number (1e-5, 1e-6)", fix)
+    rope = part.get("rope_parameters") or part.get("rope_scaling")
+    ropes = [rope] if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()) else \
+        [r for r in rope.values() if isinstance(r, dict)] if isinstance(rope, dict) else []
+    for r in [{"rope_theta": part["rope_theta"]} if "rope_theta" in part else {}, *ropes]:
+        theta = r.get("rope_theta")
+        if theta is not None and not (_number(theta) and theta > 0):
+            raise EyasError(f"{where}rope_theta = {theta!r}; a model's is a positive number (10000, 500000)", fix)
+        kind = r.get("rope_type", r.get("type"))
+        if kind is not None and kind not in _rope_types():
+            raise EyasError(f"{where}rope_type = {kind!r}; transformers knows {', '.join(sorted(_rope_types()))}", fix)
+
+
+def _rope_types() -> set[str]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return {"default", *ROPE_INIT_FUNCTIONS}
 
 
 def estimate_parameters(data: dict) -> int:

@@ -90,7 +90,7 @@ def _check_floats(part: dict, where: str, fix: str) -> None:
     ``rms_norm_eps`` gives NaN logits (every row ends before its first token); a string ``rope_theta`` or an
     unknown ``rope_type`` ends in a traceback inside the first forward."""
     eps = part.get("rms_norm_eps")
-    if eps is not None and not (_number(eps) and 0 < eps < 1):
+    if eps is not None and not (_number(eps) and 0 < eps <= 1):
         raise EyasError(f"{where}rms_norm_eps = {eps!r}; a model's is a small positive number (1e-5, 1e-6)", fix)
     rope = part.get("rope_parameters") or part.get("rope_scaling")
     ropes = [rope] if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()) else \

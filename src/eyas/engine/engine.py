@@ -376,15 +376,12 @@ class Engine:
                 n = h[width]
                 if not h[width + 3]:
                     s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
-                verified = not s.finished and spec.speculative
-                out = s.emit(h[:n], self._eos, self.context_limit, lp)
-                if verified:  # the chooser learns what the draft got right; the row's stats, what reached its output
+                if not s.finished and spec.speculative:
+                    s.stats.record(spec.num_draft_tokens - 1, n - 1)
                     accepted.append(n - 1)
                     if drawing:
                         drew.append(not s.params.greedy)
-                    if out:
-                        s.stats.record(spec.num_draft_tokens - 1, len(out) - 1)
-                emitted.append(out)
+                emitted.append(s.emit(h[:n], self._eos, self.context_limit, lp))
             now = time.perf_counter()
             if self.chooser:
                 after = self._uncollected

@@ -74,8 +74,11 @@ class SpecConfig:
             check_schedule(self)
         elif self.algorithm is not Algorithm.NONE:
             self.check_tree()
-        # settings key the engine's tables, looked up many times a step: the hash is taken once (not pickled:
-        # an enum's hash differs between processes)
+        self._keep_hash()
+
+    # settings key the engine's tables, looked up many times a step: the hash is taken once (not pickled: an
+    # enum's hash differs between processes)
+    def _keep_hash(self) -> None:
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def __hash__(self) -> int:
@@ -86,7 +89,7 @@ class SpecConfig:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+        self._keep_hash()
 
     def for_batch(self, rows: int) -> SpecConfig:
         """The settings a step over ``rows`` sequences uses (``speculative`` False: the root alone). An

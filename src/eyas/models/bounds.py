@@ -94,13 +94,13 @@ def _check_floats(part: dict, where: str, fix: str) -> None:
     if eps is not None and not (_number(eps) and 0 < eps <= 1):
         raise EyasError(f"{where}rms_norm_eps = {eps!r}; a model's is a small positive number (1e-5, 1e-6)", fix)
     rope = part.get("rope_parameters") or part.get("rope_scaling")
-    ropes = [rope] if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()) else \
-        [r for r in rope.values() if isinstance(r, dict)] if isinstance(rope, dict) else []
-    for r in [{"rope_theta": part["rope_theta"]} if "rope_theta" in part else {}, *ropes]:
-        theta = r.get("rope_theta")
+    ropes = []  # one set of rotary parameters, or one per layer type ({"full_attention": {...}, ...})
+    if isinstance(rope, dict):
+        ropes = [r for r in rope.values() if isinstance(r, dict)] or [rope]
+    for theta in [part.get("rope_theta")] + [r.get("rope_theta") for r in ropes]:
         if theta is not None and not (_number(theta) and theta > 0):
             raise EyasError(f"{where}rope_theta = {theta!r}; a model's is a positive number (10000, 500000)", fix)
-        kind = r.get("rope_type", r.get("type"))
+    for kind in (r.get("rope_type", r.get("type")) for r in ropes):
         if kind is not None and not isinstance(kind, str):  # a name transformers maps; its own check reads it
             raise EyasError(f"{where}rope_type = {kind!r}; a model's is a name (default, llama3, yarn, ...)", fix)
 

@@ -56,6 +56,15 @@ def xgr():
     return xgrammar
 
 
+def token_bytes(tokenizer) -> list[bytes]:
+    """Each token's own bytes (xgrammar's decoded vocabulary: a byte-level or byte-fallback token holding part of
+    a character has that part); [] without xgrammar or for a tokenizer it cannot read."""
+    try:
+        return [bytes(b) for b in xgr().TokenizerInfo.from_huggingface(tokenizer).decoded_vocab]
+    except Exception:  # noqa: BLE001 - no xgrammar (EyasError), or a tokenizer it cannot read
+        return []
+
+
 class GrammarError(EyasError):
     """A grammar xgrammar cannot compile; ``param`` names the request field it came from."""
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..sample.grammar import token_bytes
 from ..sample.sampling import MAX_LOGPROBS
 from .api_errors import bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
@@ -60,18 +61,13 @@ class TokenTexts:
 
     def __init__(self, tokenizer):
         self.tokenizer, self._cache = tokenizer, {}
-        self._raw: list | None = None  # xgrammar's decoded vocabulary, built on first use ([] without it)
+        self._raw: list[bytes] | None = None  # ``token_bytes``, built on first use
 
     def raw(self, token_id: int) -> bytes | None:
         """The token's own bytes, None where they are not known (no xgrammar, a token past its vocabulary)."""
         if self._raw is None:
-            try:
-                import xgrammar
-
-                self._raw = list(xgrammar.TokenizerInfo.from_huggingface(self.tokenizer).decoded_vocab)
-            except Exception:  # noqa: BLE001 - no xgrammar, or a tokenizer it cannot read: the texts' UTF-8
-                self._raw = []
-        return bytes(self._raw[token_id]) if token_id < len(self._raw) else None
+            self._raw = token_bytes(self.tokenizer)
+        return self._raw[token_id] if token_id < len(self._raw) else None
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)

@@ -65,12 +65,10 @@ class ToolPlan:
         off before it stopped ("length") holds, under a forced choice, the calls written so far, the last with
         its arguments as far as they got (vLLM's); under "auto" none it could be sure of. No calls: the text is
         the content, but a forced choice's output is never content."""
-        if reason == "stop":
+        if reason == "stop" or self.mode == "required":
             return self.calls(text)
         if self.mode == "named":
             return None, [call(self.name, text)]
-        if self.mode == "required":
-            return None, _partial_calls(text, self.schemas)
         return text, []
 
     def calls(self, text: str) -> tuple[str | None, list[dict]]:
@@ -78,8 +76,7 @@ class ToolPlan:
         if self.mode == "named":
             return None, [call(self.name, text)] if _loads(text, dict) is not None else []
         if self.mode == "required":
-            items = _loads(text, list) or []
-            return None, [call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in items]
+            return None, _required_calls(text, self.schemas)
         if self.mode == "auto":  # parallel_tool_calls false: the first call alone (as vLLM)
             content, found = parse_auto(text, self.schemas)
             return content, found if self.parallel else found[:1]
@@ -89,9 +86,9 @@ class ToolPlan:
 _PARTIAL_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"parameters"\s*:\s*(.*)', re.DOTALL)
 
 
-def _partial_calls(text: str, schemas: dict[str, dict]) -> list[dict]:
-    """The calls of "required"'s array cut off mid-way: each whole item, then the last one's name and its
-    arguments as far as they got, where its name was written whole."""
+def _required_calls(text: str, schemas: dict[str, dict]) -> list[dict]:
+    """The calls of "required"'s array: each whole item, then, where the array was cut off mid-way, the last
+    one's name and its arguments as far as they got, where its name was written whole."""
     decoder, calls, at = json.JSONDecoder(), [], text.find("[") + 1
     while 0 < at < len(text):
         at += len(text[at:]) - len(text[at:].lstrip(" \n\t,"))
@@ -99,8 +96,9 @@ def _partial_calls(text: str, schemas: dict[str, dict]) -> list[dict]:
             item, at = decoder.raw_decode(text, at)
         except ValueError:
             m = _PARTIAL_CALL.match(text, at)
-            if m and json.loads(f'"{m.group(1)}"') in schemas:
-                calls.append(call(json.loads(f'"{m.group(1)}"'), m.group(2)))
+            name = m and json.loads(f'"{m.group(1)}"')
+            if name in schemas:
+                calls.append(call(name, m.group(2)))
             break
         if isinstance(item, dict) and item.get("name") in schemas:
             calls.append(call(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False)))

@@ -13,7 +13,10 @@ server of the same target beside it (``--no-baseline``: not), and stops them at 
 Each level is ``clients`` closed-loop clients, each sending ``--requests-per-client`` streaming
 ``/v1/chat/completions`` one after another (``stream_options``: usage, continuous usage), prompts from
 ``--prompts`` (a built-in set or a JSONL file) in turn, ``--max-tokens`` each (``ignore_eos`` unless
-``--stop-at-eos``, so every request asks the same work), sampled at each of ``--temperatures`` with
+``--stop-at-eos``, so every request asks the same work; ``--output-len-spread R``: each request's own length,
+drawn from ``max_tokens x [1 - R, 1 + R]`` by its index in the level, the same draws for every server and the
+in-process engine, so that rows end at different steps as real answers do, vLLM's ``--random-range-ratio``;
+without it the rows of a NONE server all end in the same step), sampled at each of ``--temperatures`` with
 ``--top-p`` or the item's own (``0.7:0.95``; sent in every request; greedy ignores it). Per level: output
 tok/s (all tokens over the level's wall time), TTFT (request sent to first text), inter-token latency (the
 gap between two chunks with text; one chunk can hold several tokens, a speculative step's), TPOT per request
@@ -39,6 +42,7 @@ import asyncio
 import itertools
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -77,6 +81,14 @@ def per_client(args, clients: int) -> int:
     return max(args.requests_per_client, -(-args.min_requests // clients))
 
 
+def output_lengths(max_tokens: int, spread: float, n: int) -> list[int]:
+    """The ``max_tokens`` of a level's ``n`` requests, by index: uniform over ``max_tokens x [1 - spread,
+    1 + spread]`` (at least 1), the same list wherever it is drawn (a fixed seed); all ``max_tokens`` at 0."""
+    rng = random.Random(0)
+    low, high = max(1, round(max_tokens * (1 - spread))), round(max_tokens * (1 + spread))
+    return [rng.randint(low, high) for _ in range(n)]
+
+
 # -- over HTTP ------------------------------------------------------------------------------------
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     s = await stream_chat(client, url, body)
@@ -89,18 +101,20 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
 
 
 async def load(url: str, model: str, prompts: list[tuple[str, str | None]], clients: int, per_client: int,
-               max_tokens: int, temperature: float, ignore_eos: bool, timeout: float,
+               max_tokens: int | list[int], temperature: float, ignore_eos: bool, timeout: float,
                top_p: float = 1.0) -> tuple[list[dict], list[str], float]:
-    """``prompts``: (text, category or None) pairs, taken in turn."""
+    """``prompts``: (text, category or None) pairs, taken in turn; ``max_tokens``: one for all, or one per request
+    of the level (``output_lengths``)."""
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         async def run_client(c: int) -> list:
             out = []
             for k in range(per_client):
-                prompt, category = prompts[(c * per_client + k) % len(prompts)]
+                i = c * per_client + k
+                prompt, category = prompts[i % len(prompts)]
                 body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                        "ignore_eos": ignore_eos, "stream": True,
+                        "max_tokens": max_tokens[i] if isinstance(max_tokens, list) else max_tokens,
+                        "temperature": temperature, "top_p": top_p, "ignore_eos": ignore_eos, "stream": True,
                         "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
                 try:
                     out.append({**await one_request(client, url, body), "category": category})
@@ -158,8 +172,10 @@ def served_level(url: str, model: str, prompts: list[tuple[str, str | None]], cl
                  temperature: float, top_p: float) -> dict:
     _, before = scrape(url)
     steps_before, view_before, thread_before = server_state(url)
-    done, errors, seconds = asyncio.run(load(url, model, prompts, clients, per_client(args, clients),
-                                             args.max_tokens, temperature, not args.stop_at_eos, args.timeout,
+    n = per_client(args, clients)
+    done, errors, seconds = asyncio.run(load(url, model, prompts, clients, n,
+                                             output_lengths(args.max_tokens, args.output_len_spread, clients * n),
+                                             temperature, not args.stop_at_eos, args.timeout,
                                              top_p))
     _, after = scrape(url)
     steps_after, view, thread_after = server_state(url)
@@ -194,8 +210,9 @@ def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, te
     n = clients * per_client(args, clients)
     ids = [prompt_ids[i % len(prompt_ids)] for i in range(n)]
     groups = [categories[i % len(categories)] for i in range(n)] if categories else None
-    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=temperature,
-                            top_p=top_p if temperature else 1.0, ignore_eos=not args.stop_at_eos)
+    lengths = output_lengths(args.max_tokens, args.output_len_spread, n)  # as the served level's requests
+    params = [SamplingParams(max_new_tokens=m, temperature=temperature, top_p=top_p if temperature else 1.0,
+                             ignore_eos=not args.stop_at_eos) for m in lengths]
     chooser = engine.chooser
     before = dict(chooser.steps) if chooser else {}
     run = run_engine(engine, ids, params, clients, "in-process", categories=groups)
@@ -331,6 +348,9 @@ def parse_args(argv=None):
                    help="at least this many requests per level (more per client at low client counts): a level "
                         "long enough that a server's warm-up and its adaptive choice settle (default 0)")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--output-len-spread", type=float, default=0.0, metavar="R",
+                   help="each request's max_tokens drawn from max_tokens x [1 - R, 1 + R], the same for every "
+                        "server (default 0: all alike, so a NONE server's rows end in the same step)")
     p.add_argument("--stop-at-eos", action="store_true", help="let requests end at end of turn (default: ignore_eos)")
     p.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a JSONL file "
                    "(\"prompt\" and optionally \"category\" per line)")
@@ -345,6 +365,9 @@ def parse_args(argv=None):
                         "thread, idle included, over its whole life, as <name>.stacks.txt in --logs "
                         "(benchmarks/stacks.py reads them)")
     args = p.parse_args(argv)
+    if not 0.0 <= args.output_len_spread < 1.0:
+        p.error(f"--output-len-spread must be in [0, 1), got {args.output_len_spread}: e.g. 0.5 for lengths "
+                "from half to one and a half --max-tokens")
     if not 0.0 < args.top_p <= 1.0:
         p.error(f"--top-p must be in (0, 1], got {args.top_p}: e.g. --top-p 0.95, or 1 for no filter")
     try:

@@ -125,7 +125,8 @@ def test_the_in_process_level_reports_what_auto_ran_there(target, draft):
     from eyas.engine.engine import Engine
 
     auto = Engine(target, draft, SpecConfig.auto("EAGLE3"), max_batch=4)
-    args = SimpleNamespace(requests_per_client=2, min_requests=0, max_tokens=6, top_p=1.0, stop_at_eos=False)
+    args = SimpleNamespace(requests_per_client=2, min_requests=0, max_tokens=6, top_p=1.0, stop_at_eos=False,
+                           output_len_spread=0.0)
     before = sum(auto.chooser.steps.values())
     level = load_script().in_process_level(auto, [[5, 6, 7], [8, 9]], 3, args, 0.0, 1.0)
     assert level["output_tokens"] == 6 * 6 and sum(level["steps_per_setting"].values()) == \
@@ -156,3 +157,31 @@ def test_serve_load_starts_its_own_server_and_keeps_its_log_where_asked(folders,
     [run] = json.loads(out.read_text())["runs"]
     assert run["errors"] == [] and run["output_tokens"] == 3
     assert "serving" in (logs / "main.log").read_text()
+
+
+def test_serve_load_spreads_the_answer_lengths_alike_for_every_server(http_pair, folders, tmp_path, capsys):
+    """``--output-len-spread``: each request its own length, the same list for both servers and in-process, so
+    that a NONE server's rows do not all end in the same step (real answers do not)."""
+    script = load_script()
+    lengths = script.output_lengths(20, 0.5, 200)
+    assert lengths == script.output_lengths(20, 0.5, 200)  # the same draws wherever they are made
+    assert min(lengths) == 10 and max(lengths) == 30 and len(set(lengths)) == 21  # the whole range, inclusive
+    assert script.output_lengths(20, 0.0, 5) == [20] * 5
+    spec_url, base_url = http_pair
+    target, draft = folders
+    out = tmp_path / "load.json"
+    code = script.main([
+        "--url", spec_url, "--baseline-url", base_url, "--clients", "3", "--temperatures", "0",
+        "--requests-per-client", "2", "--max-tokens", "8", "--output-len-spread", "0.5", "--prompts", "code",
+        "--out", str(out), "--in-process", "--model-path", target, "--speculative-draft-model-path", draft,
+        "--dtype", "float64",
+        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"])
+    assert code == 0
+    runs = json.loads(out.read_text())["runs"]
+    want = sum(script.output_lengths(8, 0.5, 6))  # ignore_eos: each request runs to its own length
+    assert want != 8 * 6
+    for r in runs:
+        assert r["errors"] == [] and r["output_tokens"] == want == r["in_process"]["output_tokens"]
+    with pytest.raises(SystemExit):
+        script.parse_args(["--url", spec_url, "--output-len-spread", "1"])
+    assert "--output-len-spread must be in [0, 1), got 1.0" in capsys.readouterr().err

@@ -17,17 +17,18 @@ from ..sample.sampling import SamplingParams
 from .results import Request, Run
 
 
-def run_engine(engine, prompts: list[list[int]], params: SamplingParams, concurrency: int, label: str,
-               progress=None, categories: list[str | None] | None = None) -> Run:
-    """``prompts`` through ``engine`` ``concurrency`` at a time; ``categories`` (one per prompt) are kept
-    on the requests, for ``Run.per_category``."""
+def run_engine(engine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], concurrency: int,
+               label: str, progress=None, categories: list[str | None] | None = None) -> Run:
+    """``prompts`` through ``engine`` ``concurrency`` at a time, with ``params`` (or one per prompt);
+    ``categories`` (one per prompt) are kept on the requests, for ``Run.per_category``."""
     categories = categories or [None] * len(prompts)
+    params = params if isinstance(params, list) else [params] * len(prompts)
     requests: list[Request] = []
     total = SpecStats()
     start = time.perf_counter()
     for lo in range(0, len(prompts), concurrency):
         chunk = prompts[lo: lo + concurrency]
-        seqs = [engine.new_sequence(p, params) for p in chunk]
+        seqs = [engine.new_sequence(p, sp) for p, sp in zip(chunk, params[lo: lo + concurrency])]
         clock = Clock(seqs)
         run_to_end(engine, seqs, after_step=clock)
         for i, s in enumerate(seqs):

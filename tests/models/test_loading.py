@@ -120,6 +120,7 @@ def with_config(src, dst, **changes):
     ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, "rope_theta = 'abc'"),
     ({"rope_parameters": {"rope_type": 7, "rope_theta": 10000.0}}, "rope_type = 7"),
     ({"rope_theta": -10000.0}, "rope_theta = -10000.0"),
+    ({"rope_parameters": {"rope_type": "foo", "rope_theta": 10000.0}}, "rope_type 'foo' is not one transformers"),
 ])
 def test_absurd_target_configs_are_refused_before_anything_is_built(tiny_folder, tmp_path, capsys, changes, named):
     import time
@@ -143,3 +144,6 @@ def test_an_absurd_draft_config_is_refused(tmp_path, draft):
         folder = with_config(tmp_path / "d", tmp_path / key, **{key: 10**12})
         with pytest.raises(EyasError, match=f"{key} = 1000000000000; a model has a whole number"):
             formats.read_config(folder)
+    folder = with_config(tmp_path / "d", tmp_path / "rope", rope_parameters={"rope_type": "foo", "rope_theta": 1e4})
+    with pytest.raises(EyasError, match="rope_type 'foo' is not one transformers .* builds .*llama3"):
+        formats.read_config(folder)  # was a KeyError from inside the draft's constructor

@@ -27,7 +27,7 @@ from transformers.activations import ACT2FN
 
 from ..errors import EyasError
 from ..layers import from_sglang, to_sglang
-from ..models.bounds import check_config
+from ..models.bounds import check_config, check_rope_types
 from ..models.draft import ARCHITECTURE, Eagle3Draft
 from ..models.safety import checked_file, load_torch_file, refuse_pickle
 from .checks import check_d2t, check_fits, check_layer_ids, check_official_shapes, check_state
@@ -233,6 +233,7 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     except Exception as e:  # noqa: BLE001 - transformers' strict config checks raise huggingface_hub's own types
         raise EyasError(f"{path} looks like {looks}, but its config cannot be read as a Llama config: "
                         f"{type(e).__name__}: {e}", "restore the draft's complete config.json") from None
+    check_rope_types(config, f"{path}/config.json ({looks})")
     top = data.get("eagle_aux_hidden_state_layer_ids")
     sgl = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if fmt in (EYAS, SGLANG) and top is not None and sgl is not None and list(top) != from_sglang(sgl):

@@ -105,6 +105,27 @@ def _check_floats(part: dict, where: str, fix: str) -> None:
             raise EyasError(f"{where}rope_type = {kind!r}; a model's is a name (default, llama3, yarn, ...)", fix)
 
 
+def check_rope_types(config, where: str) -> None:
+    """A parsed config's rotary types (aliases such as ``mrope`` already mapped by transformers) are ones this
+    transformers builds: another name is a ``KeyError`` inside the model's constructor."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(text, "rope_parameters", None)
+    ropes = []  # one set of rotary parameters, or one per layer type
+    if isinstance(rope, dict):
+        ropes = [r for r in rope.values() if isinstance(r, dict)] or [rope]
+    known = ["default", *ROPE_INIT_FUNCTIONS]
+    for kind in (r.get("rope_type", "default") for r in ropes):
+        if kind not in known:
+            import transformers
+
+            raise EyasError(f"{where}: rope_type {kind!r} is not one transformers {transformers.__version__} "
+                            f"builds ({', '.join(known)})",
+                            "correct rope_parameters (rope_scaling) in config.json, or use the transformers "
+                            "release the model was published for")
+
+
 def estimate_parameters(data: dict) -> int:
     """A lower bound on the parameters a decoder config implies (dense layers, embeddings, head)."""
     c = data.get("text_config") if isinstance(data.get("text_config"), dict) else data

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import EyasError
-from .bounds import read_config_file
+from .bounds import check_rope_types, read_config_file
 from .safety import check_safetensors, refuse_pickle, remote_code_refusal
 from .target import Target
 
@@ -185,6 +185,7 @@ def load_target(
                 raise remote_code_refusal(e, folder) from None
             raise EyasError(f"cannot read {folder}/config.json: {type(e).__name__}: {e}",
                             "the folder needs a valid config.json") from None
+        check_rope_types(config, f"{folder}/config.json")
         check_safetensors(folder, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)

@@ -332,3 +332,21 @@ def test_a_speculators_folder_silent_on_norm_before_residual_is_a_warning(saved,
     report = diagnose(out, str(target), "EAGLE3")
     assert row(report, "norm_before_residual").status == "warning" and report.exit_code == 0
     assert '"norm_before_residual": false' in row(report, "norm_before_residual").fix
+
+
+def test_without_target_the_draft_is_checked_against_the_target_it_records(saved, tmp_path, capsys):
+    """``eyas doctor --draft D`` alone used to check any draft against SmolLM2: a good draft of another target
+    read as NOT SERVABLE. It takes the target the draft records, and says so where that is not here."""
+    target, draft = saved
+    recorded = copy(draft, tmp_path / "recorded")
+    edit_config(recorded, lambda c: c.setdefault("eyas", {}).setdefault("target", {}).update(name=str(target)))
+    assert main(["doctor", "--draft", str(recorded)]) == 0
+    out = capsys.readouterr().out
+    assert f"for target {target}" in out and "ready to serve" in out
+    away = edit_config(copy(draft, tmp_path / "away"),
+                       lambda c: c.setdefault("eyas", {}).setdefault("target", {}).update(name="/no/such/target"))
+    assert main(["doctor", "--draft", str(away)]) == 2
+    err = capsys.readouterr().err
+    assert "records its target as '/no/such/target', which is not on this machine" in err
+    assert "fix: pass --target PATH" in err
+    assert main(["doctor", "--draft", str(away), "--target", str(target)]) == 0  # a given target wins

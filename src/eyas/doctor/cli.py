@@ -27,7 +27,8 @@ def register(sub) -> None:
                    help="draft folder: eyas, SGLang/SpecForge, speculators or official EAGLE-3 "
                         "(default: the draft shipped for the target)")
     s.add_argument("--target", "--model-path", dest="target", default=None,
-                   help=f"target: HF folder, .gguf file or {SMOLLM2!r} (default)")
+                   help=f"target: HF folder, .gguf file or {SMOLLM2!r} (default: the one the draft records, else "
+                        f"{SMOLLM2!r})")
     s.add_argument("--speculative-algorithm", default=None, type=str.upper,
                    help="the flag you serve with (NONE, EAGLE, EAGLE3), checked against the draft's kind")
     s.add_argument("--context-length", type=int, default=None, help="serving context (default: the target's)")
@@ -84,7 +85,7 @@ def run(args) -> int:
         from ..common.draft_registry import builtin_draft
         from .static import diagnose
 
-        target = args.target or SMOLLM2
+        target = args.target or (args.draft and recorded_target(args.draft, args.allow_pickle)) or SMOLLM2
         draft = args.draft or (str(builtin_draft(target)) if builtin_draft(target) else None)
         if draft is not None and builtin_draft(draft) is not None and not Path(draft).expanduser().exists():
             draft = str(builtin_draft(draft))  # a shipped draft given by name
@@ -98,3 +99,23 @@ def run(args) -> int:
     print(report.to_json() if args.json else render(report))
     sys.stdout.flush()
     return report.exit_code
+
+
+def recorded_target(draft: str, allow_pickle: bool = False) -> str | None:
+    """The target a draft records (``eyas train``'s, or an import's verifier) where none is given: its path as
+    written or beside the draft's folder; None where the draft records none or cannot be read (the checks
+    then say why). A recorded target that is nowhere here is an error: checked against another target, a
+    good draft would read as broken."""
+    from ..formats import names, read
+
+    try:
+        name = names.recorded_target(read.read_config(Path(draft).expanduser(), allow_pickle))
+    except EyasError:
+        return None
+    if not name or name.lower() == SMOLLM2:
+        return name
+    for place in (Path(name).expanduser(), Path(draft).expanduser() / name, Path(draft).expanduser().parent / name):
+        if place.exists():
+            return str(place)
+    raise EyasError(f"no --target given, and the draft at {draft} records its target as {name!r}, which is not "
+                    "on this machine", "pass --target PATH (the target's folder or .gguf file)")

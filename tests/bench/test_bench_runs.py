@@ -147,3 +147,25 @@ def test_cli_offline(folders, tmp_path, capsys):
 def test_cli_offline_without_a_draft_has_nothing_to_compare(folders, capsys):
     assert main(["bench", "--model-path", folders[0], "--speculative-algorithm", "NONE", "--no-plots"]) == 2
     assert "nothing to compare" in capsys.readouterr().err
+
+
+def test_cli_a_run_that_generated_nothing_is_an_error_not_zero_tok_s(tmp_path, capsys, monkeypatch):
+    """A server that ends every answer at once (or sends no text) gave a table of 0 tok/s and exit 0."""
+    from eyas.bench import online
+    from eyas.bench.results import Request, Run
+
+    def empty(url, prompts, *args, **kwargs):
+        label = "baseline" if url.endswith(":9") else "speculative"
+        return Run(label, 1, 0.5, [Request(0, None, 0.1) for _ in prompts])
+
+    monkeypatch.setattr(online, "run_url", empty)
+    rc = main(["bench", "--url", "http://127.0.0.1:8", "--baseline-url", "http://127.0.0.1:9", "--num-prompts", "2",
+               "--no-plots", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "the baseline and speculative run(s) generated no token: nothing was measured" in err
+    assert (tmp_path / "bench.json").is_file()  # what was recorded is still written
+
+
+def test_cli_rejects_a_negative_prompt_count(capsys):
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--num-prompts", "-1"]) == 2
+    assert "--num-prompts must be 0 (the whole set) or more, got -1" in capsys.readouterr().err

@@ -93,6 +93,9 @@ def run(args) -> int:
     if not 0.0 < args.top_p <= 1.0:
         raise EyasError(f"--top-p must be in (0, 1], got {args.top_p}", "e.g. --top-p 0.95, or 1 for no filter")
     records = prompt_records(args.prompts)
+    if args.num_prompts < 0:
+        raise EyasError(f"--num-prompts must be 0 (the whole set) or more, got {args.num_prompts}",
+                        "e.g. --num-prompts 12")
     if args.num_prompts:
         records = records[: args.num_prompts]
     prompts = [p for p, _ in records]
@@ -129,7 +132,11 @@ def run(args) -> int:
     failed = [e for lv in result.levels for r in (lv.baseline, lv.speculative) if r for e in r.errors]
     if failed:
         print(f"{len(failed)} request(s) failed, first: {failed[0]}", file=sys.stderr)
-    return 1 if failed else 0
+    empty = [r.label for lv in result.levels for r in (lv.baseline, lv.speculative) if r and not r.output_tokens]
+    if empty:  # 0 tok/s is no measurement: a target that ends every answer at once, or a server that sends nothing
+        print(f"error: the {' and '.join(dict.fromkeys(empty))} run(s) generated no token: nothing was measured; "
+              "check the target with eyas generate, or the server's log", file=sys.stderr)
+    return 1 if failed or empty else 0
 
 
 def bench_online(args, prompts: list[str], levels: list[int]) -> BenchResult:

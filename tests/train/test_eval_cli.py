@@ -112,6 +112,8 @@ def test_counts_below_one_are_refused_before_loading(monkeypatch, capsys):
         assert main(["eval", "--prompts", "chat", flag, value]) == 2
         err = capsys.readouterr().err
         assert f"{flag} must be at least 1, got {value}" in err and "fix:" in err and "Traceback" not in err
+    assert main(["eval", "--prompts", "chat", "--data", "d"]) == 2  # one would have been dropped unread
+    assert "--data d and --prompts chat both name the prompts" in capsys.readouterr().err
     for flag, value, said in (("--top-p", "0", "top_p must be in (0, 1]"), ("--temperature", "-1", "temperature must"),
                               ("--min-p", "2", "min_p must be in [0, 1]")):
         assert main(["eval", "--prompts", "chat", flag, value]) == 2

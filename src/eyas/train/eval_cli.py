@@ -158,6 +158,9 @@ def run(args) -> int:
         if value < 1:  # before any weights are read: 0 crashed in range(), negatives read as 'empty set'
             raise EyasError(f"{flag} must be at least 1, got {value}",
                             "e.g. --num-prompts 32 --batch-size 1 --max-new-tokens 128 (the defaults)")
+    if args.data and args.prompts:  # the data's held-out split would be used and the prompts dropped unread
+        raise EyasError(f"--data {args.data} and --prompts {args.prompts} both name the prompts",
+                        "pass one: --data FOLDER for its held-out split, or --prompts FILE or a built-in set")
     if args.json_out and Path(args.json_out).is_dir():  # found before the run, not after it
         raise EyasError(f"--json-out {args.json_out} is a folder",
                         f"pass a file, e.g. {Path(args.json_out) / 'eval.json'}")

@@ -100,3 +100,11 @@ def test_fewest_gpus_follows_the_gpu_memory():
 def test_plan_refuses_a_folder_without_a_config(tmp_path, capsys):
     assert main(["train", "--plan", "--model", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_gpus_without_plan_is_refused_not_a_one_gpu_run(tmp_path, capsys):
+    """``eyas train --gpus 4`` read like a four-GPU run and trained on one; the flag only shapes --plan."""
+    assert main(["train", "--gpus", "4", "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus 4 only sets how many GPUs --plan figures for" in err and "torchrun --nproc-per-node 4" in err
+    assert not (tmp_path / "run").exists()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import EyasError
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train an EAGLE-3 draft (training-time test), on one GPU or many via torchrun")
@@ -58,8 +60,6 @@ def run(args) -> int:
         overrides += [f"log.trackers=[{', '.join(names)}]", "log.tensorboard=false"]
     recipe_file = args.recipe
     if args.resume and not Path(args.resume).exists():
-        from ..errors import EyasError
-
         raise EyasError(f"--resume {args.resume}: no such run folder or checkpoint",
                         "pass a run's output folder (the run's recipe.yaml is read from it) or one of its "
                         "checkpoints/step-N")
@@ -68,8 +68,6 @@ def run(args) -> int:
 
         recipe_file = run_recipe(args.resume)
         if recipe_file is None:
-            from ..errors import EyasError
-
             raise EyasError(f"--resume {args.resume}: no recipe.yaml in that run folder to resume with",
                             "pass the run's --recipe and the same --set overrides it was started with")
         overrides.insert(0, f"output={recipe_file.parent}")  # the run continues where it is now
@@ -78,11 +76,14 @@ def run(args) -> int:
         return print_recipe(recipe)
     if args.plan:
         return print_plan(recipe, args)
+    if args.gpus is not None:  # a run on N GPUs is N processes; this flag only shapes --plan's figures
+        raise EyasError(f"--gpus {args.gpus} only sets how many GPUs --plan figures for; it does not start a run "
+                        "on several GPUs", f"train on {args.gpus} GPUs with torchrun --nproc-per-node "
+                        f"{args.gpus} -m eyas train ..., or add --plan to see what {args.gpus} GPUs need")
     from .checkpoint import check_branch, check_new_output
     from .trainer import Trainer
 
     if recipe.train.device != "auto":  # a GPU asked for on a machine without one: said before anything loads
-        from ..errors import EyasError
         from ..pipeline import check_device
 
         try:
@@ -131,7 +132,6 @@ SHORTCUTS = {"--data": ("data", ("data.path",)), "--output": ("output", ("output
 
 def check_shortcuts(args) -> None:
     """A shortcut and a --set of the same key: the shortcut used to win without a word."""
-    from ..errors import EyasError
     from .recipe import parse_override
 
     def sets(tree, key: str) -> bool:  # --set data.path=B, or --set 'data={path: B}'
@@ -172,7 +172,6 @@ def print_recipe(recipe) -> int:
 def print_plan(recipe, args) -> int:
     import copy
 
-    from ..errors import EyasError
     from .plan import GB, format_plan, make_plan
 
     checked = copy.deepcopy(recipe)

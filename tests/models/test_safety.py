@@ -52,6 +52,14 @@ def test_a_pickle_target_is_refused_without_being_unpickled(tmp_path):
     with pytest.raises(EyasError, match="pytorch_model.bin is a pickle checkpoint"):
         load_target(str(folder))
     assert not marker.exists()
+    # allowed, transformers' own torch.load (weights_only) refuses it: said as for a draft, not a traceback
+    with pytest.raises(EyasError, match="pytorch_model.bin holds objects other than tensors .*, so it was not "
+                                        "loaded") as e:
+        load_target(str(folder), allow_pickle=True)
+    assert not marker.exists() and "weights_only=False" not in str(e.value).split("fix:")[0]
+    (folder / "pytorch_model.bin").write_bytes(b"damaged\n")
+    with pytest.raises(EyasError, match=r"holds objects other than tensors and plain values \(or is damaged\)"):
+        load_target(str(folder), allow_pickle=True)
 
 
 def test_a_trusted_pickle_draft_loads_with_allow_pickle(tmp_path, draft):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 
 from ..errors import EyasError
 from .bounds import check_rope_types, read_config_file
-from .safety import check_safetensors, refuse_pickle, remote_code_refusal
+from .safety import check_safetensors, refuse_pickle, remote_code_refusal, unpickling_refusal
 from .target import Target
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -191,7 +192,10 @@ def load_target(
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model, info = model_class(model_type).from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa",
                                                               output_loading_info=True, **kwargs)
-    except (OSError, ValueError, RuntimeError) as e:
+    except pickle.UnpicklingError as e:  # --allow-pickle still loads tensors only (weights_only)
+        pickles = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth"))
+        raise unpickling_refusal(pickles[0] if len(pickles) == 1 else folder, e) from None
+    except (OSError, ValueError, RuntimeError, EOFError) as e:
         if remote_code_refusal(e, folder):
             raise remote_code_refusal(e, folder) from None
         raise EyasError(f"could not load the target from {folder}{'/' + gguf if gguf else ''}: "

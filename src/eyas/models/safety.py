@@ -71,7 +71,6 @@ def load_torch_file(path, numpy_arrays: bool = False):
     tensors and plain Python values come back and a crafted file raises instead of running code.
     ``numpy_arrays`` also admits plain numpy arrays (what older training checkpoints stored)."""
     import pickle
-    import re
 
     import torch
 
@@ -79,13 +78,21 @@ def load_torch_file(path, numpy_arrays: bool = False):
     try:
         with torch.serialization.safe_globals(_numpy_globals() if numpy_arrays else []):
             return torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # torch's text advises weights_only=False: never here
-        found = re.search(r"GLOBAL ([\w.]+)", str(e))
-        raise EyasError(f"{path} holds objects other than tensors and plain values "
-                        f"({found.group(1) if found else 'a Python object'}), so it was not loaded, --allow-pickle or "
-                        "not: unpickling it could run code",
-                        "get the weights as safetensors from a source you trust; never load this file with "
-                        "weights_only=False") from None
+    except pickle.UnpicklingError as e:
+        raise unpickling_refusal(path, e) from None
+
+
+def unpickling_refusal(path, e: Exception) -> EyasError:
+    """What a pickle that ``weights_only`` refused gets (torch's own text advises ``weights_only=False``: never
+    here), for ``load_torch_file`` and for the pickled targets transformers opens."""
+    import re
+
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    return EyasError(f"{path} holds objects other than tensors and plain values "
+                     f"({found.group(1) if found else 'or is damaged'}), so it was not loaded, --allow-pickle or "
+                     "not: unpickling it could run code",
+                     "get the weights as safetensors from a source you trust; never load this file with "
+                     "weights_only=False")
 
 
 def checked_file(path, what: str = "file") -> Path:

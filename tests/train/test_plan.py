@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import byte_tokenizer, tiny_model
 from train_fixtures import make_data
@@ -108,3 +109,9 @@ def test_gpus_without_plan_is_refused_not_a_one_gpu_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--gpus 4 only sets how many GPUs --plan figures for" in err and "torchrun --nproc-per-node 4" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("size", ["0", "nan", "inf", "-80"])
+def test_plan_refuses_a_gpu_size_that_is_no_size(size, capsys):
+    assert main(["train", "--plan", "--model", str(FIXTURES / "kimi-k2.5"), "--gpu-memory", size]) == 2
+    assert f"--gpu-memory {float(size)}" in capsys.readouterr().err

@@ -177,7 +177,7 @@ def print_plan(recipe, args) -> int:
     checked = copy.deepcopy(recipe)
     checked.data.path = checked.data.path or "-"  # the plan needs no data
     checked.validate()
-    if args.gpu_memory <= 0 or (args.gpus is not None and args.gpus < 1):
+    if not 0 < args.gpu_memory < float("inf") or (args.gpus is not None and args.gpus < 1):  # nan, inf too
         raise EyasError(f"--gpu-memory {args.gpu_memory} / --gpus {args.gpus}: need a positive size and count",
                         "e.g. --gpu-memory 80 --gpus 8")
     plan = make_plan(recipe, int(args.gpu_memory * GB), args.gpus, args.trust_remote_code)

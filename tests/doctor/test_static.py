@@ -350,3 +350,13 @@ def test_without_target_the_draft_is_checked_against_the_target_it_records(saved
     assert "records its target as '/no/such/target', which is not on this machine" in err
     assert "fix: pass --target PATH" in err
     assert main(["doctor", "--draft", str(away), "--target", str(target)]) == 0  # a given target wins
+
+
+def test_a_draft_records_its_target_folder_absolute(saved, tmp_path, monkeypatch):
+    """Training from ``--model ../t`` recorded '../t', which names another folder from anywhere else."""
+    from eyas.models.loading import load_target
+
+    target, _ = saved
+    monkeypatch.chdir(target.parent)
+    config = Eagle3Draft.config_for_target(load_target(target.name))
+    assert config.eyas["target"]["name"] == str(target.resolve())

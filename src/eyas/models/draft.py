@@ -166,7 +166,9 @@ class Eagle3Draft(nn.Module):
         config.draft_vocab_size = int(draft_vocab_size or info.vocab_size)
         config.target_hidden_size = info.hidden_size
         config.eagle_config = {"eagle_aux_hidden_state_layer_ids": to_sglang(ids), "use_aux_hidden_state": True}
-        config.eyas = {"target": {"name": info.name, "architecture": info.architecture,
+        name = info.name  # a folder as given relative to where training ran is recorded absolute (eyas doctor)
+        name = str(Path(name).expanduser().resolve()) if name and Path(name).expanduser().exists() else name
+        config.eyas = {"target": {"name": name, "architecture": info.architecture,
                                   "num_hidden_layers": info.num_layers, "hidden_size": info.hidden_size,
                                   "vocab_size": info.vocab_size}, "aux_layer_ids": ids}
         return config

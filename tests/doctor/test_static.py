@@ -360,3 +360,26 @@ def test_a_draft_records_its_target_folder_absolute(saved, tmp_path, monkeypatch
     monkeypatch.chdir(target.parent)
     config = Eagle3Draft.config_for_target(load_target(target.name))
     assert config.eyas["target"]["name"] == str(target.resolve())
+
+
+def test_a_target_serve_would_refuse_is_not_ready(saved, tmp_path):
+    """A target folder without a tokenizer, without weights, or with pickled weights only was 'ready to serve'
+    (the doctor read its config alone) while eyas serve refused it."""
+    target, draft = saved
+    cases = {"tokenizer.json": "cannot read the tokenizer", "model.safetensors": "holds no weights"}
+    for gone, said in cases.items():
+        folder = copy(target, tmp_path / gone)
+        (folder / gone).unlink()
+        if gone == "tokenizer.json":
+            for f in folder.glob("tokenizer*"):
+                f.unlink()
+        report = diagnose(draft, str(folder), "EAGLE3")
+        assert row(report, "target").status == "problem" and said in row(report, "target").message, gone
+        assert report.exit_code == 1
+    pickled = copy(target, tmp_path / "pickled")
+    (pickled / "model.safetensors").unlink()
+    torch.save({"x": torch.zeros(1)}, pickled / "pytorch_model.bin")
+    report = diagnose(draft, str(pickled), "EAGLE3")
+    assert "is a pickle checkpoint" in row(report, "target").message and "--allow-pickle" in row(report, "target").fix
+    report = diagnose(draft, str(pickled), "EAGLE3", allow_pickle=True)  # trusted: the pair is checked as usual
+    assert "target" not in statuses(report) and report.exit_code == 0

@@ -27,7 +27,10 @@ class TargetFacts:
     loaded_weights: bool = False
 
 
-def read_target(path_or_name: str, trust_remote_code: bool = False) -> TargetFacts:
+def read_target(path_or_name: str, trust_remote_code: bool = False, weights: bool = False,
+                allow_pickle: bool = False) -> TargetFacts:
+    """The facts, or an error for a folder without a tokenizer; with ``weights`` (the doctor, which speaks for
+    ``eyas serve``) also for one without weights, or with weights only as pickles (without ``allow_pickle``)."""
     folder, gguf = resolve(path_or_name)
     if gguf:
         return _from_loaded(path_or_name, trust_remote_code)
@@ -44,15 +47,18 @@ def read_target(path_or_name: str, trust_remote_code: bool = False) -> TargetFac
         raise EyasError(f"cannot read the target's config in {folder}: {type(e).__name__}: {e}",
                         "point --target at a Hugging Face model folder (config.json, tokenizer, weights)") from None
     text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    template = None
     try:
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
-        template = getattr(tok, "chat_template", None)
     except (OSError, ValueError) as e:
-        refusal = remote_code_refusal(e, folder)  # not "no template": a tokenizer that wants to run code
+        refusal = remote_code_refusal(e, folder)  # a tokenizer that wants to run code
         if refusal is not None:
             raise refusal from None
-        # otherwise reported by the chat-template check as "no tokenizer"
+        raise EyasError(f"cannot read the tokenizer in {folder}: {type(e).__name__}: {str(e)[:300]}",
+                        "the target's tokenizer files (tokenizer.json or its sentencepiece model, "
+                        "tokenizer_config.json with the chat template) belong beside config.json") from None
+    template = getattr(tok, "chat_template", None)
+    if weights:
+        _check_weights(folder, allow_pickle)
     hidden = int(text.hidden_size)
     return TargetFacts(
         name=path_or_name, num_layers=int(text.num_hidden_layers), hidden_size=hidden,
@@ -60,6 +66,20 @@ def read_target(path_or_name: str, trust_remote_code: bool = False) -> TargetFac
         max_context=int(getattr(text, "max_position_embeddings", 0) or 0),
         architecture=(getattr(cfg, "architectures", None) or [""])[0], chat_template=template,
     )
+
+
+def _check_weights(folder, allow_pickle: bool) -> None:
+    """Weights eyas serve would load: safetensors, or pickles where they are allowed (``refuse_pickle``)."""
+    from ..models.safety import refuse_pickle
+
+    if any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth"))
+    if not pickles:
+        raise EyasError(f"{folder} holds no weights (no *.safetensors, no pytorch_model.bin): eyas serve would fail "
+                        "to load it", "copy the model's weight files into the folder, or point --target at the "
+                        "complete model")
+    refuse_pickle(pickles, allow_pickle)
 
 
 def _from_loaded(path_or_name: str, trust_remote_code: bool) -> TargetFacts:

@@ -35,7 +35,8 @@ def register(sub) -> None:
     s.add_argument("--trust-remote-code", action="store_true",
                    help="allow code shipped in the target's folder (auto_map) to run; refused by default")
     s.add_argument("--allow-pickle", action="store_true",
-                   help="read a .bin/.pt pickle draft (with weights_only); refused by default: unpickling can run code")
+                   help="read a .bin/.pt pickle draft or target (with weights_only); refused by default: "
+                        "unpickling can run code")
     live = p.add_argument_group("live checks (a running server)")
     live.add_argument("--url", default=None, type=server_url,
                       help="base URL of an eyas, SGLang or vLLM server (host:port means http://host:port)")

@@ -2,7 +2,8 @@
 
 Reads the draft folder in any format eyas knows (``eyas.formats``: eyas, SGLang/SpecForge,
 speculators, official EAGLE-3), the draft's tensors (small) and the target's config and tokenizer
-(weights only for a GGUF target), then runs one check per failure mode. The refusals themselves
+(weights only for a GGUF target; of a folder, which weight files it holds), then runs one check per failure
+mode. The refusals themselves
 live in ``eyas.checks`` and ``eyas.layers``; this module turns each into a table row instead of an
 exception, so a person sees every problem at once.
 
@@ -49,7 +50,7 @@ def diagnose(draft_path, target: str, algorithm: str | None = None, context_leng
     report.add("format", OK, f"{FMT_NAMES.get(folder.format, folder.format)} EAGLE-3 draft, hidden "
                f"{cfg.hidden_size}, draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size}")
     try:
-        facts = read_target(target, trust_remote_code)
+        facts = read_target(target, trust_remote_code, weights=True, allow_pickle=allow_pickle)
     except EyasError as e:
         report.add("target", PROBLEM, e.problem, e.fix or "")
         report.verdict = "cannot check the pair: the target cannot be read"

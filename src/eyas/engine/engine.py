@@ -127,7 +127,7 @@ class Engine:
                 batch.draft_cache = self.draft_steps.pool.adopt(batch.draft_cache)
 
     # -- batch membership ---------------------------------------------------------------------
-    def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, compiled=None) -> Sequence:
         if not prompt_ids:
             raise EyasError("the prompt is empty", "send at least one token")
         vocab = self.target.info.vocab_size
@@ -152,8 +152,8 @@ class Engine:
                 f"the prompt has {len(prompt_ids)} tokens; this context length ({self.max_context}) holds at most "
                 f"{limit} with room for the answer", "shorten the prompt or raise --context-length")
         grammar = None
-        if params.grammar is not None:  # compiled once per spec (an LRU): the server has compiled it already
-            grammar = RowGrammar(grammars_for(self.target).compile(params.grammar), vocab)
+        if params.grammar is not None:  # ``compiled``: the server's (its preparer compiled it), else an LRU's
+            grammar = RowGrammar(compiled or grammars_for(self.target).compile(params.grammar), vocab)
         return Sequence(list(prompt_ids), params, grammar=grammar)
 
     def filter(self, batch: Batch, keep: list[int]) -> Batch:

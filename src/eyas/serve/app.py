@@ -100,7 +100,8 @@ def create_app(engine, options: ServeOptions | None = None) -> FastAPI:
                           options.membership_wait_steps)
     names = [name] + [n for n in [options.model_path, engine.target.name, *options.extra_model_names]
                       if n and n != name]
-    preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests, options.sampling)
+    preparer = Preparer(engine, names, options.limits.max_prompt_tokens, options.log_requests, options.sampling,
+                        options.limits)
     state = ServeState(engine, scheduler, metrics, options, names, StreamSlots(options.limits.max_concurrent_streams),
                        preparer)
 

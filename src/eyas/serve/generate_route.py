@@ -41,7 +41,7 @@ def _prepare(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's thread
 @router.post("/generate")
 async def generate(request: Request):
     state = request.app.state.eyas
-    prep = await state.prepare(_prepare, await request.body())
+    prep = await state.prepare(_prepare, await request.body(), request.receive)
     req, job = prep.req, prep.job
     state.options.limits.check_job(job, state.scheduler.max_running, state.scheduler.max_queued)  # n bounded first
     rids = _rids(req.rid, len(job.prompts) * job.n)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
 
@@ -50,6 +51,8 @@ class Job:
     keep_stop: bool = False  # the stop string or token's text ends the output (vLLM's include_stop_str_in_output)
     max_tokens_set: bool = True  # the request set max_tokens (else a default applies: the 400s say which)
     echo: list[str] | None = None  # completions' echo: each prompt's text, put before its choices' output
+    compiled: object = None  # params.grammar as the preparer compiled it (``prepare.py``), handed to the engine
+    arrived: float = field(default_factory=time.monotonic)  # when it was read: --request-timeout counts from here
 
 
 # -- bytes -> model ---------------------------------------------------------------------------------
@@ -374,7 +377,7 @@ def sequences_for(engine, job: Job) -> list:
                     changes["seed"] = params.seed + i
                 params = dataclasses.replace(params, **changes)
             try:
-                seqs.append(engine.new_sequence(prompt, params))
+                seqs.append(engine.new_sequence(prompt, params, job.compiled))
             except EyasError as e:
                 code = "context_length_exceeded" if "context" in e.problem else "invalid_value"
                 raise bad_request(str(e.problem) + (f"; {e.fix}" if e.fix else ""),

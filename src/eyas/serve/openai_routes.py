@@ -94,7 +94,7 @@ def _completion(p: Preparer, raw: bytes) -> Prepared:  # on the preparer's threa
 async def prepared_run(request: Request, build) -> tuple:
     """(the app's state, the request prepared by ``build`` on a worker thread, its job's run): each route's start."""
     state = request.app.state.eyas
-    prep = await state.prepare(build, await request.body())
+    prep = await state.prepare(build, await request.body(), request.receive)
     return state, prep, JobRun(state.scheduler, state.engine, prep.job, state.options.limits)
 
 

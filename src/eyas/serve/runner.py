@@ -30,7 +30,7 @@ class JobRun:
         self.job, self.limits = job, limits or Limits()
         self.limits.check_job(job, scheduler.max_running, scheduler.max_queued)
         timeout = self.limits.request_timeout
-        self.deadline = time.monotonic() + timeout if timeout else None
+        self.deadline = job.arrived + timeout if timeout else None  # counted from the request's reading
         seqs = sequences_for(engine, job)  # 400s happen here, before anything is queued
         self.queue: asyncio.Queue = asyncio.Queue()
         outbox = scheduler.outbox(asyncio.get_running_loop())

@@ -17,9 +17,9 @@ def test_each_temperature_runs_and_reaches_the_server(http_pair, engine_pair, tm
     spec = engine_pair[0]
     seen, make = [], spec.new_sequence
 
-    def recording(prompt, params):
+    def recording(prompt, params, compiled=None):
         seen.append((params.temperature, params.top_p))
-        return make(prompt, params)
+        return make(prompt, params, compiled)
 
     monkeypatch.setattr(spec, "new_sequence", recording)
     rc = main(["bench", "--url", http_pair[0], "--no-baseline", "--num-prompts", "2", "--max-tokens", "6",

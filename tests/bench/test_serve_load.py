@@ -18,6 +18,13 @@ def load_script():
     return module
 
 
+def in_process(folders) -> list[str]:
+    """The flags that load the tiny pair here too (``--in-process``), as the loopback servers run it."""
+    target, draft = folders
+    return ["--in-process", "--model-path", target, "--speculative-draft-model-path", draft, "--dtype", "float64",
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
 def test_serve_load_reports_each_level_with_tau_and_the_in_process_figure(http_pair, folders, tmp_path):
     spec_url, base_url = http_pair
     target, draft = folders
@@ -25,9 +32,7 @@ def test_serve_load_reports_each_level_with_tau_and_the_in_process_figure(http_p
     code = load_script().main([
         "--url", spec_url, "--baseline-url", base_url, "--clients", "1,3", "--temperatures", "0,0.7",
         "--requests-per-client", "1", "--min-requests", "2", "--max-tokens", "6", "--prompts", "code",
-        "--out", str(out), "--in-process", "--model-path", target, "--speculative-draft-model-path", draft,
-        "--dtype", "float64",
-        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"])
+        "--out", str(out), *in_process(folders)])
     assert code == 0
     data = json.loads(out.read_text())
     runs = data["runs"]
@@ -62,9 +67,9 @@ def test_serve_load_sends_top_p_and_reports_tau_per_category(http_pair, engine_p
     spec = engine_pair[0]
     seen, make = [], spec.new_sequence
 
-    def recording(prompt, params):  # what the server's engine was asked for, request by request
+    def recording(prompt, params, compiled=None):  # what the server's engine was asked for, request by request
         seen.append((params.temperature, params.top_p))
-        return make(prompt, params)
+        return make(prompt, params, compiled)
 
     monkeypatch.setattr(spec, "new_sequence", recording)
     out = tmp_path / "load.json"
@@ -173,9 +178,7 @@ def test_serve_load_spreads_the_answer_lengths_alike_for_every_server(http_pair,
     code = script.main([
         "--url", spec_url, "--baseline-url", base_url, "--clients", "3", "--temperatures", "0",
         "--requests-per-client", "2", "--max-tokens", "8", "--output-len-spread", "0.5", "--prompts", "code",
-        "--out", str(out), "--in-process", "--model-path", target, "--speculative-draft-model-path", draft,
-        "--dtype", "float64",
-        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"])
+        "--out", str(out), *in_process(folders)])
     assert code == 0
     runs = json.loads(out.read_text())["runs"]
     want = sum(script.output_lengths(8, 0.5, 6))  # ignore_eos: each request runs to its own length

@@ -147,3 +147,29 @@ def test_an_absurd_draft_config_is_refused(tmp_path, draft):
     folder = with_config(tmp_path / "d", tmp_path / "rope", rope_parameters={"rope_type": "foo", "rope_theta": 1e4})
     with pytest.raises(EyasError, match="rope_type 'foo' is not one transformers .* builds .*llama3"):
         formats.read_config(folder)  # was a KeyError from inside the draft's constructor
+
+
+def test_gguf_cache_entries_are_per_file_and_replace_their_older_versions(tmp_path, monkeypatch):
+    """Two GGUF files of one name, size and mtime second in two folders shared one cache entry (the second
+    loaded the first's weights, silently); and every reinstall left another ~500 MB copy behind."""
+    import os
+
+    from helpers import byte_tokenizer, tiny_model
+
+    from eyas.models.loading import _cache_gguf, gguf_cache_dir
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_bytes(b"x" * 100)
+        os.utime(p, (1.7e9, 1.7e9))
+    old, other = (gguf_cache_dir(p.parent, "m.gguf", torch.float32) for p in (a, b))
+    assert old != other
+    old.mkdir(parents=True)
+    other.mkdir(parents=True)
+    os.utime(a, ns=(1_700_000_000_000_000_000, 1_700_000_000_500_000_000))  # replaced within the same second
+    new = gguf_cache_dir(a.parent, "m.gguf", torch.float32)
+    assert new != old and new.name.rsplit("-", 3)[:2] == old.name.rsplit("-", 3)[:2]  # the same file, a new version
+    _cache_gguf(tiny_model(), byte_tokenizer(), new)
+    assert (new / "model.safetensors").is_file() and not old.exists() and other.exists()

@@ -6,6 +6,7 @@ name ``smollm2-135m-instruct`` resolves to the GGUF shipped inside the PyPI pack
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -105,10 +106,17 @@ def cache_root() -> Path:
 
 
 def gguf_cache_dir(folder: Path, gguf: str, dtype: torch.dtype) -> Path:
-    """Where the dequantised copy of a GGUF file lives (keyed by name, size, mtime and dtype)."""
-    st = (folder / gguf).stat()
-    kind = str(dtype).replace("torch.", "")
-    return cache_root() / "gguf" / f"{Path(gguf).stem}-{st.st_size}-{int(st.st_mtime)}-{kind}"
+    """Where the dequantised copy of a GGUF file lives: ``<stem>-<where>-<version>-<dtype>``, ``where`` a digest of
+    the file's absolute path and ``version`` its size, inode and mtime in nanoseconds (two files of one name, size
+    and second in two folders are two entries; a file replaced in place is a new version)."""
+    path = (folder / gguf).resolve()
+    st = path.stat()
+    where = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return cache_root() / "gguf" / f"{path.stem}-{where}-{st.st_size}.{st.st_ino}.{st.st_mtime_ns}-{dtype_name(dtype)}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _cache_gguf(model, tokenizer, out: Path) -> None:
@@ -132,6 +140,11 @@ def _cache_gguf(model, tokenizer, out: Path) -> None:
         tmp.rename(out)
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
+    stem, where, _, kind = out.name.rsplit("-", 3)
+    for old in out.parent.iterdir():  # earlier versions of the same file (a reinstall): about 500 MB each
+        parts = old.name.rsplit("-", 3)
+        if old != out and len(parts) == 4 and (parts[0], parts[1], parts[3]) == (stem, where, kind):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def model_class(model_type: str | None):

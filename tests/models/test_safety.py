@@ -182,3 +182,40 @@ def test_code_shipped_in_a_target_folder_is_refused_naming_the_flag(tmp_path, wh
     assert main(["prepare", "--model-path", str(folder), "--out", str(tmp_path / "data"), "--source", "pydoc",
                  "--limit", "2"]) == 2
     assert not marker.exists()
+
+
+def test_a_pickle_named_by_an_index_is_refused_whatever_its_name(tmp_path):
+    """A sharded checkpoint's index may name any file: transformers torch.loads one that is not safetensors, so
+    'weights.dat' loaded without --allow-pickle (only *.bin/*.pt/*.pth were looked for)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    folder = save_tiny_model(tmp_path / "target")
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "weights.dat")
+    index = {"metadata": {"total_size": 0}, "weight_map": dict.fromkeys(state, "weights.dat")}
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    with pytest.raises(EyasError, match="weights.dat is a pickle checkpoint"):
+        load_target(str(folder))
+    assert load_target(str(folder), allow_pickle=True).info.num_layers > 0  # trusted: tensors only, as any pickle
+
+
+def test_the_conversion_a_refusal_names_gives_a_target_that_loads(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    folder = save_tiny_model(tmp_path / "target")
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(EyasError) as e:
+        load_target(str(folder))
+    command = e.value.fix.split("(", 1)[1].rsplit(") or", 1)[0]  # python -c "..."
+    subprocess.run([sys.executable, *shlex.split(command)[1:]], check=True)
+    (folder / "pytorch_model.bin").unlink()
+    assert load_target(str(folder)).info.num_layers > 0

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import EyasError
 from .bounds import check_rope_types, read_config_file
-from .safety import check_safetensors, refuse_pickle, remote_code_refusal, unpickling_refusal
+from .safety import check_safetensors, indexed_files, refuse_pickle, remote_code_refusal, unpickling_refusal
 from .target import Target
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -186,8 +186,8 @@ def load_target(
     if gguf:
         kwargs["gguf_file"] = gguf
     elif not any(folder.glob("*.safetensors")):
-        refuse_pickle(sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth")),
-                      allow_pickle)
+        refuse_pickle(sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth"))
+                      + indexed_files(folder), allow_pickle)
     else:
         kwargs["use_safetensors"] = True  # never fall back to a pickle beside them
         from transformers import AutoConfig

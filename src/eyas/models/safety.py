@@ -29,15 +29,33 @@ def is_pickle(path: Path) -> bool:
     return path.suffix.lower() in PICKLE_SUFFIXES
 
 
+def indexed_files(folder) -> list[Path]:
+    """The weight files a folder's ``*.index.json`` (a sharded checkpoint's ``weight_map``) names: transformers loads
+    those, whatever their names; a file that is no safetensors file is a pickle (``torch.load``)."""
+    import json
+
+    named = set()
+    for index in sorted(Path(folder).glob("*.index.json")):
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        except (OSError, ValueError, AttributeError):
+            continue  # transformers' own error names a broken index
+        named |= {str(v) for v in weight_map.values()} if isinstance(weight_map, dict) else set()
+    return [Path(folder) / n for n in sorted(named)]
+
+
 def refuse_pickle(files, allow_pickle: bool) -> None:
-    pickled = [Path(f) for f in files if is_pickle(Path(f))]
+    """An error for the first pickle among ``files`` (by suffix, or any file of a ``*.index.json`` that is not a
+    ``.safetensors`` one) unless ``allow_pickle``."""
+    pickled = [Path(f) for f in files if is_pickle(Path(f)) or Path(f).suffix != ".safetensors"]
     if pickled and not allow_pickle:
-        f = pickled[0]
+        f = pickled[0]  # transformers reads one unsharded safetensors file only as model.safetensors
+        dst = f.with_name("model.safetensors") if f.name == "pytorch_model.bin" else f.with_suffix(".safetensors")
         raise EyasError(
             f"{f} is a pickle checkpoint; eyas does not unpickle files unless asked, since loading "
             "one can run arbitrary code",
-            "convert it to safetensors (" + CONVERT.format(src=f, dst=f.with_suffix(".safetensors"))
-            + ") or, if you trust the file, pass --allow-pickle",
+            "convert it to safetensors (" + CONVERT.format(src=f, dst=dst) + ") or, if you trust the file, pass "
+            "--allow-pickle",
         )
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 from .common.prompts import chat_ids
+from .errors import EyasError
 from .pipeline import add_engine_arguments, build_engine, engine_args_from
 from .sample.sampling import SamplingParams
 
@@ -72,6 +73,10 @@ def run(args) -> int:
         print(f"\n--- prompt {i}: {args.prompt[i] if args.prompt else DEFAULT_PROMPT}")
         print(tok.decode(o.output_ids, skip_special_tokens=True).strip())
     n = sum(len(o.output_ids) for o in outs)
+    failed = [o for o in outs if o.finish_reason == "error"]
+    if failed and len(failed) == len(outs):  # non-finite logits on every prompt (a NaN weight): no result at all
+        raise EyasError("every prompt ended in an error before any output: the target's logits are not finite",
+                        "check the target's weights (a NaN or inf value) and config, or try --dtype float32")
     print(f"\n{n} tokens in {spec_s:.2f} s: {n / spec_s:.1f} tok/s" + (" (speculative)" if s.speculative else ""))
     if s.speculative:
         from .engine.stats import SpecStats
@@ -83,7 +88,8 @@ def run(args) -> int:
               f"accepted per position: {total.accepted_per_position}")
         if baseline is not None:
             nb = sum(len(o.output_ids) for o in baseline)
-            print(f"baseline (no speculation): {nb / base_s:.1f} tok/s   speedup: {(n / spec_s) / (nb / base_s):.2f}x")
+            speedup = f"{(n / spec_s) / (nb / base_s):.2f}x" if n and nb else "- (no tokens to compare)"
+            print(f"baseline (no speculation): {nb / base_s:.1f} tok/s   speedup: {speedup}")
             if params.greedy:
                 same = all(a.output_ids == b.output_ids for a, b in zip(outs, baseline))
                 print(f"greedy outputs identical to the baseline: {'yes' if same else 'NO'}")

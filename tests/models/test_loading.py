@@ -173,3 +173,23 @@ def test_gguf_cache_entries_are_per_file_and_replace_their_older_versions(tmp_pa
     assert new != old and new.name.rsplit("-", 3)[:2] == old.name.rsplit("-", 3)[:2]  # the same file, a new version
     _cache_gguf(tiny_model(), byte_tokenizer(), new)
     assert (new / "model.safetensors").is_file() and not old.exists() and other.exists()
+
+
+def test_generate_with_a_nan_weight_is_an_error_not_zero_tokens(tiny_folder, tmp_path, capsys):
+    """A NaN in the target's weights ended every row before its first token: '0 tokens', exit 0 (and with the
+    baseline a ZeroDivisionError)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from eyas.cli import main
+
+    folder = tmp_path / "nan"
+    shutil.copytree(tiny_folder, folder)
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.norm.weight"][0] = float("nan")
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    code = main(["generate", "--model-path", str(folder), "--speculative-algorithm", "NONE", "--device", "cpu",
+                 "--prompt", "hi", "--max-new-tokens", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "every prompt ended in an error before any output" in err and "fix:" in err

@@ -195,3 +195,14 @@ def test_a_d2t_without_t2d_that_does_not_fit_is_named_at_load(tmp_path, edit, ne
         formats.load_draft(path, embed_weight=torch.zeros(320, 64))
     assert needle in str(err.value) and "SGLang/SpecForge" in str(err.value) and err.value.fix
 
+
+
+def test_top_level_layer_ids_alone_are_the_ones_captured(tmp_path):
+    """A draft with only vLLM's top-level eagle_aux_hidden_state_layer_ids (no eagle_config ids): vLLM captures
+    those, and eyas took its default instead (and exported a folder SGLang would read the same wrong way)."""
+    from eyas.layers import from_sglang
+
+    folder = write_sglang_fixture(tmp_path / "d", eagle_config={"use_aux_hidden_state": True},
+                                  eagle_aux_hidden_state_layer_ids=[1, 3, 6])
+    config = formats.read_config(folder)
+    assert from_sglang(config.eagle_config["eagle_aux_hidden_state_layer_ids"]) == [1, 3, 6]

@@ -236,6 +236,9 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
     check_rope_types(config, f"{path}/config.json ({looks})")
     top = data.get("eagle_aux_hidden_state_layer_ids")
     sgl = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if fmt in (EYAS, SGLANG) and top and sgl is None:  # vLLM captures the top-level ids; SGLang would its default
+        sgl = to_sglang(list(top))
+        config.eagle_config = {**(getattr(config, "eagle_config", None) or {}), "eagle_aux_hidden_state_layer_ids": sgl}
     if fmt in (EYAS, SGLANG) and top is not None and sgl is not None and list(top) != from_sglang(sgl):
         raise EyasError(
             f"{path} looks like {looks} but names two different captured layer sets: eagle_config's "

@@ -156,6 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--note", default=None, help="kept in the JSON, e.g. which source tree ran (PYTHONPATH)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.set_defaults(output_len_spread=0.0)  # serve_load.served_level's: every answer max_tokens long
     args = ap.parse_args(argv)
     if args.serve:
         serve(args)

@@ -362,20 +362,10 @@ def test_a_draft_records_its_target_folder_absolute(saved, tmp_path, monkeypatch
     assert config.eyas["target"]["name"] == str(target.resolve())
 
 
-def test_a_target_serve_would_refuse_is_not_ready(saved, tmp_path):
-    """A target folder without a tokenizer, without weights, or with pickled weights only was 'ready to serve'
-    (the doctor read its config alone) while eyas serve refused it."""
+def test_a_pickled_target_serve_would_refuse_is_not_ready(saved, tmp_path):
+    """A target folder with pickled weights only was 'ready to serve' (the doctor read its config alone) while eyas
+    serve refused it. One without weights at all is checked from its config (large targets: test_families)."""
     target, draft = saved
-    cases = {"tokenizer.json": "cannot read the tokenizer", "model.safetensors": "holds no weights"}
-    for gone, said in cases.items():
-        folder = copy(target, tmp_path / gone)
-        (folder / gone).unlink()
-        if gone == "tokenizer.json":
-            for f in folder.glob("tokenizer*"):
-                f.unlink()
-        report = diagnose(draft, str(folder), "EAGLE3")
-        assert row(report, "target").status == "problem" and said in row(report, "target").message, gone
-        assert report.exit_code == 1
     pickled = copy(target, tmp_path / "pickled")
     (pickled / "model.safetensors").unlink()
     torch.save({"x": torch.zeros(1)}, pickled / "pytorch_model.bin")

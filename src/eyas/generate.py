@@ -73,8 +73,7 @@ def run(args) -> int:
         print(f"\n--- prompt {i}: {args.prompt[i] if args.prompt else DEFAULT_PROMPT}")
         print(tok.decode(o.output_ids, skip_special_tokens=True).strip())
     n = sum(len(o.output_ids) for o in outs)
-    failed = [o for o in outs if o.finish_reason == "error"]
-    if failed and len(failed) == len(outs):  # non-finite logits on every prompt (a NaN weight): no result at all
+    if all(o.finish_reason == "error" for o in outs):  # non-finite logits on every prompt (a NaN weight): no result
         raise EyasError("every prompt ended in an error before any output: the target's logits are not finite",
                         "check the target's weights (a NaN or inf value) and config, or try --dtype float32")
     print(f"\n{n} tokens in {spec_s:.2f} s: {n / spec_s:.1f} tok/s" + (" (speculative)" if s.speculative else ""))

@@ -56,8 +56,10 @@ def read_target(path_or_name: str, trust_remote_code: bool = False, weights: boo
         if refusal is not None:
             raise refusal from None
         # otherwise reported by the chat-template check (a config-only folder of a large target may lack one)
-    if weights:
-        _check_weights(folder, allow_pickle)
+    if weights and not any(folder.glob("*.safetensors")):  # what eyas serve would refuse; no weights: config only
+        from ..models.safety import refuse_pickle, weight_pickles
+
+        refuse_pickle(weight_pickles(folder), allow_pickle)
     hidden = int(text.hidden_size)
     return TargetFacts(
         name=path_or_name, num_layers=int(text.num_hidden_layers), hidden_size=hidden,
@@ -65,17 +67,6 @@ def read_target(path_or_name: str, trust_remote_code: bool = False, weights: boo
         max_context=int(getattr(text, "max_position_embeddings", 0) or 0),
         architecture=(getattr(cfg, "architectures", None) or [""])[0], chat_template=template,
     )
-
-
-def _check_weights(folder, allow_pickle: bool) -> None:
-    """Weights eyas serve would load: safetensors, or pickles where they are allowed (``refuse_pickle``). A folder
-    with no weight files passes: the doctor checks a large target from its config alone."""
-    from ..models.safety import indexed_files, refuse_pickle
-
-    if any(folder.glob("*.safetensors")):
-        return
-    refuse_pickle(sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth"))
-                  + indexed_files(folder), allow_pickle)
 
 
 def _from_loaded(path_or_name: str, trust_remote_code: bool) -> TargetFacts:

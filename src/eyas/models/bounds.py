@@ -93,10 +93,7 @@ def _check_floats(part: dict, where: str, fix: str) -> None:
     eps = part.get("rms_norm_eps")
     if eps is not None and not (_number(eps) and 0 < eps <= 1):
         raise EyasError(f"{where}rms_norm_eps = {eps!r}; a model's is a small positive number (1e-5, 1e-6)", fix)
-    rope = part.get("rope_parameters") or part.get("rope_scaling")
-    ropes = []  # one set of rotary parameters, or one per layer type ({"full_attention": {...}, ...})
-    if isinstance(rope, dict):
-        ropes = [r for r in rope.values() if isinstance(r, dict)] or [rope]
+    ropes = _rope_sets(part.get("rope_parameters") or part.get("rope_scaling"))
     for theta in [part.get("rope_theta")] + [r.get("rope_theta") for r in ropes]:
         if theta is not None and not (_number(theta) and theta > 0):
             raise EyasError(f"{where}rope_theta = {theta!r}; a model's is a positive number (10000, 500000)", fix)
@@ -111,12 +108,8 @@ def check_rope_types(config, where: str) -> None:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    rope = getattr(text, "rope_parameters", None)
-    ropes = []  # one set of rotary parameters, or one per layer type
-    if isinstance(rope, dict):
-        ropes = [r for r in rope.values() if isinstance(r, dict)] or [rope]
     known = ["default", *ROPE_INIT_FUNCTIONS]
-    for kind in (r.get("rope_type", "default") for r in ropes):
+    for kind in (r.get("rope_type", "default") for r in _rope_sets(getattr(text, "rope_parameters", None))):
         if kind not in known:
             import transformers
 
@@ -124,6 +117,13 @@ def check_rope_types(config, where: str) -> None:
                             f"builds ({', '.join(known)})",
                             "correct rope_parameters (rope_scaling) in config.json, or use the transformers "
                             "release the model was published for")
+
+
+def _rope_sets(rope) -> list[dict]:
+    """A config's rotary parameters as a list: the one set, or one per layer type ({"full_attention": {...}, ...})."""
+    if not isinstance(rope, dict):
+        return []
+    return [r for r in rope.values() if isinstance(r, dict)] or [rope]
 
 
 def estimate_parameters(data: dict) -> int:

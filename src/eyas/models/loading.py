@@ -18,7 +18,7 @@ import torch
 
 from ..errors import EyasError
 from .bounds import check_rope_types, read_config_file
-from .safety import check_safetensors, indexed_files, refuse_pickle, remote_code_refusal, unpickling_refusal
+from .safety import check_safetensors, refuse_pickle, remote_code_refusal, unpickling_refusal, weight_pickles
 from .target import Target
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -112,11 +112,8 @@ def gguf_cache_dir(folder: Path, gguf: str, dtype: torch.dtype) -> Path:
     path = (folder / gguf).resolve()
     st = path.stat()
     where = hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    return cache_root() / "gguf" / f"{path.stem}-{where}-{st.st_size}.{st.st_ino}.{st.st_mtime_ns}-{dtype_name(dtype)}"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+    kind = str(dtype).replace("torch.", "")
+    return cache_root() / "gguf" / f"{path.stem}-{where}-{st.st_size}.{st.st_ino}.{st.st_mtime_ns}-{kind}"
 
 
 def _cache_gguf(model, tokenizer, out: Path) -> None:
@@ -186,8 +183,7 @@ def load_target(
     if gguf:
         kwargs["gguf_file"] = gguf
     elif not any(folder.glob("*.safetensors")):
-        refuse_pickle(sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth"))
-                      + indexed_files(folder), allow_pickle)
+        refuse_pickle(weight_pickles(folder), allow_pickle)
     else:
         kwargs["use_safetensors"] = True  # never fall back to a pickle beside them
         from transformers import AutoConfig
@@ -206,7 +202,7 @@ def load_target(
         model, info = model_class(model_type).from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa",
                                                               output_loading_info=True, **kwargs)
     except pickle.UnpicklingError as e:  # --allow-pickle still loads tensors only (weights_only)
-        pickles = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth"))
+        pickles = weight_pickles(folder)
         raise unpickling_refusal(pickles[0] if len(pickles) == 1 else folder, e) from None
     except (OSError, ValueError, RuntimeError, EOFError) as e:
         if remote_code_refusal(e, folder):

@@ -16,8 +16,6 @@ from pathlib import Path
 
 from ..errors import EyasError
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
 CONVERT = (
     "python -c \"import torch, safetensors.torch as st; "
     "st.save_file({{k: v.contiguous() for k, v in torch.load('{src}', weights_only=True).items()}}, "
@@ -25,29 +23,26 @@ CONVERT = (
 )
 
 
-def is_pickle(path: Path) -> bool:
-    return path.suffix.lower() in PICKLE_SUFFIXES
-
-
-def indexed_files(folder) -> list[Path]:
-    """The weight files a folder's ``*.index.json`` (a sharded checkpoint's ``weight_map``) names: transformers loads
-    those, whatever their names; a file that is no safetensors file is a pickle (``torch.load``)."""
+def weight_pickles(folder) -> list[Path]:
+    """What transformers would ``torch.load`` from a target folder without safetensors: its ``*.bin``, ``*.pt``,
+    ``*.pth``, and any other file a ``*.index.json`` (a sharded checkpoint's ``weight_map``) names."""
     import json
 
-    named = set()
-    for index in sorted(Path(folder).glob("*.index.json")):
+    folder = Path(folder)
+    files = {f for ext in ("bin", "pt", "pth") for f in folder.glob(f"*.{ext}")}
+    for index in folder.glob("*.index.json"):
         try:
             weight_map = json.loads(index.read_text()).get("weight_map") or {}
         except (OSError, ValueError, AttributeError):
             continue  # transformers' own error names a broken index
-        named |= {str(v) for v in weight_map.values()} if isinstance(weight_map, dict) else set()
-    return [Path(folder) / n for n in sorted(named)]
+        if isinstance(weight_map, dict):
+            files |= {folder / str(v) for v in weight_map.values()}
+    return sorted(f for f in files if f.suffix != ".safetensors")
 
 
 def refuse_pickle(files, allow_pickle: bool) -> None:
-    """An error for the first pickle among ``files`` (by suffix, or any file of a ``*.index.json`` that is not a
-    ``.safetensors`` one) unless ``allow_pickle``."""
-    pickled = [Path(f) for f in files if is_pickle(Path(f)) or Path(f).suffix != ".safetensors"]
+    """An error for the first pickle (any file but a ``.safetensors`` one) among ``files`` unless ``allow_pickle``."""
+    pickled = [Path(f) for f in files if Path(f).suffix != ".safetensors"]
     if pickled and not allow_pickle:
         f = pickled[0]  # transformers reads one unsharded safetensors file only as model.safetensors
         dst = f.with_name("model.safetensors") if f.name == "pytorch_model.bin" else f.with_suffix(".safetensors")

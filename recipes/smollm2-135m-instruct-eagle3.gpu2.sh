@@ -87,7 +87,7 @@ M=${M:-/tmp/smollm2.gguf}
 INIT=${INIT:-smollm2-135m-instruct-eagle3}
 [ "$INIT" = none ] && INIT=null
 TRAIN_DRY="" EVAL_DRY="" PROFILE_SIZE="--length 1024 --batch 16 --reps 3"
-if [ -n "${DRY:-}" ]; then
+if [ "${DRY:-0}" != 0 ]; then
   PROFILE_SIZE="--length 64 --batch 2 --reps 1"
   TRAIN_DRY="--set train.max_steps=2 --set train.time_budget_s=null --set data.tokens_per_batch=2048 --set data.eval_rows=4 --set log.eval_every=2"
   EVAL_DRY="--num-prompts 2 --max-new-tokens 8 --batch-size 2"
@@ -111,7 +111,7 @@ $PY -c "import json; m=json.load(open('$J/data/meta.json')); print('data', json.
 DATA=$J/data
 if [ -n "${GREEDY:-}" ]; then
   stamp "greedy answers beside the carried ones (T=0, at most ${GREEDY_MAX:-256} new tokens)"
-  LIMIT=""; [ -n "${DRY:-}" ] && LIMIT="--max-new-tokens 8"
+  LIMIT=""; [ "${DRY:-0}" != 0 ] && LIMIT="--max-new-tokens 8"
   $PY -m torch.distributed.run --standalone --nproc-per-node $NG -m eyas prepare --model $M --device $DEV \
     --out $J/data-mix --input $J/data/train.jsonl --input $J/data/heldout.jsonl --regenerate --keep-answers \
     --temperature 0 --max-new-tokens ${GREEDY_MAX:-256} --batch-size 1024 $LIMIT || finish 1 "prepare failed"
@@ -154,7 +154,7 @@ for f in sorted(j.glob("eval-*.json")):
     r = json.loads(f.read_text())
     print(f.name, "tau", r["accept_length"], "per position", r["accepted_per_position"], "speedup", r.get("speedup"))
 PYEOF
-if [ -n "${PAIR:-}" ]; then  # the new draft on chat and held-out prompts, then the shipped one on chat, side by side
+if [ "${PAIR:-0}" != 0 ]; then  # the new draft on chat and held-out prompts, then the shipped one on chat, side by side
   for run in "chat chat $D" "heldout $REPO/benchmarks/heldout-prompts-smollm2.jsonl $D" "chat-shipped chat shipped"; do
     read -r name set draft <<< "$run"
     [[ " ${PAIR_SETS:-chat heldout chat-shipped} " == *" $name "* ]] || continue
@@ -163,7 +163,7 @@ if [ -n "${PAIR:-}" ]; then  # the new draft on chat and held-out prompts, then 
       --num-prompts 20 --hf-prompts 0 --out $J/pair-$name.json ${PAIR_ARGS:-} || finish 1 "pair $name failed"
   done
 fi
-if [ -n "${BATCH:-}" ]; then
+if [ "${BATCH:-0}" != 0 ]; then
   stamp "throughput by batch size with the new draft"
   $PY "$REPO/benchmarks/batch_throughput.py" --model-path $M --draft $D --out $J/batch.json ${BATCH_ARGS:-} \
     || finish 1 "batch throughput failed"

@@ -87,6 +87,29 @@ def test_greedy_answers_equal_plain_decoding_and_metrics_show_the_choice(auto_en
     assert m["eyas:spec_decode_num_drafts_total"] > 0  # the speculative steps recorded their acceptance
 
 
+
+def test_a_seeded_requests_choices_are_its_n_1_texts_whatever_tree_each_step_took(auto_engine):
+    """Choice i of n is the text the same request gives with n 1 and seed + i: alone, at batch 1, ``auto`` runs
+    the big tree; beside its other choices (and other clients) the batch runs a chain or no speculation."""
+    from eyas.serve.app import ServeOptions, create_app
+
+    with InProcessServer(create_app(auto_engine, ServeOptions(served_model_name="tiny", log_interval=0))) as srv:
+        def ask(n: int, seed: int) -> list[list[int]]:
+            r = httpx.post(srv.url + "/generate", timeout=120, json={
+                "input_ids": [9, 31, 4], "sampling_params": {"max_new_tokens": 24, "temperature": 1.0, "top_p": 0.9,
+                                                            "seed": seed, "n": n, "ignore_eos": True}})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            return [c["output_ids"] for c in (body if isinstance(body, list) else [body])]
+
+        before = dict(auto_engine.chooser.steps)
+        alone = [ask(1, 500 + i)[0] for i in range(3)]
+        together = ask(3, 500)
+        ran = {setting_name(s) for s, n in auto_engine.chooser.steps.items() if n > before.get(s, 0)}
+    assert together == alone
+    assert len(set(map(tuple, alone))) == 3  # the seeds decide
+    assert "0" in ran and len(ran) >= 2, ran  # the trees differed between the two ways of asking
+
 def test_the_step_costs_the_chooser_weighs_are_exported_where_timed():
     """``eyas:spec_step_cost_seconds`` per setting, kind of batch and rows bucket, through the Prometheus text
     format and its parser; absent where the costs are the CPU's relative units."""

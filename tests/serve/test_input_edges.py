@@ -80,6 +80,25 @@ CASES = [
     ("chat n of 2^40", CHAT, raw({"messages": MSG, "n": 2**40, "stream": True}), 400, "--max-n", "n"),
     ("invalid role", CHAT, raw({"messages": [{"role": "wizard", "content": "hi"}]}), 400,
      "'system', 'developer', 'user', 'assistant', 'tool', got \"wizard\"", "messages.0.role"),
+    # logprob_start_len is a prompt position (SGLang aborts one at or past the end): not a silently empty list
+    ("logprob_start_len at the prompt's end", GEN, raw({"input_ids": [1, 2, 3], "return_logprob": True,
+                                                       "logprob_start_len": 3}), 400,
+     "past the end of the prompt, which has 3 tokens; send a position from 0 to 2", "logprob_start_len"),
+    ("logprob_start_len past a streamed prompt", GEN, raw({"text": "hi", "return_logprob": True, "stream": True,
+                                                          "logprob_start_len": 10**6}), 400,
+     "past the end of the prompt", "logprob_start_len"),
+    ("logprob_start_len past a batch's shorter prompt", GEN,
+     raw({"input_ids": [[1, 2, 3, 4], [5, 6]], "return_logprob": True, "logprob_start_len": 2}), 400,
+     "past the end of prompt 1, which has 2 tokens", "logprob_start_len"),
+    # rid: a string, or a list of one id per prompt (or per output)
+    ("rid list longer than the batch", GEN, raw({"text": ["a", "b"], "rid": ["x", "y", "z"]}), 400,
+     "rid has 3 ids, but the request has 2 prompts: send a list of 2 (one per prompt) ids", "rid"),
+    ("rid list for a batch with n", GEN, raw({"input_ids": [[1], [2]], "rid": ["x", "y", "z"],
+                                              "sampling_params": {"n": 2}}), 400,
+     "2 prompts x sampling_params.n=2: send a list of 2 (one per prompt) or 4 (one per output) ids", "rid"),
+    ("rid list for a single prompt", GEN, raw({"text": "a", "rid": ["x", "y"], "stream": True}), 400,
+     "rid has 2 ids, but the request has 1 prompt:", "rid"),
+    ("empty rid list", GEN, raw({"text": "a", "rid": []}), 400, "rid has 0 ids", "rid"),
 ]
 
 
@@ -110,6 +129,23 @@ def test_values_at_the_edges_that_are_valid_are_served(server):
     deep = {"a": {"b": [[[["nested, but well within the bound"]]]]}}
     r = httpx.post(server.url + CHAT, json={"messages": MSG, "max_tokens": 2, "chat_template_kwargs": deep}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+def test_generate_rids_and_logprob_start_len_within_bounds_are_served(server):
+    """rid: one per prompt is each prompt's n outputs' (-0, -1, ...), a string every output's; the last prompt
+    position is a valid logprob_start_len (one entry), and without return_logprob it is not looked at (SGLang)."""
+    sp = {"max_new_tokens": 2, "n": 2}
+    for rid, ids in ((["x", "y"], ["x-0", "x-1", "y-0", "y-1"]), (["a", "b", "c", "d"], ["a", "b", "c", "d"]),
+                     ("r", ["r-0", "r-1", "r-2", "r-3"])):
+        r = httpx.post(server.url + GEN, json={"input_ids": [[1, 2], [3]], "rid": rid, "sampling_params": sp},
+                       timeout=60)
+        assert r.status_code == 200 and [o["meta_info"]["id"] for o in r.json()] == ids, r.text[:500]
+    body = {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 2,
+            "sampling_params": {"max_new_tokens": 1}}
+    r = httpx.post(server.url + GEN, json=body, timeout=60)
+    assert r.status_code == 200 and [e[1] for e in r.json()["meta_info"]["input_token_logprobs"]] == [3], r.text[:500]
+    r = httpx.post(server.url + GEN, json={**body, "return_logprob": False, "logprob_start_len": 99}, timeout=60)
+    assert r.status_code == 200, r.text[:500]
 
 
 def patched_tokenizer(**methods):

@@ -44,7 +44,7 @@ async def generate(request: Request):
     prep = await state.prepare(_prepare, await request.body(), request.receive)
     req, job = prep.req, prep.job
     state.options.limits.check_job(job, state.scheduler.max_running, state.scheduler.max_queued)  # n bounded first
-    rids = _rids(req.rid, len(job.prompts) * job.n)
+    rids = _rids(req.rid, len(job.prompts), job.n)
     run = JobRun(state.scheduler, state.engine, job, state.options.limits)
     batched = job.n > 1 or isinstance(req.text, list) or bool(req.input_ids and isinstance(req.input_ids[0], list))
     shape = (req.top_logprobs_num or 0, bool(req.return_text_in_logprobs), max(0, req.logprob_start_len or 0)) \
@@ -65,14 +65,24 @@ async def generate(request: Request):
     return JSONResponse(results if batched else results[0])
 
 
-def _rids(rid, count: int) -> list[str]:
+def _rids(rid, prompts: int, n: int) -> list[str]:
+    """An id per output (prompt-major): ``rid`` a string, or a list of one, for all (with -0, -1, ... appended
+    when there are several), or a list of one per prompt (as SGLang; with n > 1 each gets -0, -1, ...) or per
+    output; any other length is a 400."""
+    count = prompts * n
     if rid is None:
         return [uuid.uuid4().hex for _ in range(count)]
     rids = [rid] if isinstance(rid, str) else list(rid)
     if len(rids) == 1 and count > 1:
-        rids = [f"{rids[0]}-{i}" for i in range(count)]
+        return [f"{rids[0]}-{i}" for i in range(count)]
+    if len(rids) == prompts and n > 1:
+        return [f"{r}-{j}" for r in rids for j in range(n)]
     if len(rids) != count:
-        raise bad_request(f"'rid' has {len(rids)} ids for {count} outputs", param="rid")
+        has = f"{prompts} prompt{'s' if prompts > 1 else ''}" + (f" x sampling_params.n={n}" if n > 1 else "")
+        want = f"{prompts} (one per prompt)" + (f" or {count} (one per output)" if n > 1 else "")
+        raise bad_request(f"rid has {len(rids)} ids, but the request has {has}: send a list of {want} ids, or a "
+                          "single string (several outputs get it with -0, -1, ... appended)", param="rid",
+                          code="invalid_value")
     return rids
 
 

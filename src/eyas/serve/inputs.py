@@ -288,7 +288,7 @@ def openai_job(req: ChatCompletionRequest | CompletionRequest, prompts: list[lis
 
 def generate_job(req: GenerateRequest, prompts: list[list[int]]) -> Job:
     sp = req.sampling_params
-    logprobs, prompt_logprobs = generate_logprobs(req)
+    logprobs, prompt_logprobs = generate_logprobs(req, prompts)
     refuse("lora_path", req.lora_path, None, "no LoRA adapters")
     refuse("image_data", req.image_data, None, "text only")
     refuse("custom_logit_processor", req.custom_logit_processor, None, "no custom logit processors")

@@ -34,6 +34,17 @@ def test_a_mismatched_template_is_a_warning_a_longer_context_a_note(models, tmp_
     assert not [x for x in banner_lines(engine, 4, 8) if "WARNING" in x or x.startswith("note:")]
 
 
+
+def test_an_unreadable_record_field_is_a_note_and_the_server_starts(models, tmp_path):
+    tiny, draft = models
+    shutil.copytree(draft, tmp_path / "draft")
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    cfg.setdefault("eyas", {})["training"] = {"max_length": "2048", "chat_template_sha256_16": ["not", "a", "sha"]}
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
+    engine = build_engine(EngineArgs(model_path=str(tiny), speculative_draft_model_path=str(tmp_path / "draft")))
+    notes = [x for x in banner_lines(engine, 4, 8) if x.startswith("note: the draft's config.json eyas.training.")]
+    assert len(notes) == 2 and "max_length is '2048', expected a positive whole number" in notes[0], notes
+
 def test_a_context_past_the_drafts_positions_is_warned_as_the_doctor_says(models, tmp_path, capsys):
     from eyas.cli import main
     from eyas.common.training_record import past_draft_positions

@@ -12,13 +12,17 @@ Looked up, first found wins:
    the same way.
 
 SGLang/SpecForge, speculators and the official release record neither; the doctor then says so.
+
+The record is informational: ``record_of`` keeps each field eyas reads only when it has the type eyas wrote, and
+turns any other (a string for a number, a list for an object, null, a negative length) into a warning naming the
+field, so a crafted or corrupted record never stops ``eyas doctor`` or ``eyas serve``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -28,6 +32,77 @@ class TrainingRecord:
     template_sha: str | None = None  # first 16 hex digits of sha256(chat_template)
     thinking: bool | None = None
     source: str = ""  # where it was read
+    warnings: list[str] = field(default_factory=list)  # fields of the record that could not be read
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+def _flag(v) -> bool:
+    return isinstance(v, bool)
+
+
+def _ids(v) -> bool:
+    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
+
+
+def _names(v) -> bool:
+    return isinstance(v, list) and all(isinstance(a, str) for a in v)
+
+
+# field -> (check, what was expected); an object's fields are nested dicts of the same shape
+_SCHEMA: dict = {
+    "training": {"max_length": (_count, "a positive whole number"), "chat_template_sha256_16": (_text, "a string"),
+                 "thinking": (_flag, "true or false")},
+    "recipe": (_text, "a path (string)"),
+    "aux_layer_ids": (_ids, "a list of layer numbers"),
+    "target": {"name": (_text, "a string"), "architecture": (_text, "a string"),
+               "num_hidden_layers": (_count, "a positive whole number"),
+               "hidden_size": (_count, "a positive whole number"), "vocab_size": (_count, "a positive whole number")},
+    "verifier": {"name_or_path": (_text, "a string"), "architectures": (_names, "a list of strings")},
+}
+
+
+def _shown(v) -> str:
+    text = repr(v) if isinstance(v, (str, int, float, bool)) or v is None else type(v).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _clean(data: dict, schema: dict, where: str, warnings: list[str]) -> dict:
+    out = dict(data)  # fields eyas does not read are kept as they are
+    for key, rule in schema.items():
+        if key not in data:
+            continue
+        value, name = data[key], f"{where}.{key}"
+        if isinstance(rule, dict):
+            if isinstance(value, dict):
+                out[key] = _clean(value, rule, name, warnings)
+                continue
+            ok, expected = False, "an object"
+        else:
+            ok, expected = rule[0](value), rule[1]
+        if not ok:
+            out.pop(key)
+            warnings.append(f"{name} is {_shown(value)}, expected {expected}: ignored (the training "
+                            "record is informational; correct or remove the field)")
+    return out
+
+
+def record_of(config) -> tuple[dict, list[str]]:
+    """The draft's ``config.eyas`` with every field eyas reads of the expected type (others dropped), and a
+    warning for each dropped field."""
+    meta = getattr(config, "eyas", None)
+    if meta is None:
+        return {}, []
+    if not isinstance(meta, dict):
+        return {}, [f"config.json eyas is {_shown(meta)}, expected an object: the training record is ignored"]
+    warnings: list[str] = []
+    return _clean(meta, _SCHEMA, "config.json eyas", warnings), warnings
 
 
 def template_sha(template: str | None) -> str:
@@ -56,7 +131,13 @@ def context_warning(engine) -> str | None:
 
 
 def read_record(draft_path, config) -> TrainingRecord:
-    meta = (getattr(config, "eyas", None) or {})
+    meta, warnings = record_of(config)
+    rec = _find(draft_path, meta)
+    rec.warnings = warnings + rec.warnings
+    return rec
+
+
+def _find(draft_path, meta: dict) -> TrainingRecord:
     training = meta.get("training") or {}
     if training:
         return TrainingRecord(training.get("max_length"), training.get("chat_template_sha256_16"),
@@ -68,7 +149,11 @@ def read_record(draft_path, config) -> TrainingRecord:
     named = meta.get("recipe")  # a path recorded at training, relative to the repository it ran in
     if named:
         for base in (Path.cwd(), *draft_path.resolve().parents[:6]):
-            if (base / named).is_file():
+            try:
+                found = (base / named).is_file()
+            except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte
+                found = False
+            if found:
                 return _from_recipe(base / named, base)
     return TrainingRecord()
 
@@ -77,18 +162,25 @@ def _from_recipe(recipe: Path, base: Path) -> TrainingRecord:
     try:
         import yaml
 
-        data = (yaml.safe_load(recipe.read_text()) or {}).get("data") or {}
+        loaded = yaml.safe_load(recipe.read_text())
+        data = loaded.get("data") if isinstance(loaded, dict) else None
     except Exception:  # noqa: BLE001 - a broken recipe only costs the record
         return TrainingRecord()
-    rec = TrainingRecord(data.get("max_length"), source=str(recipe))
+    warnings: list[str] = []
+    data = _clean(data, {"max_length": _SCHEMA["training"]["max_length"], "path": (_text, "a path (string)")},
+                  f"{recipe} data", warnings) if isinstance(data, dict) else {}
+    rec = TrainingRecord(data.get("max_length"), source=str(recipe), warnings=warnings)
     data_dir = data.get("path")
     if data_dir:
         meta_file = (Path(data_dir) if Path(data_dir).is_absolute() else base / data_dir) / "meta.json"
-        if meta_file.is_file():
-            try:
-                chat = json.loads(meta_file.read_text()).get("chat") or {}
-            except ValueError:
-                chat = {}
+        try:
+            meta = json.loads(meta_file.read_text()) if meta_file.is_file() else None
+        except (OSError, ValueError, RecursionError):
+            meta = None
+        if meta is not None:
+            chat = meta.get("chat") if isinstance(meta, dict) else None
+            chat = _clean(chat, {"template_sha256_16": (_text, "a string"), "thinking": (_flag, "true or false")},
+                          f"{meta_file} chat", warnings) if isinstance(chat, dict) else {}
             rec.template_sha, rec.thinking = chat.get("template_sha256_16"), chat.get("thinking")
             rec.source += f" + {meta_file}"
     return rec

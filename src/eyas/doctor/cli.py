@@ -116,7 +116,10 @@ def recorded_target(draft: str, allow_pickle: bool = False) -> str | None:
     if not name or name.lower() == SMOLLM2:
         return name
     for place in (Path(name).expanduser(), Path(draft).expanduser() / name, Path(draft).expanduser().parent / name):
-        if place.exists():
-            return str(place)
+        try:
+            if place.exists():
+                return str(place)
+        except (OSError, ValueError):  # a recorded name no path can be (too long, a NUL byte)
+            continue
     raise EyasError(f"no --target given, and the draft at {draft} records its target as {name!r}, which is not "
                     "on this machine", "pass --target PATH (the target's folder or .gguf file)")

@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import formats
 from ..checks import check_algorithm, check_vocab_maps, draft_kind
 from ..common.target_facts import TargetFacts, read_target
-from ..common.training_record import past_draft_positions, read_record, template_sha
+from ..common.training_record import past_draft_positions, read_record, record_of, template_sha
 from ..config import Algorithm
 from ..errors import EyasError
 from ..formats import names as format_names
@@ -65,6 +65,10 @@ def diagnose(draft_path, target: str, algorithm: str | None = None, context_leng
     record = read_record(draft_path, cfg)
     check_context_row(report, folder, facts, record, context_length)
     check_template_row(report, facts, record)
+    if record.warnings:  # informational fields of another type than eyas writes: shown, then ignored
+        report.add("training record", WARNING, "; ".join(record.warnings),
+                   "the checks above went on without those fields; correct or remove them in the draft's "
+                   "config.json (eyas export writes a clean record)")
     report.verdict = ("ready to serve: no check found a reason for this draft to be silently useless (how well it "
                       "is accepted: eyas eval offline, eyas doctor --url on the server)" if not report.problems
                       else f"NOT READY: {len(report.problems)} problem(s) would make the draft useless or fail")
@@ -131,7 +135,7 @@ def check_fc_row(report: Report, folder, facts: TargetFacts) -> int:
 def check_layers_row(report: Report, folder, facts: TargetFacts, n_aux: int) -> None:
     n = facts.num_layers
     ids = folder.aux_layer_ids
-    recorded = (getattr(folder.config, "eyas", None) or {})
+    recorded = record_of(folder.config)[0]  # unreadable fields dropped (reported by the training record row)
     trained_ids = recorded.get("aux_layer_ids")
     shown_ids = ids if ids is not None else default_aux_layers(n)
     try:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from transformers import LlamaConfig
 
 from ..errors import EyasError
 from .names import LOOKS_LIKE, OFFICIAL, OFFICIAL_ARCHITECTURE, REQUIRED, shown
+
+SERVABLE_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_layer_ids(path: Path, looks: str, key: str, ids) -> None:
@@ -59,6 +62,7 @@ def check_official_shapes(path: Path, data: dict, shapes: dict) -> None:
 
 
 def check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None:
+    check_dtypes(path, fmt, state)  # a quantised folder first: its names and values are not a draft's
     looks = LOOKS_LIKE[fmt]
     missing = [n for n in REQUIRED if n not in state]
     vocab, draft_vocab = int(config.vocab_size), int(config.draft_vocab_size)
@@ -90,6 +94,34 @@ def check_state(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None:
         raise EyasError(f"{path} looks like {looks}, but lm_head.weight is {lm_head}, its config implies "
                         f"({draft_vocab}, {hidden}) = (draft_vocab_size, hidden_size)",
                         "the weights and config.json do not belong together")
+
+
+QUANT_SUFFIXES = ("_scale", "_scale_inv", "_zero_point", ".qweight", ".scales", ".qzeros", ".g_idx")
+
+
+def check_dtypes(path: Path, fmt: str, state: dict) -> None:
+    """Refuse a quantised draft before any arithmetic on its tensors: FP8 (or other low-precision) weights, with or
+    without their scale tensors. Without the scales the stored values are not the weights and cannot be upcast to
+    them; with them, it is a quantised checkpoint, which eyas does not run."""
+    import torch
+
+    looks = LOOKS_LIKE[fmt]
+    fix = ("export the draft unquantised in bfloat16, float16 or float32 (from the checkpoint it was quantised "
+           "from; eyas export writes such a folder)")
+    scales = sorted(k for k in state if k.endswith(QUANT_SUFFIXES))
+    low = sorted((k, str(t.dtype).replace("torch.", "")) for k, t in state.items()
+                 if torch.is_tensor(t) and t.is_floating_point() and t.dtype not in SERVABLE_FLOATS)
+    if scales:
+        shown_low = f"; {shown(fmt, low[0][0])} is stored as {low[0][1]}" if low else ""
+        raise EyasError(f"{path} looks like {looks}, but it is a quantised checkpoint: it holds quantisation "
+                        f"tensors ({', '.join(shown(fmt, k) for k in scales[:4])}{', ...' if len(scales) > 4 else ''})"
+                        f"{shown_low}; eyas runs drafts with plain bfloat16, float16 or float32 weights", fix)
+    if low:
+        name, kind = low[0]
+        more = f" (and {len(low) - 1} more tensor(s))" if len(low) > 1 else ""
+        raise EyasError(f"{path} looks like {looks}, but {shown(fmt, name)} is stored as {kind}{more}, with no scale "
+                        "tensors: an FP8 weight without its scales is not the trained weight, and upcasting it "
+                        "would give a draft that proposes garbage; eyas expects bfloat16, float16 or float32", fix)
 
 
 def check_finite(path: Path, fmt: str, state: dict) -> None:

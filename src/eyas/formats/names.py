@@ -127,7 +127,9 @@ def recorded_target(config) -> str | None:
 
 def eyas_target(config) -> tuple[str | None, list[str]]:
     """(verifier name, architectures) recorded by eyas training or by a speculators import."""
-    meta = getattr(config, "eyas", None) or {}
+    from ..common.training_record import record_of
+
+    meta = record_of(config)[0]  # fields of another type than eyas writes are dropped
     if meta.get("verifier"):
         v = meta["verifier"]
         return v.get("name_or_path"), list(v.get("architectures") or ["LlamaForCausalLM"])

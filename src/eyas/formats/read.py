@@ -82,6 +82,10 @@ def _config_dict(path: Path) -> dict:
         data = json.loads(checked_file(config_file, "the draft's config").read_text())
     except ValueError as e:
         raise EyasError(f"cannot read {config_file}: {e}", "the draft's config.json is not valid JSON") from e
+    except RecursionError:  # json gives up on objects nested thousands deep
+        raise EyasError(f"cannot read {config_file}: it nests objects or lists too deeply to parse (a corrupted or "
+                        "crafted file; a draft's config is a few levels deep)",
+                        "restore the draft's config.json") from None
     if not isinstance(data, dict):
         raise EyasError(f"{config_file} holds a {type(data).__name__}, not a JSON object",
                         "restore the draft's config.json")
@@ -208,7 +212,7 @@ def _normalise_config(path: Path, fmt: str, data: dict) -> LlamaConfig:
         data["architectures"] = [ARCHITECTURE]
     record = data.pop("eyas_record", None)  # what an eyas export kept of its target and training (write._record)
     if isinstance(record, dict) and fmt != EYAS:
-        data["eyas"] = {**record, **(data.get("eyas") or {})}
+        data["eyas"] = {**record, **(data["eyas"] if isinstance(data.get("eyas"), dict) else {})}
     eagle = data.get("eagle_config")
     if eagle is not None and not isinstance(eagle, dict):
         raise EyasError(f"{path} looks like {looks}, but its eagle_config is {eagle!r}, not an object",

@@ -31,7 +31,7 @@ def training_warnings(engine) -> list[str]:
         rec = read_record(getattr(engine.draft, "name_or_path", "."), engine.draft.config)
     except Exception:  # noqa: BLE001 - no record readable: nothing to compare
         return [context] if context else []
-    out = [context] if context else []
+    out = ([context] if context else []) + [f"note: the draft's {w}" for w in rec.warnings]
     have = template_sha(getattr(engine.target.tokenizer, "chat_template", None))
     if rec.template_sha and rec.template_sha != have:
         out.append(f"WARNING: this server renders chats with template sha256 {have}, the draft was trained on "

@@ -197,6 +197,21 @@ def test_tau_above_the_tokens_a_step_verifies_is_impossible():
     assert report.figures["impossible"] == ["tau 2.9 is above 2 (the server verifies 2 tokens a step, root included)"]
 
 
+
+@pytest.mark.parametrize("info,most", [
+    ({"num_draft_tokens": 4, "batch_schedule": "auto", "settings": ["0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"]}, 32),
+    ({"num_draft_tokens": 4, "batch_schedule": "auto"}, 32),  # a server from before it listed its settings
+    ({"num_draft_tokens": 4, "batch_schedule": "1:3,1,4;8:4,4,16;32:0"}, 16),
+    ({"num_draft_tokens": 6, "batch_schedule": None}, 6),
+])
+def test_an_eyas_servers_ceiling_counts_every_tree_it_may_run(info, most):
+    """``auto`` reports its smallest tree first (3,1,4): a tau of 5 from its 6,8,32 steps is no impossible figure."""
+    from eyas.common.server_metrics import EYAS
+    from eyas.doctor.server_config import num_draft_tokens
+
+    assert num_draft_tokens(EYAS, info) == most
+
+
 def test_counters_that_went_backwards_are_impossible_not_rejected():
     report, _ = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_impossible_after.prom"])
     assert report.exit_code == 1 and report.verdict.startswith("IMPOSSIBLE FIGURES (tau -1 is below 1")

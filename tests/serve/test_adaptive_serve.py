@@ -110,6 +110,18 @@ def test_a_seeded_requests_choices_are_its_n_1_texts_whatever_tree_each_step_too
     assert len(set(map(tuple, alone))) == 3  # the seeds decide
     assert "0" in ran and len(ran) >= 2, ran  # the trees differed between the two ways of asking
 
+
+def test_an_auto_server_lists_every_setting_it_may_run(auto_engine):
+    """/server_info names the smallest tree (num_draft_tokens) and every setting, so that ``eyas doctor --url``
+    bounds tau by the largest tree, not the first."""
+    from eyas.common.server_metrics import EYAS
+    from eyas.doctor.server_config import num_draft_tokens
+    from eyas.serve.banner import describe
+
+    info = describe(auto_engine)
+    assert info["num_draft_tokens"] == 4 and info["settings"] == ["0", "3,1,4", "5,1,6", "4,4,16", "6,8,32"]
+    assert num_draft_tokens(EYAS, info) == 32
+
 def test_the_step_costs_the_chooser_weighs_are_exported_where_timed():
     """``eyas:spec_step_cost_seconds`` per setting, kind of batch and rows bucket, through the Prometheus text
     format and its parser; absent where the costs are the CPU's relative units."""

@@ -58,13 +58,20 @@ def num_draft_tokens(kind: str, info: dict | None) -> int | None:
         return None
     key = "num_draft_tokens" if kind == EYAS else "speculative_num_draft_tokens"
     found = [info.get(key)]
-    if kind == EYAS and info.get("batch_schedule"):
-        from ..config import parse_schedule
+    if kind == EYAS:  # a schedule or auto runs other trees than the one num_draft_tokens names
+        from ..config import AUTO, AUTO_CANDIDATES, parse_schedule
 
-        try:
-            found += [s.num_draft_tokens for _, s in parse_schedule(info["batch_schedule"]) if s.speculative]
-        except EyasError:
-            pass
+        schedule = info.get("batch_schedule")
+        settings = info.get("settings")
+        if isinstance(settings, list):  # every setting the server may run, as "steps,topk,tokens" or "0"
+            found += [int(p[2]) for p in (str(x).split(",") for x in settings) if len(p) == 3 and p[2].isdigit()]
+        elif isinstance(schedule, str) and schedule.lower() == AUTO:  # a server from before ``settings``
+            found += [c[2] for c in AUTO_CANDIDATES]
+        elif schedule:
+            try:
+                found += [s.num_draft_tokens for _, s in parse_schedule(schedule) if s.speculative]
+            except EyasError:
+                pass
     found = [int(n) for n in found if isinstance(n, int) and not isinstance(n, bool) and n >= 2]
     return max(found) if found else None
 

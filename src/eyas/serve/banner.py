@@ -81,6 +81,7 @@ def describe(engine) -> dict:
             eagle_topk=tree.eagle_topk,
             num_draft_tokens=tree.num_draft_tokens,
             batch_schedule=format_schedule(s),  # "auto" when adaptive
+            settings=[setting_name(o) for o in s.options],  # every setting a step may run ("0": none)
         )
     return info
 

@@ -50,8 +50,8 @@ def add_serve_arguments(p) -> None:
     g.add_argument("--chat-template", default=None,
                    help="chat template (a file or the Jinja text) replacing the tokenizer's; use the one the "
                         "draft was trained with")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /generate "
-                   "(default: the EYAS_API_KEY environment variable, else no key)")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health, "
+                   "/dashboard and /metrics (see --metrics-require-key) (default: EYAS_API_KEY, else no key)")
     g.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each decode step before the last one's tokens are read back, so the server's own "
                         "work runs while the GPU computes (the native path's whole steps; on by default, "
@@ -229,7 +229,7 @@ def check_server_flags(args) -> None:
         raise EyasError(f"--max-prompt-tokens must be at least 1, got {args.max_prompt_tokens}")
     if args.switch_interval_ms is not None and not 0 < args.switch_interval_ms <= 1000:
         raise EyasError(f"--switch-interval-ms must be in (0, 1000], got {args.switch_interval_ms}",
-                        "give milliseconds, e.g. 0.5; leave it out for Python's 5 ms")
+                        "give milliseconds, e.g. 0.5 (the default is 0.1; Python's own is 5)")
     if args.membership_wait_steps < 0:
         raise EyasError(f"--membership-wait-steps must be 0 (each change at once) or more, got "
                         f"{args.membership_wait_steps}")

@@ -52,6 +52,10 @@ ERRORS = {
     "400": "invalid request: bytes, JSON, types, values, or a prompt that does not fit the context",
     "401": "missing or wrong API key (only when the server runs with --api-key)",
     "404": "unknown model",
+    "408": "the request ran past --request-timeout and was cancelled",
+    "413": "the body is larger than --max-request-bytes (as sent, or once decoded)",
+    "415": "a Content-Encoding other than gzip or deflate",
+    "429": "a streaming request past --max-concurrent-streams open streams",
     "500": "the engine failed while running this request",
     "503": "at capacity (--max-running-requests + --max-queued-requests); see Retry-After",
 }

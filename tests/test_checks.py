@@ -13,6 +13,7 @@ from eyas.engine.engine import Engine
 from eyas.errors import EyasError
 from eyas.models.draft import Eagle3Draft
 from eyas.pipeline import EngineArgs, build_engine
+from eyas.sample.sampling import SamplingParams
 
 
 def refuse(target, draft, spec, path="draft/", match=""):
@@ -217,6 +218,17 @@ def test_a_context_length_below_one_is_refused_not_ignored(folders, monkeypatch,
         build_engine(EngineArgs(model_path=str(folders / "target"), speculative_draft_model_path=str(folders / "draft"),
                                 context_length=length))
     assert "positive" in e.value.fix
+
+
+def test_the_context_length_caps_the_native_path_and_sizes_its_kv_pool(folders):
+    """``--context-length`` on the native path (the GPU's): the engine holds that context and its KV pool is
+    sized for it, not for the model's own (the cap was dropped where the target moved to the native forward)."""
+    engine = build_engine(EngineArgs(model_path=str(folders / "target"), speculative_draft_model_path=str(
+        folders / "draft"), context_length=96, engine="native", cuda_graphs=False, max_batch=2), warm_up=False)
+    assert engine.max_context == engine.target.info.max_context == 96
+    assert engine.target_pool.capacity_slots < 96 + 64  # the context and a tree's slack, not the model's 1,024+
+    with pytest.raises(EyasError, match=r"this context length \(96\) holds at most 95"):
+        engine.new_sequence(list(range(1, 100)), SamplingParams())
 
 
 def test_a_context_that_cannot_hold_the_tree_is_refused_before_loading(folders, monkeypatch):

@@ -93,7 +93,10 @@ class NativeTarget(Target):
 
     @classmethod
     def from_target(cls, target: Target) -> NativeTarget:
-        return cls(target.model, target.tokenizer, target.name, target.aux_layer_ids)
+        """``target`` on the native forward, its info as the caller left it (``--context-length``'s cap)."""
+        native = cls(target.model, target.tokenizer, target.name, target.aux_layer_ids)
+        native.info = target.info
+        return native
 
     def bytes_per_slot(self) -> int:
         n = self.native

@@ -329,6 +329,10 @@ def parse_args(argv=None):
                  "--draft-feed-interval"):
         p.add_argument(name, type=int, default=None)
     p.add_argument("--no-baseline", action="store_true", help="start no NONE server beside the speculative one")
+    p.add_argument("--static-settings", default=None, metavar="'S,K,N;...'",
+                   help="also start one static server per tree (num_steps,eagle_topk,num_draft_tokens) of the same "
+                        "draft beside them, e.g. '3,1,4;5,1,6;4,4,16;6,8,32': each level runs every server, and the "
+                        "summary sets the first server against NONE and against the best of these")
     p.add_argument("--serve-flags", default=None, metavar="'FLAGS'",
                    help="more eyas serve flags for both servers it starts, one string (e.g. "
                         "'--membership-wait-steps 0'), so that one command A/Bs a serving setting")
@@ -380,6 +384,11 @@ def parse_args(argv=None):
         p.error("--py-spy records the servers this starts: give --model-path (no --url) and --logs DIR")
     if args.in_process and not args.model_path:
         p.error("--in-process loads the engine here: give --model-path and the servers' --speculative-* flags")
+    for tree in (args.static_settings or "").split(";"):
+        if tree.strip() and (args.url or not args.speculative_draft_model_path or len(tree.split(",")) != 3
+                             or not all(x.strip().isdigit() for x in tree.split(","))):
+            p.error(f"--static-settings {tree.strip()!r}: give trees as S,K,N;S,K,N (e.g. '3,1,4;6,8,32'), with "
+                    "--model-path and --speculative-draft-model-path (the static servers are started here)")
     return args
 
 
@@ -389,7 +398,39 @@ def settings(args) -> dict:
 
 def save(args, runs: list[dict], complete: bool) -> None:
     write(args.out, "served load: streaming chat completions per client count and temperature",
-          {"settings": settings(args), "complete": complete, "runs": runs}, quiet=not complete)
+          {"settings": settings(args), "complete": complete, "summary": summary(runs), "runs": runs},
+          quiet=not complete)
+
+
+def static_trees(args) -> list[str]:
+    """``--static-settings``' trees, each as ``S,K,N``."""
+    return [t.strip().replace(" ", "") for t in (args.static_settings or "").split(";") if t.strip()]
+
+
+def static_flags(args, tree: str) -> list[str]:
+    """A static server of ``tree``: the first server's algorithm and draft, its tree flags, no schedule."""
+    steps, topk, tokens = tree.split(",")
+    return ["--speculative-algorithm", args.speculative_algorithm or "EAGLE3",
+            "--speculative-draft-model-path", args.speculative_draft_model_path,
+            "--speculative-num-steps", steps, "--speculative-eagle-topk", topk,
+            "--speculative-num-draft-tokens", tokens]
+
+
+def summary(runs: list[dict]) -> list[str]:
+    """Per level, the first server's tok/s against NONE's and against the best other speculating server's."""
+    out = []
+    for key in dict.fromkeys((r["temperature"], r["top_p"], r["clients"]) for r in runs):
+        level = {r["server"]: r["tokens_per_s"] for r in runs if (r["temperature"], r["top_p"], r["clients"]) == key}
+        first, rate = next(iter(level.items()))
+        others = {k: v for k, v in level.items() if k not in (first, "NONE")}
+        text = f"T={key[0]} top-p {key[1]} c={key[2]}: {first} {rate:.0f} tok/s"
+        if level.get("NONE"):
+            text += f", {rate / level['NONE']:.3f}x NONE"
+        if others:
+            best = max(others, key=others.get)
+            text += f", {rate / others[best]:.3f}x the best static ({best}, {others[best]:.0f} tok/s)"
+        out.append(text)
+    return out
 
 
 def temperature_levels(text: str, top_p: float) -> list[tuple[float, float]]:
@@ -421,11 +462,17 @@ def main(argv=None) -> int:
             wanted = [("main", engine_flags(args) + spec_flags(args))]
             if not args.no_baseline and args.speculative_algorithm != "NONE":
                 wanted.append(("NONE", engine_flags(args) + ["--speculative-algorithm", "NONE"]))
-            started = [(name, *start_server(flags, work / f"{name}.log", stack, args.py_spy), work / f"{name}.log")
-                       for name, flags in wanted]
-            for _name, url, proc, log_path in started:
-                wait_ready(url, proc, log_path)
-                targets.append((label_of(url), url))
+            wanted += [(tree, engine_flags(args) + static_flags(args, tree)) for tree in static_trees(args)]
+            # the first server starts once the others are ready: an ``auto`` one times its steps while it
+            # captures its graphs, which must not share the GPU with another server's capture
+            ready = {}
+            for group in (wanted[1:], wanted[:1]):
+                started = [(name, *start_server(flags, work / f"{name}.log", stack, args.py_spy),
+                            work / f"{name}.log") for name, flags in group]
+                for name, url, proc, log_path in started:
+                    wait_ready(url, proc, log_path)
+                    ready[name] = (name if name in static_trees(args) else label_of(url), url)
+            targets = [ready[name] for name, _ in wanted]
             targets = list(dict.fromkeys(targets))  # the main server may itself be NONE
         engines = in_process_engines(args, [label for label, _ in targets]) if args.in_process else {}
         runs = []
@@ -448,6 +495,8 @@ def main(argv=None) -> int:
                     runs.append(level)
                     if args.out:  # after every level: a run cut short (a device call's time limit) keeps its levels
                         save(args, runs, complete=False)
+    for text in summary(runs):
+        print(text)
     if args.out:
         save(args, runs, complete=True)
     else:

@@ -188,3 +188,28 @@ def test_serve_load_spreads_the_answer_lengths_alike_for_every_server(http_pair,
     with pytest.raises(SystemExit):
         script.parse_args(["--url", spec_url, "--output-len-spread", "1"])
     assert "--output-len-spread must be in [0, 1), got 1.0" in capsys.readouterr().err
+
+
+def test_serve_load_puts_static_servers_beside_the_first_and_sets_it_against_the_best(folders, tmp_path, capsys):
+    """``--static-settings``: one static server per tree beside the first (here ``auto``), every level run on each,
+    and the summary sets the first against NONE and the best static server, in the JSON and the output."""
+    out = tmp_path / "load.json"
+    code = load_script().main([
+        "--model-path", folders[0], "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+        folders[1], "--speculative-batch-schedule", "auto", "--static-settings", "3,1,4", "--device", "cpu",
+        "--dtype", "float32", "--clients", "2", "--temperatures", "0", "--requests-per-client", "1",
+        "--max-tokens", "4", "--max-running-requests", "2", "--prompts", "code", "--out", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert [r["server"] for r in data["runs"]] == ["EAGLE3", "NONE", "3,1,4"]
+    assert all(r["errors"] == [] and r["output_tokens"] == 8 for r in data["runs"])
+    [text] = data["summary"]
+    assert "x NONE" in text and "the best static (3,1,4," in text and text in capsys.readouterr().out
+
+
+def test_serve_load_refuses_static_settings_it_cannot_start(capsys):
+    for argv in (["--url", "http://127.0.0.1:9", "--static-settings", "3,1,4"],
+                 ["--model-path", "m", "--speculative-draft-model-path", "d", "--static-settings", "3,1"]):
+        with pytest.raises(SystemExit):
+            load_script().parse_args(argv)
+        assert "--static-settings" in capsys.readouterr().err

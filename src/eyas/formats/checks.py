@@ -103,7 +103,6 @@ def check_dtypes(path: Path, fmt: str, state: dict) -> None:
     """Refuse a quantised draft before any arithmetic on its tensors: FP8 (or other low-precision) weights, with or
     without their scale tensors. Without the scales the stored values are not the weights and cannot be upcast to
     them; with them, it is a quantised checkpoint, which eyas does not run."""
-    import torch
 
     looks = LOOKS_LIKE[fmt]
     fix = ("export the draft unquantised in bfloat16, float16 or float32 (from the checkpoint it was quantised "
@@ -126,8 +125,6 @@ def check_dtypes(path: Path, fmt: str, state: dict) -> None:
 
 def check_finite(path: Path, fmt: str, state: dict) -> None:
     """No NaN or infinite weight: a draft with one proposes garbage and is rejected every step, silently."""
-    import torch
-
     for name, t in state.items():
         if not torch.is_tensor(t) or not t.is_floating_point():
             continue
@@ -143,8 +140,6 @@ def check_finite(path: Path, fmt: str, state: dict) -> None:
 
 def check_d2t(path: Path, fmt: str, d2t, draft_vocab: int, vocab: int) -> None:
     """``d2t`` as ``target id = draft id + d2t[draft id]`` can use it: one offset per draft id, inside the target."""
-    import torch
-
     looks = LOOKS_LIKE[fmt]
     fix = "rebuild the draft vocabulary maps (eyas train builds d2t/t2d together) or export the draft again"
     if tuple(d2t.shape) != (draft_vocab,):

@@ -194,7 +194,7 @@ def completion_logprobs(req: CompletionRequest) -> tuple[int | None, int | None]
     return logprobs, alternatives("prompt_logprobs", req.prompt_logprobs)
 
 
-def generate_logprobs(req: GenerateRequest, prompts: list[list[int]] = ()) -> tuple[int | None, int | None]:
+def generate_logprobs(req: GenerateRequest, prompts: list[list[int]]) -> tuple[int | None, int | None]:
     """SGLang's ``return_logprob``, ``top_logprobs_num`` and ``logprob_start_len`` -> (SamplingParams.logprobs,
     .prompt_logprobs): the prompt's when ``logprob_start_len`` >= 0 (-1, or none: the output's alone), a position
     inside every one of ``prompts`` (as SGLang, which aborts one at or past the prompt's end)."""
@@ -207,7 +207,7 @@ def generate_logprobs(req: GenerateRequest, prompts: list[list[int]] = ()) -> tu
     if start < -1:
         raise bad_request(f"logprob_start_len must be -1 (the output's logprobs alone) or a prompt position >= 0, got "
                           f"{start}", param="logprob_start_len", code="invalid_value")
-    size, which = min(((len(p), i) for i, p in enumerate(prompts)), default=(start + 1, 0))
+    size, which = min((len(p), i) for i, p in enumerate(prompts))  # a batch is never empty (text_prompts)
     if start >= size:  # else a 200 whose input_token_logprobs is silently empty
         batch = len(prompts) > 1
         raise bad_request(f"logprob_start_len={start} is past the end of {f'prompt {which}' if batch else 'the prompt'}"

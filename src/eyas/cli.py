@@ -114,7 +114,10 @@ def config_tokens(path: str, key, action: argparse.Action, option: str, value) -
         if not isinstance(value, bool):
             raise EyasError(f"--config {path}: {key} is a switch and takes true or false, got {value!r}",
                             f"write {key}: true")
-        return [option] if value else []
+        if value:
+            return [option]
+        # false: a plain switch stays off; --x/--no-x (BooleanOptionalAction) takes its other spelling
+        return [o for o in action.option_strings if o.startswith("--no-") != option.startswith("--no-")][:1]
     if value is None:
         return []
     if isinstance(value, bool):

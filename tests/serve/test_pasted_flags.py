@@ -171,6 +171,17 @@ def test_config_file_sets_flags_and_the_command_line_wins(tmp_path):
     assert (serve_args(f"--config={js}").port, serve_args("--config", str(js)).speculative_algorithm) == (31002, "NONE")
 
 
+def test_config_file_false_turns_an_on_by_default_switch_off(tmp_path):
+    """``overlap-schedule: false`` is ``--no-overlap-schedule`` (it was dropped: the overlap stayed on)."""
+    cfg = tmp_path / "serve.yaml"
+    for text, want in (("overlap-schedule: false\n", False), ("overlap-schedule: true\n", True),
+                       ("no-overlap-schedule: true\n", False), ("log-requests: false\n", None)):
+        cfg.write_text(text)
+        a = serve_args("--config", str(cfg))
+        assert (a.log_requests if "log" in text else a.overlap_schedule) in ((want,) if want is not None else
+                                                                             (None, False)), text
+
+
 @pytest.mark.parametrize("text, words", [
     ("max-prefil-tokens: 5\n", ["unknown key 'max-prefil-tokens'", "did you mean max_prefill_tokens?"]),
     ("log-requests: 1\n", ["log-requests is a switch"]),

@@ -58,7 +58,8 @@ def test_flags_always_win(device):
     choice, e = chosen(device, "--speculative-config", config)
     assert choice.setting == "3,1,4" and e.speculative_draft_model_path == "d"
     # speculation asked for without a tree: adaptive, on every device (it may still run no speculation)
-    for argv in (["--speculative-algorithm", "EAGLE3"], ["--speculative-draft-model-path", "d"]):
+    for argv in (["--speculative-algorithm", "EAGLE3"], ["--speculative-draft-model-path", "d"],
+                 ["--speculative-config", '{"method": "eagle3", "model": "d"}']):  # vLLM's JSON, no token count
         choice, e = chosen(device, *argv)
         assert (choice.setting, choice.source) == (AUTO, "flags") and e.speculative_batch_schedule == AUTO
     choice, e = chosen(device, "--speculative-algorithm", "NONE", "--speculative-draft-model-path", "d")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from ..common.draft_registry import default_draft_for
 from ..config import AUTO
+from ..speculative_config import from_vllm
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,9 @@ DEVICE_DEFAULTS = {
 }
 OTHER = DeviceDefault(AUTO, "the default without a measured setting for this device: adaptive")
 
-TREE_FLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_config",
+TREE_FLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
               "speculative_batch_schedule")
-CHOICE_FLAGS = ("speculative_algorithm", "speculative_draft_model_path")
+CHOICE_FLAGS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_config")
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ def choose_setting(args, engine_args) -> SettingChoice:
     e = engine_args
     if (e.speculative_algorithm or "").upper() == "NONE":
         return SettingChoice("0", "flags", "as the flags say (--speculative-algorithm NONE)")
-    if any(getattr(args, name, None) is not None for name in TREE_FLAGS):
+    vllm = from_vllm(args.speculative_config) if getattr(args, "speculative_config", None) else {}
+    if any(getattr(args, name, None) is not None or name in vllm for name in TREE_FLAGS):
         setting = e.speculative_batch_schedule or \
             f"{e.speculative_num_steps},{e.speculative_eagle_topk},{e.speculative_num_draft_tokens}"
         setting = AUTO if setting.strip().lower() == AUTO else setting

@@ -258,8 +258,8 @@ def add_engine_arguments(parser) -> None:
                    help="native path: largest batch size with CUDA graphs, captured at startup; larger batches "
                         "run eagerly (default: the max batch)")
     g.add_argument("--draft-feed-interval", type=int, default=8,
-                   help="with a schedule or auto: plain steps keep their tokens for the draft, which takes them "
-                        "this many steps at once (1: fed on every step; default 8)")
+                   help="native path, with a schedule or auto: plain steps keep their tokens for the draft, which "
+                        "takes them this many steps at once (1: fed on every step; default 8)")
 
 
 # SGLang's and vLLM's other kinds of speculation, named so a refusal says what each one is

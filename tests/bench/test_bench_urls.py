@@ -36,3 +36,18 @@ def test_tune_names_the_flag_it_refuses(capsys):
 
     assert main(["tune", "--batch-sizes", "0"]) == 2
     assert "--batch-sizes '0' is not a list of positive integers" in capsys.readouterr().err
+
+
+def test_a_baseline_url_without_url_is_refused_not_dropped(tmp_path, capsys, monkeypatch):
+    """Without --url the bench runs in-process: --baseline-url (or --served-model-name) would be ignored."""
+    import eyas.bench.cli as bench_cli
+    from eyas.cli import main
+
+    monkeypatch.setattr(bench_cli, "bench_offline", lambda *a: fail("ran in-process"))
+    code = main(["bench", "--baseline-url", "http://127.0.0.1:9", "--num-prompts", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--baseline-url belong to a served benchmark" in err and "add --url URL" in err
+
+
+def fail(why):
+    raise AssertionError(why)

@@ -182,6 +182,15 @@ def test_warm_up_builds_every_bucket_and_changes_no_output(target, draft, refere
     assert sum(len(r.graphs) for r in runners) == planned  # nothing left to build on first use
 
 
+def test_cuda_graph_max_bs_caps_every_runner_the_prefills_too(target, draft):
+    """``--cuda-graph-max-bs 2``: no graph of more rows, the prefill's included (they went up to 4 rows)."""
+    engine = Engine(NativeTarget.from_target(target), draft, SpecConfig("EAGLE3", 3, 1, 4), max_batch=8,
+                    graph_max_batch=2)
+    runners = engine.graph_runners()
+    assert any(r.name.startswith("prefill") for r in runners)
+    assert max(max(r.rows) for r in runners) == 2
+
+
 def test_warm_up_says_why_it_captures_nothing(target):
     assert "generic path" in Engine(target).warm_up()
     assert "disabled" in Engine(NativeTarget.from_target(target), cuda_graphs=False, max_batch=2).warm_up()

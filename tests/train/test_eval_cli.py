@@ -187,3 +187,23 @@ def test_a_target_that_generates_nothing_is_an_error_not_a_result():
     engine = Engine(target, None, SpecConfig(Algorithm.NONE))
     with pytest.raises(EyasError, match="no prompt generated a token"):
         evaluate(engine, [[65, 66, 67]], SamplingParams(max_new_tokens=4))
+
+
+@pytest.mark.parametrize("command, flags, rows", [("eval", ["--batch-size", "65"], 65), ("eval", [], 64),
+                                                   ("bench", ["--concurrency", "1,80"], 80)])
+def test_the_kv_cache_holds_the_rows_a_batch_size_asks_for(command, flags, rows, tmp_path, monkeypatch):
+    """``eyas eval --batch-size`` and ``eyas bench --concurrency`` size the engine's batch (they have no
+    --max-running-requests): 65 rows used to meet a 64-row KV cache and a message naming a flag eval lacks."""
+    import eyas.pipeline as pipeline
+
+    seen = []
+
+    def build(args, *a, **k):
+        seen.append(args.max_batch)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(pipeline, "build_engine", build)
+    with pytest.raises(SystemExit):
+        main([command, "--model-path", "m", "--speculative-draft-model-path", "d", *flags,
+              *(["--prompts", "chat"] if command == "eval" else ["--out", str(tmp_path)])])
+    assert seen == [rows]

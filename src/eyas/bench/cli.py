@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..common.prompts import prompt_records
@@ -110,6 +111,13 @@ def run(args) -> int:
             raise EyasError(f"--url benchmarks the server at {args.url} as it runs, so {', '.join(given)} would be "
                             "ignored", "drop them and start the server with them instead, or leave out --url to "
                             "benchmark in-process with them")
+    if not args.url:  # in-process: the HTTP flags would be dropped without a word
+        given = [flag for flag, value in (("--baseline-url", args.baseline_url), ("--served-model-name", args.model))
+                 if value is not None]
+        if given:
+            raise EyasError(f"{', '.join(given)} belong to a served benchmark, and no --url names the server to load",
+                            "add --url URL (the speculative server; --baseline-url is its NONE twin), or drop them "
+                            "to benchmark in-process")
     result = bench_online(args, prompts, levels) if args.url else bench_offline(args, prompts, levels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +176,7 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
     from .offline import run_engine, warm_up
 
     print("loading ...", file=sys.stderr, flush=True)
-    engine = build_engine(engine_args_from(args))
+    engine = build_engine(replace(engine_args_from(args), max_batch=max(64, *levels)))  # every level's rows
     if not engine.spec.speculative:
         raise EyasError(f"nothing to compare: no draft is given or shipped for {args.model_path!r}, so the engine runs "
                         "without speculation", "pass --speculative-draft-model-path DRAFT, or --url/--baseline-url "

@@ -80,8 +80,8 @@ def native_pools(target, draft_steps, spec: SpecConfig, config: EngineConfig, tr
                        for s in spec.options}
     if cuda_graphs and c.prefill_graphs:  # on the CPU its buckets run eagerly, as every runner's do
         aux = tuple(target.aux_layer_ids) if spec.speculative else ()
-        prefiller = StaticPrefill(target, draft_steps if spec.speculative else None, max_batch, max_context, aux,
-                                  cuda_graphs, c.kernels)
+        prefiller = StaticPrefill(target, draft_steps if spec.speculative else None, c.graph_rows, max_context, aux,
+                                  cuda_graphs, c.kernels)  # --cuda-graph-max-bs caps its rows too
     ops = ops_for(target_pool, like, target.native.rope)
     layout = (f"native Llama forward, static KV cache {plan.describe()}, context {max_context}, "
               f"CUDA graphs {'on' if graphs else 'off' if device.type == 'cuda' else 'n/a (CPU)'}, "

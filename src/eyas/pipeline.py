@@ -193,7 +193,8 @@ def build_engine(args: EngineArgs, warm_up: bool = True):
         engine.layout += (f"; --mem-fraction-static {args.mem_fraction_static:g} has no effect here: this path "
                           "preallocates no KV cache, it grows with the running rows")
     log.debug("engine: %s", engine.layout)
-    if warm_up and engine.static and args.cuda_graphs:
+    # captured at startup; adaptive speculation on a GPU times its settings there even without graphs
+    if warm_up and (engine.static and args.cuda_graphs or engine.chooser and engine.device.type == "cuda"):
         print(engine.warm_up(), file=sys.stderr, flush=True)
     return engine
 

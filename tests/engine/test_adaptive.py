@@ -307,6 +307,15 @@ def test_step_costs_are_measured_for_every_setting_and_bucket(target, draft):
     assert out.output_ids == reference_greedy(target.model, PROMPTS[0], 8)  # the caches were emptied after
 
 
+def test_without_graphs_auto_still_times_its_settings_at_warm_up(target, draft):
+    """``--disable-cuda-graph`` with ``auto``: nothing to capture, but the chooser still gets measured costs
+    (with only its model's, live steps never corrected them)."""
+    engine = Engine(NativeTarget.from_target(target), draft, AUTO, max_batch=2, cuda_graphs=False)
+    assert not engine.chooser.measured
+    assert engine.warm_up(on_cpu=True) == "CUDA graphs: none to capture (disabled)"
+    assert engine.chooser.measured
+
+
 def test_the_engine_teaches_the_chooser_each_steps_cost(target, draft, references):
     """Measured costs (seconds) move with the steps the engine runs; the plain steps between drafting ones leave
     no draft logits, and the next drafting step computes them: outputs stay the target's greedy ones."""

@@ -59,6 +59,14 @@ def warm_first_tokens(engine) -> None:
             first_tokens(logits, rows.kind, rows.floats, rows.ints, lengths, None, engine.ops)
 
 
+def time_settings(engine, measure: bool) -> None:
+    """``auto``'s chooser takes each setting's step cost as measured here (greedy and sampled), not modelled;
+    until then it holds rough model costs that live steps never correct."""
+    if measure and engine.chooser:
+        sampled = measure_step_costs(engine, params=SAMPLED_COSTS)
+        engine.chooser.set_costs(measure_step_costs(engine), measured=True, sampled=sampled)
+
+
 @torch.inference_mode()
 def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
     """Capture every CUDA graph the engine can replay (each runner's ``plan()``: rows buckets up to
@@ -66,9 +74,10 @@ def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
     one-line summary. The caches are emptied afterwards, so generation is unchanged. On the CPU
     there is nothing to capture: skipped, unless ``on_cpu`` (tests) runs each bucket once eagerly."""
     runners = [r for r in graph_runners(engine) if r.enabled]
-    if not runners:
-        return "CUDA graphs: none to capture (" + ("disabled)" if engine.static else "generic path)")
     cuda = engine.device.type == "cuda"
+    if not runners:  # adaptive speculation still times its settings where it runs, graphs or not
+        time_settings(engine, cuda or on_cpu)
+        return "CUDA graphs: none to capture (" + ("disabled)" if engine.static else "generic path)")
     if not (cuda and any(r.capture for r in runners)) and not on_cpu:
         return "CUDA graphs: n/a on the CPU, nothing captured"
     from tqdm.auto import tqdm
@@ -87,9 +96,7 @@ def warm_up(engine, progress: bool = True, on_cpu: bool = False) -> str:
     bar.close()
     warm_first_tokens(engine)
     engine._reset_pools()
-    if cuda and engine.chooser:
-        sampled = measure_step_costs(engine, params=SAMPLED_COSTS)
-        engine.chooser.set_costs(measure_step_costs(engine), measured=True, sampled=sampled)
+    time_settings(engine, cuda)
     seconds = time.perf_counter() - start
     if cuda:  # from here on, a kernel compiled or a graph captured kept a request waiting: logged and counted
         FIRST_USE.arm()

@@ -171,6 +171,20 @@ def test_print_recipe_checks_the_values_as_a_run_does(capsys):
     assert "data.path is empty" in capsys.readouterr().err
 
 
+def test_path_and_name_flags_are_taken_as_given_not_as_yaml(capsys):
+    """--output 2024.10 is not the number 2024.1, 'runs/a #2' is not 'runs/a' (a YAML comment), 'on' is not
+    true: the path and name flags reach the recipe as the text they are."""
+    from eyas.cli import main
+
+    for flag, value, key in (("--output", "2024.10", "output"), ("--output", "runs/a #2", "output"),
+                             ("--model-path", "models/m #2", "target"), ("--run-name", "on", "run_name"),
+                             ("--run-name", "1e3", "run_name"), ("--data", "0017", "path")):
+        assert main(["train", "--print-recipe", "--data", "d", *([flag, value] if flag != "--data" else
+                                                                  ["--data", value])]) == 0, (flag, value)
+        out = capsys.readouterr().out
+        assert f"{key}: {value}" in out or f"{key}: '{value}'" in out, (flag, value, out)
+
+
 @pytest.mark.parametrize("shortcut,override,key", [
     (["--data", "A"], "data.path=B", "data.path"),
     (["--data", "A"], "data={path: B}", "data.path"),

@@ -46,6 +46,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def nested(key: str, value) -> dict:
+    """``a.b`` and a value -> {"a": {"b": value}}: an override taken as it is, not parsed."""
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
 def run(args) -> int:
     from .recipe import load_recipe
 
@@ -53,8 +60,8 @@ def run(args) -> int:
     check_shortcuts(args)
     for key, value in (("data.path", args.data), ("output", args.output), ("target", args.model_path),
                        ("log.run_name", args.run_name)):
-        if value is not None:
-            overrides.append(f"{key}={value}")
+        if value is not None:  # text as given: a path or a name is not YAML ('runs/a #2', '2024.10', 'on')
+            overrides.append(nested(key, str(value)))
     if args.report_to is not None:  # as HF Trainer's --report_to: the flag is the whole choice
         names = [n.strip() for n in args.report_to.split(",") if n.strip() and n.strip().lower() != "none"]
         overrides += [f"log.trackers=[{', '.join(names)}]", "log.tensorboard=false"]
@@ -70,7 +77,7 @@ def run(args) -> int:
         if recipe_file is None:
             raise EyasError(f"--resume {args.resume}: no recipe.yaml in that run folder to resume with",
                             "pass the run's --recipe and the same --set overrides it was started with")
-        overrides.insert(0, f"output={recipe_file.parent}")  # the run continues where it is now
+        overrides.insert(0, {"output": str(recipe_file.parent)})  # the run continues where it is now
     recipe = load_recipe(recipe_file, overrides)
     if args.print_recipe:
         return print_recipe(recipe)

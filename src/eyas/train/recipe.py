@@ -238,7 +238,9 @@ def parse_override(text: str) -> dict:
     return out
 
 
-def load_recipe(path=None, overrides: list[str] = ()) -> Recipe:
+def load_recipe(path=None, overrides: list[str | dict] = ()) -> Recipe:
+    """The recipe file (or the defaults) with ``overrides`` on top: ``--set`` text (``a.b=value``, the value
+    parsed as YAML) or a mapping taken as it is (the path and name flags)."""
     recipe = Recipe()
     if path:
         p = Path(path)
@@ -253,5 +255,5 @@ def load_recipe(path=None, overrides: list[str] = ()) -> Recipe:
                             "write it as `target: ...`, `data: {path: ...}`, ... (see recipes/)")
         _merge(recipe, data, "")
     for o in overrides:
-        _merge(recipe, parse_override(o), "")
+        _merge(recipe, o if isinstance(o, dict) else parse_override(o), "")
     return recipe

@@ -272,6 +272,28 @@ def test_expectations_that_could_never_fail_are_refused(flags, capsys):
     assert "fix:" in capsys.readouterr().err
 
 
+def test_more_probes_than_the_chat_set_holds_are_all_sent():
+    """--probes 40 sends 40 (the built-in chat set holds 30: the rest were dropped without a word)."""
+    _, calls = diagnose("vllm", ["vllm_eagle3_before.prom", "vllm_eagle3_after.prom"], probes=40)
+    assert calls["chat"] == 40
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--draft", "d", "--expect-tau", "99"], "--expect-tau is for a running server (--url)"),
+    (["--probes", "7", "--baseline-tps", "40"], "--probes, --baseline-tps are for a running server"),
+    (["--url", "http://127.0.0.1:9", "--context-length", "4096"], "--context-length is for the static checks"),
+    (["--url", "http://127.0.0.1:9", "--baseline-url", "http://127.0.0.1:8", "--baseline-tps", "40"],
+     "--baseline-url and --baseline-tps both name the baseline"),
+])
+def test_a_flag_the_run_would_drop_is_refused(argv, words, capsys):
+    """A live check asked of a static run (or the other way round) is refused: exit 0 without the check would
+    pass a CI gate that asked for it."""
+    from eyas.cli import main
+
+    assert main(["doctor", *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
 def test_a_static_context_length_below_one_is_refused(capsys):
     from eyas.cli import main
 

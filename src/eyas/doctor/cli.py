@@ -57,6 +57,16 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+# (dest, flag, default) of the flags one mode reads and the other would drop
+LIVE_FLAGS = (("probes", "--probes", 5), ("no_probe", "--no-probe", False), ("max_tokens", "--max-tokens", 64),
+              ("model", "--model", None), ("expect_tau", "--expect-tau", None),
+              ("tau_tolerance", "--tau-tolerance", 0.1), ("baseline_url", "--baseline-url", None),
+              ("baseline_tps", "--baseline-tps", None), ("timeout", "--timeout", 300.0))
+STATIC_FLAGS = (("speculative_algorithm", "--speculative-algorithm", None),
+                ("context_length", "--context-length", None), ("trust_remote_code", "--trust-remote-code", False),
+                ("allow_pickle", "--allow-pickle", False))
+
+
 def run(args) -> int:
     if args.url and (args.draft or args.target):
         raise EyasError("--url checks a running server; --draft/--target check files. Pass one or the other",
@@ -73,6 +83,18 @@ def run(args) -> int:
     if args.context_length is not None and args.context_length < 1:
         raise EyasError(f"--context-length {args.context_length} must be at least 1",
                         "pass the serving context, e.g. --context-length 4096, or leave it out for the target's")
+    if args.baseline_url and args.baseline_tps is not None:
+        raise EyasError("--baseline-url and --baseline-tps both name the baseline",
+                        "pass one: --baseline-url URL to probe a NONE server alike, or --baseline-tps RATE measured "
+                        "elsewhere")
+    other = [flag for dest, flag, default in (LIVE_FLAGS if not args.url else STATIC_FLAGS)
+             if getattr(args, dest) != default]
+    if other:  # a check the other mode runs: dropped without a word, a CI gate would pass without it
+        raise EyasError(f"{', '.join(other)} {'are' if len(other) > 1 else 'is'} for "
+                        f"{'a running server (--url)' if not args.url else 'the static checks (--draft/--target)'}, "
+                        f"and this run {'checks files' if not args.url else 'checks the server at ' + args.url}",
+                        "add --url URL to check a server live" if not args.url else
+                        "drop them, or run eyas doctor --draft/--target for the static checks")
     if args.url:
         from .live import LiveOptions, diagnose_live, read_expect_tau
 

@@ -166,7 +166,8 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
         if server_config.num_draft_tokens(view.kind, info):
             report.figures["server_num_draft_tokens"] = server_config.num_draft_tokens(view.kind, info)
         before = server_metrics.snapshot(samples, view.kind) if samples is not None else None
-        prompts = prompt_set("chat")[: max(opts.probes, 0)]
+        chat = prompt_set("chat")
+        prompts = [chat[i % len(chat)] for i in range(max(opts.probes, 0))]  # past the set, round again
         result, baseline = None, (opts.baseline_tps, "--baseline-tps") if opts.baseline_tps else (None, "")
         if not opts.no_probe and prompts:
             with _baseline_side(opts, baseline_client) as side:

@@ -278,6 +278,20 @@ def test_magpie_source_end_to_end_and_benchmark_prompts_excluded(tmp_path):
     assert any(line.startswith("source magpie: ") and line.endswith("from 6 openings of a user turn") for line in logs)
 
 
+def test_limit_caps_the_sources_the_target_writes_too(monkeypatch):
+    """--limit N: at most N prompts from each built-in source, self and magpie included (asked of the target
+    N times, self's requests spread over its topics), as from chatterbot and pydoc."""
+    import eyas.data.prepare as prep
+
+    asked = {}
+    monkeypatch.setattr(prep, "self_prompts", lambda t, xs, regen: asked.setdefault("self", xs))
+    monkeypatch.setattr(prep, "magpie_prompts", lambda t, n, regen: [{"n": i} for i in range(n)])
+    got = prep.collect(None, PrepareConfig(sources=["self", "magpie", "pydoc"], limit=5, magpie_prompts=50,
+                                           self_per_topic=8), log=lambda *_: None)
+    assert len(asked["self"]) == 5 and len({r["source"] for r in asked["self"]}) == 5  # five topics, not one
+    assert sum("n" in r for r in got) == 5 and len(got) == 15
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),

@@ -22,7 +22,8 @@ def register(sub) -> None:
                    help="built-in offline prompt source (repeat): chatterbot conversations, questions on Python's "
                         "own documentation, questions the target writes on a topic list (self), or user "
                         "messages the target writes from its template's opening of a user turn (magpie)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many prompts per built-in source")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many prompts per built-in source (self and magpie: asked of the target)")
     p.add_argument("--self-per-topic", type=int, default=8, help="prompts the target writes per topic (source self)")
     p.add_argument("--magpie-prompts", type=int, default=2000,
                    help="user turns the target is asked to write (source magpie); duplicates are dropped")

@@ -45,11 +45,13 @@ def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
     for name in cfg.sources:
         if name == "self":
             requests = sources.self_instruct_requests(cfg.self_per_topic)
+            if cfg.limit is not None and cfg.limit < len(requests):  # a request, a prompt: spread over the topics
+                requests = [requests[i * len(requests) // cfg.limit] for i in range(cfg.limit)]
             got = [r for part in _sharded(lambda xs: self_prompts(target, xs, cfg.regen), requests, dist_ctx)
                    for r in part]
             log(f"source self: {len(got)} prompts written by the target from {len(requests)} requests")
         elif name == "magpie":
-            asks = list(range(cfg.magpie_prompts))
+            asks = list(range(min(cfg.magpie_prompts, cfg.limit if cfg.limit is not None else cfg.magpie_prompts)))
             got = [r for part in _sharded(lambda xs: magpie_prompts(target, len(xs), cfg.regen), asks, dist_ctx)
                    for r in part]
             log(f"source magpie: {len(got)} prompts written by the target from {len(asks)} openings of a user turn")

@@ -111,6 +111,13 @@ def test_gpus_without_plan_is_refused_not_a_one_gpu_run(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_gpu_memory_without_plan_is_refused_not_a_cap(tmp_path, capsys):
+    """``--gpu-memory 24`` read like a memory cap on the run; it only shapes --plan, as --gpus."""
+    assert main(["train", "--gpu-memory", "24", "--output", str(tmp_path / "run")]) == 2
+    assert "--gpu-memory 24 only sets the GPU size --plan figures for" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("size", ["0", "nan", "inf", "-80"])
 def test_plan_refuses_a_gpu_size_that_is_no_size(size, capsys):
     assert main(["train", "--plan", "--model", str(FIXTURES / "kimi-k2.5"), "--gpu-memory", size]) == 2

@@ -87,6 +87,10 @@ def run(args) -> int:
         raise EyasError(f"--gpus {args.gpus} only sets how many GPUs --plan figures for; it does not start a run "
                         "on several GPUs", f"train on {args.gpus} GPUs with torchrun --nproc-per-node "
                         f"{args.gpus} -m eyas train ..., or add --plan to see what {args.gpus} GPUs need")
+    if args.gpu_memory != 80.0:  # the same: a --plan figure, no cap on what a run takes
+        raise EyasError(f"--gpu-memory {args.gpu_memory:g} only sets the GPU size --plan figures for; a run takes "
+                        "what its recipe needs", "add --plan to see what fits, or lower data.tokens_per_batch "
+                        "to make a run smaller")
     from .checkpoint import check_branch, check_new_output
     from .trainer import Trainer
 

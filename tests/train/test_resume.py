@@ -276,3 +276,14 @@ def test_data_prepared_again_under_the_same_path_is_a_change(tmp_path):
         t.resume(tmp_path / "run")
     assert "--allow-recipe-change" in e.value.fix
     t.resume(tmp_path / "run", allow_recipe_change=True)
+
+
+def test_resume_with_a_recipe_that_writes_elsewhere_is_refused(crashed, tmp_path, capsys):
+    """``--resume RUN --recipe R`` with R's output another folder (the copied run's recipe still names the
+    original) went on in R's folder, not RUN; now refused, naming --output RUN and --output NEW_FOLDER."""
+    run, _, _ = copy_run(crashed, tmp_path)
+    assert main(["train", "--resume", str(run), "--recipe", str(run / "recipe.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"not in {run}" in err and f"--output {run}" in err and "--output NEW_FOLDER" in err
+    assert main(["train", "--resume", str(run), "--recipe", str(run / "recipe.yaml"), "--output", str(run)]) == 0
+    assert "resumed at step 6" in capsys.readouterr().out

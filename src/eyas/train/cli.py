@@ -46,6 +46,21 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_continues(args, output) -> None:
+    """``--resume RUN --recipe R`` where R writes elsewhere and no --output says so: the run would go on in R's
+    folder (the default runs/draft, say), not in RUN; a branch into a new folder names it."""
+    if args.output is not None or args.recipe is None:
+        return
+    from .checkpoint import STEP
+
+    p = Path(args.resume)
+    run = p.parent.parent if STEP.fullmatch(p.name) and p.parent.name == "checkpoints" else p
+    if Path(output).resolve() != run.resolve():
+        raise EyasError(f"--resume {args.resume} with --recipe {args.recipe} would continue in {output} (the "
+                        f"recipe's output), not in {run}", f"add --output {run} to continue the run there, or "
+                        "--output NEW_FOLDER to branch into a new one")
+
+
 def nested(key: str, value) -> dict:
     """``a.b`` and a value -> {"a": {"b": value}}: an override taken as it is, not parsed."""
     for part in reversed(key.split(".")):
@@ -105,6 +120,7 @@ def run(args) -> int:
     if not args.resume:
         check_new_output(recipe.output)
     else:
+        check_continues(args, recipe.output)
         check_branch(args.resume, recipe.output)
     trainer = Trainer(recipe, trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.resume:

@@ -27,7 +27,8 @@ category, as ``eyas eval`` reports it) and, with ``auto``, the steps each settin
 (``steps_per_setting``, from ``eyas:spec_setting_steps_total``) and what its chooser believed after it
 (``chooser``: tau per setting and kind of row, step cost per setting, kind of batch and rows bucket, and
 ``observed_ms``: the level's live steps that moved those costs, [count, mean ms as measured]); for an eyas
-server, ``engine_thread``: its engine thread's seconds in the level by activity and its steps.
+server, ``engine_thread``: its engine thread's seconds in the level by activity and its steps (a turn is booked
+when it ends: one under way as the level began counts in it whole).
 ``--in-process`` loads the same engine here (``--model-path`` and the ``--speculative-*`` flags must
 describe the servers) and runs the same prompts through its own loop (steps launched ahead, as
 ``Engine.generate``) with the clients as the batch size and the same temperature and top-p, so each served

@@ -46,9 +46,11 @@ def test_serve_load_reports_each_level_with_tau_and_the_in_process_figure(http_p
         for key in ("ttft_s", "itl_s", "tpot_s"):
             p = r[key]  # itl_s: None when every answer came as one chunk of text
             assert p is None if key == "itl_s" and p is None else 0 < p["p50"] <= p["p90"] <= p["p99"]
-        thread = r["engine_thread"]  # the engine thread's seconds in the level: stepping took some, none over the wall
-        assert thread["step"] > 0 and thread["steps"] >= 1 and sum(
-            thread[a] for a in ("idle", "prefill", "step", "host")) <= r["seconds"] + 0.5
+        # the engine thread's seconds in the level: stepping took some, not more than the wall. A turn is booked
+        # when it ends, so one under way as the level began counts in it whole: here the in-process engine runs in
+        # this process between levels and can hold the GIL for a second, so its host part is not bounded
+        thread = r["engine_thread"]
+        assert 0 < thread["step"] <= r["seconds"] + 0.5 and thread["steps"] >= 1
         inproc = r["in_process"]
         assert inproc["output_tokens"] == r["output_tokens"] and inproc["tokens_per_s"] > 0
         assert r["served_over_in_process"] == round(r["tokens_per_s"] / inproc["tokens_per_s"], 3)

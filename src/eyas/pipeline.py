@@ -309,7 +309,9 @@ def speculative_flags(ns) -> dict:
     return {name: getattr(defaults, name) if value is None else value for name, value in flags.items()}
 
 
-def engine_args_from(ns) -> EngineArgs:
+def engine_args_from(ns, rows: int = 1) -> EngineArgs:
+    """``EngineArgs`` from parsed engine flags; ``rows``: the most a command without --max-running-requests runs
+    at once (eval's --batch-size, bench's highest --concurrency), so that the KV cache holds them (64 at least)."""
     return EngineArgs(
         model_path=ns.model_path,
         **speculative_flags(ns),
@@ -321,7 +323,7 @@ def engine_args_from(ns) -> EngineArgs:
         allow_pickle=getattr(ns, "allow_pickle", False),
         engine=getattr(ns, "engine", "auto"),
         cuda_graphs=not getattr(ns, "disable_cuda_graph", False),
-        max_batch=getattr(ns, "max_running_requests", None) or 64,
+        max_batch=getattr(ns, "max_running_requests", None) or max(64, rows),
         cuda_graph_max_bs=getattr(ns, "cuda_graph_max_bs", None),
         mem_fraction_static=getattr(ns, "mem_fraction_static", None),
         draft_feed_interval=getattr(ns, "draft_feed_interval", 8),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from ..common.prompts import prompt_records
@@ -176,7 +175,7 @@ def bench_offline(args, prompts: list[str], levels: list[int]) -> BenchResult:
     from .offline import run_engine, warm_up
 
     print("loading ...", file=sys.stderr, flush=True)
-    engine = build_engine(replace(engine_args_from(args), max_batch=max(64, *levels)))  # every level's rows
+    engine = build_engine(engine_args_from(args, rows=max(levels)))
     if not engine.spec.speculative:
         raise EyasError(f"nothing to compare: no draft is given or shipped for {args.model_path!r}, so the engine runs "
                         "without speculation", "pass --speculative-draft-model-path DRAFT, or --url/--baseline-url "

@@ -51,7 +51,7 @@ def collect(target, cfg: PrepareConfig, dist_ctx=None, log=print) -> list[dict]:
                    for r in part]
             log(f"source self: {len(got)} prompts written by the target from {len(requests)} requests")
         elif name == "magpie":
-            asks = list(range(min(cfg.magpie_prompts, cfg.limit if cfg.limit is not None else cfg.magpie_prompts)))
+            asks = list(range(cfg.magpie_prompts))[: cfg.limit]
             got = [r for part in _sharded(lambda xs: magpie_prompts(target, len(xs), cfg.regen), asks, dist_ctx)
                    for r in part]
             log(f"source magpie: {len(got)} prompts written by the target from {len(asks)} openings of a user turn")

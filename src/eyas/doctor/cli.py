@@ -54,17 +54,11 @@ def register(sub) -> None:
     live.add_argument("--api-key", default=os.environ.get("EYAS_API_KEY"),
                       help="the server's --api-key, sent as a Bearer token (default: $EYAS_API_KEY)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=run)
-
-
-# (dest, flag, default) of the flags one mode reads and the other would drop
-LIVE_FLAGS = (("probes", "--probes", 5), ("no_probe", "--no-probe", False), ("max_tokens", "--max-tokens", 64),
-              ("model", "--model", None), ("expect_tau", "--expect-tau", None),
-              ("tau_tolerance", "--tau-tolerance", 0.1), ("baseline_url", "--baseline-url", None),
-              ("baseline_tps", "--baseline-tps", None), ("timeout", "--timeout", 300.0))
-STATIC_FLAGS = (("speculative_algorithm", "--speculative-algorithm", None),
-                ("context_length", "--context-length", None), ("trust_remote_code", "--trust-remote-code", False),
-                ("allow_pickle", "--allow-pickle", False))
+    # dest -> (flag, default) of what each mode reads and the other would drop (its target itself apart)
+    flags = lambda group, own: {a.dest: (a.option_strings[0], a.default)  # noqa: E731
+                                for a in group._group_actions if a.dest not in own}
+    p.set_defaults(func=run, mode_flags={"live": flags(live, ("url", "api_key")),
+                                         "static": flags(s, ("draft", "target"))})
 
 
 def run(args) -> int:
@@ -87,7 +81,7 @@ def run(args) -> int:
         raise EyasError("--baseline-url and --baseline-tps both name the baseline",
                         "pass one: --baseline-url URL to probe a NONE server alike, or --baseline-tps RATE measured "
                         "elsewhere")
-    other = [flag for dest, flag, default in (LIVE_FLAGS if not args.url else STATIC_FLAGS)
+    other = [flag for dest, (flag, default) in args.mode_flags["static" if args.url else "live"].items()
              if getattr(args, dest) != default]
     if other:  # a check the other mode runs: dropped without a word, a CI gate would pass without it
         raise EyasError(f"{', '.join(other)} {'are' if len(other) > 1 else 'is'} for "

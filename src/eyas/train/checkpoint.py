@@ -316,14 +316,29 @@ def check_new_output(output) -> None:
                         "(or delete that folder to start over)")
 
 
+def run_of(resume) -> Path:
+    """The run folder ``--resume PATH`` names: PATH, or two folders up from a ``checkpoints/step-N``."""
+    p = Path(resume)
+    return p.parent.parent if STEP.fullmatch(p.name) and p.parent.name == "checkpoints" else p
+
+
+def check_continues(resume, output, recipe_file) -> None:
+    """``--resume RUN --recipe R`` where R writes elsewhere and no --output says so (``output``: the recipe's, None
+    where --output was given): the run would go on in R's folder (runs/draft, say), not in RUN."""
+    run = run_of(resume)
+    if output is not None and Path(output).resolve() != run.resolve():
+        raise EyasError(f"--resume {resume} with --recipe {recipe_file} would continue in {output} (the recipe's "
+                        f"output), not in {run}", f"add --output {run} to continue the run there, or --output "
+                        "NEW_FOLDER to branch into a new one")
+
+
 def check_branch(resume, output) -> None:
     """Resuming from a step folder older than its run's newest, into that same run, would mix two timelines:
     the new checkpoints land beside the abandoned ones (``keep_checkpoints`` keeps the highest steps, so the
     branch's own are pruned first) and a later ``--resume RUN`` continues the abandoned one."""
-    p = Path(resume)
-    if not (STEP.fullmatch(p.name) and p.parent.name == "checkpoints"):
+    p, run = Path(resume), run_of(resume)
+    if run == p:
         return
-    run = p.parent.parent
     newer = [q for q in _steps(run) if int(STEP.fullmatch(q.name).group(1)) > int(STEP.fullmatch(p.name).group(1))]
     if newer and Path(output).resolve() == run.resolve():
         raise EyasError(f"{p} is older than the run's {newer[0].name}: continuing it in {run} would mix two "

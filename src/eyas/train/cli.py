@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--plan", action="store_true",
                    help="print what the run needs (memory per GPU, offline storage, fewest GPUs) from the target's "
                         "config and the recipe, and exit; no weights are read")
-    p.add_argument("--gpu-memory", type=float, default=80.0, metavar="GB",
+    p.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
                    help="--plan: memory of one GPU in GB (default 80; an H200 has 141)")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="--plan: show the figures per GPU for N GPUs (default: the fewest that hold the run)")
@@ -46,30 +46,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def check_continues(args, output) -> None:
-    """``--resume RUN --recipe R`` where R writes elsewhere and no --output says so: the run would go on in R's
-    folder (the default runs/draft, say), not in RUN; a branch into a new folder names it."""
-    if args.output is not None or args.recipe is None:
-        return
-    from .checkpoint import STEP
-
-    p = Path(args.resume)
-    run = p.parent.parent if STEP.fullmatch(p.name) and p.parent.name == "checkpoints" else p
-    if Path(output).resolve() != run.resolve():
-        raise EyasError(f"--resume {args.resume} with --recipe {args.recipe} would continue in {output} (the "
-                        f"recipe's output), not in {run}", f"add --output {run} to continue the run there, or "
-                        "--output NEW_FOLDER to branch into a new one")
-
-
-def nested(key: str, value) -> dict:
-    """``a.b`` and a value -> {"a": {"b": value}}: an override taken as it is, not parsed."""
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
-
-
 def run(args) -> int:
-    from .recipe import load_recipe
+    from .recipe import load_recipe, nested
 
     overrides = list(args.set)
     check_shortcuts(args)
@@ -102,11 +80,11 @@ def run(args) -> int:
         raise EyasError(f"--gpus {args.gpus} only sets how many GPUs --plan figures for; it does not start a run "
                         "on several GPUs", f"train on {args.gpus} GPUs with torchrun --nproc-per-node "
                         f"{args.gpus} -m eyas train ..., or add --plan to see what {args.gpus} GPUs need")
-    if args.gpu_memory != 80.0:  # the same: a --plan figure, no cap on what a run takes
+    if args.gpu_memory is not None:  # the same: a --plan figure, no cap on what a run takes
         raise EyasError(f"--gpu-memory {args.gpu_memory:g} only sets the GPU size --plan figures for; a run takes "
                         "what its recipe needs", "add --plan to see what fits, or lower data.tokens_per_batch "
                         "to make a run smaller")
-    from .checkpoint import check_branch, check_new_output
+    from .checkpoint import check_branch, check_continues, check_new_output
     from .trainer import Trainer
 
     if recipe.train.device != "auto":  # a GPU asked for on a machine without one: said before anything loads
@@ -120,7 +98,8 @@ def run(args) -> int:
     if not args.resume:
         check_new_output(recipe.output)
     else:
-        check_continues(args, recipe.output)
+        if args.recipe is not None:
+            check_continues(args.resume, recipe.output if args.output is None else None, args.recipe)
         check_branch(args.resume, recipe.output)
     trainer = Trainer(recipe, trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     if args.resume:
@@ -204,6 +183,7 @@ def print_plan(recipe, args) -> int:
     checked = copy.deepcopy(recipe)
     checked.data.path = checked.data.path or "-"  # the plan needs no data
     checked.validate()
+    args.gpu_memory = 80.0 if args.gpu_memory is None else args.gpu_memory
     if not 0 < args.gpu_memory < float("inf") or (args.gpus is not None and args.gpus < 1):  # nan, inf too
         raise EyasError(f"--gpu-memory {args.gpu_memory} / --gpus {args.gpus}: need a positive size and count",
                         "e.g. --gpu-memory 80 --gpus 8")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from ..common.categories import category_of, category_table, tally
@@ -168,8 +167,7 @@ def run(args) -> int:
     # checked before any weights are read, as the server checks a request's (tau depends on all of them)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=0)
-    # the KV cache holds --batch-size rows (the engine's default, 64, where that is more)
-    engine = build_engine(replace(engine_args_from(args), max_batch=max(64, args.batch_size)))
+    engine = build_engine(engine_args_from(args, rows=args.batch_size))
     if not engine.spec.speculative:
         raise EyasError("eval needs a draft: speculation is off for this target",
                         "pass --speculative-draft-model-path DRAFT (and --speculative-algorithm EAGLE3)")

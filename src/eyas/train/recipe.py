@@ -229,13 +229,15 @@ def parse_override(text: str) -> dict:
             value = float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:
             pass
-    out: dict = {}
-    cur = out
-    parts = key.strip().split(".")
-    for p in parts[:-1]:
-        cur = cur.setdefault(p, {})
-    cur[parts[-1]] = value
-    return out
+    return nested(key.strip(), value)
+
+
+def nested(key: str, value) -> dict:
+    """``a.b`` and a value -> {"a": {"b": value}}: an override as a mapping (the path and name flags pass theirs
+    so, taken as they are, not parsed)."""
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
 
 
 def load_recipe(path=None, overrides: list[str | dict] = ()) -> Recipe:

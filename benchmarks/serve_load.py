@@ -224,8 +224,8 @@ def in_process_level(engine, prompt_ids: list[list[int]], clients: int, args, te
              "tau": run.acceptance.get("tau"), "per_category": run.per_category}
     if chooser:  # as the served level's: the steps each setting ran, and what the chooser believed after them
         level["steps_per_setting"] = {setting_name(s): n - before[s] for s, n in chooser.steps.items() if n > before[s]}
-        kinds = list(chooser.costs)  # greedy, sampled
-        level["chooser"] = {"tau": {setting_name(s): {k: round(chooser.tau(s, k), 4) for k in kinds}
+        kinds = list(chooser.costs)  # kinds of batch: greedy, sampled
+        level["chooser"] = {"tau": {setting_name(s): {k: round(chooser.tau(s, k), 4) for k in chooser.reach}
                                     for s in chooser.options}}
         if chooser.measured:
             level["chooser"]["cost_ms"] = {

@@ -8,7 +8,7 @@ import pytest
 from helpers import reference_greedy
 
 from eyas.config import AUTO_CANDIDATES, Algorithm, SpecConfig, format_schedule, parse_schedule
-from eyas.engine.adaptive import GREEDY, SAMPLED, Chooser, measure_step_costs, prior_reach
+from eyas.engine.adaptive import GREEDY, SAMPLED, Chooser, kind_of, measure_step_costs, prior_reach
 from eyas.engine.engine import Engine
 from eyas.errors import EyasError
 from eyas.models.native import NativeTarget
@@ -16,6 +16,7 @@ from eyas.sample.sampling import SamplingParams
 
 AUTO = SpecConfig.auto("EAGLE3")
 NONE, CHAIN3, CHAIN5, TREE16, TREE32 = AUTO.options
+HOT = kind_of(SamplingParams(temperature=0.7))  # the band of sampled rows at T 0.7
 
 
 def costs(table: dict[int, tuple[float, ...]]) -> dict:
@@ -70,7 +71,7 @@ def test_live_acceptance_moves_the_choice_and_the_log_says_why(caplog):
     changes = [r.getMessage() for r in caplog.records]
     assert changes[0].startswith("adaptive speculation: 1 rows (0 sampled) -> setting 6,8,32 (expected")
     assert changes[-1].startswith("adaptive speculation: 1 rows (0 sampled) -> setting 0 (expected 1 tok/s, "
-                                  "tau 1.00 greedy, 1.00 sampled; ")
+                                  "tau 1.00 greedy; ")
     assert all(" tok/s" in m and "; " in m and " at " in m for m in changes)  # the top two's figures
     assert len(changes) < 200 / 3  # one line per change, not per step
 
@@ -149,11 +150,11 @@ def test_refreshes_correct_a_warm_up_cost_that_came_out_high():
         chooser.set_costs(table, measured=True, sampled=table)
         previous = None
         for _ in range(12000):
-            s = chooser.choose(16, 16)
+            s = chooser.choose(16, {HOT: 16})
             # the tree's acceptance holds its value: each row accepts the expected count, in the reach's shape
             accepted = [0] * 16 if not s.speculative else [
                 sum(1 for p in reach[s] if (i + 0.5) / 16 < p) for i in range(16)]
-            chooser.observe(s, accepted, true[s] if s == previous else None, 16, [True] * 16)
+            chooser.observe(s, accepted, true[s] if s == previous else None, 16, [HOT] * 16)
             previous = s
         return chooser
 
@@ -201,11 +202,46 @@ def test_one_row_at_a_time_does_not_talk_the_chooser_out_of_a_tree_that_pays():
         return n
 
     for _ in range(20000):
-        s = chooser.choose(1, sampled=1)
-        chooser.observe(s, [accepted()] if s.speculative else [], drew=[True] if s.speculative else None)
+        s = chooser.choose(1, {HOT: 1})
+        chooser.observe(s, [accepted()] if s.speculative else [], kinds=[HOT] if s.speculative else None)
     assert chooser.steps[TREE32] > 0.9 * 20000, chooser.steps
-    assert chooser.tau(TREE32, SAMPLED) == pytest.approx(2.43, abs=0.25)
+    assert chooser.tau(TREE32, HOT) == pytest.approx(2.43, abs=0.25)
 
+
+
+def test_each_band_of_temperature_has_its_own_acceptance():
+    """Clients at T 0.7, for whom the tree pays, give way to clients at T 1.0, for whom it does not (an H100's
+    one-client figures: tau 2.3 and 1.6 for 1.3x and 1.24 ms a step against 0.65 ms plain). Lumped as one kind of
+    sampled row, the estimate left from T 0.7 kept the tree running for some 1,700 steps at T 1.0; each band starts
+    from its own figures, so the T 1.0 rows settle on plain steps within a few dozen, and rows back at T 0.7 get
+    the tree at once."""
+    assert [kind_of(SamplingParams(temperature=t)) for t in (0, 0.3, 0.7, 0.8, 1.0, 1.3)] == [
+        GREEDY, "t<=0.4", "t<=0.8", "t<=0.8", "t<=1", "t>1"]
+    rng = random.Random(0)
+    chooser = Chooser(AUTO.options, costs({1: (0.65, 9.0, 9.0, 1.24, 9.0)}))
+
+    def accepted(level: float) -> int:  # each depth reached with probability ``level``
+        n = 0
+        while n < 4 and rng.random() < level:
+            n += 1
+        return n
+
+    def serve(kind: str, level: float, steps: int) -> int:
+        """Speculative steps of ``steps``, one row of ``kind`` accepting at ``level`` per depth."""
+        spec = 0
+        for _ in range(steps):
+            s = chooser.choose(1, {kind: 1})
+            spec += s.speculative
+            chooser.observe(s, [accepted(level)] if s.speculative else [], kinds=[kind])
+        return spec
+
+    warm = kind_of(SamplingParams(temperature=0.7))
+    assert serve(warm, 0.6, 3000) > 2700 and chooser.choice == TREE16  # tau 2.3: the tree pays
+    hot = kind_of(SamplingParams(temperature=1.0))
+    assert serve(hot, 0.4, 3000) < 150 and chooser.choice == NONE  # tau 1.6: plain steps, after a few tries
+    assert chooser.choose(1, {warm: 1}) == TREE16  # T 0.7 again: its own estimate, the tree at once
+    rate = dict((s, r) for r, s in chooser.rates(2, {warm: 1, hot: 1}))[TREE16]  # one row of each: its own tau
+    assert rate == pytest.approx((chooser.tau(TREE16, warm) + chooser.tau(TREE16, hot)) / chooser.cost(TREE16, 2, 2))
 
 def test_sampled_rows_are_weighed_by_what_sampled_rows_accepted():
     """Greedy rows accept the whole tree, sampled rows nothing: a greedy batch keeps the tree, a sampled one
@@ -216,19 +252,19 @@ def test_sampled_rows_are_weighed_by_what_sampled_rows_accepted():
     for _ in range(100):
         chooser.observe(TREE32, [5] * 4, seconds=1.8, rows=4)  # greedy rows: the whole path
         for s in AUTO.options[1:]:  # sampled rows: nothing, whatever the shape
-            chooser.observe(s, [0] * 4, seconds=2.7 if s == TREE32 else None, rows=4, drew=[True] * 4)
-    assert chooser.tau(TREE32, GREEDY) > 5.5 and chooser.tau(TREE32, SAMPLED) < 1.05
+            chooser.observe(s, [0] * 4, seconds=2.7 if s == TREE32 else None, rows=4, kinds=[HOT] * 4)
+    assert chooser.tau(TREE32, GREEDY) > 5.5 and chooser.tau(TREE32, HOT) < 1.05
     assert chooser.cost(TREE32, 4) == pytest.approx(1.8) and chooser.cost(TREE32, 4, sampled=4) > 2.6
     assert chooser.choose(4) == TREE32
     chooser.choice = None
-    assert chooser.choose(4, sampled=4) == NONE
-    rate = dict((s, r) for r, s in chooser.rates(4, sampled=1))[TREE32]
-    want = (3 * chooser.tau(TREE32, GREEDY) + chooser.tau(TREE32, SAMPLED)) / chooser.cost(TREE32, 4, sampled=1)
+    assert chooser.choose(4, {HOT: 4}) == NONE
+    rate = dict((s, r) for r, s in chooser.rates(4, {HOT: 1}))[TREE32]
+    want = (3 * chooser.tau(TREE32, GREEDY) + chooser.tau(TREE32, HOT)) / chooser.cost(TREE32, 4, sampled=1)
     assert rate == pytest.approx(want)
     # a batch of both kinds: each row teaches its own kind; the cost goes to the sampled table
-    greedy_cost, seen = chooser.cost(CHAIN5, 4), {k: chooser.seen[k][CHAIN5] for k in (GREEDY, SAMPLED)}
-    chooser.observe(CHAIN5, [4, 4, 0, 0], seconds=5.0, rows=4, drew=[False, False, True, True])
-    assert [chooser.seen[k][CHAIN5] for k in (GREEDY, SAMPLED)] == [seen[GREEDY] + 2, seen[SAMPLED] + 2]  # rows
+    greedy_cost, seen = chooser.cost(CHAIN5, 4), {k: chooser.seen[k][CHAIN5] for k in (GREEDY, HOT)}
+    chooser.observe(CHAIN5, [4, 4, 0, 0], seconds=5.0, rows=4, kinds=[GREEDY, GREEDY, HOT, HOT])
+    assert [chooser.seen[k][CHAIN5] for k in (GREEDY, HOT)] == [seen[GREEDY] + 2, seen[HOT] + 2]  # rows
     assert chooser.cost(CHAIN5, 4) == greedy_cost < chooser.cost(CHAIN5, 4, sampled=2)
     chooser.observe(NONE, [], seconds=2.0, rows=4, sampled=1)  # a plain step of a mixed batch: its cost alone
     assert chooser.cost(NONE, 4) == 1.0 < chooser.cost(NONE, 4, sampled=1)
@@ -241,14 +277,14 @@ def test_sampled_batches_start_from_their_own_measured_costs():
     chooser.set_costs(costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), measured=True,
                       sampled=costs({1: (1.1, 3.0, 3.3, 4.0, 5.0)}))
     for s in AUTO.options[1:]:  # sampled rows accept half as deep at each depth: tau < 2
-        chooser.reach[SAMPLED][s] = [0.5 ** (i + 1) for i in range(len(chooser.reach[SAMPLED][s]))]
+        chooser.reach[HOT][s] = [0.5 ** (i + 1) for i in range(len(chooser.reach[HOT][s]))]
     assert chooser.cost(TREE32, 1) == 1.7 and chooser.cost(TREE32, 1, sampled=1) == 5.0
     assert chooser.choose(1) == TREE32  # the greedy prior
     chooser.choice = None
-    assert chooser.choose(1, sampled=1) == NONE  # 1 / 1.1 beats 1.875 / 3.0 (3,1,4) and the rest
+    assert chooser.choose(1, {HOT: 1}) == NONE  # 1 / 1.1 beats 1.875 / 3.0 (3,1,4) and the rest
     chooser.set_costs(costs({1: (1.0, 1.1, 1.2, 1.5, 1.7)}), measured=True)  # no sampled table: the greedy copy
     chooser.choice = None
-    assert chooser.choose(1, sampled=1) != NONE  # 1.875 / 1.1 would draft
+    assert chooser.choose(1, {HOT: 1}) != NONE  # 1.875 / 1.1 would draft
 
 
 def test_the_engine_tells_the_chooser_which_rows_draw(target, draft, references):
@@ -260,7 +296,7 @@ def test_the_engine_tells_the_chooser_which_rows_draw(target, draft, references)
               for i, t in enumerate((0.0, 1.0, 0.0, 1.0))]
     outs = engine.generate(PROMPTS, params)
     assert [outs[i].output_ids for i in (0, 2)] == [references[i][:16] for i in (0, 2)]
-    assert any(engine.chooser.seen[GREEDY].values()) and any(engine.chooser.seen[SAMPLED].values())
+    assert any(engine.chooser.seen[GREEDY].values()) and any(engine.chooser.seen[kind_of(params[1])].values())
 
 
 def test_no_cost_for_a_setting_is_refused():

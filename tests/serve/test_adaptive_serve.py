@@ -81,7 +81,7 @@ def test_greedy_answers_equal_plain_decoding_and_metrics_show_the_choice(auto_en
     steps = {n: m[f'eyas:spec_setting_steps_total{{setting="{n}"}}'] for n in names}
     assert sum(steps.values()) == m["eyas:engine_steps_total"]  # every step ran exactly one setting
     assert steps["0"] > 0 and sum(v for n, v in steps.items() if n != "0") > 0, steps  # it switched
-    for kind in ("greedy", "sampled"):
+    for kind in ("greedy", "t<=0.4", "t<=0.8", "t<=1", "t>1"):  # greedy rows, sampled ones per band of temperature
         assert m[f'eyas:spec_expected_accept_length{{rows="{kind}",setting="0"}}'] == 1.0
         assert all(1 <= m[f'eyas:spec_expected_accept_length{{rows="{kind}",setting="{n}"}}'] for n in names)
     assert m["eyas:spec_decode_num_drafts_total"] > 0  # the speculative steps recorded their acceptance
@@ -152,7 +152,7 @@ def test_the_step_costs_the_chooser_weighs_are_exported_where_timed():
     assert got[("6,8,32", "greedy", "8")] == pytest.approx(0.010) and got[("0", "sampled", "1")] == pytest.approx(0.003)
     tree = next(s for s in options if s.speculative)
     for seconds in (0.02, 0.04):  # live steps of 8 rows, some sampled: the raw tally beside the estimate
-        chooser.observe(tree, [1] * 8, seconds=seconds, rows=8, drew=[True] * 8)
+        chooser.observe(tree, [1] * 8, seconds=seconds, rows=8, kinds=["t<=1"] * 8)
     registry = CollectorRegistry()
     registry.register(ChooserCollector(chooser))
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}

@@ -1,21 +1,24 @@
 """Adaptive speculation (``--speculative-batch-schedule auto``): each step runs the setting that promises
 the most tokens per second for the batch it has, no speculation included.
 
-    tau(s, k)   expected tokens per row and step of rows of kind k (greedy rows take the argmax, sampled
-                rows draw: a draft's acceptance differs by far between them): 1 + sum over depths i of
-                P(the accepted path reaches i); 1 without speculation
+    tau(s, k)   expected tokens per row and step of rows of kind k (``kind_of``: greedy rows take the argmax,
+                sampled rows draw, in bands of temperature: a draft's acceptance differs by far between them,
+                tau 2.3 at T 0.7 and 1.6 at T 1.0 for the same tree): 1 + sum over depths i of P(the accepted path
+                reaches i); 1 without speculation
     cost(s, B)  seconds of one step of setting s over B rows: measured per rows bucket at warm-up
                 (``measure_step_costs``), or ``model_costs`` where nothing was measured (the CPU); then
                 followed live: each step's own wall time moves its (setting, bucket) estimate (``observe``),
                 one table for batches where every row is greedy, one for batches where some row draws
                 (its step runs the sampling kernels: measured at warm-up on rows at temperature 0.7,
                 top-p 0.95, or a copy of the first)
-    rate(s, B)  (greedy rows x tau(s, greedy) + sampled rows x tau(s, sampled)) / cost(s, B); the step runs
+    rate(s, B)  (sum over the batch's kinds k of its rows of kind k x tau(s, k)) / cost(s, B); the step runs
                 the argmax
 
 P(reach i) is kept per tree shape and kind of row, from the live acceptance of that shape's own steps
 on rows of that kind (a server that turns from greedy to sampled traffic starts from what sampled rows
-accepted, not from what greedy ones did). Each row a step verified is one observation: a running mean over
+accepted, not from what greedy ones did; one whose clients at temperature 0.7 give way to clients at 1.0
+does not run, for hundreds of steps, the tree that paid at 0.7, and a batch of both weighs each row by its
+own band). Each row a step verified is one observation: a running mean over
 the first rows that becomes an exponential moving average (weight ``decay`` a row: a step of n rows weighs
 1 - (1 - decay)^n) once it has ``1 / decay`` of them, starting from a prior worth ``prior_rows`` rows
 (``prior_reach``: optimistic on purpose, so that every shape is tried once its cost can pay, and its own
@@ -63,6 +66,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -73,7 +77,18 @@ from ..sample.sampling import SamplingParams
 log = logging.getLogger("eyas.engine")
 
 PRIOR_LEVEL = 0.8  # a chain's acceptance per depth before any data (optimistic: see the module docstring)
-GREEDY, SAMPLED = "greedy", "sampled"  # kinds of rows: each has its own acceptance and its own step costs
+GREEDY, SAMPLED = "greedy", "sampled"  # kinds of batch, each with its own step costs: every row greedy, or some draw
+BANDS = (0.4, 0.8, 1.0)  # upper edges of the sampled rows' temperature bands: each band has its own acceptance
+ROW_KINDS = (GREEDY,) + tuple(f"t<={t:g}" for t in BANDS) + (f"t>{BANDS[-1]:g}",)
+
+
+def kind_of(params: SamplingParams) -> str:
+    """The row's kind for acceptance: greedy, or its temperature's band (``ROW_KINDS``, e.g. "t<=1" for
+    0.8 < T <= 1.0): the hotter the draw, the less of the draft's tree the target accepts."""
+    if params.greedy:
+        return GREEDY
+    t = float(params.temperature)
+    return next((k for k, edge in zip(ROW_KINDS[1:], BANDS) if t <= edge), ROW_KINDS[-1])
 
 
 def prior_reach(spec: SpecConfig, level: float = PRIOR_LEVEL) -> list[float]:
@@ -116,7 +131,7 @@ class Chooser:
         self._probed = False  # the last step was a probe: the next choice says whether it found anything
         self.cost_decay = cost_decay
         self.measured = False  # costs in seconds (``set_costs(..., measured=True)``): only those follow live steps
-        self.reach = {k: {s: prior_reach(s) for s in self.options if s.speculative} for k in (GREEDY, SAMPLED)}
+        self.reach = {k: {s: prior_reach(s) for s in self.options if s.speculative} for k in ROW_KINDS}
         self.seen = {k: dict.fromkeys(self.reach[k], 0) for k in self.reach}  # rows observed per kind and shape
         self.steps = {s: 0 for s in self.options}  # steps run per setting
         # what live steps measured, before the clip and the average: {kind: {(setting, bucket): [steps, seconds]}}
@@ -162,21 +177,25 @@ class Chooser:
             return table[bucket] * rows / bucket
         return table[bucket]
 
-    def rates(self, rows: int, sampled: int = 0) -> list[tuple[float, SpecConfig]]:
-        """(expected tokens per second, setting) for ``rows`` rows, ``sampled`` of which draw, best first
-        (ties: the earlier option, so NONE)."""
+    def rates(self, rows: int, mix: Mapping[str, int] | None = None) -> list[tuple[float, SpecConfig]]:
+        """(expected tokens per second, setting) for ``rows`` rows, ``mix`` {kind: rows} of which draw (the
+        rest greedy; ``kind_of``), best first (ties: the earlier option, so NONE)."""
+        mix = mix or {}
+        sampled = sum(mix.values())
+
         def tokens(s: SpecConfig) -> float:
-            return (rows - sampled) * self.tau(s, GREEDY) + sampled * self.tau(s, SAMPLED)
+            return (rows - sampled) * self.tau(s, GREEDY) + sum(n * self.tau(s, k) for k, n in mix.items())
         ranked = [(tokens(s) / self.cost(s, rows, sampled), -i, s) for i, s in enumerate(self.options)]
         return [(rate, s) for rate, _, s in sorted(ranked, key=lambda r: r[:2], reverse=True)]
 
-    def choose(self, rows: int, sampled: int = 0) -> SpecConfig:
-        """The setting of the next step over ``rows`` rows, ``sampled`` of which draw (counted in ``steps``)."""
+    def choose(self, rows: int, mix: Mapping[str, int] | None = None) -> SpecConfig:
+        """The setting of the next step over ``rows`` rows, ``mix`` {kind: rows} of which draw (``rates``;
+        counted in ``steps``)."""
         if self._refresh:
             self._refresh -= 1
             self.steps[self._refreshing] += 1
             return self._refreshing
-        ranked = self.rates(rows, sampled)
+        ranked = self.rates(rows, mix)
         best = ranked[0][1]
         current = next((r for r, s in ranked if s == self.choice), 0.0)
         if current * (1 + self.margin) >= ranked[0][0]:
@@ -196,9 +215,11 @@ class Chooser:
                 return probe
         if best != self.choice:
             others = ", then ".join(f"{setting_name(s)} at {r:.4g}" for r, s in ranked[1:2])
-            log.info("adaptive speculation: %d rows (%d sampled) -> setting %s (expected %.4g tok/s, tau %.2f "
-                     "greedy, %.2f sampled; %s)", rows, sampled, setting_name(best), ranked[0][0],
-                     self.tau(best, GREEDY), self.tau(best, SAMPLED), others)
+            sampled = sum((mix or {}).values())
+            kinds = ([GREEDY] if rows > sampled else []) + [k for k in ROW_KINDS if (mix or {}).get(k)]
+            taus = ", ".join(f"{self.tau(best, k):.2f} {k}" for k in kinds)
+            log.info("adaptive speculation: %d rows (%d sampled) -> setting %s (expected %.4g tok/s, tau %s; %s)",
+                     rows, sampled, setting_name(best), ranked[0][0], taus, others)
             self.choice = best
         self._busy = self._busy + 1 if best.speculative and self.measured else 0
         if self._busy > self.probe_every:
@@ -220,13 +241,13 @@ class Chooser:
         return min(close, key=lambda s: self._refreshed[s], default=None)
 
     def observe(self, spec: SpecConfig, accepted: list[int], seconds: float | None = None, rows: int = 0,
-                drew: list[bool] | None = None, sampled: int | None = None) -> None:
+                kinds: list[str] | None = None, sampled: int | None = None) -> None:
         """One step of ``spec`` over ``rows`` rows that took ``seconds`` (None: not a steady step, no time to
-        learn): the draft tokens each live row accepted, ``drew[i]`` whether the row of ``accepted[i]`` draws
-        (None: none does), ``sampled`` the rows of the batch that draw (None: those of ``drew``; any picks the
-        sampled cost table)."""
-        drew = drew or [False] * len(accepted)
-        sampled = sum(drew) if sampled is None else sampled
+        learn): the draft tokens each live row accepted, ``kinds[i]`` the kind of the row of ``accepted[i]``
+        (``kind_of``; None: every row greedy), ``sampled`` the rows of the batch that draw (None: those of
+        ``kinds``; any picks the sampled cost table)."""
+        kinds = kinds or [GREEDY] * len(accepted)
+        sampled = sum(k != GREEDY for k in kinds) if sampled is None else sampled
         bucket = self.bucket(spec, rows) if seconds is not None and self.measured else None
         if bucket is not None:  # past the largest bucket the cost is scaled, not kept: nothing to move
             kind = SAMPLED if sampled else GREEDY
@@ -239,10 +260,10 @@ class Chooser:
         if not spec.speculative:
             return
         probe = self.probe_weight if spec != self.choice else 0.0
-        for kind, mine in ((GREEDY, False), (SAMPLED, True)):
-            counts = [a for a, d in zip(accepted, drew) if d == mine]
-            if not counts:
-                continue
+        rows_of: dict[str, list[int]] = {}
+        for a, k in zip(accepted, kinds):
+            rows_of.setdefault(k, []).append(a)
+        for kind, counts in rows_of.items():
             n = len(counts)
             self.seen[kind][spec] += n
             weight = max(1 - (1 - self.decay) ** n, n / (self.seen[kind][spec] + self.prior_rows), probe)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -21,6 +22,7 @@ from ..config import SpecConfig
 from ..sample.grammar import RowGrammar
 from ..sample.logprobs import Pending, TokenLogprob
 from ..sample.sampling import SamplingParams, SamplingRows
+from .adaptive import GREEDY, kind_of
 from .feed import Feed
 from .stats import SpecStats
 
@@ -118,6 +120,17 @@ class Batch:
     def drawing(self) -> int:
         """Rows that sample (the rest take the argmax); membership changes make a new batch."""
         return sum(not s.params.greedy for s in self.seqs)
+
+    @cached_property
+    def kinds(self) -> list[str]:
+        """Each row's kind for adaptive speculation's acceptance (``adaptive.kind_of``: greedy or a band of
+        temperature)."""
+        return [kind_of(s.params) for s in self.seqs]
+
+    @cached_property
+    def mix(self) -> dict[str, int]:
+        """{kind: rows} of the rows that sample (``kinds``)."""
+        return dict(Counter(k for k in self.kinds if k != GREEDY))
 
     def state(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """(what the batch holds now, what it holds after the next step): a step graph's ``state``."""

@@ -336,7 +336,7 @@ class Engine:
         """The batch's next step's setting, chosen once (a launch ahead that ran nothing leaves it to the next)."""
         key = (batch.serial, batch.steps, len(batch))
         if self._chosen[0] != key:
-            self._chosen = key, (self.chooser.choose(len(batch), batch.drawing) if self.chooser
+            self._chosen = key, (self.chooser.choose(len(batch), batch.mix) if self.chooser
                                  else self.spec.for_batch(len(batch)))
         return self._chosen[1]
 
@@ -371,8 +371,8 @@ class Engine:
             if batch.draft_cache is not None:
                 batch.draft_cache.crop(used)
             drawing = self.chooser is not None and batch.drawing  # rows' kinds only where the chooser weighs them
-            emitted, accepted, drew = [], [], []
-            for s, h, lp in zip(batch.seqs, rows, logprobs):
+            emitted, accepted, kinds = [], [], []
+            for s, kind, h, lp in zip(batch.seqs, batch.kinds if drawing else batch.seqs, rows, logprobs):
                 n = h[width]
                 if not h[width + 3]:
                     s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))
@@ -380,14 +380,14 @@ class Engine:
                     s.stats.record(spec.num_draft_tokens - 1, n - 1)
                     accepted.append(n - 1)
                     if drawing:
-                        drew.append(not s.params.greedy)
+                        kinds.append(kind)
                 emitted.append(s.emit(h[:n], self._eos, self.context_limit, lp))
             now = time.perf_counter()
             if self.chooser:
                 after = self._uncollected
                 steady = self._last_setting == spec and (after is None or after.spec == spec)
                 self.chooser.observe(spec, accepted, now - max(step.start, self._collected) if steady else None,
-                                     len(batch), drew or None, batch.drawing)
+                                     len(batch), kinds or None, batch.drawing)
             self._collected, self._last_setting = now, spec
             return emitted
 

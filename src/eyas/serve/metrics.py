@@ -16,8 +16,9 @@ Adaptive speculation (``--speculative-batch-schedule auto``), read from the engi
 
     eyas:spec_active_setting{setting}         1 for the setting the last step chose ("6,8,32"; "0" = none), else 0
     eyas:spec_setting_steps_total{setting}    engine steps run with each setting
-    eyas:spec_expected_accept_length{setting,rows}  the chooser's tau estimate per setting, for greedy and for
-                                              sampled rows (its reason, with the step costs)
+    eyas:spec_expected_accept_length{setting,rows}  the chooser's tau estimate per setting, for greedy rows and
+                                              for sampled ones per band of temperature (rows="t<=1": 0.8 < T <= 1;
+                                              its reason, with the step costs)
     eyas:spec_step_cost_seconds{setting,rows,bucket}  its step cost estimate per setting, kind of batch and rows
                                               bucket (only where timed: a GPU; the CPU's are relative units)
     eyas:spec_step_observed_seconds_total{setting,rows,bucket}  the live steps that moved that estimate: their
@@ -357,8 +358,9 @@ class ChooserCollector(Collector):
         steps = CounterMetricFamily(PREFIX + "spec_setting_steps", "Engine steps run with each setting",
                                     labels=["setting"])
         tau = GaugeMetricFamily(PREFIX + "spec_expected_accept_length", "Adaptive speculation's estimate of "
-                                "the tokens per row a step of each setting emits, for greedy and for sampled rows "
-                                "(from its live acceptance on rows of that kind)", labels=["setting", "rows"])
+                                "the tokens per row a step of each setting emits, for greedy rows and for sampled "
+                                "rows per band of temperature (from its live acceptance on rows of that kind)",
+                                labels=["setting", "rows"])
         cost = GaugeMetricFamily(PREFIX + "spec_step_cost_seconds", "Adaptive speculation's estimate of one step's "
                                  "seconds per setting, kind of batch (every row greedy, or some row sampled) and rows "
                                  "bucket: timed at warm-up, then followed by the steps that run",
@@ -379,9 +381,10 @@ class ChooserCollector(Collector):
             name = setting_name(spec)
             active.add_metric([name], 1.0 if spec == c.choice else 0.0)
             steps.add_metric([name], float(c.steps[spec]))
-            for kind in ("greedy", "sampled"):
+            for kind in c.reach:  # greedy, and each band of temperature (``adaptive.kind_of``)
                 tau.add_metric([name, kind], c.tau(spec, kind))
-                if c.measured:  # model_costs (no timing: the CPU) are relative units, not seconds
-                    for bucket, seconds in c.costs[kind][spec].items():
+            if c.measured:  # model_costs (no timing: the CPU) are relative units, not seconds
+                for kind, table in c.costs.items():  # every row greedy, or some row sampled
+                    for bucket, seconds in table[spec].items():
                         cost.add_metric([name, kind, str(bucket)], seconds)
         yield from (active, steps, tau, cost, seen, count)

@@ -81,6 +81,10 @@ def run(args) -> int:
         raise EyasError("--baseline-url and --baseline-tps both name the baseline",
                         "pass one: --baseline-url URL to probe a NONE server alike, or --baseline-tps RATE measured "
                         "elsewhere")
+    if args.url and (args.no_probe or args.probes == 0) and (args.baseline_url or args.baseline_tps is not None):
+        raise EyasError(f"{'--baseline-url' if args.baseline_url else '--baseline-tps'} compares the probes' tokens/s, "
+                        f"and {'--no-probe' if args.no_probe else '--probes 0'} sends none: the comparison would be "
+                        "dropped", "drop --no-probe (or give --probes N), or drop the baseline")
     other = [flag for dest, (flag, default) in args.mode_flags["static" if args.url else "live"].items()
              if getattr(args, dest) != default]
     if other:  # a check the other mode runs: dropped without a word, a CI gate would pass without it
@@ -100,8 +104,11 @@ def run(args) -> int:
         report = diagnose_live(args.url, opts)
     else:
         from ..common.draft_registry import builtin_draft
-        from .static import diagnose
+        from .static import diagnose, draft_as_target, draft_layout
 
+        layout = args.target and not args.draft and draft_layout(args.target)
+        if layout:  # a draft given as the target: the static checks would read it as a 1-layer model
+            raise EyasError(*draft_as_target(args.target, layout))
         target = args.target or (args.draft and recorded_target(args.draft, args.allow_pickle)) or SMOLLM2
         draft = args.draft or (str(builtin_draft(target)) if builtin_draft(target) else None)
         if draft is not None and builtin_draft(draft) is not None and not Path(draft).expanduser().exists():

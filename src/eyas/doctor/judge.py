@@ -5,8 +5,10 @@ failed -> UNVERIFIED; SGLang's gauge still 0 under EAGLE/EAGLE3 (no decode log y
 speculation off -> SPECULATION OFF; no verify step -> UNVERIFIED; a figure no
 decoder can produce (NaN or infinite, tau < 1 or above the tokens a step verifies, a rate outside
 [0, 1]) -> IMPOSSIBLE FIGURES, never a pass; tau < 1.1 -> NOT ACCEPTED with the likely causes
-in order (the algorithm flag first); otherwise working, then DEGRADED against ``--expect-tau`` and
-SLOWER THAN BASELINE against ``--baseline-url``/``--baseline-tps`` as further problems.
+in order (the algorithm flag first); otherwise working, then MISCONFIGURED where /get_server_info shows a
+flag that gives the draft no aux states, DEGRADED against ``--expect-tau`` and SLOWER THAN (or NOT COMPARED
+WITH) THE BASELINE against ``--baseline-url``/``--baseline-tps`` as further problems. A verdict never reads
+"working" while a row is a problem: the exit status and the words agree.
 """
 
 from __future__ import annotations
@@ -96,6 +98,24 @@ def _causes(kind: str, configured: str | None = None) -> list[str]:
 
 def judge(report: Report, view: ServerView, before, after, result: ProbeResult | None, opts: LiveOptions,
           baseline: tuple[float | None, str]) -> None:
+    _judge(report, view, before, after, result, opts, baseline)
+    if not report.verdict.startswith("working"):
+        return
+    told = {"speed"} if "BASELINE" in report.verdict else set()  # "but SLOWER THAN / NOT COMPARED WITH THE BASELINE"
+    untold = [c for c in report.problems if c.name not in told]
+    if untold:  # the verdict and the exit status must agree
+        report.verdict += ("; " if " but " in report.verdict else " but ") \
+            + "; ".join(f"{c.name.upper()} PROBLEM" for c in untold)
+
+
+def _slow_fix(opts: LiveOptions) -> str:
+    return (f"the server listed its models but did not finish a {opts.max_tokens}-token chat request within --timeout "
+            f"{opts.timeout:g} s: it is slow or busy. Check its load and queue (other clients, long prefills, a cold "
+            "start still compiling) and its log; or raise --timeout, or lower --max-tokens")
+
+
+def _judge(report: Report, view: ServerView, before, after, result: ProbeResult | None, opts: LiveOptions,
+           baseline: tuple[float | None, str]) -> None:
     kind = view.kind
     if after is None:
         _metrics_missing(report, view)
@@ -103,17 +123,19 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
     if result is not None:
         if result.errors and not result.requests:
             auth = any(e.startswith(("HTTP 401", "HTTP 403")) for e in result.errors)
-            report.add("probes", PROBLEM, f"all {len(result.errors)} probe requests failed: {result.errors[0]}",
-                       "pass the server's key with --api-key" if auth else
+            slow = result.timeouts == len(result.errors)
+            report.add("probes", PROBLEM, f"all {len(result.errors)} probe requests "
+                       f"{'timed out' if slow else 'failed'}: {result.errors[0]}",
+                       "pass the server's key with --api-key" if auth else _slow_fix(opts) if slow else
                        "check --model (the id in /v1/models) and the server log")
-            report.verdict = "UNVERIFIED: the probe requests failed"
+            report.verdict = f"UNVERIFIED: the probe requests {'timed out' if slow else 'failed'}"
             return
         tps = result.tokens_per_s
         report.add("probes", OK if not result.errors else WARNING,
                    f"{result.requests} chat requests at temperature 0: {result.completion_tokens} tokens in "
                    f"{result.seconds:.2f} s" + (f" = {tps:.1f} tok/s" if tps else "")
                    + (f"; {len(result.errors)} failed: {result.errors[0]}" if result.errors else ""),
-                   "see the server log for the failed requests")
+                   _slow_fix(opts) if result.timeouts else "see the server log for the failed requests")
         report.figures.update(probe_requests=result.requests, completion_tokens=result.completion_tokens,
                               probe_seconds=round(result.seconds, 3), tokens_per_s=round(tps, 2) if tps else None)
     source = report.figures.get("server_setting_source") or ""
@@ -153,7 +175,7 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
         return
     acc = server_metrics.acceptance(before, after)
     if acc is not None and acc.tau is None and acc.rate is not None:
-        _rate_only(report, kind, acc)
+        _rate_only(report, kind, acc, result, opts, baseline)
         return
     if acc is None or acc.tau is None:
         why = acc.source if acc else "no figures"
@@ -175,7 +197,7 @@ def judge(report: Report, view: ServerView, before, after, result: ProbeResult |
     _acceptance_rows(report, kind, acc, result, opts, baseline)
 
 
-def _rate_only(report: Report, kind: str, acc: Acceptance) -> None:
+def _rate_only(report: Report, kind: str, acc: Acceptance, result, opts: LiveOptions, baseline) -> None:
     """A server that counts draft and accepted tokens but not drafts (vLLM v0, early v1): the rate is exact,
     tau is not known (it needs the number of verify steps). Some tokens were accepted, so speculation works."""
     report.figures.update(accept_rate=round(acc.rate, 4), tau=None, source=acc.source)
@@ -197,9 +219,14 @@ def _rate_only(report: Report, kind: str, acc: Acceptance) -> None:
         return
     report.add("acceptance", WARNING, f"acceptance rate {acc.rate:.3f} ({acc.source})",
                f"this {LABEL[kind]} version counts draft and accepted tokens but not verify steps, so tau and the "
-               "per-position rates cannot be computed and --expect-tau / --baseline-url are not judged: upgrade to a "
-               "vLLM whose /metrics has vllm:spec_decode_num_drafts_total")
+               "per-position rates cannot be computed: upgrade to a vLLM whose /metrics has "
+               "vllm:spec_decode_num_drafts_total")
     report.verdict = f"working (acceptance rate {acc.rate:.2f}; tau not exposed by this server)"
+    if opts.expect_tau is not None:  # asked for and not judged: a CI gate would pass without it
+        report.add("expected tau", PROBLEM, f"--expect-tau {opts.expect_tau:g} cannot be judged: this server does "
+                   "not expose tau", "upgrade to a vLLM whose /metrics has vllm:spec_decode_num_drafts_total, or "
+                   "drop --expect-tau")
+    _speed_rows(report, None, result.tokens_per_s if result else None, baseline)
 
 
 def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: LiveOptions, baseline) -> None:
@@ -236,24 +263,60 @@ def _acceptance_rows(report: Report, kind: str, acc: Acceptance, result, opts: L
                 report.verdict = f"DEGRADED (tau {tau:.2f}, expected {opts.expect_tau:.2f})"
         else:
             report.add("expected tau", OK, f"tau {tau:.2f} against the expected {opts.expect_tau:.2f}")
+    _speed_rows(report, tau, tps, baseline)
+    _misconfigured_yet_accepted(report, tau)
+
+
+MISCONFIGURED = {"EAGLE": "--speculative-algorithm EAGLE with an EAGLE-3 draft",
+                 "EAGLE3 without aux states": "EAGLE3 with a draft whose eagle_config.use_aux_hidden_state is false"}
+
+
+def _misconfigured_yet_accepted(report: Report, tau: float) -> None:
+    """/get_server_info shows a flag that gives this draft no aux states (a PROBLEM row), yet drafts are accepted.
+    Both are facts: the flag is still wrong (the figures come from something other than the setup it reports, or
+    from a server that quietly corrects it), so the run fails, and the verdict says what was measured."""
+    what = MISCONFIGURED.get(str(report.figures.get("server_algorithm")))
+    if what is None or tau < NOT_ACCEPTED_TAU:
+        return
+    report.add("flag vs figures", PROBLEM, f"tau {tau:.2f}: drafts are accepted although /get_server_info shows "
+               f"{what}, which captures no aux states and usually leaves tau at 1.00. The server either loaded "
+               "another draft than the folder at that path here, or this version runs the draft as EAGLE3 by "
+               "itself; either way its configuration does not say what it runs",
+               "restart it with --speculative-algorithm EAGLE3 (and a draft config with use_aux_hidden_state true), "
+               "then run the doctor again")
+    rest = report.verdict
+    tail = rest[rest.find(")") + 1:].replace(" but ", "; ", 1) if rest.startswith("working") else f"; {rest}"
+    report.verdict = f"MISCONFIGURED ({what}; tau {tau:.2f} measured anyway){tail}"
+
+
+def _speed_rows(report: Report, tau: float | None, tps: float | None, baseline: tuple[float | None, str]) -> None:
+    """Against --baseline-url / --baseline-tps. Asked for and not made (baseline unusable, no tokens/s on either
+    side) is a problem: a CI gate would otherwise pass without the comparison it asked for."""
     base_tps, base_src = baseline
-    if base_tps and tps:
-        speedup = tps / base_tps
-        report.figures.update(baseline_tokens_per_s=round(base_tps, 2), speedup=round(speedup, 3))
-        if speedup < 1.0:
-            report.add("speed", PROBLEM, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "
-                       f"{speedup:.2f}x, slower than without speculation",
-                       "at this tau the draft costs more than it saves: fewer draft tokens "
-                       "(--speculative-num-draft-tokens), a smaller batch, or a better-trained draft")
-            if report.verdict.startswith("DEGRADED"):
-                report.verdict += f"; SLOWER THAN BASELINE ({speedup:.2f}x)"
-            elif tau >= NOT_ACCEPTED_TAU:  # accepted, yet it does not pay: both facts, in that order
-                report.verdict += f" but SLOWER THAN BASELINE ({speedup:.2f}x)"
-        else:
-            report.add("speed", OK, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "
-                       f"{speedup:.2f}x")
-            if report.verdict.startswith("working"):
-                report.verdict = f"working (tau {tau:.2f}, {speedup:.2f}x faster than the baseline)"
-    elif base_src:
-        report.add("speed", WARNING, f"no speed comparison: {base_src or 'no tokens/s measured'}",
-                   "check --baseline-url")
+    if not base_src:
+        return
+    if not (base_tps and tps):
+        why = base_src if not base_tps else f"the probes measured no tokens/s on this server ({base_src})"
+        report.add("speed", PROBLEM, f"no speed comparison, though one was asked for: {why}",
+                   "start the baseline (the same model, --speculative-algorithm NONE) or correct --baseline-url, "
+                   "and check that the probes get tokens back; or drop --baseline-url/--baseline-tps")
+        if report.verdict.startswith(("working", "DEGRADED")):
+            report.verdict += f"{' but' if report.verdict.startswith('working') else ';'} NOT COMPARED WITH THE " \
+                              "BASELINE"
+        return
+    speedup = tps / base_tps
+    report.figures.update(baseline_tokens_per_s=round(base_tps, 2), speedup=round(speedup, 3))
+    if speedup < 1.0:
+        report.add("speed", PROBLEM, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "
+                   f"{speedup:.2f}x, slower than without speculation",
+                   "at this tau the draft costs more than it saves: fewer draft tokens "
+                   "(--speculative-num-draft-tokens), a smaller batch, or a better-trained draft")
+        if report.verdict.startswith("DEGRADED"):
+            report.verdict += f"; SLOWER THAN BASELINE ({speedup:.2f}x)"
+        elif report.verdict.startswith("working"):  # accepted, yet it does not pay: both facts, in that order
+            report.verdict += f" but SLOWER THAN BASELINE ({speedup:.2f}x)"
+    else:
+        report.add("speed", OK, f"{tps:.1f} tok/s against the baseline's {base_tps:.1f} ({base_src}): "
+                   f"{speedup:.2f}x")
+        if report.verdict.startswith("working") and tau is not None:
+            report.verdict = f"working (tau {tau:.2f}, {speedup:.2f}x faster than the baseline)"

@@ -22,7 +22,7 @@ from ..common import server_metrics
 from ..common.server_metrics import LABEL, server_root
 from ..errors import EyasError
 from . import server_config
-from .judge import judge
+from .judge import MAX_DRAFT_TOKENS, judge
 from .live_view import LiveOptions, ProbeResult, ServerView
 from .verdict import OK, PROBLEM, Report
 
@@ -40,6 +40,29 @@ def _get(client: httpx.Client, url: str) -> tuple[httpx.Response | None, str | N
         return None, f"nothing answers at {url} ({type(e).__name__}: {e})", False
 
 
+def _read_models(r: httpx.Response, view: ServerView) -> str | None:
+    """Fill ``view.model``/``owned_by`` from an OpenAI model list ({"data": [{"id": ...}, ...]}); what was received
+    instead, in words, when the 200 answer is no such list (a login page, a proxy's JSON, another service)."""
+    try:
+        body = r.json()
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        kind = r.headers.get("content-type", "no content type").split(";")[0]
+        return f"{kind} that is not JSON ({r.text[:80].strip()!r})"
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        got = (f"a JSON {type(body).__name__}" if not isinstance(body, dict) else
+               "JSON without a data list" if data is None else "JSON whose data is not a list")
+        return f"{got} ({r.text[:80].strip()!r})"
+    if not data:
+        return "an empty model list: the server serves no model"
+    first = data[0]
+    if not isinstance(first, dict) or not isinstance(first.get("id"), str):
+        return f"a model list whose first entry has no id string ({json.dumps(first)[:80]})"
+    view.model = first["id"]
+    view.owned_by = first.get("owned_by") if isinstance(first.get("owned_by"), str) else None
+    return None
+
+
 def look(client: httpx.Client, url: str) -> tuple[ServerView, dict | None]:
     """What serves at ``url`` and its parsed metrics (None when /metrics is missing or unreadable)."""
     view = ServerView(url)
@@ -48,11 +71,7 @@ def look(client: httpx.Client, url: str) -> tuple[ServerView, dict | None]:
         return view, None
     view.models_status = r.status_code
     if r.status_code == 200:
-        try:
-            data = (r.json().get("data") or [{}])[0]
-            view.model, view.owned_by = data.get("id"), data.get("owned_by")
-        except (ValueError, AttributeError, IndexError):
-            pass
+        view.models_error = _read_models(r, view)
     m, view.metrics_error, _ = _get(client, url + "/metrics")
     view.metrics_status = m.status_code if m is not None else None
     samples = None
@@ -74,6 +93,11 @@ def probe_one(client: httpx.Client, url: str, model: str | None, text: str, max_
     t = time.perf_counter()
     try:
         r = client.post(url + "/v1/chat/completions", json=body)
+    except httpx.TimeoutException as e:  # the server is there (it listed its models) but slow or loaded
+        res.timeouts += 1
+        res.errors.append(f"no answer after {time.perf_counter() - t:.1f} s ({type(e).__name__}, --timeout "
+                          f"{client.timeout.read:g} s)" if client.timeout.read is not None else f"{type(e).__name__}")
+        return
     except httpx.HTTPError as e:
         res.errors.append(f"{type(e).__name__}: {e}")
         return
@@ -124,9 +148,10 @@ def read_expect_tau(value: str | None) -> float | None:
             tau = float(json.loads(p.read_text())["accept_length"])
         except (ValueError, KeyError, TypeError) as e:
             raise EyasError(f"{p} has no accept_length ({e})", "pass the file `eyas eval --json-out` wrote") from None
-    if not 1 <= tau < float("inf"):
+    if not 1 <= tau <= 1 + MAX_DRAFT_TOKENS:  # above: no server drafts that much, and every run would be DEGRADED
         raise EyasError(f"--expect-tau {value!r} gives {tau}, which is no acceptance length: tau is at least 1 "
-                        "(the bonus token) and finite", "pass the tau `eyas eval` printed, e.g. --expect-tau 2.8")
+                        f"(the bonus token) and at most {1 + MAX_DRAFT_TOKENS} (no server drafts more than "
+                        f"{MAX_DRAFT_TOKENS} tokens a step)", "pass the tau `eyas eval` printed, e.g. --expect-tau 2.8")
     return tau
 
 
@@ -153,6 +178,13 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                        "OpenAI-compatible server", fix)
             report.verdict = f"NOT AN OPENAI-COMPATIBLE ANSWER: GET /v1/models answered {view.models_status}"
             return report
+        if view.models_error:  # 200, but no model list: a login page, a proxy, another service
+            report.add("server", PROBLEM, f"GET {url}/v1/models answered 200 with {view.models_error}, not the model "
+                       'list of an OpenAI-compatible server ({"data": [{"id": ...}]})',
+                       "check --url: it should reach the eyas, SGLang or vLLM server itself, not a login page, "
+                       "proxy or other service in front of it (an HTML page usually means an auth proxy)")
+            report.verdict = f"NOT AN OPENAI-COMPATIBLE ANSWER: GET /v1/models answered 200 with {view.models_error}"
+            return report
         report.subject = f"{url} ({LABEL[view.kind]}, model {view.model or '?'})"
         report.add("server", OK, f"{LABEL[view.kind]} serving {view.model or '?'}"
                    + (f" (owned_by {view.owned_by})" if view.owned_by else ""))
@@ -176,7 +208,11 @@ def diagnose_live(url: str, opts: LiveOptions, client: httpx.Client | None = Non
                     side = None
                 result, base = probe(client, url, opts.model or view.model, prompts, opts.max_tokens, side)
                 if base is not None:
-                    baseline = (base.tokens_per_s, f"{server_root(opts.baseline_url)}, same probes interleaved")
+                    where = server_root(opts.baseline_url)
+                    baseline = (base.tokens_per_s, f"{where}, same probes interleaved") if base.tokens_per_s else \
+                        (None, f"the baseline {where} measured no tokens/s: "
+                         + (f"{len(base.errors)} of {len(prompts)} probes failed: {base.errors[0]}" if base.errors
+                            else "its answers held no completion tokens"))
             view_after, samples_after = look(client, url)
             after = server_metrics.snapshot(samples_after, view.kind) if samples_after is not None else None
             if after is None:  # the second read failed: report how
@@ -202,7 +238,10 @@ def _baseline_side(opts: LiveOptions, client: httpx.Client | None):
     client = client or opts.client()
     try:
         view, _ = look(client, url)
-        yield f"baseline unreachable: {view.error}" if view.error else (client, url, opts.model or view.model)
+        wrong = view.error or (f"GET {url}/v1/models answered {view.models_status}" if view.models_status != 200 else
+                               f"GET {url}/v1/models answered 200 with {view.models_error}" if view.models_error else
+                               None)
+        yield f"baseline unusable: {wrong}" if wrong else (client, url, opts.model or view.model)
     finally:
         if own:
             client.close()

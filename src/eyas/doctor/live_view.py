@@ -18,6 +18,7 @@ class ProbeResult:
     completion_tokens: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    timeouts: int = 0  # requests that got no answer within --timeout (part of errors)
     per_request_tau: list[float] = field(default_factory=list)  # where responses carry spec_accept_length
 
     @property
@@ -32,6 +33,7 @@ class ServerView:
     model: str | None = None
     owned_by: str | None = None
     models_status: int | None = None  # GET /v1/models's status
+    models_error: str | None = None  # a 200 that is no model list, in words (what was received)
     metrics_status: int | None = None
     metrics_error: str | None = None  # /metrics timed out, failed or answered text that is not Prometheus
     error: str | None = None

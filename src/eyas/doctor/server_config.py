@@ -102,8 +102,9 @@ def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
         eagle3 = draft_is_eagle3(draft)
         if eagle3:
             report.add("configuration", PROBLEM,
-                       f"--speculative-algorithm EAGLE with {draft}, an EAGLE-3 draft: SGLang "
-                       "captures no aux states, skips fc and rejects every proposal (accept length 1.00), silently",
+                       f"--speculative-algorithm EAGLE with {draft}, an EAGLE-3 draft: SGLang captures no aux "
+                       "states and skips fc, so the draft sees other features than it was trained on and nearly "
+                       "every proposal is rejected (accept length about 1.00), silently",
                        "restart SGLang with --speculative-algorithm EAGLE3")
         elif eagle3 is None:
             report.add("configuration", WARNING, f"--speculative-algorithm EAGLE with draft {draft}: if that draft is "
@@ -115,9 +116,10 @@ def add_rows(report: Report, kind: str, info: dict | None) -> str | None:
     if str(alg).upper() == "EAGLE3" and aux_switched_off(draft):
         report.add("configuration", PROBLEM,
                    f"--speculative-algorithm EAGLE3 with {draft}, whose config.json sets eagle_config."
-                   "use_aux_hidden_state false: SGLang captures no aux states for it, skips fc and rejects every "
-                   "proposal (accept length 1.00), silently", "set eagle_config.use_aux_hidden_state to true in "
-                   "the draft's config.json (or re-export it with eyas export) and restart SGLang")
+                   "use_aux_hidden_state false: SGLang captures no aux states for it and skips fc, so nearly every "
+                   "proposal is rejected (accept length about 1.00), silently",
+                   "set eagle_config.use_aux_hidden_state to true in the draft's config.json (or re-export it "
+                   "with eyas export) and restart SGLang")
         return "EAGLE3 without aux states"
     report.add("configuration", OK, f"--speculative-algorithm {alg}, draft {draft}, {tree}")
     return str(alg)

@@ -49,6 +49,11 @@ def diagnose(draft_path, target: str, algorithm: str | None = None, context_leng
     cfg = folder.config
     report.add("format", OK, f"{FMT_NAMES.get(folder.format, folder.format)} EAGLE-3 draft, hidden "
                f"{cfg.hidden_size}, draft vocabulary {cfg.draft_vocab_size} of {cfg.vocab_size}")
+    layout = draft_layout(target)
+    if layout is not None:  # read as a target, a draft looks like a 1-layer model: every row would mislead
+        report.add("target", PROBLEM, *draft_as_target(target, layout))
+        report.verdict = "cannot check the pair: the target is a draft folder"
+        return report
     try:
         facts = read_target(target, trust_remote_code, weights=True, allow_pickle=allow_pickle)
     except EyasError as e:
@@ -75,6 +80,27 @@ def diagnose(draft_path, target: str, algorithm: str | None = None, context_leng
     report.figures = {"format": folder.format, "target_layers": facts.num_layers, "target_hidden": facts.hidden_size,
                       "aux_layer_ids": folder.aux_layer_ids or default_aux_layers(facts.num_layers)}
     return report
+
+
+def draft_layout(path: str) -> str | None:
+    """The draft layout (eyas, SGLang/SpecForge, ...) of a folder given as a target, by the markers the draft readers
+    use (``eyas.formats``: architectures, speculators_model_type, an official release's fc); None for anything else."""
+    try:
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            return None
+        fmt = formats.detect_format(folder)  # an official release's .bin is not opened: no pickle runs
+    except (EyasError, OSError, ValueError):
+        return None
+    return FMT_NAMES.get(fmt, fmt)
+
+
+def draft_as_target(path: str, layout: str) -> tuple[str, str]:
+    """(problem, fix) for a draft folder passed as --target."""
+    return (f"--target {path} is an EAGLE-3 draft folder ({layout} layout), not a target model: read as one it "
+            "looks like a 1-layer model, and every check against it would be wrong",
+            f"pass it as --draft {path}, with --target the model it was trained for (or leave --target out: the "
+            "target the draft records is used)")
 
 
 def _fc_in(folder) -> int:

@@ -25,6 +25,7 @@ step that drafts or runs by parts, or when the feed is full.
 from __future__ import annotations
 
 import time
+from itertools import repeat
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -372,7 +373,7 @@ class Engine:
                 batch.draft_cache.crop(used)
             drawing = self.chooser is not None and batch.drawing  # rows' kinds only where the chooser weighs them
             emitted, accepted, kinds = [], [], []
-            for s, kind, h, lp in zip(batch.seqs, batch.kinds if drawing else batch.seqs, rows, logprobs):
+            for s, kind, h, lp in zip(batch.seqs, batch.kinds if drawing else repeat(None), rows, logprobs):
                 n = h[width]
                 if not h[width + 3]:
                     s.fail(not_finite(f"at output token {len(s.output_ids) + 1}"))

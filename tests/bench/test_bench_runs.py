@@ -122,9 +122,17 @@ def test_cli_without_matplotlib_still_writes_the_results(http_pair, tmp_path, ca
     assert not list(tmp_path.glob("*.png"))
 
 
-def test_cli_rejects_bad_concurrency(capsys):
-    assert main(["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0,x"]) == 2
-    assert "--concurrency" in capsys.readouterr().err
+@pytest.mark.parametrize("flag, value, bad", [("--concurrency", "0,x", "'0' is not one"),
+                                             ("--concurrency", "1,,2", "'' is not one"),
+                                             ("--concurrency", "4,-1", "'-1' is not one"),
+                                             ("--concurrency", "", "'' is not one"),
+                                             ("--temperature", "0,,0.7", "not a list of temperatures in [0, 2]")])
+def test_cli_rejects_bad_lists_at_parsing(flag, value, bad, capsys):
+    """An empty item (1,,2) was skipped without a word: a typo ran other levels than meant."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--url", "http://127.0.0.1:9", flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: {value!r} is not a list" in err and bad in err
 
 
 def test_cli_offline(folders, tmp_path, capsys):

@@ -85,3 +85,13 @@ def test_bad_candidates_are_refused(folders, capsys):
 def test_no_prompts_is_refused_before_loading(capsys):
     assert main(["tune", "--model-path", "/nonexistent", "--num-prompts", "0"]) == 2
     assert "--num-prompts must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, bad", [("1,,2", "''"), ("1,0", "'0'"), ("-4", "'-4'"), ("1,x", "'x'")])
+def test_batch_sizes_that_are_not_positive_integers_are_refused_at_parsing(value, bad, capsys):
+    """An empty item (1,,2) was skipped without a word."""
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "--model-path", "/nonexistent", "--batch-sizes", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument --batch-sizes: {value!r} is not a list of positive integers" in err
+    assert f"({bad} is not one)" in err

@@ -207,3 +207,22 @@ def test_the_kv_cache_holds_the_rows_a_batch_size_asks_for(command, flags, rows,
         main([command, "--model-path", "m", "--speculative-draft-model-path", "d", *flags,
               *(["--prompts", "chat"] if command == "eval" else ["--out", str(tmp_path)])])
     assert seen == [rows]
+
+
+@pytest.mark.parametrize("lines, where, said", [
+    ([{"messages": [{"role": "system", "content": "be brief"}]}], 1, "(system)"),
+    ([{"prompt": "hi"}, {"messages": []}], 2, "(no message at all)"),
+    ([{"prompt": "hi"}, {"messages": [{"role": "assistant", "content": "hello"}]}], 2, "(assistant)"),
+])
+def test_a_prompt_without_a_user_turn_is_refused_before_loading(lines, where, said, tmp_path, monkeypatch, capsys):
+    """A system message alone, an empty list or an answer alone (the prompt is what comes before the last answer)
+    is nothing to answer: the first two ended in a traceback of the chat template, after the model loaded."""
+    import eyas.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "build_engine", lambda *a, **k: pytest.fail("loaded before the prompts were read"))
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n" + "".join(json.dumps(rec) + "\n" for rec in lines))  # a blank first line: numbered as is
+    assert main(["eval", "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:{where + 1}: the prompt has no user turn {said}" in err and "fix: give it a user message" in err
+    assert "Traceback" not in err

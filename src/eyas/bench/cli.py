@@ -13,11 +13,12 @@ built-in set's name, a JSONL line's ``category``), each speculative run also has
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
+from ..common.outputs import check_output_folder
 from ..common.prompts import prompt_records
 from ..common.urls import server_url
 from ..errors import EyasError
@@ -44,11 +45,12 @@ def register(sub) -> None:
                         "per line (default chat)")
     g.add_argument("--num-prompts", type=int, default=12, help="prompts per run (default 12; 0 = the whole set)")
     g.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
-    g.add_argument("--temperature", default="0",
+    g.add_argument("--temperature", default="0", type=temperature_list,
                    help="comma-separated sampling temperatures, each run at every concurrency, e.g. 0,0.7,1.0 "
                         "(default 0: greedy)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus top-p of the sampled runs (default 1.0: off)")
-    g.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,4,16 (default 1)")
+    g.add_argument("--concurrency", default="1", type=level_list("--concurrency"),
+                   help="comma-separated levels, e.g. 1,4,16 (default 1)")
     g.add_argument("--no-baseline", action="store_true", help="measure the speculative side only")
     g.add_argument("--out", default="eyas-bench", help="folder for bench.json and the plots (default eyas-bench)")
     g.add_argument("--no-plots", action="store_true")
@@ -59,25 +61,58 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_levels(text: str, flag: str = "--concurrency") -> list[int]:
-    try:
-        levels = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        levels = []
-    if not levels or min(levels) < 1:
-        raise EyasError(f"{flag} {text!r} is not a list of positive integers", f"e.g. {flag} 1,4,16")
+def parse_levels(text, flag: str = "--concurrency") -> list[int]:
+    """``"1,4,16"`` -> [1, 4, 16]: every item a positive integer; an empty item (``1,,4``) is a typo, not a skip."""
+    if isinstance(text, list):  # already parsed by the flag's type
+        return text
+    items = [x.strip() for x in str(text).split(",")]
+    levels = [_positive(x) for x in items]
+    if None in levels:
+        bad = items[levels.index(None)]
+        raise EyasError(f"{flag} {text!r} is not a list of positive integers ({bad!r} is not one)",
+                        f"e.g. {flag} 1,4,16")
     return levels
 
 
-def parse_temperatures(text: str) -> list[float]:
+def _positive(text: str) -> int | None:
     try:
-        temps = [float(x) for x in str(text).split(",") if x.strip()]
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def parse_temperatures(text) -> list[float]:
+    """``"0,0.7"`` -> [0.0, 0.7]: every item a temperature in [0, 2]; an empty item is refused."""
+    if isinstance(text, list):
+        return text
+    items = [x.strip() for x in str(text).split(",")]
+    try:
+        temps = [float(x) for x in items]
     except ValueError:
         temps = []
-    if not temps or not all(0.0 <= t <= 2.0 for t in temps):
+    if not temps or not all(0.0 <= t <= 2.0 for t in temps):  # NaN fails too
         raise EyasError(f"--temperature {text!r} is not a list of temperatures in [0, 2]",
                         "e.g. --temperature 0,0.7,1.0")
     return temps
+
+
+def level_list(flag: str):
+    """An argparse ``type`` for a comma-separated list of positive integers: refused at parsing."""
+    def parse(text: str) -> list[int]:
+        try:
+            return parse_levels(text, flag)
+        except EyasError as e:  # argparse names the flag itself
+            raise argparse.ArgumentTypeError(f"{e.problem.removeprefix(flag + ' ')}; {e.fix}") from None
+
+    return parse
+
+
+def temperature_list(text: str) -> list[float]:
+    try:
+        return parse_temperatures(text)
+    except EyasError as e:
+        raise argparse.ArgumentTypeError(f"{e.problem.removeprefix('--temperature ')}; {e.fix}") from None
 
 
 def progress_bar(total: int, desc: str, quiet: bool):
@@ -90,6 +125,7 @@ def progress_bar(total: int, desc: str, quiet: bool):
 def run(args) -> int:
     levels = parse_levels(args.concurrency)
     args.temperatures = parse_temperatures(args.temperature)
+    out = check_output_folder(args.out, "--out")  # before the run, not after it
     if not 0.0 < args.top_p <= 1.0:
         raise EyasError(f"--top-p must be in (0, 1], got {args.top_p}", "e.g. --top-p 0.95, or 1 for no filter")
     records = prompt_records(args.prompts)
@@ -118,7 +154,6 @@ def run(args) -> int:
                             "add --url URL (the speculative server; --baseline-url is its NONE twin), or drop them "
                             "to benchmark in-process")
     result = bench_online(args, prompts, levels) if args.url else bench_offline(args, prompts, levels)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = result.as_dict()
     if not args.no_plots:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -25,6 +26,7 @@ from ..checks import check_spec
 from ..config import Algorithm, SpecConfig, format_schedule
 from ..errors import EyasError
 from ..pipeline import add_engine_arguments, engine_args_from
+from .cli import level_list
 
 CANDIDATES = ["3,1,4", "5,1,6", "4,2,8", "5,4,16", "6,8,32", "6,8,48"]
 
@@ -109,7 +111,8 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[2].replace("\n", " "))
     add_engine_arguments(p)
     g = p.add_argument_group("tuning")
-    g.add_argument("--batch-sizes", default="1,4,16", help="comma-separated batch sizes (default 1,4,16)")
+    g.add_argument("--batch-sizes", default="1,4,16", type=level_list("--batch-sizes"),
+                   help="comma-separated batch sizes (default 1,4,16)")
     g.add_argument("--candidates", nargs="+", default=CANDIDATES,
                    help=f"num_steps,eagle_topk,num_draft_tokens settings to try (default {' '.join(CANDIDATES)})")
     g.add_argument("--prompts", default="chat", help="chat, code, reasoning, all, or a .jsonl file (default chat)")
@@ -121,11 +124,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..common.outputs import check_output_file
     from ..common.prompts import chat_ids, prompt_set
     from ..pipeline import build_engine
     from .cli import parse_levels
 
     sizes = parse_levels(args.batch_sizes, "--batch-sizes")
+    if args.json_out:  # before the sweep, not after it
+        check_output_file(args.json_out, "--json-out", "tune.json")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise EyasError(f"--num-prompts must be at least 1, got {args.num_prompts}", "e.g. --num-prompts 16")
     if args.max_new_tokens < 2:  # the first token comes from the prefill: no step to time below two
@@ -153,6 +159,7 @@ def run(args) -> int:
     print("all batch sizes: " + (f"--speculative-batch-schedule '{schedule}'" if schedule
                                  else "--speculative-algorithm NONE (no setting beat plain decoding)"))
     if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json_out, "w") as f:
             json.dump({"target": target.name, "device": str(target.device), "max_new_tokens": args.max_new_tokens,
                        "batches": rows, "schedule": schedule}, f, indent=1)

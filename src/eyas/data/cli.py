@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import json
 from dataclasses import replace
-from pathlib import Path
 
+from ..common.outputs import check_output_folder
 from ..errors import EyasError
 
 
@@ -142,8 +142,7 @@ def _run(args) -> int:
         raise EyasError("--keep-answers only means something with --regenerate",
                         "add --regenerate or drop --keep-answers")
     check_numbers(args)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise EyasError(f"--out {args.out} is a file, not a folder", "pass --out NEW_FOLDER")
+    check_output_folder(args.out, "--out")  # under a file or read-only: said before any model loads
     if args.magpie_prompts < 1 and "magpie" in args.source:
         raise EyasError(f"--magpie-prompts must be at least 1, got {args.magpie_prompts}", "e.g. --magpie-prompts 2000")
     if args.max_prompts is not None and args.max_prompts < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..common.outputs import check_output_folder
 from ..errors import EyasError
 
 
@@ -86,6 +87,9 @@ def run(args) -> int:
                         "to make a run smaller")
     from .checkpoint import check_branch, check_continues, check_new_output
     from .trainer import Trainer
+
+    # a folder under a file, or a place nothing can be written, is said here: Trainer met it after loading the target
+    check_output_folder(recipe.output, "--output" if args.output is not None else "the recipe's output")
 
     if recipe.train.device != "auto":  # a GPU asked for on a machine without one: said before anything loads
         from ..pipeline import check_device

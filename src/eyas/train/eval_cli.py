@@ -38,12 +38,12 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | None]]:
-    """(token ids of each distinct prompt, the data's chat settings, each prompt's category or None)."""
+def read_prompts(args) -> tuple[list[tuple[list[dict], str | None]], dict]:
+    """(the messages and category of each prompt, the data's chat settings), read and checked before any model
+    loads: every prompt has a user turn (a system message alone, or an empty list, is no prompt)."""
     from ..common.prompts import SETS, builtin_set
     from ..data.chat import normalize, prompt_messages
     from ..data.files import prompt_file_records
-    from ..data.regenerate import with_system
 
     chat: dict = {}
     records: list[tuple[list[dict], str | None]] = []
@@ -55,10 +55,10 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | Non
             raise EyasError(f"no heldout.jsonl in {folder}", "pass the folder written by `eyas prepare`")
         meta = folder / "meta.json"
         chat = json.loads(meta.read_text()).get("chat", {}) if meta.is_file() else {}
-        for line in path.open():
-            if line.strip():
-                rec = json.loads(line)
-                records.append((normalize(rec), category_of(rec)))
+        lines = [(n, line) for n, line in enumerate(path.open(), 1) if line.strip()]
+        for n, line in lines:
+            rec = json.loads(line)
+            records.append((normalize(rec, f"{path}:{n}"), category_of(rec)))
         if not records:
             other = folder / "holdout-prompts.jsonl"
             raise EyasError(f"the held-out split of {folder} is empty (heldout.jsonl holds no prompt)",
@@ -72,8 +72,27 @@ def load_prompts(args, tokenizer) -> tuple[list[list[int]], dict, list[str | Non
             raise EyasError(f"no prompt file {path}",
                             f"pass a JSONL or text file, or a built-in set: {', '.join([*SETS, 'all'])}")
         records = prompt_file_records(path)
+        lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
+                 if line.strip()]  # as prompt_file_records reads them: one record per non-blank line
     else:
         raise EyasError("no prompts given", "pass --data FOLDER (held-out split) or --prompts FILE")
+    for i, (msgs, _) in enumerate(records):
+        if not any(m["role"] == "user" for m in prompt_messages(msgs)):
+            where = f"{path}:{lines[i][0]}" if not builtin else f"prompt {i + 1}"
+            roles = ", ".join(m["role"] for m in msgs) or "no message at all"
+            raise EyasError(f"{where}: the prompt has no user turn ({roles}), so there is nothing to answer",
+                            'give it a user message, e.g. {"messages": [{"role": "user", "content": "..."}]} or '
+                            '{"prompt": "..."}, or drop that line')
+    return records, chat
+
+
+def load_prompts(args, tokenizer, read: tuple | None = None) -> tuple[list[list[int]], dict, list[str | None]]:
+    """(token ids of each distinct prompt, the data's chat settings, each prompt's category or None);
+    ``read``: what ``read_prompts(args)`` returned, where it was called already."""
+    from ..data.chat import prompt_messages
+    from ..data.regenerate import with_system
+
+    records, chat = read or read_prompts(args)
     kw = chat.get("template_kwargs") or {}
     ids, groups, seen = [], [], set()
     for msgs, group in records:  # a prompt counts once, also where the data holds several answers to it
@@ -150,6 +169,7 @@ def nothing_accepted(res: dict, steps: int = 20) -> str | None:
 
 
 def run(args) -> int:
+    from ..common.outputs import check_output_file
     from ..pipeline import build_engine, engine_args_from
     from ..sample.sampling import SamplingParams
 
@@ -161,17 +181,17 @@ def run(args) -> int:
     if args.data and args.prompts:  # the data's held-out split would be used and the prompts dropped unread
         raise EyasError(f"--data {args.data} and --prompts {args.prompts} both name the prompts",
                         "pass one: --data FOLDER for its held-out split, or --prompts FILE or a built-in set")
-    if args.json_out and Path(args.json_out).is_dir():  # found before the run, not after it
-        raise EyasError(f"--json-out {args.json_out} is a folder",
-                        f"pass a file, e.g. {Path(args.json_out) / 'eval.json'}")
+    if args.json_out:  # found before the run, not after it
+        check_output_file(args.json_out, "--json-out", "eval.json")
     # checked before any weights are read, as the server checks a request's (tau depends on all of them)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=0)
+    read = read_prompts(args)  # a missing file or a prompt without a user turn: said before the weights are read
     engine = build_engine(engine_args_from(args, rows=args.batch_size))
     if not engine.spec.speculative:
         raise EyasError("eval needs a draft: speculation is off for this target",
                         "pass --speculative-draft-model-path DRAFT (and --speculative-algorithm EAGLE3)")
-    prompts, chat, groups = load_prompts(args, engine.target.tokenizer)
+    prompts, chat, groups = load_prompts(args, engine.target.tokenizer, read)
     res = evaluate(engine, prompts, params, args.batch_size, args.baseline, groups)
     res.update({"target": engine.target.name, "draft": getattr(engine.draft, "name_or_path", None),
                 "device": str(engine.device), "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,

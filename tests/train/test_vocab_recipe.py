@@ -74,6 +74,16 @@ def test_bad_input_stops_early(tmp_path):
         Trainer(tiny_recipe(data, tmp_path / "r3"), target=other)
 
 
+@pytest.mark.parametrize("ids, why", [("[1, 2]", "lists 2 layer id"), ("[1, 2, 3, 4]", "lists 4 layer id"),
+                                      ("[1, 2, 8]", r"names layer\(s\) \[8\] outside 0..7")])
+def test_aux_layer_ids_must_be_three_layers_of_the_target(tmp_path, ids, why):
+    target = tiny_target(dtype=torch.float32)
+    data = make_data(target, tmp_path / "data", rows=8, new=12)
+    with pytest.raises(EyasError, match=why) as e:
+        Trainer(tiny_recipe(data, tmp_path / "r", **{"draft.aux_layer_ids": ids}), target=target)
+    assert "the target has 8 decoder layers" in e.value.problem and "three distinct ids in 0..7" in e.value.fix
+
+
 def test_data_prepared_for_another_model_of_the_same_shapes_is_refused(tmp_path):
     """A fine-tune, a base model or a sibling of another depth shares the vocabulary and width: the data's depth and
     chat template are compared too (a draft trained on it learns another model's prompts and answers)."""

@@ -137,7 +137,7 @@ class Recipe:
              "auto (bf16 on the GPU), none or bf16"),  # any other word turned bf16 autocast on
             (_is_device(t.device), "train.device", t.device, "auto, cpu, cuda or cuda:N"),
             (ids is None or (ids and len(set(ids)) == len(ids)), "draft.aux_layer_ids", ids,
-             "null (the default [2, N//2, N-3]) or distinct layer ids, e.g. [2, 16, 29]: a draft whose ids "
+             "null (the default [2, N//2, N-3]) or three distinct layer ids, e.g. [2, 16, 29]: a draft whose ids "
              "repeat is refused when it is loaded, after the training"),
         ]
         checks.append((not (self.draft.init_from and self.draft.init_head_from_target), "draft.init_head_from_target",
@@ -150,6 +150,27 @@ class Recipe:
             raise EyasError("the recipe names no data (data.path is empty)",
                             "run `eyas prepare --out DATA ...` and pass --set data.path=DATA")
         return self
+
+
+def check_aux_ids(ids: list[int] | None, num_layers: int) -> list[int] | None:
+    """``draft.aux_layer_ids`` against the loaded target: three distinct layers within its depth (None: the default,
+    which the target picks). Returns the ids as given."""
+    if ids is None:
+        return None
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    outside = [i for i in ids if not 0 <= i < num_layers]
+    why = (f"lists {len(ids)} layer id(s) where EAGLE-3 captures three" if len(ids) != 3
+           else f"repeats layer(s) {repeated}" if repeated
+           else f"names layer(s) {outside} outside 0..{num_layers - 1}" if outside else None)
+    if why is None:
+        return ids
+    from ..layers import default_aux_layers
+
+    example = default_aux_layers(num_layers) if num_layers >= 3 else [0, 1, 2]
+    raise EyasError(f"draft.aux_layer_ids = {ids} {why}; the target has {num_layers} decoder layers (eyas ids are "
+                    f"inputs of decoder layers: 0..{num_layers - 1})",
+                    f"set draft.aux_layer_ids to three distinct ids in 0..{num_layers - 1}, e.g. "
+                    f"--set 'draft.aux_layer_ids={example}' (the default), or leave it null for the default")
 
 
 def _is_device(name: str) -> bool:

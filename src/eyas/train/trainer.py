@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from ..common import dist
-from ..data.tokenized import TokenizedSplit
+from ..data.tokenized import TokenizedSplit, load_array
 from ..errors import EyasError
 from ..models.draft import Eagle3Draft
 from . import checkpoint, trackers
@@ -33,9 +33,10 @@ from .batches import collate, epoch_batches, rank_rows, to_device
 from .budget import TimeBudget
 from .data_meta import check_data_meta
 from .evaluate import heldout_metrics
+from .finite import FirstBad, check_state, optimizer_tensors
 from .logger import RunLog, Window
 from .new_draft import blank_draft, build_draft
-from .recipe import Recipe
+from .recipe import Recipe, check_aux_ids
 from .sharded_target import broadcast_module, load_sharded_target, shard_target
 from .states import OfflineStates, OnlineStates, build_cache, cache_complete, fingerprint, split_sha
 from .ttt import ttt_loss
@@ -83,7 +84,7 @@ class Trainer:
             target = load_target(r.target, device=self.ctx.device, dtype=r.train.target_dtype,
                                  trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
         if r.draft.aux_layer_ids is not None or target.aux_layer_ids is None:  # None: the error says why
-            target.set_aux_layers(r.draft.aux_layer_ids)
+            target.set_aux_layers(check_aux_ids(r.draft.aux_layer_ids, target.info.num_layers))
         self.target = target
         data = Path(r.data.path)
         meta = check_data_meta(data, self.target)
@@ -96,17 +97,16 @@ class Trainer:
         if self.train_split.loss_tokens == 0:
             raise EyasError(f"the training data in {data} has no assistant tokens to learn",
                             "prepare conversations with assistant turns (eyas prepare --regenerate)")
-        try:
-            self.heldout = TokenizedSplit(data, "heldout")
-        except EyasError:
-            self.heldout = None
+        held = (data / "heldout.tokens.npy").is_file()  # no held-out split is fine; a broken one is an error
+        self.heldout = TokenizedSplit(data, "heldout", allow_empty=True) if held else None
         if self.heldout is not None and len(self.heldout.lengths()) == 0:
             self.heldout = None
         if self.heldout is None and r.log.eval_every and r.data.eval_rows:
             self.print(f"warning: {data} holds no held-out rows, so log.eval_every {r.log.eval_every} evaluates "
                        "nothing; prepare with a larger --held-out (0.02 of a small set may round to none)")
         counts_file = data / "vocab_counts.npy"
-        counts = np.load(counts_file) if counts_file.is_file() else np.ones(target.info.vocab_size, dtype=np.int64)
+        counts = load_array(counts_file, "integer") if counts_file.is_file() else np.ones(target.info.vocab_size,
+                                                                                             dtype=np.int64)
         if sharded and not isinstance(target.embed_tokens.weight, DTensor):
             self.draft = build_draft(target, r, counts, allow_pickle).to(self.ctx.device)
             shard_target(target)  # a target passed in whole: after the draft copied its embeddings and head
@@ -210,9 +210,14 @@ class Trainer:
         plain.load_state_dict(full, assign=True)
         return plain
 
+    def _check_finite(self) -> None:
+        if getattr(self, "bad", None) is not None:
+            self.bad.check(self.ctx, self.r, self.out, self.log)
+
     def save_checkpoint(self) -> None:
         if self.r.train.parallel == "fsdp" and self.ctx.active:
             return  # sharded optimizer state: checkpoints are DDP/single-process only (see docs/train.md)
+        self._check_finite()  # never over the last good checkpoint
         if self.ctx.main:
             schedule = None if self.budget_s is None else {
                 "total_steps": self.total_steps, "step_cap": self.step_cap,
@@ -234,6 +239,9 @@ class Trainer:
         recipe = self.r.to_dict()
         changes = checkpoint.check_compatible(ckpt, self.draft.state_dict(), recipe, allow_recipe_change,
                                               self._data_sha())
+        check_state({**ckpt.state["draft"], **optimizer_tensors(ckpt.state["optimizer"])}, f"checkpoint {ckpt.path}",
+                    f"resume from an earlier checkpoint (--resume {ckpt.path.parent}/step-N) or start again with a "
+                    "lower optim.lr")
         checkpoint.load_draft(self.draft, ckpt)
         self.optimizer.load_state_dict(ckpt.state["optimizer"])
         self.scheduler.load_state_dict(ckpt.state["scheduler"])
@@ -274,7 +282,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         # res.stats[0] is this rank's loss over (global count / world): its ranks' mean is the global mean.
-        return {"stats": res.stats, "grad_norm": gnorm, "tokens": b.tokens}
+        return {"stats": res.stats, "grad_norm": gnorm, "tokens": b.tokens, "loss": loss}
 
     def _synced_time(self) -> float:
         self._sync()
@@ -303,6 +311,7 @@ class Trainer:
                    disable=not (r.log.progress and ctx.main), dynamic_ncols=True)
         window = Window(r.train.ttt_steps, ctx.device)
         t_window = time.perf_counter()
+        self.bad = FirstBad(ctx.device)
         t_start, tokens_total = time.perf_counter(), 0
         self.t_start, last_eval = t_start, None
         budget = TimeBudget(max(self.budget_s, 1e-3), self.step, t_start) if self.budget_s is not None else None
@@ -315,6 +324,7 @@ class Trainer:
             b = collate(self.train_split, rank_rows(batches[index], ctx.rank, ctx.world), r.data.max_length)
             m = self.train_step(b)
             self.step += 1
+            self.bad.add(self.step, m["loss"], m["grad_norm"])  # on the device; read with the log line
             self.position = (epoch, index + 1)
             window.add(m["stats"], m["tokens"])
             bar.update(1)
@@ -325,6 +335,7 @@ class Trainer:
                 bar.total = self.total_steps
             if self.step % r.log.every == 0 or self.step == self.total_steps:
                 losses, correct, scored = window.stats.tolist()  # the host reads the device once per log line
+                self._check_finite()
                 k = len(scored)
                 sums = ctx.sum([window.tokens] + correct + scored)
                 self._sync()
@@ -343,6 +354,7 @@ class Trainer:
                 window = Window(r.train.ttt_steps, ctx.device)
                 t_window = time.perf_counter()
             if r.log.eval_every and (self.step % r.log.eval_every == 0 or self.step == self.total_steps):
+                self._check_finite()
                 last_eval = self.evaluate()
                 if last_eval:
                     self.log.write("eval", step=self.step, **last_eval)
@@ -360,6 +372,7 @@ class Trainer:
         summary = {"steps": self.step, "total_steps": self.total_steps, "seconds": round(elapsed, 1),
                    "tokens_per_s": round(tokens_total / elapsed, 1) if elapsed else 0.0, "ranks": ctx.world,
                    "heldout": last_eval}
+        self._check_finite()  # a NaN draft is never saved
         plain = self.servable()  # a collective under FSDP: every rank takes part
         if ctx.main:
             with checkpoint.writing("final draft", self.out):

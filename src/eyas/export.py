@@ -10,6 +10,7 @@ Hugging Face name of eyas's built-in target, or a local path made absolute.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 from pathlib import Path
@@ -17,9 +18,11 @@ from pathlib import Path
 import torch
 
 from . import formats
+from .common.outputs import check_output_folder
 from .errors import EyasError
 from .formats import names as format_names
 from .formats import write as format_writers
+from .formats.checks import check_maps
 from .layers import to_sglang
 from .models.loading import SMOLLM2
 
@@ -39,6 +42,23 @@ def public_target(target: str | None) -> str | None:
     return str(path.resolve()) if path.exists() else target
 
 
+MAX_SPECULATIVE_TOKENS = 32
+
+
+def speculative_tokens(text: str) -> int:
+    """``--speculative-tokens``: a whole number of draft tokens per step, 1 to 32, refused at parsing."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of draft tokens; e.g. 3") from None
+    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"{k} draft tokens per step is outside 1 to {MAX_SPECULATIVE_TOKENS}: each one costs a draft forward "
+            "pass and a verified position, and an EAGLE-3 draft's acceptance falls with every position, so past a "
+            "handful none is accepted; pass 3 to 8 (e.g. --speculative-tokens 3)")
+    return k
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export", help="write a draft in SGLang/SpecForge or speculators (vLLM) format",
@@ -56,9 +76,11 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast weights (default: keep)")
     p.add_argument("--include-embeddings", action="store_true",
                    help="also write embed_tokens.weight (default: shared from the target at load time)")
-    p.add_argument("--speculative-tokens", type=int, default=3,
-                   help="speculators only: proposal_methods[0].speculative_tokens, vLLM's default "
-                        "num_speculative_tokens (default 3)")
+    p.add_argument("--speculative-tokens", type=speculative_tokens, default=None, metavar="K",
+                   help="draft tokens per step, 1 to 32: speculators writes it as proposal_methods[0]."
+                        "speculative_tokens (vLLM's default num_speculative_tokens); the printed vLLM line passes it "
+                        "as num_speculative_tokens and, given, the SGLang line runs a chain of K (default 3; "
+                        "SGLang's line: a tree of 5 steps, topk 4, 8 draft tokens)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="read a .bin/.pt pickle draft (an official EAGLE-3 release ships pytorch_model.bin); "
                         "refused by default since unpickling can run code, and read with weights_only even then")
@@ -69,15 +91,13 @@ def run(args) -> int:
     from .common.draft_registry import resolve_draft_path
 
     source = resolve_draft_path(args.draft)
-    out = Path(args.out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    out = check_output_folder(Path(args.out).expanduser(), "--out")
+    if out.exists() and any(out.iterdir()):
         raise EyasError(f"--out {out} exists and is not an empty folder", "choose a new output folder")
     if out.resolve() == source.resolve():
         raise EyasError("--out is the draft folder itself", "choose a new output folder")
-    above = next((p for p in out.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise EyasError(f"--out {out} cannot be made: {above} is a file, not a folder", "choose a new output folder")
     folder = formats.read_draft(source, allow_pickle=args.allow_pickle)
+    check_maps(folder.path, folder.format, folder.config, folder.state)  # what eyas serve and the doctor refuse
     settle_trained_layers(folder, source)
     dtype = DTYPES[args.dtype] if args.dtype else None
     if args.target:
@@ -89,10 +109,8 @@ def run(args) -> int:
     if args.format == "sglang":
         format_writers.write_sglang(folder, out, include_embeddings=args.include_embeddings, dtype=dtype)
     else:
-        if args.speculative_tokens < 1:
-            raise EyasError(f"--speculative-tokens {args.speculative_tokens} must be at least 1", "e.g. 3")
         format_writers.write_speculators(folder, out, verifier=target, include_embeddings=args.include_embeddings,
-                                         dtype=dtype, speculative_tokens=args.speculative_tokens)
+                                         dtype=dtype, speculative_tokens=args.speculative_tokens or 3)
     print(f"exported {format_names.LOOKS_LIKE[folder.format]} from {source}")
     print(f"      as {args.format} to {out}")
     ids = folder.aux_layer_ids
@@ -184,9 +202,12 @@ def check_target_folder(target: str, config) -> None:
                         "pass the target the draft was trained for, or leave --target out (the recorded one)")
 
 
-def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: int = 3, tp: int = 1) -> list[str]:
+def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: int | None = None,
+                 tp: int = 1) -> list[str]:
     """The exact commands that serve ``out`` (across ``tp`` GPUs); ``TARGET`` stands in when the target is
-    unknown."""
+    unknown. ``speculative_tokens`` K: vLLM's num_speculative_tokens (default 3) and SGLang's tree made a chain
+    of K (K steps, topk 1, K+1 draft tokens, as eyas reads vLLM's config); None: SGLang's tree 5,4,8."""
+    steps, topk, tokens = (5, 4, 8) if speculative_tokens is None else (speculative_tokens, 1, speculative_tokens + 1)
     model = shlex.quote(target) if target else "TARGET"
     draft = shlex.quote(str(Path(out).resolve()))
     lines = []
@@ -194,10 +215,11 @@ def launch_lines(fmt: str, out: Path, target: str | None, speculative_tokens: in
         # SGLang flags: --speculative-algorithm EAGLE3 turns on aux-state capture (EAGLE does not).
         lines += ["", "SGLang:",
                   f"  python -m sglang.launch_server --model-path {model} --speculative-algorithm EAGLE3 "
-                  f"--speculative-draft-model-path {draft} --speculative-num-steps 5 "
-                  "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8" + (f" --tp {tp}" if tp > 1 else "")]
+                  f"--speculative-draft-model-path {draft} --speculative-num-steps {steps} "
+                  f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {tokens}"
+                  + (f" --tp {tp}" if tp > 1 else "")]
     spec = json.dumps({"method": "eagle3", "model": str(Path(out).resolve()),
-                       "num_speculative_tokens": speculative_tokens})
+                       "num_speculative_tokens": speculative_tokens or 3})
     lines += ["", "vLLM:", f"  vllm serve {model} --speculative-config {shlex.quote(spec)}"
               + (f" --tensor-parallel-size {tp}" if tp > 1 else "")]
     if fmt == "speculators" and target:

@@ -102,3 +102,32 @@ def test_an_out_folder_under_a_file_is_refused_before_anything_is_read(tmp_path,
     assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "notes.txt" / "out")]) == 2
     err = capsys.readouterr().err
     assert "notes.txt is a file, not a folder" in err and "fix:" in err and "Traceback" not in err
+
+
+def test_speculative_tokens_out_of_range_are_refused_at_parsing(tmp_path, capsys):
+    """--speculative-tokens 100000 was written into the launch line (and speculators' config) as given."""
+    import pytest
+
+    for value in ("100000", "0", "-3", "x"):
+        with pytest.raises(SystemExit):
+            main(["export", "smollm2-135m-instruct", "--format", "sglang", "--out", str(tmp_path / "o"),
+                  "--speculative-tokens", value])
+        assert "argument --speculative-tokens:" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_speculative_tokens_with_sglang_shape_both_launch_lines(tmp_path, capsys):
+    """With --format sglang the flag changed only the vLLM line, and its help said 'speculators only': now both
+    lines run a chain of K, as eyas reads vLLM's num_speculative_tokens; without it SGLang's line keeps its tree."""
+    from interop_helpers import sglang_tensors, write_sglang_fixture
+
+    src = write_sglang_fixture(tmp_path / "draft", sglang_tensors())
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "a"),
+                 "--speculative-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6" in out
+    assert '"num_speculative_tokens": 5' in out
+    assert main(["export", str(src), "--format", "sglang", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8" in out
+    assert '"num_speculative_tokens": 3' in out

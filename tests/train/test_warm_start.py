@@ -84,3 +84,18 @@ def test_warm_start_refuses_what_does_not_fit(trained):
                                                      "draft.init_from": init}), target=target)
     finally:
         target.set_aux_layers(layers)
+
+
+def test_warm_start_refuses_vocabulary_maps_that_serving_refuses(trained):
+    from safetensors.torch import load_file, save_file
+
+    target, data, tmp, _, _ = trained
+    bad = tmp / "bad-maps"
+    bad.mkdir(exist_ok=True)
+    (bad / "config.json").write_text((tmp / "first" / "draft" / "config.json").read_text())
+    state = load_file(str(tmp / "first" / "draft" / "model.safetensors"))
+    state["d2t"][1] = state["d2t"][0] - 1  # draft id 1 -> the target id of draft id 0
+    save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(EyasError, match="vocabulary maps are broken: d2t maps two draft ids to the same target id"):
+        Trainer(tiny_recipe(data, tmp / "from-bad", **{"draft.vocab_size": 200, "draft.init_from": str(bad)}),
+                target=target)

@@ -151,6 +151,27 @@ def check_d2t(path: Path, fmt: str, d2t, draft_vocab: int, vocab: int) -> None:
                         f"{int(ids.min())}..{int(ids.max())}, outside the target vocabulary 0..{vocab - 1}", fix)
 
 
+def check_maps(path: Path, fmt: str, config: LlamaConfig, state: dict) -> None:
+    """The vocabulary maps as serving checks them (``eyas.checks.check_vocab_maps``, the one check: shapes, range,
+    one-to-one, t2d agreeing), so export and ``draft.init_from`` refuse what ``eyas serve`` and the doctor refuse.
+    A folder without t2d (SGLang's) is checked with the t2d the loaders rebuild from d2t."""
+    from ..checks import check_vocab_maps
+
+    if "d2t" not in state:
+        return  # the full vocabulary: the identity maps
+    d2t, t2d = state["d2t"], state.get("t2d")
+    draft_vocab, vocab = int(config.draft_vocab_size), int(config.vocab_size)
+    if t2d is None:
+        check_d2t(path, fmt, d2t, draft_vocab, vocab)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[d2t.long() + torch.arange(draft_vocab)] = True
+    try:
+        check_vocab_maps(d2t, t2d, draft_vocab, vocab)
+    except EyasError as e:
+        raise EyasError(f"{path} looks like {LOOKS_LIKE[fmt]}, but its vocabulary maps are broken: {e.problem}",
+                        e.fix) from None
+
+
 def check_fits(path: Path, fmt: str, state: dict, expected: dict) -> None:
     """``state`` against ``expected``, the tensors of eyas's draft built from its config (on ``meta``): no tensor
     more, and each one present of the shape and kind (floating point or integer ids) the draft has. ``read_draft``

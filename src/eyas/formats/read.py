@@ -30,7 +30,7 @@ from ..layers import from_sglang, to_sglang
 from ..models.bounds import check_config, check_rope_types
 from ..models.draft import ARCHITECTURE, Eagle3Draft
 from ..models.safety import checked_file, load_torch_file, refuse_pickle
-from .checks import check_d2t, check_fits, check_layer_ids, check_official_shapes, check_state
+from .checks import check_fits, check_layer_ids, check_maps, check_official_shapes, check_state
 from .names import (
     EYAS,
     LOOKS_LIKE,
@@ -277,8 +277,8 @@ def load_draft(path, embed_weight: torch.Tensor | None = None, device="cpu", dty
 
 def build_draft(folder: DraftFolder, embed_weight: torch.Tensor | None = None, device="cpu", dtype=None) -> Eagle3Draft:
     config, state, looks = folder.config, dict(folder.state), LOOKS_LIKE[folder.format]
+    check_maps(folder.path, folder.format, config, state)  # what serving refuses, before anything is built
     if "t2d" not in state and "d2t" in state:  # SGLang ignores t2d; rebuild it from d2t
-        check_d2t(folder.path, folder.format, state["d2t"], int(config.draft_vocab_size), int(config.vocab_size))
         t2d = torch.zeros(int(config.vocab_size), dtype=torch.bool)
         t2d[state["d2t"].long() + torch.arange(state["d2t"].numel())] = True
         state["t2d"] = t2d

@@ -177,9 +177,11 @@ def load_target(
     cached = gguf_cache_dir(folder, gguf, torch_dtype) if gguf else None
     if cached is not None and (cached / "config.json").is_file():
         folder, gguf = cached, None  # converted before: load the plain copy (seconds, not tens)
-    model_type = None
+    model_type, data = None, {}
     if not gguf:  # absurd sizes and models larger than this machine are refused before anything is built
-        model_type = read_config_file(folder, "target", torch_dtype.itemsize).get("model_type")
+        data = read_config_file(folder, "target", torch_dtype.itemsize)
+        model_type = data.get("model_type")
+        check_rope_factors(data, f"{folder}/config.json")
     if gguf:
         kwargs["gguf_file"] = gguf
     elif not any(folder.glob("*.safetensors")):
@@ -197,6 +199,7 @@ def load_target(
                             "the folder needs a valid config.json") from None
         check_rope_types(config, f"{folder}/config.json")
         check_safetensors(folder, config)
+        check_no_repeats(folder)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model, info = model_class(model_type).from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa",
@@ -217,6 +220,13 @@ def load_target(
                         "them with random values and the target would generate garbage",
                         "copy the model again (a shard is missing or was cut short), or use the config.json the "
                         "weights were saved with")
+    unexpected = sorted(k for k in info.get("unexpected_keys") or () if not _benign(k, data))
+    if unexpected and not gguf:  # transformers drops them and loads on: the config describes another model
+        raise EyasError(f"the target in {source} holds {len(unexpected)} tensor(s) its config.json does not declare "
+                        f"({', '.join(unexpected[:4])}{', ...' if len(unexpected) > 4 else ''}); transformers would "
+                        "drop them silently and run the model the config describes, not the one the weights are",
+                        "use the config.json the weights were saved with (the number of layers, experts, ... must "
+                        "match the weights), or copy the model again")
     if gguf and os.environ.get("EYAS_NO_GGUF_CACHE") is None:
         try:
             _cache_gguf(model, tokenizer, cached)
@@ -228,6 +238,73 @@ def load_target(
     model.to(device)
     name = path_or_name if path_or_name.lower() == SMOLLM2 else source
     return Target(model, tokenizer, name=name, aux_layer_ids=aux_layer_ids)
+
+
+def _benign(name: str, config: dict) -> bool:
+    """Tensors real checkpoints carry that the model rebuilds or shares: rotary ``inv_freq`` buffers, and
+    ``lm_head.weight`` beside tied embeddings."""
+    tied = config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings"))
+    return name.endswith("inv_freq") or (name.endswith("lm_head.weight") and bool(tied))
+
+
+def loaded_weight_files(folder: Path) -> list[Path]:
+    """The ``*.safetensors`` files transformers reads: those ``model.safetensors.index.json`` lists, else
+    ``model.safetensors``, else every one in the folder."""
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (ValueError, AttributeError) as e:
+            raise EyasError(f"{index} is not a valid shard index ({e})", "copy the model again") from None
+        if not isinstance(weight_map, dict):
+            raise EyasError(f"{index} has no weight_map object", "copy the model again")
+        return [folder / name for name in sorted(set(map(str, weight_map.values()))) if (folder / name).is_file()]
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
+
+
+def check_no_repeats(folder: Path) -> None:
+    """No tensor name in two of the shards transformers reads: it would keep the last one read, silently."""
+    from safetensors import safe_open
+
+    first: dict[str, str] = {}
+    repeats = []
+    for f in loaded_weight_files(Path(folder)):
+        with safe_open(str(f), framework="pt") as st:  # headers only; check_safetensors read them whole
+            for k in st.keys():
+                if k in first:
+                    repeats.append(f"{k} ({first[k]} and {f.name})")
+                first.setdefault(k, f.name)
+    if repeats:
+        raise EyasError(f"the target in {folder} holds {len(repeats)} tensor name(s) in two shards: "
+                        f"{'; '.join(repeats[:3])}{'; ...' if len(repeats) > 3 else ''}; the loader would keep "
+                        "whichever it reads last, silently",
+                        "copy the model again (a shard of another version of the model, or of another model, is "
+                        "mixed in); each tensor belongs to exactly one shard")
+
+
+def check_rope_factors(data: dict, where: str) -> None:
+    """A rotary scaling ``factor`` is a positive finite number: positions are divided by it (transformers only
+    warns about a negative one, and the model then runs with rotations no checkpoint was trained with)."""
+    import math
+
+    for label, part in (("", data), ("text_config.", data.get("text_config"))):
+        if not isinstance(part, dict):
+            continue
+        for key in ("rope_scaling", "rope_parameters"):
+            rope = part.get(key)
+            sets = ([r for r in rope.values() if isinstance(r, dict)] or [rope]) if isinstance(rope, dict) else []
+            for r in sets:
+                f = r.get("factor")
+                if f is None:
+                    continue
+                if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
+                    raise EyasError(f"{where}: {label}{key}.factor = {f!r}; a rotary scaling factor is a positive "
+                                    "number (1 or more: the context is stretched that many times, e.g. 4.0)",
+                                    f"correct {label}{key} in {where} (restore the model's original config.json), "
+                                    f"or remove {key} to run without scaling")
 
 
 def build_target_on_meta(path_or_name: str, dtype: torch.dtype, aux_layer_ids=None,

@@ -47,7 +47,8 @@ def auto_engine(models):
     assert engine.spec.adaptive and engine.chooser is not None
     from eyas.serve.banner import banner_lines, info_labels
 
-    assert info_labels(engine)["batch_schedule"] == "auto"
+    labels = info_labels(engine)  # no one tree is the server's: the tree labels are empty (not 3,1,4, the first)
+    assert labels["batch_schedule"] == "auto" and labels["num_steps"] == labels["num_draft_tokens"] == ""
     assert any(line.startswith("tree per step: auto, the setting with the most expected tok/s for the batch among "
                                "0 3,1,4 5,1,6 4,4,16 6,8,32") for line in banner_lines(engine, 8, 8))
     # no speculation pays from 3 rows up, a chain at 2, the big tree at 1 (the step costs a GPU would measure)

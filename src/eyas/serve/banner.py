@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ..config import format_schedule, setting_name
+from ..config import AUTO, format_schedule, setting_name
 from ..layers import to_sglang
 from ..models.kernel_choice import CHOICES
 
@@ -87,8 +87,11 @@ def describe(engine) -> dict:
 
 
 def info_labels(engine) -> dict[str, str]:
-    """Labels of ``eyas:spec_info`` (strings; absent settings are empty)."""
+    """Labels of ``eyas:spec_info`` (strings; absent settings are empty). Under ``auto`` no one tree is the
+    server's (``eyas:spec_active_setting`` names the one running): the tree labels are empty, as without a draft."""
     i = describe(engine)
+    if i.get("batch_schedule") == AUTO:
+        i = {k: v for k, v in i.items() if k not in ("num_steps", "eagle_topk", "num_draft_tokens")}
     ids = i.get("aux_layer_ids")
     return {
         "algorithm": i["algorithm"],

@@ -50,3 +50,23 @@ def test_smollm2_mask_decodes_to_the_assistant_text():
     # an explicit system prompt is rendered and never learned
     r2 = render(tok, [{"role": "system", "content": "Be terse."}] + CONV)
     assert "Be terse." in tok.decode(r2.input_ids) and decode_masked(tok, r2) == decode_masked(tok, r)
+
+
+def test_an_answer_cut_at_the_token_limit_teaches_no_end_of_turn():
+    """A regenerated answer cut at max_new_tokens did not end there: its text is learned, the template's end of
+    turn after it is not (the draft would learn to end turns where the target goes on)."""
+    tok = byte_tokenizer()
+    assert decode_masked(tok, render(tok, CONV, cut=True)) == ["Hello! How can I help?<|im_end|>\n", "It is 4."]
+    assert render(tok, CONV, cut=True).input_ids == render(tok, CONV).input_ids  # the same tokens, less loss
+
+
+def test_prepare_tokenizes_a_cut_answer_without_its_end_of_turn():
+    """``eyas prepare`` marks answers cut at --max-new-tokens ``truncated``; their rows learn no end of turn."""
+    from eyas.data.prepare import tokenize
+    from eyas.data.prepare_config import PrepareConfig
+
+    tok = byte_tokenizer()
+    [(_, whole)] = tokenize(tok, [{"messages": CONV, "truncated": False}], PrepareConfig())[0]
+    [(_, cut)] = tokenize(tok, [{"messages": CONV, "truncated": True}], PrepareConfig())[0]
+    assert whole == render(tok, CONV).loss_mask and cut == render(tok, CONV, cut=True).loss_mask
+    assert sum(cut) < sum(whole)

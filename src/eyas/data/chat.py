@@ -41,8 +41,10 @@ def _render(tokenizer, messages, add_generation_prompt: bool, template_kwargs: d
                                          **template_kwargs)
 
 
-def render(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> Rendered:
-    """Token ids of the whole conversation and the assistant-token mask."""
+def render(tokenizer, messages: list[dict], template_kwargs: dict | None = None, cut: bool = False) -> Rendered:
+    """Token ids of the whole conversation and the assistant-token mask. ``cut``: the last answer was cut at a
+    token limit (it did not end there), so the template's end of turn after it is not learned: a draft taught
+    that turns end where answers were cut would propose an end of turn where the target goes on."""
     if not getattr(tokenizer, "chat_template", None):
         raise EyasError("the target's tokenizer has no chat template",
                         "train from a chat (instruct) model, or set tokenizer.chat_template in its folder")
@@ -63,6 +65,12 @@ def render(tokenizer, messages: list[dict], template_kwargs: dict | None = None)
                             "use a template without history rewriting (e.g. no thinking-trace stripping), "
                             "or pass template options that keep earlier turns intact")
         spans.append((len(before), len(through)))
+    content = messages[-1].get("content") if messages[-1]["role"] == "assistant" else None
+    if cut and isinstance(content, str) and content:
+        a, b = spans[-1]
+        at = full.rfind(content, a, b)
+        if at >= 0:
+            spans[-1] = (a, at + len(content))
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     assistant = [int(any(a <= s < b for a, b in spans)) for s, _ in enc["offset_mapping"]]

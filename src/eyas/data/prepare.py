@@ -121,7 +121,7 @@ def tokenize(tokenizer, records: list[dict], cfg: PrepareConfig):
         if not any(m["role"] == "assistant" for m in msgs):
             skipped += 1
             continue
-        rd = render(tokenizer, msgs, kw)
+        rd = render(tokenizer, msgs, kw, cut=bool(r.get("truncated")))  # an answer cut at max_new_tokens
         ids, mask = rd.input_ids, rd.loss_mask
         if len(ids) > cfg.max_length:
             ids, mask, truncated = ids[: cfg.max_length], mask[: cfg.max_length - 1] + [0], truncated + 1

@@ -159,3 +159,29 @@ def test_a_holdout_larger_than_the_prompts_alone_says_so(corpus):
     _, _, chat_eval = select(list(read_inputs(cfg.inputs)), cfg, Ledger(), log=logs.append)
     assert len(chat_eval) == 20
     assert any("--holdout-prompts 500: only 20 records of source roleplay are a prompt alone" in m for m in logs)
+
+
+def test_lone_surrogates_are_mended_and_eval_reads_gzip(tmp_path):
+    """Scraped chat dumps hold lone UTF-16 surrogates (a JSON \\ud800 escape without its pair): no UTF-8 text can
+    hold one, so the split's hash, the writer and the tokenizer each raised. Read as U+FFFD; a pair stays its
+    character. ``eyas eval --prompts`` reads the corpus's gzipped files as ``prepare --input`` does."""
+    from eyas.data.files import prompt_file_records
+
+    path = tmp_path / "dump.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write('{"prompt": "lone \\ud800 here"}\n{"prompt": "pair \\ud83d\\ude00 ok"}\n')
+        f.write('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a \\udfff"}]}\n')
+    records = list(read_inputs([str(path)]))
+    texts = [m["content"] for r in records for m in r["messages"]]
+    assert texts == ["lone \ufffd here", "pair \U0001f600 ok", "q", "a \ufffd"]
+    assert all(t.encode("utf-8") for t in texts)  # each one writable and tokenizable now
+    assert [m[0]["content"] for m, _ in prompt_file_records(path)] == ["lone \ufffd here", "pair \U0001f600 ok", "q"]
+
+
+def test_limit_without_a_builtin_source_is_refused(corpus, tmp_path, capsys):
+    """--limit caps built-in sources only: with --input files alone it kept every prompt without a word (a
+    'small run' that would regenerate all 70,905). Refused, pointing to --max-prompts and NAME:N caps."""
+    assert main(["prepare", "--out", str(tmp_path / "o"), "--input", str(corpus), "--limit", "3",
+                 "--select-only"]) == 2
+    err = capsys.readouterr().err
+    assert "no --source is given" in err and "--max-prompts 3" in err

@@ -9,7 +9,7 @@ from helpers import byte_tokenizer, save_tiny_model
 from train_fixtures import make_data, tiny_recipe
 
 from eyas.cli import main
-from eyas.train.eval_cli import load_prompts
+from eyas.train.eval_cli import load_prompts, read_prompts
 from eyas.train.trainer import Trainer
 
 SPEC = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
@@ -226,3 +226,21 @@ def test_a_prompt_without_a_user_turn_is_refused_before_loading(lines, where, sa
     err = capsys.readouterr().err
     assert f"{path}:{where + 1}: the prompt has no user turn {said}" in err and "fix: give it a user message" in err
     assert "Traceback" not in err
+
+
+def test_a_few_prompts_of_a_file_grouped_by_category_are_taken_in_turn(tmp_path):
+    """The chat holdout lists its 21 strata one after another: --num-prompts 4 took four arena-hard prompts and
+    reported one category. Fewer prompts than the file holds are taken in turn from each category; the file's
+    order stays where there are no categories, and a .jsonl.gz file reads as the corpus's files do."""
+    import gzip
+
+    from eyas.train.eval_cli import in_turn
+
+    rows = [{"prompt": f"{c} {i}", "category": c} for c in ("coding", "math", "roleplay") for i in range(3)]
+    path = tmp_path / "holdout.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    records, _ = read_prompts(Namespace(data=None, prompts=str(path), num_prompts=4))
+    assert [m[0]["content"] for m, _ in in_turn(records)[:4]] == ["coding 0", "math 0", "roleplay 0", "coding 1"]
+    plain = [([{"role": "user", "content": str(i)}], None) for i in range(5)]
+    assert in_turn(plain) == plain

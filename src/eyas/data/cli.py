@@ -189,6 +189,11 @@ def check_numbers(args) -> None:
                         ("--concurrency", args.concurrency)):
         if value is not None and value < 1:
             raise EyasError(f"{flag} must be at least 1, got {value}", f"pass a positive {flag}, or leave it out")
+    if args.limit is not None and not args.source:  # it caps built-in sources only: files kept every prompt
+        raise EyasError(f"--limit {args.limit} caps each built-in --source, and no --source is given: it would "
+                        "not cap the --input files",
+                        f"cap the whole mix with --max-prompts {args.limit}, or one input with --source-weights "
+                        f"NAME:{args.limit} (its file's stem)")
     if not 0 <= args.temperature <= 100:  # NaN too
         raise EyasError(f"--temperature {args.temperature} must be in [0, 100]", "0 is greedy; 0.8 is the usual")
     if not 0 < args.top_p <= 1:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,6 +63,27 @@ def resolve(spec: str) -> list[Path]:
                     "OpenAI messages, UltraChat or {'prompt': ...} records")
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def mended(value):
+    """``value`` (parsed JSON) with every lone UTF-16 surrogate (a ``\\ud800`` escape without its pair, as scraped
+    chat dumps hold) replaced by U+FFFD: no UTF-8 text holds one, so tokenizers and writers would refuse it."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [mended(v) for v in value]
+    if isinstance(value, dict):
+        return {mended(k): mended(v) for k, v in value.items()}
+    return value
+
+
+def loads(line: str):
+    """``json.loads``, lone surrogates mended (``mended``; only a line with a ``\\u`` escape can hold one)."""
+    value = json.loads(line)
+    return mended(value) if "\\u" in line else value
+
+
 def _open(path: Path):
     with path.open("rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
@@ -94,7 +116,7 @@ def _objects(path: Path, where: list[int]) -> Iterator[tuple[str, object]]:
                 continue
             if first and line.lstrip().startswith("["):  # one JSON array
                 try:
-                    values = json.loads(line + f.read())
+                    values = loads(line + f.read())
                 except json.JSONDecodeError as e:
                     raise EyasError(f"{path} starts like a JSON array but is not valid JSON ({e.msg}, "
                                     f"line {e.lineno + n - 1})",
@@ -104,7 +126,7 @@ def _objects(path: Path, where: list[int]) -> Iterator[tuple[str, object]]:
                 return
             first = False
             try:
-                value = json.loads(line)
+                value = loads(line)
             except json.JSONDecodeError as e:
                 raise EyasError(f"{path}:{n} is not valid JSON ({e.msg})", "one JSON object per line") from None
             yield f"{path}:{n}", value
@@ -141,20 +163,28 @@ def read_inputs(specs: list[str]) -> Iterator[dict]:
             yield from read_records(f)
 
 
-def prompt_file_records(path: Path) -> list[tuple[list[dict], str | None]]:
-    """(messages, category) of each prompt of a prompt file (``eyas eval --prompts``, ``--exclude``): JSON Lines
-    of prompts or conversations, or plain text, one prompt a line."""
+def nonblank_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, stripped text) of each non-blank line of a text file, gzipped or not (as ``eyas prepare``'s
+    inputs)."""
     try:
-        lines = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
-                 if line.strip()]
+        with _open(path) as f:
+            return [(n, line.strip()) for n, line in enumerate(f.read().splitlines(), 1) if line.strip()]
     except UnicodeDecodeError as e:
         raise EyasError(f"{path} is not UTF-8 text ({e.reason})",
                         "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise EyasError(f"{path} is a damaged gzip file ({e})", "compress it again (gzip -t checks it)") from None
+
+
+def prompt_file_records(path: Path) -> list[tuple[list[dict], str | None]]:
+    """(messages, category) of each prompt of a prompt file (``eyas eval --prompts``, ``--exclude``): JSON Lines
+    of prompts or conversations, or plain text, one prompt a line."""
+    lines = nonblank_lines(path)
     jsonl = bool(lines) and lines[0][1].startswith("{")  # JSON Lines, else one prompt a line
     out = []
     for n, line in lines:
         try:
-            rec = json.loads(line)
+            rec = loads(line)
         except json.JSONDecodeError as e:
             if jsonl:  # a broken record of a JSONL file was read as a text prompt, its JSON and all
                 raise EyasError(f"{path}:{n} is not valid JSON ({e.msg})", "one JSON object per line") from None

@@ -26,7 +26,9 @@ def register(sub) -> None:
     p.add_argument("--data", default=None, help="folder from `eyas prepare`: its held-out prompts are used")
     p.add_argument("--prompts", default=None, help="JSONL (messages/conversations/prompt) or text file, one per "
                    "line; or a built-in set: chat, code, reasoning, all")
-    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--num-prompts", type=int, default=32,
+                   help="prompts to run (default 32); fewer than a file holds are taken in turn from each of its "
+                        "categories, so a few stand for all of them")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; else sampled, seeded")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus top-p of sampled rows (default 1: off)")
@@ -43,7 +45,7 @@ def read_prompts(args) -> tuple[list[tuple[list[dict], str | None]], dict]:
     loads: every prompt has a user turn (a system message alone, or an empty list, is no prompt)."""
     from ..common.prompts import SETS, builtin_set
     from ..data.chat import normalize, prompt_messages
-    from ..data.files import prompt_file_records
+    from ..data.files import nonblank_lines, prompt_file_records
 
     chat: dict = {}
     records: list[tuple[list[dict], str | None]] = []
@@ -72,8 +74,7 @@ def read_prompts(args) -> tuple[list[tuple[list[dict], str | None]], dict]:
             raise EyasError(f"no prompt file {path}",
                             f"pass a JSONL or text file, or a built-in set: {', '.join([*SETS, 'all'])}")
         records = prompt_file_records(path)
-        lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
-                 if line.strip()]  # as prompt_file_records reads them: one record per non-blank line
+        lines = nonblank_lines(path)  # as prompt_file_records reads them: one record per non-blank line
     else:
         raise EyasError("no prompts given", "pass --data FOLDER (held-out split) or --prompts FILE")
     for i, (msgs, _) in enumerate(records):
@@ -86,6 +87,18 @@ def read_prompts(args) -> tuple[list[tuple[list[dict], str | None]], dict]:
     return records, chat
 
 
+def in_turn(records: list[tuple[list[dict], str | None]]) -> list[tuple[list[dict], str | None]]:
+    """The records taken in turn from each category (in the order the categories first appear, each in file
+    order): the first N of a file grouped by category (a chat holdout: 400 prompts over 21 strata) stand for all
+    of it, not for its first category. Records without categories keep their order."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault(r[1], []).append(r)
+    if len(groups) < 2:
+        return records
+    return [g[i] for i in range(max(map(len, groups.values()))) for g in groups.values() if i < len(g)]
+
+
 def load_prompts(args, tokenizer, read: tuple | None = None) -> tuple[list[list[int]], dict, list[str | None]]:
     """(token ids of each distinct prompt, the data's chat settings, each prompt's category or None);
     ``read``: what ``read_prompts(args)`` returned, where it was called already."""
@@ -93,6 +106,7 @@ def load_prompts(args, tokenizer, read: tuple | None = None) -> tuple[list[list[
     from ..data.regenerate import with_system
 
     records, chat = read or read_prompts(args)
+    records = in_turn(records) if args.num_prompts < len(records) else records
     kw = chat.get("template_kwargs") or {}
     ids, groups, seen = [], [], set()
     for msgs, group in records:  # a prompt counts once, also where the data holds several answers to it

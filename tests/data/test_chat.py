@@ -70,3 +70,13 @@ def test_prepare_tokenizes_a_cut_answer_without_its_end_of_turn():
     [(_, cut)] = tokenize(tok, [{"messages": CONV, "truncated": True}], PrepareConfig())[0]
     assert whole == render(tok, CONV).loss_mask and cut == render(tok, CONV, cut=True).loss_mask
     assert sum(cut) < sum(whole)
+
+
+def test_developer_is_the_system_turn_and_tool_turns_are_named():
+    """OpenAI's reasoning models call the system turn 'developer'; a tool result's turn was 'unknown role', whose
+    fix listed ShareGPT's names."""
+    rec = {"messages": [{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "Hi"}]}
+    assert normalize(rec) == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(EyasError, match="'tool' turn") as e:
+        normalize({"messages": [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "42"}]}, "f:3")
+    assert "f:3: turn 1" in str(e.value) and "drop records with tool turns" in e.value.fix

@@ -19,7 +19,9 @@ from __future__ import annotations
 from ..errors import EyasError
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
+         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system",
+         "developer": "system"}  # OpenAI's name for the system turn of its reasoning models
+TOOL_ROLES = ("tool", "function", "ipython")  # results of tool calls: not text turns a draft learns from
 TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions; the Responses API's two
 SHAPES = ("{'messages': [{'role', 'content'}]}, {'conversations': [{'from', 'value'}]}, "
           "{'data': ['user turn', 'assistant turn', ...]} or {'prompt': '...'}")
@@ -83,6 +85,10 @@ def normalize(record: dict, where: str = "a record") -> list[dict]:
                             f"{missing}{call}", "use {'role', 'content'} or {'from', 'value'} turns of text; drop "
                             "records of tool calls (an EAGLE-3 draft's data is text turns)")
         mapped = ROLES.get(str(role).lower())
+        if mapped is None and str(role).lower() in TOOL_ROLES:
+            raise EyasError(f"{where}: turn {i} is a {role!r} turn (a tool call's result), which eyas does not train "
+                            "on", "drop records with tool turns, e.g. jq -c 'select(all(.messages[]; .role != "
+                            "\"tool\"))' IN > OUT")
         if mapped is None:
             raise EyasError(f"{where}: unknown role {role!r}", f"use one of {sorted(ROLES)}")
         out.append({"role": mapped, "content": text_of(content, where)})

@@ -185,3 +185,14 @@ def test_limit_without_a_builtin_source_is_refused(corpus, tmp_path, capsys):
                  "--select-only"]) == 2
     err = capsys.readouterr().err
     assert "no --source is given" in err and "--max-prompts 3" in err
+
+
+def test_a_rerun_without_a_holdout_leaves_no_stale_holdout_file(corpus, tmp_path):
+    """A second --select-only into the same folder, without --holdout-prompts, kept the first run's holdout file
+    beside a selection.json that names none."""
+    out = tmp_path / "o"
+    assert main(["prepare", "--out", str(out), "--input", str(corpus), "--holdout-prompts", "5", "--select-only"]) == 0
+    assert (out / "holdout-prompts.jsonl").is_file()
+    assert main(["prepare", "--out", str(out), "--input", str(corpus), "--select-only"]) == 0
+    assert not (out / "holdout-prompts.jsonl").exists()
+    assert json.loads((out / "selection.json").read_text())["holdout"]["file"] is None

@@ -55,8 +55,13 @@ def pick(records: list[dict], n: int, sources: list[str] | None,
     return rest, held, leaked
 
 
-def write(folder: Path, held: list[dict]) -> Path:
+def write(folder: Path, held: list[dict]) -> Path | None:
+    """``held`` as the folder's chat holdout; none (``--holdout-prompts 0``): an earlier run's file in the same
+    folder is removed, since this selection's ``selection.json`` names no holdout and the folder is rewritten."""
     path = Path(folder) / FILE
+    if not held:
+        path.unlink(missing_ok=True)
+        return None
     with path.open("w") as f:
         for r in held:
             row = {"prompt": r["messages"][0]["content"], "source": source_key(r)}

@@ -97,8 +97,7 @@ def select_only(cfg: PrepareConfig, out, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "heldout.jsonl", held)
-    if chat_eval:
-        holdout.write(out, chat_eval)
+    holdout.write(out, chat_eval)
     meta = selection_meta(cfg, ledger, chat_eval)
     (out / "selection.json").write_text(json.dumps(meta, indent=2) + "\n")
     log(f"prompts per source:\n{ledger.table()}")
@@ -186,8 +185,7 @@ def prepare(target, cfg: PrepareConfig, out, dist_ctx=None, log=print, remote=No
     if dist_ctx is not None and dist_ctx.rank != 0:
         return {}
     out.mkdir(parents=True, exist_ok=True)
-    if chat_eval:
-        holdout.write(out, chat_eval)
+    holdout.write(out, chat_eval)
     summary = {}
     for name, split in (("train", train), ("heldout", held)):
         write_jsonl(out / f"{name}.jsonl", split)

@@ -1,6 +1,7 @@
 """eyas bench over HTTP with what users paste: an OpenAI base URL, a /metrics that is not Prometheus."""
 
 import httpx
+import pytest
 
 from eyas.bench import online
 from eyas.common.server_metrics import server_root
@@ -34,8 +35,9 @@ def test_a_url_where_nothing_answers_is_refused_before_timing(tmp_path, capsys):
 def test_tune_names_the_flag_it_refuses(capsys):
     from eyas.cli import main
 
-    assert main(["tune", "--batch-sizes", "0"]) == 2
-    assert "--batch-sizes '0' is not a list of positive integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused at parsing, before any model loads
+        main(["tune", "--batch-sizes", "0"])
+    assert e.value.code == 2 and "--batch-sizes: '0' is not a list of positive integers" in capsys.readouterr().err
 
 
 def test_a_baseline_url_without_url_is_refused_not_dropped(tmp_path, capsys, monkeypatch):

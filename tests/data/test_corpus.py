@@ -196,3 +196,14 @@ def test_a_rerun_without_a_holdout_leaves_no_stale_holdout_file(corpus, tmp_path
     assert main(["prepare", "--out", str(out), "--input", str(corpus), "--select-only"]) == 0
     assert not (out / "holdout-prompts.jsonl").exists()
     assert json.loads((out / "selection.json").read_text())["holdout"]["file"] is None
+
+
+def test_train_on_a_select_only_folder_is_refused_before_the_target_loads(corpus, tmp_path, capsys, monkeypatch):
+    """eyas train loaded the target (minutes for a large one) and only then said the folder holds no tokens."""
+    import eyas.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: pytest.fail("the target was loaded first"))
+    sel = tmp_path / "sel"
+    assert main(["prepare", "--out", str(sel), "--input", str(corpus), "--select-only"]) == 0
+    assert main(["train", "--data", str(sel), "--output", str(tmp_path / "run")]) == 2
+    assert "written by `eyas prepare --select-only`" in capsys.readouterr().err

@@ -69,6 +69,7 @@ class Trainer:
         self.r = r = recipe.validate()
         self.ctx = ctx or dist.init(r.train.device)
         self.tracker_names = trackers.requested(r.log)  # a missing package stops every rank before any load
+        self.train_split = TokenizedSplit(Path(r.data.path), "train")  # a --select-only folder: said before loading
         self.print = log if self.ctx.main else (lambda *a, **k: None)
         whole = None  # with train.shard_target: the whole target on rank 0's host, until the draft is made
         sharded = r.train.shard_target and self.ctx.active
@@ -93,7 +94,6 @@ class Trainer:
             raise EyasError(f"data.max_length {r.data.max_length} exceeds the target's context ({ctx_len}), and so do "
                             f"the prepared rows (up to {length} tokens)", f"set data.max_length to at most {ctx_len}")
         chat = meta.get("chat") or {}
-        self.train_split = TokenizedSplit(data, "train")
         if self.train_split.loss_tokens == 0:
             raise EyasError(f"the training data in {data} has no assistant tokens to learn",
                             "prepare conversations with assistant turns (eyas prepare --regenerate)")
